@@ -910,6 +910,7 @@ class FoldWorker:
             self.state = "stopped"
             if conn is not None:
                 conn.close()
+            log_event(logging.INFO, "fold thread stopped")
 
     def run_pass(self, conn: sqlite3.Connection) -> int:
         """One pass over the pending deliveries; returns how many were folded."""

@@ -1,0 +1,250 @@
+"""Fixtures shared by several test modules."""
+
+from pathlib import Path
+
+import pytest
+
+import build_zipapp
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory) -> Path:
+    """dist/healthlog.pyz built once per session from the working tree, in a temp folder.
+
+    The wheels come from build_zipapp's cache (build/wheels), downloaded on first use.
+    Run it with tests/test_build.py's run_pyz().
+    """
+    return build_zipapp.build(tmp_path_factory.mktemp("pyz") / "healthlog.pyz")
+
+
+# ---------------------------------------------------------------------------
+# healthlog fixtures: real data directories, a real Cheroot server on 127.0.0.1:0,
+# real serve subprocesses, and log capture with a leak check on every test.
+# ---------------------------------------------------------------------------
+
+import http.client
+import io
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+
+import healthlog
+
+TOKEN = "test-token-0123456789abcdef"
+ROOT = Path(__file__).resolve().parent.parent
+
+# Strings that must never appear in a log record above DEBUG: the token, and the
+# canaries that test payloads carry (a device name and a point value).
+LEAK_CANARIES = [TOKEN, "Zebulon", "72.123456789", "CANARY-BODY-TEXT"]
+
+_LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+def parse_logfmt(line: str) -> dict:
+    """One logfmt line as a dict of unescaped strings."""
+    out = {}
+    for key, raw in _LOGFMT_PAIR.findall(line):
+        if raw.startswith('"'):
+            raw = json.loads(raw)
+        out[key] = raw
+    return out
+
+
+class LogCapture:
+    """Everything healthlog logged during one test, as logfmt lines and dicts."""
+
+    def __init__(self):
+        self.stream = io.StringIO()
+
+    def lines(self) -> list:
+        return [line for line in self.stream.getvalue().splitlines() if line]
+
+    def records(self) -> list:
+        return [parse_logfmt(line) for line in self.lines()]
+
+    def find(self, msg_part: str, level: str = None) -> list:
+        return [r for r in self.records() if msg_part in r.get("msg", "")
+                and (level is None or r.get("level") == level)]
+
+
+def assert_no_leaks(lines, extra=()) -> None:
+    """No record above DEBUG carries the token, a canary value or a device name."""
+    for line in lines:
+        if " level=DEBUG " in line or '"level": "DEBUG"' in line:
+            continue
+        for canary in list(LEAK_CANARIES) + list(extra):
+            assert canary not in line, "log record leaks %r: %s" % (canary, line)
+
+
+@pytest.fixture(autouse=True)
+def logs():
+    """Capture healthlog's records for the test, then check them for leaks."""
+    capture = LogCapture()
+    config = healthlog.Config(data_dir=Path("."), log_level="DEBUG")
+    handler = healthlog.setup_logging(config, stream=capture.stream)
+    yield capture
+    logging.getLogger().removeHandler(handler)
+    assert_no_leaks(capture.lines())
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def make_config(data_dir):
+    """Config for an in-process server on 127.0.0.1:0 with short, test-sized timeouts."""
+
+    def make(**overrides) -> healthlog.Config:
+        values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
+                      busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
+                      log_level="DEBUG")
+        values.update(overrides)
+        return healthlog.Config(**values)
+
+    return make
+
+
+@pytest.fixture
+def start_service(make_config):
+    """Start real Services (Cheroot on 127.0.0.1:0); all are stopped after the test."""
+    started = []
+
+    def start(**overrides) -> healthlog.Service:
+        service = healthlog.Service(make_config(**overrides), announce=lambda token: None)
+        service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        if not service.stopping:
+            service.stop()
+
+
+@pytest.fixture
+def service(start_service) -> healthlog.Service:
+    return start_service()
+
+
+class Client:
+    """A tiny HTTP client for a running server; every call is a fresh connection."""
+
+    def __init__(self, host: str, port: int, token: str = TOKEN):
+        self.host, self.port, self.token = host, port, token
+
+    def request(self, method: str, path: str, body: bytes = None, headers: dict = None,
+                token: bool = True) -> tuple:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            all_headers = {"Content-Type": "application/json"} if body is not None else {}
+            if token:
+                all_headers["Authorization"] = "Bearer " + self.token
+            all_headers.update(headers or {})
+            conn.request(method, path, body=body, headers=all_headers)
+            response = conn.getresponse()
+            raw = response.read()
+            try:
+                payload = json.loads(raw) if raw else None
+            except ValueError:
+                payload = raw
+            return response.status, payload
+        finally:
+            conn.close()
+
+    def ingest(self, body: bytes, path: str = "/api/ingest", **kw) -> tuple:
+        return self.request("POST", path, body=body, **kw)
+
+
+@pytest.fixture
+def client(service) -> Client:
+    host, port = service.address
+    return Client(host, port)
+
+
+def db_rows(data_dir: Path, sql: str = "SELECT * FROM delivery ORDER BY id", args=()) -> list:
+    conn = sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def archive_files(data_dir: Path) -> list:
+    """Every file under DATA/archive and DATA/tmp (relative paths, sorted)."""
+    out = []
+    for sub in ("archive", "tmp"):
+        base = data_dir / sub
+        if base.exists():
+            out += sorted(str(p.relative_to(data_dir)) for p in base.rglob("*") if p.is_file())
+    return out
+
+
+class ServeProcess:
+    """``python3 healthlog.py serve`` as a real subprocess; its stderr goes to a file."""
+
+    def __init__(self, data_dir: Path, log_path: Path, *extra: str, python: str = sys.executable,
+                 program: str = None, env: dict = None):
+        self.log_path = log_path
+        self._log = open(str(log_path), "ab")
+        args = [python, program or str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+                "--listen", "127.0.0.1:0", "--token", TOKEN] + list(extra)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env=env)
+        self.port = self._wait_for_port()
+
+    def _wait_for_port(self, timeout: float = 20.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                record = parse_logfmt(line)
+                if record.get("msg") == "serving":
+                    return int(record["listen"].rsplit(":", 1)[1])
+            if self.proc.poll() is not None:
+                raise AssertionError("serve exited early:\n" + self.log_path.read_text())
+            time.sleep(0.05)
+        raise AssertionError("serve did not log its address:\n" + self.log_path.read_text())
+
+    @property
+    def client(self) -> Client:
+        return Client("127.0.0.1", self.port)
+
+    def log_lines(self) -> list:
+        return [l for l in self.log_path.read_text(errors="replace").splitlines() if l]
+
+    def terminate(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> int:
+        return self.terminate(signal.SIGKILL)
+
+
+@pytest.fixture
+def serve_process(tmp_path):
+    """Start real serve subprocesses; any still running are killed after the test."""
+    procs = []
+
+    def start(data_dir: Path, *extra: str, **kw) -> ServeProcess:
+        proc = ServeProcess(data_dir, tmp_path / ("serve-%d.log" % len(procs)), *extra, **kw)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.kill()
+        assert_no_leaks(proc.log_lines())

@@ -1,0 +1,460 @@
+"""Ingest over a real Cheroot server: status codes, archive, journal, deadlines.
+
+Every test runs a real server on 127.0.0.1:0 against a real data directory; the
+archive and the journal are inspected afterwards.  Names carry the seed scenario
+IDs of ../shared/requirements.md (ING-n.m) or the openspec scenario they prove.
+"""
+
+import hashlib
+import json
+import socket
+import sqlite3
+import threading
+import time
+
+import pytest
+
+import healthlog
+from conftest import TOKEN, Client, archive_files, db_rows
+
+
+def hae_body(canary_value: float = 72.123456789) -> bytes:
+    """A small HAE-shaped metrics delivery, pretty-printed the iOS way.
+
+    It carries a canary point value and a canary device name, which the autouse
+    leak check looks for in every log record.
+    """
+    return (
+        '{\n  "data" : {\n    "metrics" : [\n      {\n        "units" : "count/min",\n'
+        '        "data" : [\n          {\n            "Max" : 116,\n'
+        '            "date" : "2026-05-19 00:00:00 -0700",\n'
+        '            "source" : "Zebulon\u2019s Apple Watch|iPhone",\n'
+        '            "Avg" : %r,\n            "Min" : 52\n          }\n        ],\n'
+        '        "name" : "heart_rate"\n      }\n    ],\n    "workouts" : [ ]\n  }\n}'
+        % canary_value
+    ).encode("utf-8")
+
+
+HAE_HEADERS = {
+    "automation-name": "Health tracker",
+    "automation-id": "788509F9-3AFA-42CE-850C-E4D2DDB02F12",
+    "automation-aggregation": "Days",
+    "automation-period": "Previous 7 Days",
+    "session-id": "0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F",
+}
+
+
+def raw_post(port: int, body: bytes, headers: dict = None, path: str = "/api/ingest") -> bytes:
+    lines = ["POST %s HTTP/1.1" % path, "Host: 127.0.0.1",
+             "Authorization: Bearer " + TOKEN, "Content-Type: application/json",
+             "Content-Length: %d" % len(body)]
+    lines += ["%s: %s" % item for item in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_response(sock: socket.socket) -> tuple:
+    """Read one HTTP response from a raw socket: (status, json body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, json.loads(rest[:length]) if length else None
+
+
+# -- 200 -------------------------------------------------------------------------
+
+
+def test_ing_1_1_answer_200_after_archive_and_row_delivery_pending(service, client, data_dir):
+    body = hae_body()
+    status, payload = client.ingest(body, headers=HAE_HEADERS)
+    assert status == 200
+    assert payload == {"delivery_id": 1, "status": "pending"}
+    [row] = db_rows(data_dir)
+    assert row["id"] == 1
+    assert row["parse_status"] == "pending"
+    assert row["body_bytes"] == len(body)
+    assert row["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert (data_dir / row["archive_path"]).read_bytes() == body
+    assert row["received_at"].endswith("Z") and len(row["received_at"]) == 27
+
+
+def test_ing_2_1_accepted_delivery_waits_pending_in_database(service, client, data_dir):
+    for _ in range(3):
+        assert client.ingest(hae_body())[0] == 200
+    rows = db_rows(data_dir)
+    assert [r["parse_status"] for r in rows] == ["pending"] * 3
+    assert client.request("GET", "/healthz", token=False)[1]["backlog"] == 3
+
+
+def test_ingest_keeps_automation_headers_on_row_and_in_meta(service, client, data_dir):
+    status, payload = client.ingest(hae_body(), headers=HAE_HEADERS,
+                                    path="/api/ingest/phone-metrics")
+    assert status == 200
+    [row] = db_rows(data_dir)
+    assert row["automation_name"] == "Health tracker"
+    assert row["automation_id"] == HAE_HEADERS["automation-id"]
+    assert row["automation_aggregation"] == "Days"
+    assert row["automation_period"] == "Previous 7 Days"
+    assert row["session_id"] == HAE_HEADERS["session-id"]
+    assert row["path_name"] == "phone-metrics"
+    meta_path = data_dir / row["archive_path"].replace(".json", ".meta.json")
+    meta_text = meta_path.read_text(encoding="utf-8")
+    meta = json.loads(meta_text)
+    assert meta["received_at"] == row["received_at"]
+    assert meta["headers"] == HAE_HEADERS
+    assert meta["path_name"] == "phone-metrics"
+    assert meta["body_sha256"] == row["body_sha256"]
+    assert TOKEN not in meta_text and "Bearer" not in meta_text
+
+
+def test_ingest_utf8_automation_name_is_kept_as_text(service, data_dir):
+    host, port = service.address
+    body = hae_body()
+    with socket.create_connection((host, port)) as sock:
+        request = raw_post(port, body).replace(
+            b"\r\n\r\n", "\r\nautomation-name: Здоровье\r\n\r\n".encode(), 1)
+        sock.sendall(request)
+        assert read_response(sock)[0] == 200
+    assert db_rows(data_dir)[0]["automation_name"] == "Здоровье"
+
+
+def test_ingest_accepts_x_api_key(service, client, data_dir):
+    status, _ = client.ingest(hae_body(), token=False, headers={"X-API-Key": TOKEN})
+    assert status == 200
+    assert len(db_rows(data_dir)) == 1
+
+
+def test_ingest_chunked_body_is_archived_byte_identical(service, data_dir):
+    host, port = service.address
+    body = hae_body() * 1  # one chunk per line, as a streaming client would send
+    chunks = body.split(b"\n")
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(c) + 1, c + b"\n") for c in chunks[:-1])
+    wire += b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunks[-1]), chunks[-1])
+    head = ("POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % TOKEN)
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(head.encode() + wire)
+        status, payload = read_response(sock)
+    assert status == 200, payload
+    [row] = db_rows(data_dir)
+    assert (data_dir / row["archive_path"]).read_bytes() == body
+
+
+def test_ingest_large_body_is_archived_byte_identical(service, client, data_dir):
+    point = b'{"date":"2026-05-19 00:%02d:00 -0700","qty":0.76856774374845116,"source":"x"}'
+    points = b",".join(point % (i % 60) for i in range(60000))
+    body = b'{"data":{"metrics":[{"name":"step_count","units":"count","data":[' + points + b"]}]}}"
+    assert len(body) > 4 << 20
+    assert client.ingest(body)[0] == 200
+    [row] = db_rows(data_dir)
+    assert (data_dir / row["archive_path"]).read_bytes() == body
+
+
+# -- nothing written: 401, 400, 413, 415, 503 ------------------------------------
+
+
+def assert_nothing_written(data_dir):
+    assert db_rows(data_dir) == []
+    assert archive_files(data_dir) == []
+
+
+def assert_error_shape(payload, status, code):
+    assert payload == {"error": {"status": status, "code": code,
+                                 "message": payload["error"]["message"]}}
+    assert payload["error"]["message"]
+    text = json.dumps(payload)
+    for leak in ("Zebulon", "72.123456789", "CANARY-BODY-TEXT", TOKEN):
+        assert leak not in text
+
+
+@pytest.mark.parametrize("headers", [
+    {},
+    {"Authorization": "Bearer wrong-token-wrong-token"},
+    {"Authorization": "Basic " + TOKEN},
+    {"X-API-Key": TOKEN[:-1]},
+], ids=["missing", "wrong", "basic-scheme", "wrong-api-key"])
+def test_ingest_401_without_the_token_writes_nothing(service, client, data_dir, headers):
+    status, payload = client.ingest(hae_body(), token=False, headers=headers)
+    assert status == 401
+    assert_error_shape(payload, 401, "unauthorized")
+    assert_nothing_written(data_dir)
+
+
+@pytest.mark.parametrize("body", [
+    b"CANARY-BODY-TEXT not json",
+    b'{"data": {"metrics": [1, 2,]}}',
+    b'[{"data": {}}]',
+    b'{"metrics": []}',
+    b'{"data": [1, 2]}',
+    b'{"data": "CANARY-BODY-TEXT"}',
+    b'{"data": {"metrics": [{"qty": NaN}]}}',
+    b'{"data": {}} trailing',
+    '{"data": {"name": "caf\u00e9"}}'.encode("latin-1"),
+    b'"data"',
+], ids=["text", "syntax", "array", "no-data", "data-array", "data-string", "nan",
+        "trailing", "latin1", "string"])
+def test_ingest_400_for_a_body_that_is_not_hae_json_writes_nothing(service, client, data_dir,
+                                                                   body):
+    status, payload = client.ingest(body)
+    assert status == 400
+    assert_error_shape(payload, 400, "bad_request")
+    assert_nothing_written(data_dir)
+
+
+def test_ingest_400_for_an_empty_body(service, client, data_dir):
+    status, payload = client.ingest(b"")
+    assert status == 400
+    assert_error_shape(payload, 400, "bad_request")
+    assert_nothing_written(data_dir)
+
+
+def test_ingest_400_for_a_bad_ingest_name(service, client, data_dir):
+    status, payload = client.ingest(hae_body(), path="/api/ingest/bad%20name")
+    assert status == 400
+    assert_error_shape(payload, 400, "bad_request")
+    assert_nothing_written(data_dir)
+
+
+def test_ingest_413_by_content_length_writes_nothing(start_service, data_dir):
+    service = start_service(max_body_bytes=1 << 20)
+    client = Client(*service.address)
+    status, payload = client.ingest(b"{" + b" " * (1 << 20) + b"}")
+    assert status == 413
+    assert_error_shape(payload, 413, "payload_too_large")
+    assert_nothing_written(data_dir)
+
+
+def test_ingest_413_while_streaming_a_chunked_body_writes_nothing(start_service, data_dir):
+    service = start_service(max_body_bytes=1 << 20)
+    host, port = service.address
+    head = ("POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n" % TOKEN).encode()
+    piece = b" " * 65536
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(40):  # 2.5 MiB offered; the server stops reading at 1 MiB
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except OSError:
+            pass
+        status, payload = read_response(sock)
+    assert status == 413
+    assert_error_shape(payload, 413, "payload_too_large")
+    assert_nothing_written(data_dir)
+
+
+@pytest.mark.parametrize("content_type", [
+    "multipart/form-data; boundary=xyz", "text/csv", "text/csv; charset=utf-8"])
+def test_ingest_415_for_csv_or_multipart_writes_nothing(service, client, data_dir, content_type):
+    status, payload = client.ingest(b"date,qty\n2026-05-19,1\n",
+                                    headers={"Content-Type": content_type})
+    assert status == 415
+    assert_error_shape(payload, 415, "unsupported_media_type")
+    assert "JSON" in payload["error"]["message"]
+    assert_nothing_written(data_dir)
+
+
+def test_ingest_503_while_stopping_writes_nothing(service, client, data_dir):
+    service.stopping = True  # the flag stop() raises before closing the listener
+    status, payload = client.ingest(hae_body())
+    assert status == 503
+    assert_error_shape(payload, 503, "stopping")
+    assert_nothing_written(data_dir)
+
+
+def test_every_http_error_has_the_one_json_shape(service, client):
+    assert_error_shape(client.request("GET", "/no/such/route")[1], 404, "not_found")
+    assert_error_shape(client.request("GET", "/api/ingest")[1], 405, "method_not_allowed")
+    assert_error_shape(client.request("POST", "/healthz", body=b"{}")[1], 405,
+                       "method_not_allowed")
+
+
+# -- 500: the row cannot be written ----------------------------------------------
+
+
+@pytest.fixture
+def write_lock(data_dir):
+    """A second real connection holding SQLite's write lock."""
+    holders = []
+
+    def hold() -> sqlite3.Connection:
+        conn = sqlite3.connect(str(data_dir / "healthlog.sqlite3"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        holders.append(conn)
+        return conn
+
+    yield hold
+    for conn in holders:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_ing_9_1_busy_database_while_recording_is_logged_with_its_marker(
+        service, client, data_dir, write_lock, logs):
+    write_lock()
+    status, payload = client.ingest(hae_body())
+    assert status == 500
+    assert_error_shape(payload, 500, "internal_error")
+    [record] = logs.find("delivery row not written", level="ERROR")
+    assert record["busy"] == "true"
+    # The body stays in the archive as an orphan, at the path the record names.
+    assert (data_dir / record["archive_path"]).read_bytes() == hae_body()
+    assert db_rows(data_dir, "SELECT count(*) AS n FROM delivery")[0]["n"] == 0
+
+
+def test_ing_9_1_other_cause_while_recording_carries_no_busy_marker(
+        service, client, data_dir, logs):
+    conn = sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
+    conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON delivery "
+                 "BEGIN SELECT RAISE(ABORT, 'disk says no'); END")
+    conn.commit()
+    conn.close()
+    status, payload = client.ingest(hae_body())
+    assert status == 500
+    [record] = logs.find("delivery row not written", level="ERROR")
+    assert record["busy"] == "false"
+    assert (data_dir / record["archive_path"]).exists()
+
+
+# -- the connection and the deadlines ----------------------------------------------
+
+
+def test_ing_1_3_dropped_connection_after_the_body_still_records_the_delivery(
+        start_service, data_dir):
+    # A second connection holds the write lock, so the handler is still waiting to
+    # insert when the client leaves; the lock is released only after it has gone.
+    service = start_service(busy_timeout_s=10.0)
+    holder = sqlite3.connect(str(data_dir / "healthlog.sqlite3"), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    host, port = service.address
+    body = hae_body()
+    sock = socket.create_connection((host, port))
+    sock.sendall(raw_post(port, body))
+    time.sleep(0.5)
+    sock.close()
+    time.sleep(0.2)
+    holder.execute("ROLLBACK")
+    holder.close()
+    deadline = time.monotonic() + 10
+    rows = []
+    while time.monotonic() < deadline and not rows:
+        time.sleep(0.05)
+        rows = db_rows(data_dir)
+    assert len(rows) == 1
+    assert rows[0]["parse_status"] == "pending"
+    assert (data_dir / rows[0]["archive_path"]).read_bytes() == body
+
+
+def test_ing_8_1_slow_upload_beyond_the_server_timeout_is_not_cut_off(start_service, data_dir):
+    service = start_service(http_timeout_s=1.0, ingest_budget_s=30.0)
+    host, port = service.address
+    body = hae_body()
+    request = raw_post(port, body)
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(request[:-40])
+        time.sleep(2.5)  # a stall longer than the server-wide timeout
+        sock.sendall(request[-40:])
+        status, payload = read_response(sock)
+    assert status == 200, payload
+    assert (data_dir / db_rows(data_dir)[0]["archive_path"]).read_bytes() == body
+
+
+def test_ingest_deadline_exceeded_gives_408_and_writes_nothing(start_service, data_dir):
+    service = start_service(http_timeout_s=5.0, ingest_budget_s=1.0)
+    host, port = service.address
+    request = raw_post(port, hae_body())
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(request[:-40])
+        started = time.monotonic()
+        status, payload = read_response(sock)
+        assert time.monotonic() - started < 4.0
+    assert status == 408
+    assert_error_shape(payload, 408, "request_timeout")
+    assert_nothing_written(data_dir)
+
+
+def _seconds_until_closed(sock: socket.socket, limit: float) -> float:
+    sock.settimeout(limit)
+    started = time.monotonic()
+    try:
+        while sock.recv(65536):
+            pass
+    except socket.timeout:
+        return limit
+    return time.monotonic() - started
+
+
+def test_ing_8_2_other_routes_keep_the_server_timeout(start_service):
+    service = start_service(http_timeout_s=1.0, ingest_budget_s=30.0)
+    host, port = service.address
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+        assert _seconds_until_closed(sock, 6.0) < 3.0
+
+
+def test_ing_8_2_keep_alive_after_ingest_returns_to_the_server_timeout(start_service):
+    service = start_service(http_timeout_s=1.0, ingest_budget_s=30.0)
+    host, port = service.address
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(raw_post(port, hae_body()))
+        assert read_response(sock)[0] == 200
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then silence
+        assert _seconds_until_closed(sock, 6.0) < 3.0
+
+
+def test_truncated_body_is_not_archived(service, data_dir):
+    host, port = service.address
+    request = raw_post(port, hae_body())
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(request[:-20])
+        sock.shutdown(socket.SHUT_WR)
+        time.sleep(0.5)
+    time.sleep(0.3)
+    assert_nothing_written(data_dir)
+
+
+def test_concurrent_ingests_each_get_their_own_row_and_file(service, data_dir):
+    host, port = service.address
+    bodies = [hae_body(canary_value=72.123456789 + i) for i in range(12)]
+    results = [None] * len(bodies)
+
+    def post(i):
+        results[i] = Client(host, port).ingest(bodies[i])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r[0] == 200 for r in results)
+    rows = {r["id"]: r for r in db_rows(data_dir)}
+    for i, (_, payload) in enumerate(results):
+        row = rows[payload["delivery_id"]]
+        assert (data_dir / row["archive_path"]).read_bytes() == bodies[i]
+    assert len(set(r["received_at"] + r["archive_path"] for r in rows.values())) == 12
+
+
+# -- healthz ---------------------------------------------------------------------
+
+
+def test_healthz_needs_no_token_and_reports_backlog_and_worker(service, client):
+    status, payload = client.request("GET", "/healthz", token=False)
+    assert status == 200
+    assert payload["status"] == "ok"
+    assert payload["backlog"] == 0
+    assert payload["worker"] in ("idle", "folding", "starting")
+    assert payload["version"] == healthlog.__version__
