@@ -196,8 +196,10 @@ class ServeProcess:
                  program: str = None, env: dict = None):
         self.log_path = log_path
         self._log = open(str(log_path), "ab")
-        args = [python, program or str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
-                "--listen", "127.0.0.1:0", "--token", TOKEN] + list(extra)
+        interpreter = [str(python)] if isinstance(python, (str, Path)) else list(python)
+        args = interpreter + [str(program or ROOT / "healthlog.py"), "serve", "--data",
+                              str(data_dir), "--listen", "127.0.0.1:0", "--token", TOKEN]
+        args += list(extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=env)
         self.port = self._wait_for_port()
@@ -206,7 +208,7 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
-                record = parse_logfmt(line)
+                record = json.loads(line) if line.startswith("{") else parse_logfmt(line)
                 if record.get("msg") == "serving":
                     return int(record["listen"].rsplit(":", 1)[1])
             if self.proc.poll() is not None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -57,7 +58,9 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 __all__ = [
     "BERLIN", "BRISBANE", "CANARY_QTY", "CANARY_SOURCE", "CANARY_STRINGS", "CANARY_TOKEN",
-    "DEFAULT_DAY", "DST_FALL", "DST_SPRING", "ECG_SAMPLES", "GROUPINGS", "METRICS",
+    "DEFAULT_DAY", "DEFAULT_METRICS", "DST_FALL", "DST_SPRING", "ECG_SAMPLES", "FAST",
+    "GROUPINGS", "JOURNAL", "METRICS", "RAW", "RECORD_SECTIONS", "SLEEP", "TODAY", "WEEK",
+    "WORKOUTS",
     "OWNER_PHONE", "OWNER_WATCH", "PACIFIC", "PERIODS", "PERTH", "PHONE", "PIPED_SOURCE",
     "SLEEP_VALUES", "TIME_STYLES", "UTC_ZONE", "WORKOUT_KINDS",
     "Automation", "MetricSpec", "Phone", "Push", "RawNumber", "Zone",
@@ -102,6 +105,9 @@ ECG_SAMPLES = 15379
 _ECG_HZ = 512.6
 
 _EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
+#: Float totals use math.fsum: sum() of floats became compensated in Python 3.12, so its
+#: last digit differs between versions, and "same seed, same bytes" must hold on 3.9-3.13.
+_fsum = math.fsum
 _DAY = 86400
 _SIZES = {"Seconds": 1, "Minutes": 60, "Hours": 3600}
 
@@ -486,18 +492,20 @@ def _bucket_start(t: float, size: Optional[int], zone: Zone) -> int:
 
 
 def _bucket_fields(kind: str, values: list, integer: bool) -> dict:
+    """The value keys of one bucket (heart rate and blood pressure are integers, so plain
+    sum() is exact for them)."""
     if kind == "sum":
-        return {"qty": sum(values)}
+        return {"qty": _fsum(values)}
     if kind == "hr":
         return {"Min": min(values), "Avg": sum(values) / len(values), "Max": max(values)}
     if kind == "bp":
         return {"systolic": sum(v[0] for v in values) / len(values),
                 "diastolic": sum(v[1] for v in values) / len(values)}
     if kind == "glucose":
-        return {"qty": sum(v[0] for v in values) / len(values), "mealTime": values[0][1]}
+        return {"qty": _fsum(v[0] for v in values) / len(values), "mealTime": values[0][1]}
     if integer and len(values) == 1:
         return {"qty": values[0]}
-    return {"qty": sum(values) / len(values)}
+    return {"qty": _fsum(values) / len(values)}
 
 
 def metric_points(seed: int, name: str, start: Any, end: Any = None, grouping: str = "Minutes",
@@ -518,27 +526,19 @@ def metric_points(seed: int, name: str, start: Any, end: Any = None, grouping: s
     t0, t1 = _span(start, end, zone)
     limit = None if cutoff is None else _epoch(cutoff, zone)
     if grouping == "Default":
-        size = 1 if name == "heart_rate" else 60
-    elif grouping == "Days":
-        size = None
+        size: Optional[int] = 1 if name == "heart_rate" else 60
     else:
-        size = _SIZES[grouping]
+        size = None if grouping == "Days" else _SIZES[grouping]
     units = units or spec.units
-    scale_keys = ("qty",) if spec.kind in ("sum", "event", "glucose") else ()
-    points: list = []
-    bucket, values = None, []
-    for t, value in list(_samples(seed, name, zone, t0, t1, limit)) + [(None, None)]:
-        key = None if t is None else _bucket_start(t, size, zone)
-        if values and key != bucket:
-            fields = _bucket_fields(spec.kind, values, spec.integer)
-            for field_name in scale_keys:
-                fields[field_name] = _convert(fields[field_name], spec.units, units)
-            point = {"date": phone.time(bucket)}
-            point.update(fields)
-            points.append(_with_source(point, phone.pick_source(rng)))
-            values = []
-        bucket = key
-        values.append(value)
+    points = []
+    samples = _samples(seed, name, zone, t0, t1, limit)
+    for bucket, group in itertools.groupby(samples, lambda s: _bucket_start(s[0], size, zone)):
+        fields = _bucket_fields(spec.kind, [value for _, value in group], spec.integer)
+        if "qty" in fields and spec.kind != "hr":
+            fields["qty"] = _convert(fields["qty"], spec.units, units)
+        point = {"date": phone.time(bucket)}
+        point.update(fields)
+        points.append(_with_source(point, phone.pick_source(rng)))
     return points
 
 
@@ -822,11 +822,11 @@ def workout_v2(seed: int = 0, start: Any = None, *, name: str = "Running",
     energy = [_with_source({"date": phone.time(t), "qty": q, "units": "kcal"}, source)
               for (t, _, _, _), q in zip(hr, kcal)]
     location, indoor, _, _, speed = session.kind
-    avg_hr = sum(a for _, _, a, _ in hr) / len(hr)
+    avg_hr = _fsum(a for _, _, a, _ in hr) / len(hr)
     workout = {
         "id": session.uid, "name": name, "start": phone.time(session.start),
         "end": phone.time(end), "duration": session.seconds, "location": location,
-        "isIndoor": indoor, "activeEnergyBurned": {"qty": sum(kcal) * 4.184, "units": "kJ"},
+        "isIndoor": indoor, "activeEnergyBurned": {"qty": _fsum(kcal) * 4.184, "units": "kJ"},
         "distance": {"qty": speed * session.seconds / 1000, "units": "km"},
         "intensity": {"qty": rng.uniform(3, 11), "units": "MET"},
         "heartRate": {"min": {"qty": min(h[1] for h in hr), "units": "count/min"},
@@ -861,7 +861,7 @@ def workout_v1(seed: int = 0, start: Any = None, *, name: str = "Running",
     end = session.start + int(session.seconds)
     hr = _workout_hr_minutes(session, rng)
     miles = session.kind[4] * session.seconds / 1609.344
-    active = sum(rng.uniform(4, 14) for _ in hr) * session.kind[3] / 140
+    active = _fsum(rng.uniform(4, 14) for _ in hr) * session.kind[3] / 140
     route = _route(session, _route_count(session, route_points), rng)
     return {
         "name": name, "start": phone.time(session.start), "end": phone.time(end),
@@ -875,7 +875,7 @@ def workout_v1(seed: int = 0, start: Any = None, *, name: str = "Running",
         "totalEnergy": {"qty": active * 1.25, "units": "kcal"},
         "activeEnergy": {"qty": active, "units": "kcal"},
         "maxHeartRate": {"qty": max(h[3] for h in hr), "units": "bpm"},
-        "avgHeartRate": {"qty": sum(h[2] for h in hr) / len(hr), "units": "bpm"},
+        "avgHeartRate": {"qty": _fsum(h[2] for h in hr) / len(hr), "units": "bpm"},
         "stepCount": {"qty": round(session.seconds * 2.6 * (session.kind[4] > 0)),
                       "units": "steps"},
         "stepCadence": {"qty": rng.uniform(150, 175) if session.kind[4] else 0, "units": "spm"},
@@ -1052,6 +1052,29 @@ RECORD_SECTIONS = ("stateOfMind", "medications", "symptoms", "cycleTracking", "e
                    "heartRateNotifications")
 
 
+def _journal_events(seed: int, zone: Zone, day: int) -> list:
+    """(t, what) of the record-section entries on local day ``day``, in time order."""
+    salt = _salt("journal")
+
+    def draw(j: int) -> float:
+        return _draw(seed, salt, day, j)
+
+    def clock(j: int, first_hour: float, last_hour: float) -> int:
+        minute = int((first_hour + (last_hour - first_hour) * draw(j)) * 60)
+        return _local_epoch(zone, day * _DAY + minute * 60 + int(60 * draw(j + 1)))
+
+    events = [(_local_epoch(zone, day * _DAY), "cycleTracking"),
+              (clock(1, 7.5, 9), "medications"), (clock(3, 20, 22.5), "daily_mood")]
+    events += [(clock(5 + 2 * k, 9, 20), "momentary_emotion") for k in range(int(3 * draw(4)))]
+    if draw(11) < 0.3:
+        events.append((clock(12, 10, 19), "symptoms"))
+    if draw(14) < 0.3:
+        events.append((clock(15, 8, 21), "ecg"))
+    if draw(17) < 0.12:
+        events.append((clock(18, 1, 5), "heartRateNotifications"))
+    return sorted(events)
+
+
 def records_sections(seed: int, start: Any, end: Any = None, *, phone: Phone = PHONE,
                      cutoff: Any = None, rng: Optional[random.Random] = None,
                      ecg_samples: int = ECG_SAMPLES) -> dict:
@@ -1065,34 +1088,15 @@ def records_sections(seed: int, start: Any, end: Any = None, *, phone: Phone = P
     if cutoff is not None:
         t1 = min(t1, _epoch(cutoff, zone))
     out: dict = {name: [] for name in RECORD_SECTIONS}
-    salt = _salt("journal")
     first = int((t0 + _offset_at(zone, t0) * 60) // _DAY)
     for day in range(first, int((t1 + _offset_at(zone, t1) * 60) // _DAY) + 1):
-        def at(j: int, lo_h: float, hi_h: float) -> int:
-            minute = int((lo_h + (hi_h - lo_h) * _draw(seed, salt, day, j)) * 60)
-            return _local_epoch(zone, day * _DAY + minute * 60 + int(60 * _draw(seed, salt, day,
-                                                                              j + 1)))
-
-        def keep(t: float) -> bool:
-            return t0 <= t < t1
-
-        midnight = _local_epoch(zone, day * _DAY)
-        if keep(midnight):
-            out["cycleTracking"] += cycle_tracking(rng, _date_of_day(day), phone=phone,
-                                                   cycle_day=day % 28)
-        events = [(at(1, 7.5, 9), "medications"), (at(3, 20, 22.5), "daily_mood")]
-        events += [(at(5 + 2 * k, 9, 20), "momentary_emotion")
-                   for k in range(int(3 * _draw(seed, salt, day, 4)))]
-        if _draw(seed, salt, day, 11) < 0.3:
-            events.append((at(12, 10, 19), "symptoms"))
-        if _draw(seed, salt, day, 14) < 0.3:
-            events.append((at(15, 8, 21), "ecg"))
-        if _draw(seed, salt, day, 17) < 0.12:
-            events.append((at(18, 1, 5), "heartRateNotifications"))
-        for t, what in sorted(events):
-            if not keep(t):
+        for t, what in _journal_events(seed, zone, day):
+            if not t0 <= t < t1:
                 continue
-            if what == "medications":
+            if what == "cycleTracking":
+                out[what] += cycle_tracking(rng, _date_of_day(day), phone=phone,
+                                            cycle_day=day % 28)
+            elif what == "medications":
                 out[what] += medications(rng, t, phone=phone,
                                          scheduled=_local_epoch(zone, day * _DAY + 8 * 3600))
             elif what in ("daily_mood", "momentary_emotion"):
@@ -1325,6 +1329,7 @@ SLEEP = Automation("Sleep", "Days", "Previous 7 Days")
 RAW = Automation("Raw samples", "Default", "Default")
 WORKOUTS = Automation("Workouts", "Default", "Since Last Sync")
 JOURNAL = Automation("Journal", "Default", "Since Last Sync")
+_SLEEP_METRICS = ("sleep_analysis", "resting_heart_rate", "heart_rate_variability")
 
 
 def _window(automation: Automation, now: float, last: Optional[float], zone: Zone) -> tuple:
@@ -1351,7 +1356,7 @@ def _session_starts(seed: int, zone: Zone, day: int, plan: _Plan) -> list:
             for k, minute in enumerate(plan.sessions)]
 
 
-def _jobs(tick: int, session: int, sessions: int, plan: _Plan) -> list:
+def _jobs(tick: int, session: int, sessions: int) -> list:
     """Automations that fire at this tick: fast every tick, today totals every third,
     the once-a-day ones at the day's first (and raw also last) session."""
     jobs = [FAST]
@@ -1376,16 +1381,10 @@ def _payload_for(automation: Automation, seed: int, window: tuple, now: float, p
     if automation is JOURNAL:
         return envelope(**records_sections(seed, start, end, phone=phone, cutoff=now,
                                            rng=rng, ecg_samples=plan.ecg_samples))
-    if automation is SLEEP:
-        names, sleep = ("sleep_analysis", "resting_heart_rate", "heart_rate_variability"), \
-            "aggregated"
-    elif automation is RAW:
-        names, sleep = plan.raw_metrics + ("sleep_analysis",), "segments"
-    else:
-        names = {FAST: plan.fast_metrics, TODAY: plan.today_metrics,
-                 WEEK: plan.week_metrics}[automation]
-        sleep = "aggregated"
-    siblings = ("workouts",) if automation is TODAY else ()
+    names = {FAST: plan.fast_metrics, TODAY: plan.today_metrics, WEEK: plan.week_metrics,
+             SLEEP: _SLEEP_METRICS, RAW: plan.raw_metrics + ("sleep_analysis",)}[automation]
+    sleep = "segments" if automation is RAW else "aggregated"
+    siblings = ("workouts",) if automation is TODAY else ()  # as older app versions did
     grouping = plan.week_grouping if automation is WEEK else automation.aggregation
     return metrics_payload(seed, names, start, end, grouping, phone=phone, cutoff=now,
                            rng=rng, sleep=sleep, siblings=siblings)
@@ -1419,7 +1418,7 @@ def week_of_traffic(seed: int = 0, start: dt.date = DEFAULT_DAY, days: int = 7, 
         for session, began in enumerate(sessions):
             for tick in range(plan.session_ticks):
                 moment = began + 300 * tick
-                for order, job in enumerate(_jobs(tick, session, len(sessions), plan)):
+                for order, job in enumerate(_jobs(tick, session, len(sessions))):
                     now = moment + 4 * order + rng.randint(0, 3)
                     window = _window(job, now, last.get(job), zone)
                     payload = _payload_for(job, seed, window, now, plan, phone, rng)
