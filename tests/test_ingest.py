@@ -458,3 +458,17 @@ def test_healthz_needs_no_token_and_reports_backlog_and_worker(service, client):
     assert payload["backlog"] == 0
     assert payload["worker"] in ("idle", "folding", "starting")
     assert payload["version"] == healthlog.__version__
+
+
+def test_ingest_500_when_the_archive_cannot_be_written_records_nothing(service, client,
+                                                                       data_dir, logs):
+    # A file where this year's archive folder belongs: a real filesystem failure.
+    year = healthlog.utc_now().strftime("%Y")
+    (data_dir / "archive" / year).write_bytes(b"")
+    status, payload = client.ingest(hae_body())
+    assert status == 500
+    assert_error_shape(payload, 500, "internal_error")
+    assert db_rows(data_dir) == []
+    assert archive_files(data_dir) == ["archive/" + year]  # only the obstacle itself
+    [record] = logs.find("archive write failed", level="ERROR")
+    assert record["error"] in ("NotADirectoryError", "FileExistsError")
