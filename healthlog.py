@@ -38,11 +38,13 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import gzip
 import hashlib
 import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import sqlite3
@@ -208,6 +210,51 @@ class ServiceStopping(HTTPFailure):
     """healthlog is shutting down; try again shortly."""
 
     status, code = 503, "stopping"
+
+class FoldFailure(HealthlogError):
+    """The delivery cannot be folded; retrying will not change that (ING-3)."""
+
+    error_class = "fold_failed"
+
+    def __init__(self, message: Optional[str] = None, uncovered: Optional[list] = None):
+        super().__init__(message)
+        self.uncovered = uncovered
+
+
+class ContentNotParsed(FoldFailure):
+    """The body's content could not be parsed into points."""
+
+    error_class = "content_not_parsed"
+
+
+class LayerNotInferable(FoldFailure):
+    """No header, no dense metrics and no earlier delivery of the automation name a layer."""
+
+    error_class = "layer_not_inferable"
+
+
+class BodyMissing(FoldFailure):
+    """The archived body is missing."""
+
+    error_class = "body_missing"
+
+
+class BodyUnreadable(FoldFailure):
+    """The archived body cannot be read."""
+
+    error_class = "body_unreadable"
+
+
+class BodyTooBig(FoldFailure):
+    """The archived body is too big to fold."""
+
+    error_class = "body_too_big"
+
+
+class FoldDeadlineExceeded(FoldFailure):
+    """The fold took longer than its deadline."""
+
+    error_class = "fold_deadline_exceeded"
 
 
 # ==============================================================================
@@ -399,8 +446,169 @@ def setup_logging(config: Config, stream: Any = None) -> logging.Handler:
 
 
 # ==============================================================================
-# Time: the fixed-width UTC text form of received_at (text order = time order).
+# Time: every timestamp form HAE sends, parsed to integer UTC microseconds.
 # ==============================================================================
+
+US = 1_000_000
+HOUR_US = 3600 * US
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+_MIN_US = (_dt.date(1900, 1, 1).toordinal() - _EPOCH_ORDINAL) * 86400 * US
+_MAX_US = (_dt.date(2200, 1, 1).toordinal() - _EPOCH_ORDINAL) * 86400 * US
+_SEXAGESIMAL = {"%02d" % i: i for i in range(60)}
+_HOUR_BASE: dict = {}
+"""``"YYYY-MM-DD HH ±hhmm"`` → µs of that local hour in UTC.  HAE's timestamps share
+a handful of hours and offsets, so the fast path is two slices and three lookups
+(design.md §13: strptime on every timestamp costs 9× the JSON parse)."""
+_HOUR_BASE_MAX = 200_000
+
+_HAE_24H = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+                      r" ?([+-])(\d{2}):?(\d{2})", re.ASCII)
+_HAE_12H = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{1,2}):(\d{2})(?::(\d{2}))?"
+                      "[ \u00a0\u202f]?([AaPp])\\.?[Mm]\\.? ?([+-])(\\d{2}):?(\\d{2})", re.ASCII)
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?"
+                  r"(?:([Zz])|([+-])(\d{2}):?(\d{2})?)", re.ASCII)
+_DATE_ONLY = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
+
+
+def parse_time(value: Any) -> Optional[int]:
+    """A point's timestamp as UTC epoch microseconds, or None when it is not one.
+
+    Accepts HAE's ``yyyy-MM-dd HH:mm:ss Z`` (fast path), its 12-hour variants
+    (``am``/``AM``, with an ordinary, U+00A0 or U+202F space), fractions of a second,
+    date-only (UTC midnight), ISO-8601 with ``Z`` or an offset, and epoch numbers
+    (seconds; milliseconds above 1e11).  Pure: no I/O, no time zone database —
+    the offset written in the string is the truth.
+    """
+    if type(value) is str:
+        if len(value) == 25 and value[13] == ":" and value[16] == ":":
+            base = _HOUR_BASE.get(value[:13] + value[19:])
+            if base is not None:
+                minute = _SEXAGESIMAL.get(value[14:16])
+                second = _SEXAGESIMAL.get(value[17:19])
+                if minute is not None and second is not None:
+                    return base + (minute * 60 + second) * US
+        return _parse_time_text(value)
+    if type(value) is int or type(value) is float:
+        return _parse_epoch(value)
+    return None
+
+
+def _parse_epoch(value: float) -> Optional[int]:
+    if value != value or value in (float("inf"), float("-inf")):
+        return None
+    seconds = value / 1000.0 if abs(value) >= 1e11 else value
+    result = int(round(seconds * US)) if type(seconds) is float else seconds * US
+    return result if _MIN_US <= result < _MAX_US else None
+
+
+def _instant(year: str, month: str, day: str, hour: int, minute: str, second: Optional[str],
+             fraction: Optional[str], offset_s: int) -> Optional[int]:
+    try:
+        date = _dt.date(int(year), int(month), int(day))
+    except ValueError:
+        return None
+    minute_i, second_i = int(minute), int(second or 0)
+    if hour > 23 or minute_i > 59 or second_i > 59:
+        return None
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    local = ((date.toordinal() - _EPOCH_ORDINAL) * 86400 + hour * 3600 + minute_i * 60
+             + second_i)
+    result = (local - offset_s) * US + micros
+    return result if _MIN_US <= result < _MAX_US else None
+
+
+def _offset_seconds(sign: str, hours: str, minutes: Optional[str]) -> Optional[int]:
+    h, m = int(hours), int(minutes or 0)
+    if h > 23 or m > 59:
+        return None
+    return (-1 if sign == "-" else 1) * (h * 3600 + m * 60)
+
+
+def _parse_time_text(text: str) -> Optional[int]:
+    text = text.strip()
+    match = _HAE_24H.fullmatch(text)
+    if match:
+        y, mo, d, h, mi, s, frac, sign, oh, om = match.groups()
+        offset = _offset_seconds(sign, oh, om)
+        if offset is None:
+            return None
+        result = _instant(y, mo, d, int(h), mi, s, frac, offset)
+        if result is not None and len(text) == 25 and not frac and len(h) == 2:
+            if len(_HOUR_BASE) >= _HOUR_BASE_MAX:
+                _HOUR_BASE.clear()
+            _HOUR_BASE[text[:13] + text[19:]] = result - (int(mi) * 60 + int(s)) * US
+        return result
+    match = _HAE_12H.fullmatch(text)
+    if match:
+        y, mo, d, h, mi, s, half, sign, oh, om = match.groups()
+        hour = int(h)
+        offset = _offset_seconds(sign, oh, om)
+        if not 1 <= hour <= 12 or offset is None:
+            return None
+        hour = hour % 12 + (12 if half in "Pp" else 0)
+        return _instant(y, mo, d, hour, mi, s, None, offset)
+    match = _ISO.fullmatch(text)
+    if match:
+        y, mo, d, h, mi, s, frac, zulu, sign, oh, om = match.groups()
+        offset = 0 if zulu else _offset_seconds(sign, oh, om)
+        if offset is None:
+            return None
+        return _instant(y, mo, d, int(h), mi, s, frac, offset)
+    match = _DATE_ONLY.fullmatch(text)
+    if match:
+        return _instant(match.group(1), match.group(2), match.group(3), 0, "0", None, None, 0)
+    return None
+
+
+def local_day_and_second(value: Any) -> Optional[tuple]:
+    """(proleptic ordinal of the local date, second of the local day) as written.
+
+    Layer inference asks how a bucket start is aligned in the phone's own local time,
+    which is the time written in the string, not UTC.  Epoch numbers are UTC.
+    """
+    if type(value) is str:
+        text = value.strip()
+        for pattern in (_HAE_24H, _ISO):
+            match = pattern.fullmatch(text)
+            if match:
+                y, mo, d, h, mi, s = match.groups()[:6]
+                fraction = match.group(7)
+                break
+        else:
+            match = _HAE_12H.fullmatch(text)
+            if match:
+                y, mo, d, h, mi, s, half = match.groups()[:7]
+                h = str(int(h) % 12 + (12 if half in "Pp" else 0))
+                fraction = None
+            else:
+                match = _DATE_ONLY.fullmatch(text)
+                if not match:
+                    return None
+                y, mo, d, h, mi, s, fraction = match.group(1), match.group(2), match.group(3), \
+                    "0", "0", "0", None
+        try:
+            ordinal = _dt.date(int(y), int(mo), int(d)).toordinal()
+        except ValueError:
+            return None
+        second = int(h) * 3600 + int(mi) * 60 + int(s or 0)
+        if fraction and int(fraction):
+            second += 0.5  # a fraction of a second is aligned to nothing coarser
+        return ordinal, second
+    instant = parse_time(value)
+    if instant is None:
+        return None
+    days, rest = divmod(instant, 86400 * US)
+    return days + _EPOCH_ORDINAL, rest / US
+
+
+def format_instant(instant_us: int) -> str:
+    """UTC ISO-8601 text of an instant (for exports and messages, never for keys)."""
+    moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(
+        microseconds=instant_us)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if moment.microsecond:
+        text += (".%06d" % moment.microsecond).rstrip("0")
+    return text + "Z"
 
 
 def utc_now() -> _dt.datetime:
@@ -414,6 +622,369 @@ def format_received_at(moment: _dt.datetime) -> str:
 
 def parse_received_at(text: str) -> _dt.datetime:
     return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
+
+
+# ==============================================================================
+# Canonical form and merge rule: same value, emptiness, dominance (design.md §5).
+# ==============================================================================
+
+SAME_VALUE_REL = 1e-12
+"""Numbers within this relative distance are one value: HAE re-spells doubles with
+last-digit jitter (61.999999999999993 vs 61.99999999999999); rounding to N digits
+instead would split 9 % of values across a rounding boundary (design.md §5)."""
+
+
+def strip_source(value: Any) -> Any:
+    """The value without any ``source`` key, at every level."""
+    if type(value) is dict:
+        return {k: strip_source(v) for k, v in value.items() if k != "source"}
+    if type(value) is list:
+        return [strip_source(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> str:
+    """Sorted keys, no ``source``, shortest round-trip numbers, no HTML escaping.
+
+    Used to hash objects and to order candidates; never stored, never the answer to
+    "is this a change?" (that is :func:`same_value`).  Always the standard json
+    module, so the hash does not depend on whether orjson is installed.
+    """
+    return json.dumps(strip_source(value), sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"), allow_nan=False)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Same structure, equal strings and booleans, numbers equal within 1e-12 relative;
+    ``source`` is ignored at every level."""
+    if a == b and type(a) is type(b) and type(a) is not dict and type(a) is not list:
+        return True
+    ta, tb = type(a), type(b)
+    if ta is dict:
+        if tb is not dict:
+            return False
+        keys = a.keys() - {"source"}
+        if keys != b.keys() - {"source"}:
+            return False
+        return all(same_value(a[k], b[k]) for k in keys)
+    if ta is list:
+        return tb is list and len(a) == len(b) and all(map(same_value, a, b))
+    if ta is bool or tb is bool:
+        return ta is tb and a == b
+    if (ta is int or ta is float) and (tb is int or tb is float):
+        return a == b or abs(a - b) <= SAME_VALUE_REL * max(abs(a), abs(b))
+    return ta is tb and a == b
+
+
+def is_empty(value: Any) -> bool:
+    """``null``, ``""``, a number equal to 0, ``{}``, ``[]``; ``false`` is not empty."""
+    if value is None:
+        return True
+    kind = type(value)
+    if kind is int or kind is float:
+        return value == 0
+    if kind is str or kind is dict or kind is list:
+        return not value
+    return False
+
+
+def content_keys(point: Any) -> frozenset:
+    """C(p): keys other than ``source`` whose value is not empty (∅ for non-objects)."""
+    if type(point) is not dict:
+        return frozenset()
+    return frozenset(k for k, v in point.items() if k != "source" and not is_empty(v))
+
+
+def all_keys(point: Any) -> frozenset:
+    """K(p): keys other than ``source`` (∅ for non-objects)."""
+    if type(point) is not dict:
+        return frozenset()
+    return frozenset(k for k in point if k != "source")
+
+
+def dominates(a: Any, b: Any) -> bool:
+    """a is more complete than b: strictly more content carrying b's content, or equal
+    content and strictly more (empty) keys (STO-2)."""
+    ca, cb = content_keys(a), content_keys(b)
+    if ca > cb:
+        return all(same_value(a[k], b[k]) for k in cb)
+    return ca == cb and all_keys(a) > all_keys(b)
+
+
+def incomparable(a: Any, b: Any) -> bool:
+    """Each carries a content key the other lacks (the rare case STO-2.5 observes)."""
+    ca, cb = content_keys(a), content_keys(b)
+    return bool(ca - cb) and bool(cb - ca)
+
+
+def _verbatim_order(point: Any) -> tuple:
+    """Total order among candidates: canonical form, then the arrived bytes."""
+    return canonical(point), json.dumps(point, ensure_ascii=False)
+
+
+def reduce_candidates(points: list) -> tuple:
+    """One delivery's candidates for one coordinate → (winner, was_incomparable).
+
+    Drops every candidate dominated by another, then takes the greatest by
+    :func:`_verbatim_order`; the result never depends on the JSON array order.
+    """
+    survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
+    if not survivors:  # only identical twins dominate nothing; keep them all
+        survivors = points
+    clash = any(incomparable(p, q) for i, p in enumerate(survivors) for q in survivors[i + 1:])
+    return max(survivors, key=_verbatim_order), clash
+
+
+def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position: tuple) -> tuple:
+    """Stored point vs arriving point → (replace, is_collision, is_incomparable).
+
+    The arriving point replaces the stored one when it dominates it, or when neither
+    dominates and it is later in journal order.  The same value is no change at all.
+    """
+    if same_value(stored, arriving):
+        return False, False, False
+    clash = incomparable(stored, arriving)
+    if dominates(arriving, stored):
+        return True, True, clash
+    if dominates(stored, arriving):
+        return False, False, clash
+    replace = arriving_position > stored_position
+    return replace, replace, clash
+
+
+# ==============================================================================
+# HAE sections to points: which key of ``data`` becomes which metric (design.md §4).
+# ==============================================================================
+
+RECORD_LAYER = "record"
+GROUPINGS = ("default", "seconds", "minutes", "hours", "days", "weeks", "months", "years")
+_ALIGNMENT = {"seconds": 0, "minutes": 1, "hours": 2, "days": 3, "weeks": 3, "months": 3,
+              "years": 3}
+"""How finely a grouping's bucket starts are aligned; data finer than its header
+contradicts the header (``default`` mixes seconds and minutes: never contradicted)."""
+
+UNCOVERED_MAX_NAMES = 32
+UNCOVERED_MAX_LENGTH = 64
+"""HAE has eight sections; a body with dozens of unknown keys, or a key longer than
+this, does not look like HAE, and hitting a bound raises the record to WARN (STO-6.3)."""
+
+DENSE_MIN_POINTS = 3
+
+
+def _named(prefix: str, field_names: tuple) -> Callable[[dict], Optional[str]]:
+    def name_of(item: dict) -> Optional[str]:
+        for key in field_names:
+            value = item.get(key)
+            if type(value) is str and value.strip():
+                return prefix + value.strip()
+        return None
+    return name_of
+
+
+SECTIONS = {
+    "metrics": None,  # handled by extract_points: one metric per element
+    "workouts": lambda item: "workouts",
+    "stateOfMind": lambda item: "state_of_mind",
+    "ecg": lambda item: "ecg",
+    "heartRateNotifications": lambda item: "heart_rate_notifications",
+    "symptoms": _named("symptoms/", ("name",)),
+    "cycleTracking": _named("cycle_tracking/", ("name",)),
+    "medications": _named("medications/", ("displayText", "nickname")),
+}
+"""``data.<key>`` → metric name of each element.  Any other key is uncovered."""
+
+
+def point_span(point: dict) -> Optional[tuple]:
+    """(start, end) in UTC µs: start = start, else startDate, else date; end = end,
+    else endDate, else start.  None when a present timestamp cannot be parsed."""
+    get = point.get
+    raw = get("start")
+    if raw is None:
+        raw = get("startDate")
+        if raw is None:
+            raw = get("date")
+    start = parse_time(raw)
+    if start is None:
+        return None
+    raw = get("end")
+    if raw is None:
+        raw = get("endDate")
+    if raw is None:
+        return start, start
+    end = parse_time(raw)
+    return None if end is None else (start, end)
+
+
+@dataclass
+class MetricPoints:
+    """One metric of one delivery: its points grouped by coordinate (start, end)."""
+
+    name: str
+    is_metric: bool  # from data.metrics (time-grouped) rather than a record section
+    units: Optional[str] = None
+    coords: dict = field(default_factory=dict)  # (start, end) -> point | [points]
+    starts: list = field(default_factory=list)  # raw start strings, for layer inference
+    has_interval: bool = False
+
+
+@dataclass
+class Extraction:
+    """What a body holds, before any comparison with the store."""
+
+    metrics: dict = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
+    points: int = 0
+    bad_points: int = 0
+    bad_metrics: set = field(default_factory=set)
+    uncovered: list = field(default_factory=list)
+    uncovered_dropped: int = 0
+    uncovered_cut: int = 0
+
+    @property
+    def has_metric_points(self) -> bool:
+        return any(m.is_metric and m.coords for m in self.metrics.values())
+
+
+def _bounded_names(keys: list) -> tuple:
+    """The uncovered key names kept on the row: (names, dropped by count, cut by length)."""
+    names, cut = [], 0
+    for key in sorted(keys)[:UNCOVERED_MAX_NAMES]:
+        if len(key) > UNCOVERED_MAX_LENGTH:
+            key = key[:UNCOVERED_MAX_LENGTH] + "…"
+            cut += 1
+        names.append(key)
+    return names, max(0, len(keys) - UNCOVERED_MAX_NAMES), cut
+
+
+def extract_points(doc: Any, check_deadline: Callable[[], None] = lambda: None) -> Extraction:
+    """Map a parsed body to metric points grouped by coordinate.  Pure.
+
+    Raises ContentNotParsed when the top level is not ``{"data": {…}}``.  Points that
+    are not objects or whose time cannot be read are counted in ``bad_points`` (with
+    their metric's name), never dropped silently.
+    """
+    if type(doc) is not dict or type(doc.get("data")) is not dict:
+        raise ContentNotParsed("the body is not a JSON object with a \"data\" object")
+    out = Extraction()
+    data = doc["data"]
+    uncovered = [key for key in data if key not in SECTIONS]
+    out.uncovered, out.uncovered_dropped, out.uncovered_cut = _bounded_names(uncovered)
+    for key, name_of in SECTIONS.items():
+        section = data.get(key)
+        if section is None:
+            continue
+        if type(section) is not list:
+            out.bad_points += 1
+            out.bad_metrics.add(key)
+            continue
+        if name_of is None:
+            for element in section:
+                check_deadline()
+                _extract_metric(out, element)
+        else:
+            for element in section:
+                _extract_record(out, element, name_of)
+    return out
+
+
+def _metric_bucket(out: Extraction, is_metric: bool, name: str) -> MetricPoints:
+    bucket = out.metrics.get((is_metric, name))
+    if bucket is None:
+        bucket = out.metrics[(is_metric, name)] = MetricPoints(name, is_metric)
+    return bucket
+
+
+def _add_point(bucket: MetricPoints, span: tuple, point: dict) -> None:
+    slot = bucket.coords.get(span)
+    if slot is None:
+        bucket.coords[span] = point
+    elif type(slot) is list:
+        slot.append(point)
+    else:
+        bucket.coords[span] = [slot, point]
+
+
+def _extract_metric(out: Extraction, element: Any) -> None:
+    name = element.get("name") if type(element) is dict else None
+    points = element.get("data") if type(element) is dict else None
+    if type(name) is not str or not name.strip() or type(points) is not list:
+        out.bad_points += len(points) if type(points) is list else 1
+        out.bad_metrics.add(name if type(name) is str and name.strip() else "metrics")
+        return
+    bucket = _metric_bucket(out, True, name)
+    units = element.get("units")
+    if bucket.units is None and type(units) is str:
+        bucket.units = units
+    starts = bucket.starts
+    for point in points:
+        span = point_span(point) if type(point) is dict else None
+        if span is None:
+            out.bad_points += 1
+            out.bad_metrics.add(name)
+            continue
+        out.points += 1
+        _add_point(bucket, span, point)
+        if span[0] != span[1]:
+            bucket.has_interval = True
+        elif len(starts) < 4096:
+            get = point.get
+            raw = get("start")
+            starts.append(raw if raw is not None else get("startDate") or get("date"))
+
+
+def _extract_record(out: Extraction, element: Any, name_of: Callable) -> None:
+    name = name_of(element) if type(element) is dict else None
+    span = point_span(element) if name is not None else None
+    if span is None:
+        out.bad_points += 1
+        out.bad_metrics.add(name or "record")
+        return
+    out.points += 1
+    _add_point(_metric_bucket(out, False, name), span, element)
+
+
+def header_layer(value: Optional[str]) -> Optional[str]:
+    """The ``automation-aggregation`` header as a layer, or None when it names none."""
+    if value is None:
+        return None
+    layer = value.strip().lower()
+    return layer if layer in GROUPINGS else None
+
+
+def infer_layer(extraction: Extraction) -> Optional[str]:
+    """The coarsest grouping every dense bucket start is aligned to, in local time.
+
+    Dense metrics: at least 3 points, not ``sleep_analysis``, no point with a distinct
+    end.  ``weeks``/``months``/``years`` are told from the spacing of day starts.
+    """
+    level, ordinals = 3, set()
+    for bucket in extraction.metrics.values():
+        if (not bucket.is_metric or bucket.name == "sleep_analysis" or bucket.has_interval
+                or len(bucket.coords) < DENSE_MIN_POINTS):
+            continue
+        for raw in bucket.starts:
+            fields = local_day_and_second(raw)
+            if fields is None:
+                continue
+            ordinal, second = fields
+            if second % 60:
+                return "seconds"
+            if second % 3600:
+                level = min(level, 1)
+            elif second:
+                level = min(level, 2)
+            elif level == 3:
+                ordinals.add(ordinal)
+    if level == 3 and not ordinals:
+        return None
+    if level < 3:
+        return ("seconds", "minutes", "hours")[level]
+    dates = [_dt.date.fromordinal(o) for o in sorted(ordinals)]
+    if len(dates) >= 2 and all(d.day == 1 for d in dates):
+        return "years" if all(d.month == 1 for d in dates) else "months"
+    gaps = [b.toordinal() - a.toordinal() for a, b in zip(dates, dates[1:])]
+    if gaps and all(g % 7 == 0 for g in gaps):
+        return "weeks"
+    return "days"
 
 
 # ==============================================================================
@@ -451,6 +1022,7 @@ CREATE TABLE delivery (
 );
 CREATE INDEX delivery_journal ON delivery (received_at, id);
 CREATE INDEX delivery_pending ON delivery (received_at, id) WHERE parse_status = 'pending';
+CREATE INDEX delivery_body ON delivery (body_sha256);
 
 CREATE TABLE object (
     metric           TEXT NOT NULL,
@@ -848,16 +1420,497 @@ def check_delivery_shape(path: Path) -> None:
 
 
 # ==============================================================================
+# Fold: one delivery into hourly objects, all-or-nothing (design.md §3, §5, §6).
+# ==============================================================================
+
+FOLD_BUSY_BACKOFF_S = (0.1, 0.5)
+"""Retries of the apply transaction after the busy timeout; then the delivery is
+deferred (stays pending) and the pass stops at it (ING-4.2)."""
+
+FOLD_MAX_BYTES = 512 << 20
+"""A body above this is not parsed (a full parse holds ~6× the body in memory)."""
+
+GZIP_LEVEL = 6
+WARN_NAMES_MAX = 20
+
+try:  # optional speed-up: a .pyz cannot carry compiled code, the host may have it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised by the runs without orjson
+    _orjson = None
+
+
+def loads_body(body: bytes) -> Any:
+    """Parse a delivery: orjson when the host has it, else the standard json module.
+
+    Both refuse NaN and Infinity, so the two paths accept the same bodies.
+    """
+    if _orjson is not None:
+        return _orjson.loads(body)
+    return json.loads(body, parse_constant=_reject_constant)
+
+
+def dumps_points(points: list) -> bytes:
+    """The stored points as compact JSON, verbatim: same keys, same order, same strings
+    (no escaping of non-ASCII or ``&<>``), every number the same double."""
+    if _orjson is not None:
+        return _orjson.dumps(points)
+    return json.dumps(points, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def object_hash(points: list) -> str:
+    """SHA-256 of the canonical form of an object's points, in stored order."""
+    return hashlib.sha256(canonical(points).encode()).hexdigest()
+
+
+@dataclass
+class HourObject:
+    """One row of the vitrine: the points of one metric, layer and UTC hour."""
+
+    metric: str
+    layer: str
+    hour: int
+    units: Optional[str]
+    spans: list
+    points: list
+    deliveries: list
+    created_by: int
+    hash: str
+    sealed: bool
+
+
+def decode_object(row: tuple) -> HourObject:
+    metric, layer, hour, units, created_by, object_hash_, sealed, blob, deliveries = row
+    points = json.loads(gzip.decompress(blob))
+    spans = [point_span(p) if type(p) is dict else None for p in points]
+    spans = [s if s is not None else (-1, -1) for s in spans]
+    return HourObject(metric, layer, hour, units, spans, points, json.loads(deliveries),
+                      created_by, object_hash_, bool(sealed))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The class of a fold's result: what happens to the delivery and to the pass."""
+
+    kind: str  # folded | failed | deferred | unrecorded
+    status: Optional[str] = None
+    error: Optional[str] = None
+
+    @property
+    def deferred(self) -> bool:
+        return self.kind == "deferred"
+
+
+def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outcome:
+    """The one classifier of fold results, shared by the worker and reindex (ING-5).
+
+    Only the fold's error is classified; a stop is never an outcome here.
+    """
+    if exc is None:
+        return Outcome("folded", status)
+    if isinstance(exc, FoldFailure):
+        return Outcome("failed", "failed", exc.error_class)
+    if isinstance(exc, sqlite3.Error) and is_busy(exc):
+        return Outcome("deferred")
+    return Outcome("failed", "failed", "unexpected:" + type(exc).__name__)
+
+
+@dataclass
+class FoldPlan:
+    """Everything one fold decided, computed before the write transaction."""
+
+    delivery_id: int
+    status: str
+    layer: Optional[str]
+    uncovered: list
+    error: Optional[str] = None
+    counters: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # (message, fields) logged after commit
+
+
+_COUNTERS = ("metrics", "points", "bad_points", "objects_written", "overwrites",
+             "incomparable", "unit_conflicts", "sealed_changes")
+
+
+class Folder:
+    """Folds deliveries into one object table and records outcomes in one journal table.
+
+    The worker folds into ``object``/``delivery``; reindex into fresh tables that are
+    swapped in at the end.  Only one Folder writes a table set at a time, so objects
+    read before the write transaction cannot change underneath it.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, config: Config, objects: str = "object",
+                 journal: str = "delivery"):
+        assert objects.isidentifier() and journal.isidentifier()
+        self.conn, self.config = conn, config
+        self.objects, self.journal = objects, journal
+        self._positions: dict = {}
+
+    # -- reading -----------------------------------------------------------------
+
+    def row(self, delivery_id: int) -> Optional[sqlite3.Row]:
+        cursor = self.conn.execute(
+            "SELECT id, received_at, archive_path, body_bytes, body_sha256, automation_id,"
+            " automation_name, automation_aggregation, path_name, parse_status,"
+            " uncovered_keys FROM %s WHERE id = ?" % self.journal, (delivery_id,))
+        cursor.row_factory = sqlite3.Row
+        return cursor.fetchone()
+
+    def position(self, delivery_id: int) -> tuple:
+        """(received_at, id): a delivery's place in the journal."""
+        found = self._positions.get(delivery_id)
+        if found is None:
+            row = self.conn.execute("SELECT received_at FROM %s WHERE id = ?" % self.journal,
+                                    (delivery_id,)).fetchone()
+            found = (row[0] if row else "", delivery_id)
+            if len(self._positions) > 100_000:
+                self._positions.clear()
+            self._positions[delivery_id] = found
+        return found
+
+    def load_object(self, metric: str, layer: str, hour: int) -> Optional[HourObject]:
+        row = self.conn.execute(
+            "SELECT metric, layer, hour, units, delivery_id, hash, sealed, blob,"
+            " point_deliveries FROM %s WHERE metric = ? AND layer = ? AND hour = ?"
+            % self.objects, (metric, layer, hour)).fetchone()
+        return decode_object(row) if row else None
+
+    def earlier_duplicate(self, row: sqlite3.Row) -> Optional[tuple]:
+        """An earlier parsed/partial delivery with the same bytes and the same
+        layer-deciding headers: (id, status, layer, uncovered_keys)."""
+        return self.conn.execute(
+            "SELECT id, parse_status, layer, uncovered_keys FROM %s"
+            " WHERE body_sha256 = ? AND parse_status IN ('parsed', 'partial')"
+            " AND (received_at < ? OR (received_at = ? AND id < ?))"
+            " AND automation_aggregation IS ? AND automation_id IS ?"
+            " AND automation_name IS ? AND path_name IS ?"
+            " ORDER BY received_at, id LIMIT 1" % self.journal,
+            (row["body_sha256"], row["received_at"], row["received_at"], row["id"],
+             row["automation_aggregation"], row["automation_id"], row["automation_name"],
+             row["path_name"])).fetchone()
+
+    def inherited_layer(self, row: sqlite3.Row) -> Optional[str]:
+        """The metric layer of the previous folded delivery (journal order) of the same
+        automation: automation-id, else automation-name, else the ingest path name."""
+        for column in ("automation_id", "automation_name", "path_name"):
+            if row[column]:
+                break
+        else:
+            return None
+        found = self.conn.execute(
+            "SELECT layer FROM %s WHERE %s = ? AND parse_status IN ('parsed', 'partial')"
+            " AND layer IS NOT NULL AND layer != ?"
+            " AND (received_at < ? OR (received_at = ? AND id < ?))"
+            " ORDER BY received_at DESC, id DESC LIMIT 1" % (self.journal, column),
+            (row[column], RECORD_LAYER, row["received_at"], row["received_at"],
+             row["id"])).fetchone()
+        return found[0] if found else None
+
+    def later_already_folded(self, row: sqlite3.Row) -> bool:
+        """Is a delivery later in the journal already parsed/partial? (ING-4.3)"""
+        return self.conn.execute(
+            "SELECT 1 FROM %s WHERE parse_status IN ('parsed', 'partial')"
+            " AND (received_at > ? OR (received_at = ? AND id > ?)) LIMIT 1" % self.journal,
+            (row["received_at"], row["received_at"], row["id"])).fetchone() is not None
+
+    # -- folding -----------------------------------------------------------------
+
+    def plan(self, row: sqlite3.Row, deadline: float) -> FoldPlan:
+        """All the CPU work of a fold: read, parse, place, merge, encode.  No writes."""
+
+        def check_deadline() -> None:
+            if time.monotonic() > deadline:
+                raise FoldDeadlineExceeded()
+
+        duplicate = self.earlier_duplicate(row)
+        if duplicate is not None:
+            earlier, status, layer, uncovered = duplicate
+            return FoldPlan(row["id"], status, layer, json.loads(uncovered),
+                            error="duplicate of delivery %d" % earlier,
+                            counters=dict.fromkeys(_COUNTERS, 0))
+        doc = loads_checked(self.config.data_dir / row["archive_path"])
+        check_deadline()
+        extraction = extract_points(doc, check_deadline)
+        del doc
+        if extraction.bad_points and not extraction.points:
+            raise ContentNotParsed("no point in the delivery could be placed",
+                                   uncovered=extraction.uncovered)
+        layer, warnings = self._layer(row, extraction)
+        plan = FoldPlan(row["id"], "partial" if extraction.uncovered else "parsed",
+                        layer if extraction.has_metric_points else (
+                            RECORD_LAYER if extraction.points else None),
+                        extraction.uncovered, warnings=warnings)
+        self._merge(plan, row, extraction, layer, check_deadline)
+        self._describe(plan, extraction)
+        return plan
+
+    def _layer(self, row: sqlite3.Row, extraction: Extraction) -> tuple:
+        """(layer, warnings): header, else inference, else inheritance (design.md §4)."""
+        if not extraction.has_metric_points:
+            return None, []
+        header = header_layer(row["automation_aggregation"])
+        inferred = infer_layer(extraction)
+        if header is not None:
+            warnings = []
+            if (inferred is not None and header != "default"
+                    and _ALIGNMENT[inferred] < _ALIGNMENT[header]):
+                warnings.append(("the automation-aggregation header disagrees with the bucket"
+                                 " starts; the header wins",
+                                 {"delivery_id": row["id"], "header": header,
+                                  "inferred": inferred}))
+            return header, warnings
+        layer = inferred or self.inherited_layer(row)
+        if layer is None:
+            raise LayerNotInferable(uncovered=extraction.uncovered)
+        return layer, []
+
+    def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
+               layer: Optional[str], check_deadline: Callable[[], None]) -> None:
+        counters = dict.fromkeys(_COUNTERS, 0)
+        counters["metrics"] = len({m.name for m in extraction.metrics.values()})
+        counters["points"] = extraction.points
+        counters["bad_points"] = extraction.bad_points
+        here = (row["received_at"], row["id"])
+        for bucket in extraction.metrics.values():
+            object_layer = layer if bucket.is_metric else RECORD_LAYER
+            hours: dict = {}
+            for span, slot in bucket.coords.items():
+                if type(slot) is list:
+                    point, clash = reduce_candidates(slot)
+                    if clash:
+                        counters["incomparable"] += 1
+                else:
+                    point = slot
+                hours.setdefault(span[0] // HOUR_US, []).append((span, point))
+            for hour, items in hours.items():
+                check_deadline()
+                self._merge_hour(plan, counters, bucket, object_layer, hour, items, here)
+        plan.counters = counters
+
+    def _merge_hour(self, plan: FoldPlan, counters: dict, bucket: MetricPoints, layer: str,
+                    hour: int, items: list, here: tuple) -> None:
+        delivery_id = plan.delivery_id
+        stored = self.load_object(bucket.name, layer, hour)
+        where = {"metric": bucket.name, "layer": layer, "hour": hour,
+                 "hour_utc": format_instant(hour * HOUR_US)}
+        if stored is None:
+            items.sort(key=lambda item: item[0])
+            spans = [span for span, _ in items]
+            points = [point for _, point in items]
+            plan.rows.append(self._row(bucket.name, layer, hour, bucket.units, spans, points,
+                                       [delivery_id] * len(points), delivery_id, delivery_id,
+                                       False))
+            counters["objects_written"] += 1
+            return
+        spans, points, deliveries = list(stored.spans), list(stored.points), list(stored.deliveries)
+        index = {span: i for i, span in enumerate(spans)}
+        appended = overwrites = clashes = 0
+        for span, point in items:
+            i = index.get(span)
+            if i is None:
+                index[span] = len(spans)
+                spans.append(span)
+                points.append(point)
+                deliveries.append(delivery_id)
+                appended += 1
+                continue
+            replace, collision, clash = decide(points[i], self.position(deliveries[i]),
+                                               point, here)
+            clashes += clash
+            if replace:
+                points[i], deliveries[i] = point, delivery_id
+                overwrites += collision
+        counters["incomparable"] += clashes
+        if clashes or overwrites:
+            plan.warnings.append(("collision: a stored point was replaced by a different value"
+                                  if overwrites else "incomparable points at one coordinate",
+                                  dict(where, delivery_id=delivery_id, overwrites=overwrites,
+                                       incomparable=clashes)))
+        counters["overwrites"] += overwrites
+        units = stored.units
+        if stored.units is not None and bucket.units is not None and bucket.units != stored.units:
+            counters["unit_conflicts"] += 1
+            plan.warnings.append(("units differ from the stored object's; the stored units stay",
+                                  dict(where, delivery_id=delivery_id, stored_units=stored.units,
+                                       arriving_units=bucket.units)))
+        elif units is None:
+            units = bucket.units
+        if not appended and not overwrites and points == stored.points:
+            return
+        if appended:
+            order = sorted(range(len(spans)), key=spans.__getitem__)
+            spans = [spans[i] for i in order]
+            points = [points[i] for i in order]
+            deliveries = [deliveries[i] for i in order]
+        new_row = self._row(bucket.name, layer, hour, units, spans, points, deliveries,
+                            stored.created_by, delivery_id, stored.sealed)
+        if new_row[9] == stored.hash and units == stored.units:
+            return
+        if stored.sealed:
+            counters["sealed_changes"] += 1
+            plan.warnings.append(("a sealed hour changed; the data is stored anyway",
+                                  dict(where, delivery_id=delivery_id)))
+        plan.rows.append(new_row)
+        counters["objects_written"] += 1
+
+    @staticmethod
+    def _row(metric: str, layer: str, hour: int, units: Optional[str], spans: list,
+             points: list, deliveries: list, created_by: int, updated_by: int,
+             sealed: bool) -> tuple:
+        blob = gzip.compress(dumps_points(points), compresslevel=GZIP_LEVEL, mtime=0)
+        return (metric, layer, hour, units, spans[0][0] // US, spans[-1][0] // US, len(points),
+                created_by, updated_by, object_hash(points), int(sealed), blob,
+                json.dumps(deliveries, separators=(",", ":")))
+
+    @staticmethod
+    def _describe(plan: FoldPlan, extraction: Extraction) -> None:
+        if extraction.bad_points:
+            names = sorted(str(n) for n in extraction.bad_metrics)
+            plan.warnings.insert(0, ("points without a readable time or not objects were"
+                                     " counted, not stored",
+                                     {"delivery_id": plan.delivery_id,
+                                      "bad_points": extraction.bad_points,
+                                      "metrics": names[:WARN_NAMES_MAX]}))
+        if extraction.uncovered_dropped or extraction.uncovered_cut:
+            plan.warnings.insert(0, ("the list of uncovered keys hit its bounds",
+                                     {"delivery_id": plan.delivery_id,
+                                      "dropped": extraction.uncovered_dropped,
+                                      "cut": extraction.uncovered_cut}))
+
+    # -- writing -----------------------------------------------------------------
+
+    def apply(self, plan: FoldPlan) -> None:
+        """Write every changed object and the delivery's outcome in one transaction."""
+        counters = [plan.counters.get(name) for name in _COUNTERS]
+        self._write(lambda: (
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO %s (metric, layer, hour, units, first_at, last_at,"
+                " points, delivery_id, updated_by, hash, sealed, blob, point_deliveries)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" % self.objects, plan.rows),
+            self._record(plan.delivery_id, plan.status, plan.layer, plan.uncovered, plan.error,
+                         counters)))
+
+    def record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
+        """Write a ``failed`` outcome (counters stay empty: only a successful fold has them)."""
+        self._write(lambda: self._record(delivery_id, "failed", None, uncovered, error,
+                                         [None] * len(_COUNTERS)))
+
+    def _record(self, delivery_id: int, status: str, layer: Optional[str],
+                uncovered: Optional[list], error: Optional[str], counters: list) -> None:
+        uncovered_sql = ", uncovered_keys = ?" if uncovered is not None else ""
+        values = [status, layer, error, format_received_at(utc_now()), PARSER_VERSION]
+        if uncovered is not None:
+            values.append(json.dumps(uncovered, ensure_ascii=False))
+        self.conn.execute(
+            "UPDATE %s SET parse_status = ?, layer = ?, error = ?, folded_at = ?,"
+            " parser_version = ?%s, %s WHERE id = ?"
+            % (self.journal, uncovered_sql, ", ".join("%s = ?" % c for c in _COUNTERS)),
+            values + counters + [delivery_id])
+
+    def _write(self, work: Callable[[], Any]) -> None:
+        for attempt in range(len(FOLD_BUSY_BACKOFF_S) + 1):
+            try:
+                with write_txn(self.conn):
+                    work()
+                return
+            except sqlite3.Error as exc:
+                if not is_busy(exc) or attempt == len(FOLD_BUSY_BACKOFF_S):
+                    raise
+                time.sleep(FOLD_BUSY_BACKOFF_S[attempt])
+
+    # -- the boundary that records outcomes ----------------------------------------
+
+    def fold(self, delivery_id: int) -> Outcome:
+        """Fold one delivery and record its outcome; never raises for the delivery's sake.
+
+        Any exception of the fold becomes ``failed`` here, at the boundary that writes
+        the outcome (ING-3); a busy database leaves the delivery pending (deferred).
+        """
+        started = time.monotonic()
+        row = self.row(delivery_id)
+        if row is None:
+            return Outcome("unrecorded")
+        plan = None
+        try:
+            plan = self.plan(row, started + self.config.fold_deadline_s)
+            self.apply(plan)
+            outcome = classify(None, plan.status)
+        except Exception as exc:  # the fold boundary: classify, never crash the worker
+            outcome = classify(exc)
+            if outcome.kind == "failed":
+                log_event(logging.DEBUG, "fold failure detail", delivery_id=delivery_id,
+                          detail=repr(exc))
+                outcome = self._record_failure(delivery_id, outcome,
+                                               getattr(exc, "uncovered", None))
+        if outcome.kind == "folded":
+            self._log_folded(plan, time.monotonic() - started)
+        elif outcome.kind == "deferred":
+            log_event(logging.INFO, "fold deferred: the database is busy; the delivery stays"
+                      " pending", delivery_id=delivery_id)
+        return outcome
+
+    def _record_failure(self, delivery_id: int, outcome: Outcome,
+                        uncovered: Optional[list]) -> Outcome:
+        try:
+            self.record_failed(delivery_id, outcome.error, uncovered)
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                return Outcome("deferred")
+            log_event(logging.ERROR, "fold outcome not written; the delivery stays pending",
+                      delivery_id=delivery_id, error=type(exc).__name__)
+            return Outcome("unrecorded", error=outcome.error)
+        log_event(logging.WARNING, "delivery failed to fold", delivery_id=delivery_id,
+                  error=outcome.error)
+        return outcome
+
+    @staticmethod
+    def _log_folded(plan: FoldPlan, seconds: float) -> None:
+        for message, fields in plan.warnings:
+            log_event(logging.WARNING, message, **fields)
+        log_event(logging.INFO, "delivery folded", delivery_id=plan.delivery_id,
+                  status=plan.status, layer=plan.layer, uncovered=plan.uncovered or None,
+                  duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
+
+
+def loads_checked(path: Path) -> Any:
+    """Read and parse an archived body, classifying what can go wrong with it."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise BodyMissing() from None
+    except OSError:
+        raise BodyUnreadable() from None
+    if size > FOLD_MAX_BYTES:
+        raise BodyTooBig()
+    try:
+        body = path.read_bytes()
+    except OSError:
+        raise BodyUnreadable() from None
+    try:
+        return loads_body(body)
+    except (ValueError, RecursionError):
+        raise ContentNotParsed() from None
+
+
+# ==============================================================================
 # Fold worker: the one thread that folds pending deliveries in journal order.
 # ==============================================================================
+
+LAG_WARN_S = 300.0
+"""One fast-sync period of HAE: a delivery that waited longer means the queue grows
+instead of draining (ING-7)."""
+
+PASS_BATCH = 64
 
 
 class FoldWorker:
     """Owns the fold thread: ``start()``, ``wake()``, idempotent ``stop(timeout)``.
 
-    The fold itself arrives with the fold capability; until then a pass only looks
-    at the backlog, and every delivery stays ``pending`` (ING-2), which is the
-    honest state: nothing has folded it yet.
+    A pass selects ``pending`` deliveries after a strictly increasing cursor, in
+    journal order ``(received_at, id)``, and folds them one by one; the stop flag is
+    looked at between deliveries, never inside a fold (ING-4, ING-6).
     """
 
     def __init__(self, config: Config):
@@ -865,9 +1918,12 @@ class FoldWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._started_at = format_received_at(utc_now())
+        self._first_pass_done = False
         self.state = "starting"
 
     def start(self) -> None:
+        self._started_at = format_received_at(utc_now())
         self._thread = threading.Thread(target=self._run, name="healthlog-fold", daemon=True)
         self._thread.start()
 
@@ -889,32 +1945,100 @@ class FoldWorker:
         try:
             conn = connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
                            synchronous="NORMAL")
+            folder = Folder(conn, self._config)
             backlog = count_pending(conn)
             if backlog:
                 log_event(logging.INFO, "deliveries waiting to be folded", backlog=backlog)
             while not self._stop.is_set():
-                self.state = "idle"
-                self._wake.wait(self._config.fold_wake_s)
-                self._wake.clear()
-                if self._stop.is_set():
-                    break
                 self.state = "folding"
                 try:
-                    self.run_pass(conn)
+                    self.run_pass(folder)
                 except Exception as exc:  # the loop survives a failed pass (ING-4)
                     log_event(logging.ERROR, "fold pass failed", error=type(exc).__name__)
                     log_event(logging.DEBUG, "fold pass failure detail", detail=repr(exc))
+                self.state = "idle"
+                self._wake.wait(self._config.fold_wake_s)
+                self._wake.clear()
         except Exception as exc:
-            log_event(logging.ERROR, "fold thread cannot start", error=type(exc).__name__)
+            log_event(logging.ERROR, "fold thread cannot run", error=type(exc).__name__)
         finally:
             self.state = "stopped"
             if conn is not None:
                 conn.close()
             log_event(logging.INFO, "fold thread stopped")
 
-    def run_pass(self, conn: sqlite3.Connection) -> int:
-        """One pass over the pending deliveries; returns how many were folded."""
-        return 0
+    def run_pass(self, folder: Folder) -> int:
+        """One pass: fold every visible pending delivery after the cursor, in journal
+        order; stop at a deferred one (the barrier) or at a stop request.
+
+        Returns how many deliveries were folded.  One lag WARN per pass (ING-7).
+        """
+        cursor = ("", 0)
+        folded = lagging = 0
+        worst = (0.0, None)
+        completed = False
+        try:
+            while True:
+                batch = folder.conn.execute(
+                    "SELECT id, received_at FROM delivery WHERE parse_status = 'pending'"
+                    " AND (received_at > ? OR (received_at = ? AND id > ?))"
+                    " ORDER BY received_at, id LIMIT ?",
+                    (cursor[0], cursor[0], cursor[1], PASS_BATCH)).fetchall()
+                if not batch:
+                    completed = True
+                    return folded
+                for delivery_id, received_at in batch:
+                    if self._stop.is_set():
+                        return folded
+                    cursor = (received_at, delivery_id)
+                    wait = (utc_now() - parse_received_at(received_at)).total_seconds()
+                    if wait > LAG_WARN_S and (self._first_pass_done
+                                              or received_at >= self._started_at):
+                        lagging += 1
+                        worst = max(worst, (wait, delivery_id), key=lambda w: w[0])
+                    outcome = self.fold_one(folder, delivery_id)
+                    if outcome.deferred:
+                        return folded  # the barrier: successors wait for this one
+                    folded += outcome.kind == "folded"
+        finally:
+            if lagging:
+                log_event(logging.WARNING, "deliveries waited longer than %d s for their fold"
+                          % LAG_WARN_S, delayed=lagging, worst_wait_s=round(worst[0], 1),
+                          worst_delivery_id=worst[1])
+            if completed:
+                self._first_pass_done = True
+
+    @staticmethod
+    def fold_one(folder: Folder, delivery_id: int) -> Outcome:
+        """Fold one delivery; the out-of-order WARN is asked before and written after."""
+        row = folder.row(delivery_id)
+        if row is None or row["parse_status"] != "pending":
+            return Outcome("unrecorded")
+        late = folder.later_already_folded(row)
+        outcome = folder.fold(delivery_id)
+        if late and outcome.kind == "folded":
+            waited = (utc_now() - parse_received_at(row["received_at"])).total_seconds()
+            log_event(logging.WARNING, "delivery folded after a later one; `healthlog reindex`"
+                      " restores journal order", delivery_id=delivery_id,
+                      waited_s=round(waited, 1))
+        return outcome
+
+
+def requeue_covered(conn: sqlite3.Connection) -> int:
+    """Set back to pending the rows this version would fold differently (design.md §3):
+    ``partial`` rows whose uncovered keys are now covered, and statuses written by a
+    parser that did not tell ``partial`` from ``parsed`` (no parser version)."""
+    ids = [row_id for row_id, keys in conn.execute(
+        "SELECT id, uncovered_keys FROM delivery WHERE parse_status = 'partial'")
+        if any(key in SECTIONS for key in json.loads(keys or "[]"))]
+    ids += [row_id for (row_id,) in conn.execute(
+        "SELECT id FROM delivery WHERE parse_status = 'parsed' AND parser_version IS NULL")]
+    if ids:
+        with write_txn(conn):
+            conn.executemany("UPDATE delivery SET parse_status = 'pending' WHERE id = ?",
+                             [(i,) for i in ids])
+        log_event(logging.INFO, "deliveries requeued for a new fold", count=len(ids))
+    return len(ids)
 
 
 # ==============================================================================
@@ -1227,6 +2351,7 @@ class Service:
         self.server: Any = None
         self.stopping = False
         self._serve_thread: Optional[threading.Thread] = None
+        self._stopped: Optional[bool] = None
         self.failed = threading.Event()
 
     @property
@@ -1237,7 +2362,11 @@ class Service:
         ensure_data_dir(self.config.data_dir)
         self.lock.acquire("serve")
         try:
-            open_database(self.config).close()
+            conn = open_database(self.config)
+            try:
+                requeue_covered(conn)
+            finally:
+                conn.close()
             self.app.set_token(resolve_token(self.config, self.announce))
             self.archive.clear_tmp()
             self.worker.start()
@@ -1259,6 +2388,7 @@ class Service:
                               shutdown_timeout=self.config.stop_budget_s,
                               server_name="healthlog")
         server.gateway = gateway
+        server.expiration_interval = 0.2  # how fast stop() is noticed by the accept loop
         server.max_request_header_size = HEADER_LIMIT
         server.max_request_body_size = 0  # the ingest route enforces its own limit
         try:
@@ -1304,8 +2434,10 @@ class Service:
         """Stop HTTP first, then the fold thread within its budget (ING-6).
 
         Returns True when the fold thread ended in time; not finishing is a WARN,
-        never an error: its delivery simply stays pending.
+        never an error: its delivery simply stays pending.  Idempotent.
         """
+        if self._stopped is not None:
+            return self._stopped
         self.stopping = True
         if self.server is not None:
             self.server.stop()
@@ -1319,6 +2451,7 @@ class Service:
                       budget_s=self.config.stop_budget_s)
         self.pool.close()
         self.lock.release()
+        self._stopped = finished
         return finished
 
 

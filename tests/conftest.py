@@ -33,6 +33,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import healthlog
@@ -113,26 +114,66 @@ def make_config(data_dir):
     return make
 
 
+class GatedWorker(healthlog.FoldWorker):
+    """The real fold worker, held before each pass until the test opens ``gate``.
+
+    Lets a test look at the journal in the state "accepted, not yet folded" without
+    racing the fold thread; once opened, the real pass runs unchanged.
+    """
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.gate = threading.Event()
+
+    def run_pass(self, folder):
+        while not self.gate.wait(0.02):
+            if self._stop.is_set():
+                return 0
+        return super().run_pass(folder)
+
+
 @pytest.fixture
 def start_service(make_config):
-    """Start real Services (Cheroot on 127.0.0.1:0); all are stopped after the test."""
+    """Start real Services (Cheroot on 127.0.0.1:0); all are stopped after the test.
+
+    ``paused=True`` holds the fold thread (GatedWorker) until ``service.worker.gate``
+    is set.
+    """
     started = []
 
-    def start(**overrides) -> healthlog.Service:
+    def start(paused: bool = False, **overrides) -> healthlog.Service:
         service = healthlog.Service(make_config(**overrides), announce=lambda token: None)
+        if paused:
+            service.worker = GatedWorker(service.config)
         service.start()
         started.append(service)
         return service
 
     yield start
     for service in started:
-        if not service.stopping:
-            service.stop()
+        service.stop()  # idempotent
 
 
 @pytest.fixture
 def service(start_service) -> healthlog.Service:
     return start_service()
+
+
+@pytest.fixture
+def paused_service(start_service) -> healthlog.Service:
+    """A service whose fold thread waits for ``service.worker.gate``."""
+    return start_service(paused=True)
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
+    """Poll until predicate() is truthy; return its value or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met within %.1f s" % timeout)
 
 
 class Client:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import healthlog
-from conftest import TOKEN, Client, archive_files, db_rows
+from conftest import TOKEN, Client, archive_files, db_rows, wait_for
 
 
 def hae_body(canary_value: float = 72.123456789) -> bytes:
@@ -78,7 +78,8 @@ def read_response(sock: socket.socket) -> tuple:
 # -- 200 -------------------------------------------------------------------------
 
 
-def test_ing_1_1_answer_200_after_archive_and_row_delivery_pending(service, client, data_dir):
+def test_ing_1_1_answer_200_after_archive_and_row_delivery_pending(paused_service, data_dir):
+    client = Client(*paused_service.address)
     body = hae_body()
     status, payload = client.ingest(body, headers=HAE_HEADERS)
     assert status == 200
@@ -90,17 +91,38 @@ def test_ing_1_1_answer_200_after_archive_and_row_delivery_pending(service, clie
     assert row["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert (data_dir / row["archive_path"]).read_bytes() == body
     assert row["received_at"].endswith("Z") and len(row["received_at"]) == 27
+    paused_service.worker.gate.set()
+    wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
 
 
-def test_ing_2_1_accepted_delivery_waits_pending_in_database(service, client, data_dir):
+def test_ing_1_2_answer_does_not_wait_for_the_fold(paused_service, data_dir):
+    # The fold thread is held: the 200 arrives although no fold has even started, so
+    # the answer time cannot contain the fold time.
+    client = Client(*paused_service.address)
+    point = '{"date":"2026-05-19 10:%02d:00 -0700","qty":%d.25,"source":"iPhone"}'
+    body = ('{"data":{"metrics":[{"name":"step_count","units":"count","data":[%s]}]}}'
+            % ",".join(point % (i % 60, i) for i in range(20000))).encode()
+    status, payload = client.ingest(body, headers=HAE_HEADERS)
+    assert (status, payload["status"]) == (200, "pending")
+    assert db_rows(data_dir)[0]["parse_status"] == "pending"
+    paused_service.worker.gate.set()
+    row = wait_for(lambda: [r for r in db_rows(data_dir) if r["parse_status"] != "pending"])[0]
+    assert row["parse_status"] == "parsed" and row["points"] == 20000
+
+
+def test_ing_2_1_accepted_delivery_waits_pending_in_database(paused_service, data_dir):
+    client = Client(*paused_service.address)
     for _ in range(3):
-        assert client.ingest(hae_body())[0] == 200
+        assert client.ingest(hae_body(), headers=HAE_HEADERS)[0] == 200
     rows = db_rows(data_dir)
     assert [r["parse_status"] for r in rows] == ["pending"] * 3
     assert client.request("GET", "/healthz", token=False)[1]["backlog"] == 3
+    paused_service.worker.gate.set()
+    wait_for(lambda: [r["parse_status"] for r in db_rows(data_dir)] == ["parsed"] * 3)
+    assert client.request("GET", "/healthz", token=False)[1]["backlog"] == 0
 
 
-def test_ingest_keeps_automation_headers_on_row_and_in_meta(service, client, data_dir):
+def test_ingest_9_1_keeps_automation_headers_on_row_and_in_meta(service, client, data_dir):
     status, payload = client.ingest(hae_body(), headers=HAE_HEADERS,
                                     path="/api/ingest/phone-metrics")
     assert status == 200
@@ -121,7 +143,7 @@ def test_ingest_keeps_automation_headers_on_row_and_in_meta(service, client, dat
     assert TOKEN not in meta_text and "Bearer" not in meta_text
 
 
-def test_ingest_utf8_automation_name_is_kept_as_text(service, data_dir):
+def test_ingest_9_2_utf8_automation_name_is_kept_as_text(service, data_dir):
     host, port = service.address
     body = hae_body()
     with socket.create_connection((host, port)) as sock:
@@ -132,13 +154,13 @@ def test_ingest_utf8_automation_name_is_kept_as_text(service, data_dir):
     assert db_rows(data_dir)[0]["automation_name"] == "Здоровье"
 
 
-def test_ingest_accepts_x_api_key(service, client, data_dir):
+def test_ingest_3_2_accepts_x_api_key(service, client, data_dir):
     status, _ = client.ingest(hae_body(), token=False, headers={"X-API-Key": TOKEN})
     assert status == 200
     assert len(db_rows(data_dir)) == 1
 
 
-def test_ingest_chunked_body_is_archived_byte_identical(service, data_dir):
+def test_ingest_1_1_chunked_body_is_archived_byte_identical(service, data_dir):
     host, port = service.address
     body = hae_body() * 1  # one chunk per line, as a streaming client would send
     chunks = body.split(b"\n")
@@ -154,7 +176,7 @@ def test_ingest_chunked_body_is_archived_byte_identical(service, data_dir):
     assert (data_dir / row["archive_path"]).read_bytes() == body
 
 
-def test_ingest_large_body_is_archived_byte_identical(service, client, data_dir):
+def test_ingest_1_1_large_body_is_archived_byte_identical(service, client, data_dir):
     point = b'{"date":"2026-05-19 00:%02d:00 -0700","qty":0.76856774374845116,"source":"x"}'
     points = b",".join(point % (i % 60) for i in range(60000))
     body = b'{"data":{"metrics":[{"name":"step_count","units":"count","data":[' + points + b"]}]}}"
@@ -187,7 +209,7 @@ def assert_error_shape(payload, status, code):
     {"Authorization": "Basic " + TOKEN},
     {"X-API-Key": TOKEN[:-1]},
 ], ids=["missing", "wrong", "basic-scheme", "wrong-api-key"])
-def test_ingest_401_without_the_token_writes_nothing(service, client, data_dir, headers):
+def test_ingest_3_1_401_without_the_token_writes_nothing(service, client, data_dir, headers):
     status, payload = client.ingest(hae_body(), token=False, headers=headers)
     assert status == 401
     assert_error_shape(payload, 401, "unauthorized")
@@ -207,7 +229,7 @@ def test_ingest_401_without_the_token_writes_nothing(service, client, data_dir, 
     b'"data"',
 ], ids=["text", "syntax", "array", "no-data", "data-array", "data-string", "nan",
         "trailing", "latin1", "string"])
-def test_ingest_400_for_a_body_that_is_not_hae_json_writes_nothing(service, client, data_dir,
+def test_ingest_4_1_400_for_a_body_that_is_not_hae_json_writes_nothing(service, client, data_dir,
                                                                    body):
     status, payload = client.ingest(body)
     assert status == 400
@@ -215,21 +237,21 @@ def test_ingest_400_for_a_body_that_is_not_hae_json_writes_nothing(service, clie
     assert_nothing_written(data_dir)
 
 
-def test_ingest_400_for_an_empty_body(service, client, data_dir):
+def test_ingest_4_2_400_for_an_empty_body(service, client, data_dir):
     status, payload = client.ingest(b"")
     assert status == 400
     assert_error_shape(payload, 400, "bad_request")
     assert_nothing_written(data_dir)
 
 
-def test_ingest_400_for_a_bad_ingest_name(service, client, data_dir):
+def test_ingest_4_3_400_for_a_bad_ingest_name(service, client, data_dir):
     status, payload = client.ingest(hae_body(), path="/api/ingest/bad%20name")
     assert status == 400
     assert_error_shape(payload, 400, "bad_request")
     assert_nothing_written(data_dir)
 
 
-def test_ingest_413_by_content_length_writes_nothing(start_service, data_dir):
+def test_ingest_5_1_413_by_content_length_writes_nothing(start_service, data_dir):
     service = start_service(max_body_bytes=1 << 20)
     client = Client(*service.address)
     status, payload = client.ingest(b"{" + b" " * (1 << 20) + b"}")
@@ -238,7 +260,7 @@ def test_ingest_413_by_content_length_writes_nothing(start_service, data_dir):
     assert_nothing_written(data_dir)
 
 
-def test_ingest_413_while_streaming_a_chunked_body_writes_nothing(start_service, data_dir):
+def test_ingest_5_2_413_while_streaming_a_chunked_body_writes_nothing(start_service, data_dir):
     service = start_service(max_body_bytes=1 << 20)
     host, port = service.address
     head = ("POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
@@ -258,8 +280,9 @@ def test_ingest_413_while_streaming_a_chunked_body_writes_nothing(start_service,
 
 
 @pytest.mark.parametrize("content_type", [
-    "multipart/form-data; boundary=xyz", "text/csv", "text/csv; charset=utf-8"])
-def test_ingest_415_for_csv_or_multipart_writes_nothing(service, client, data_dir, content_type):
+    "multipart/form-data; boundary=xyz", "text/csv", "text/csv; charset=utf-8",
+    "application/csv"])
+def test_ingest_6_1_415_for_csv_or_multipart_writes_nothing(service, client, data_dir, content_type):
     status, payload = client.ingest(b"date,qty\n2026-05-19,1\n",
                                     headers={"Content-Type": content_type})
     assert status == 415
@@ -268,7 +291,7 @@ def test_ingest_415_for_csv_or_multipart_writes_nothing(service, client, data_di
     assert_nothing_written(data_dir)
 
 
-def test_ingest_503_while_stopping_writes_nothing(service, client, data_dir):
+def test_ingest_12_1_503_while_stopping_writes_nothing(service, client, data_dir):
     service.stopping = True  # the flag stop() raises before closing the listener
     status, payload = client.ingest(hae_body())
     assert status == 503
@@ -276,7 +299,7 @@ def test_ingest_503_while_stopping_writes_nothing(service, client, data_dir):
     assert_nothing_written(data_dir)
 
 
-def test_every_http_error_has_the_one_json_shape(service, client):
+def test_ingest_10_1_every_http_error_has_the_one_json_shape(service, client):
     assert_error_shape(client.request("GET", "/no/such/route")[1], 404, "not_found")
     assert_error_shape(client.request("GET", "/api/ingest")[1], 405, "method_not_allowed")
     assert_error_shape(client.request("POST", "/healthz", body=b"{}")[1], 405,
@@ -373,7 +396,7 @@ def test_ing_8_1_slow_upload_beyond_the_server_timeout_is_not_cut_off(start_serv
     assert (data_dir / db_rows(data_dir)[0]["archive_path"]).read_bytes() == body
 
 
-def test_ingest_deadline_exceeded_gives_408_and_writes_nothing(start_service, data_dir):
+def test_ingest_7_1_deadline_exceeded_gives_408_and_writes_nothing(start_service, data_dir):
     service = start_service(http_timeout_s=5.0, ingest_budget_s=1.0)
     host, port = service.address
     request = raw_post(port, hae_body())
@@ -416,7 +439,7 @@ def test_ing_8_2_keep_alive_after_ingest_returns_to_the_server_timeout(start_ser
         assert _seconds_until_closed(sock, 6.0) < 3.0
 
 
-def test_truncated_body_is_not_archived(service, data_dir):
+def test_ingest_4_4_truncated_body_is_not_archived(service, data_dir):
     host, port = service.address
     request = raw_post(port, hae_body())
     with socket.create_connection((host, port)) as sock:
@@ -427,7 +450,7 @@ def test_truncated_body_is_not_archived(service, data_dir):
     assert_nothing_written(data_dir)
 
 
-def test_concurrent_ingests_each_get_their_own_row_and_file(service, data_dir):
+def test_ingest_1_2_concurrent_ingests_each_get_their_own_row_and_file(service, data_dir):
     host, port = service.address
     bodies = [hae_body(canary_value=72.123456789 + i) for i in range(12)]
     results = [None] * len(bodies)
@@ -451,7 +474,7 @@ def test_concurrent_ingests_each_get_their_own_row_and_file(service, data_dir):
 # -- healthz ---------------------------------------------------------------------
 
 
-def test_healthz_needs_no_token_and_reports_backlog_and_worker(service, client):
+def test_ingest_11_1_healthz_needs_no_token_and_reports_backlog_and_worker(service, client):
     status, payload = client.request("GET", "/healthz", token=False)
     assert status == 200
     assert payload["status"] == "ok"
@@ -460,7 +483,7 @@ def test_healthz_needs_no_token_and_reports_backlog_and_worker(service, client):
     assert payload["version"] == healthlog.__version__
 
 
-def test_ingest_500_when_the_archive_cannot_be_written_records_nothing(service, client,
+def test_ingest_8_1_500_when_the_archive_cannot_be_written_records_nothing(service, client,
                                                                        data_dir, logs):
     # A file where this year's archive folder belongs: a real filesystem failure.
     year = healthlog.utc_now().strftime("%Y")
@@ -472,3 +495,28 @@ def test_ingest_500_when_the_archive_cannot_be_written_records_nothing(service, 
     assert archive_files(data_dir) == ["archive/" + year]  # only the obstacle itself
     [record] = logs.find("archive write failed", level="ERROR")
     assert record["error"] in ("NotADirectoryError", "FileExistsError")
+
+
+def test_ingest_3_3_token_in_the_query_string_is_refused_and_never_logged(service, client,
+                                                                           data_dir, logs):
+    for query in ("?token=", "?api_key="):
+        status, payload = client.ingest(hae_body(), path="/api/ingest" + query + TOKEN,
+                                        token=False)
+        assert status == 401
+        assert_error_shape(payload, 401, "unauthorized")
+    assert_nothing_written(data_dir)
+    assert not [line for line in logs.lines() if TOKEN in line or "token=" in line]
+
+
+def test_ingest_1_3_half_uploads_left_by_a_dead_process_are_cleared_at_start(
+        make_config, data_dir):
+    (data_dir / "tmp").mkdir(parents=True)
+    (data_dir / "tmp" / "upload-deadbeef.part").write_bytes(b'{"data": {"metr')
+    service = healthlog.Service(make_config(), announce=lambda token: None)
+    service.start()
+    try:
+        assert list((data_dir / "tmp").iterdir()) == []
+        assert archive_files(data_dir) == []
+        assert db_rows(data_dir) == []
+    finally:
+        service.stop()

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import healthlog
-from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt
+from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt, wait_for
 from test_build import find_python, require_python
-from test_ingest import hae_body
+from test_ingest import HAE_HEADERS, hae_body
 
 
 def run_cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
@@ -83,7 +83,7 @@ def test_ing_6_3_stop_budget_exceeded_is_a_warning_not_an_error(make_config, log
     assert logs.find("", level="ERROR") == []
 
 
-def test_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledged_delivery(
+def test_ingest_1_4_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledged_delivery(
         serve_process, data_dir):
     proc = serve_process(data_dir)
     acked = []  # (delivery_id, body)
@@ -98,7 +98,8 @@ def test_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledged_delivery
             if n % 4 == 0:  # a few larger bodies, so some are mid-upload at the kill
                 body = body[:-3] + b', "pad" : "' + b"x" * (1 << 20) * (seed % 3 + 1) + b'"}}'
             try:
-                status, payload = Client("127.0.0.1", proc.port).ingest(body)
+                status, payload = Client("127.0.0.1", proc.port).ingest(body,
+                                                                        headers=HAE_HEADERS)
             except OSError:
                 continue
             if status == 200:
@@ -119,8 +120,12 @@ def test_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledged_delivery
     rows = {row["id"]: row for row in db_rows(data_dir)}
     for delivery_id, body in acked:
         row = rows[delivery_id]
-        assert row["parse_status"] == "pending"
         assert (data_dir / row["archive_path"]).read_bytes() == body
+    # ING-2.2: whatever the kill left pending, the next start folds.
+    wait_for(lambda: not [r for r in db_rows(data_dir) if r["parse_status"] == "pending"])
+    statuses = {r["id"]: r["parse_status"] for r in db_rows(data_dir)}
+    # (the padded bodies carry an uncovered key "pad", so they are partial)
+    assert all(statuses[delivery_id] in ("parsed", "partial") for delivery_id, _ in acked)
     assert not list((data_dir / "tmp").iterdir())  # half uploads were cleared at start
     # Every archived body has its metadata beside it; bodies without a row are orphans
     # (the kill came between the rename and the insert): reindex adopts them.
@@ -137,7 +142,7 @@ def test_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledged_delivery
 
 
 def test_ing_5_2_backlog_at_start_is_named_in_one_info_record(start_service, data_dir, logs):
-    service = start_service()
+    service = start_service(paused=True)
     client = Client(*service.address)
     for _ in range(3):
         assert client.ingest(hae_body())[0] == 200
@@ -154,11 +159,11 @@ def test_ing_5_2_backlog_at_start_is_named_in_one_info_record(start_service, dat
 
 
 def test_healthz_reports_the_backlog_after_a_restart(start_service):
-    service = start_service()
+    service = start_service(paused=True)
     client = Client(*service.address)
     assert client.ingest(hae_body())[0] == 200
     service.stop()
-    service = start_service()
+    service = start_service(paused=True)
     assert Client(*service.address).request("GET", "/healthz", token=False)[1]["backlog"] == 1
 
 
@@ -174,7 +179,7 @@ def test_data_directory_is_created_private_with_its_folders(service, data_dir):
     conn.close()
 
 
-def test_second_serve_on_one_data_directory_is_refused(serve_process, data_dir):
+def test_ingest_13_1_second_serve_on_one_data_directory_is_refused(serve_process, data_dir):
     first = serve_process(data_dir)
     result = run_cli("serve", "--data", data_dir, "--listen", "127.0.0.1:0", "--token", TOKEN)
     assert result.returncode == 2
@@ -184,13 +189,13 @@ def test_second_serve_on_one_data_directory_is_refused(serve_process, data_dir):
     assert first.terminate() == 0
 
 
-def test_lock_is_refused_in_process_too(start_service, make_config):
+def test_ingest_13_1_lock_is_refused_in_process_too(start_service, make_config):
     start_service()
     with pytest.raises(healthlog.DataDirLocked):
         healthlog.Service(make_config(), announce=lambda t: None).start()
 
 
-def test_newer_database_schema_is_refused_naming_both_versions(data_dir):
+def test_ingest_14_1_newer_database_schema_is_refused_naming_both_versions(data_dir):
     data_dir.mkdir(parents=True)
     conn = sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
     conn.execute("PRAGMA user_version = 99")
@@ -201,7 +206,7 @@ def test_newer_database_schema_is_refused_naming_both_versions(data_dir):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
-def test_token_is_generated_once_private_and_reused(make_config, data_dir):
+def test_ingest_15_2_token_is_generated_once_private_and_reused(make_config, data_dir):
     announced = []
     config = make_config(token=None)
     service = healthlog.Service(config, announce=announced.append)
@@ -221,7 +226,7 @@ def test_token_is_generated_once_private_and_reused(make_config, data_dir):
     assert announced == [token]
 
 
-def test_first_start_prints_the_hae_setup_hint_once_and_never_logs_the_token(tmp_path):
+def test_ingest_15_1_first_start_prints_the_hae_setup_hint_once_and_never_logs_the_token(tmp_path):
     data_dir = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, str(ROOT / "healthlog.py"), "serve", "--data",
                              str(data_dir), "--listen", "127.0.0.1:0"],
@@ -293,8 +298,9 @@ def test_port_in_use_is_a_configuration_error(service, make_config):
     assert "cannot listen" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_status_counts_deliveries_and_prints_the_fingerprint(service, client, data_dir,
-                                                             capsys):
+def test_ingest_13_2_status_counts_deliveries_and_prints_the_fingerprint(paused_service,
+                                                                       data_dir, capsys):
+    client = Client(*paused_service.address)
     for _ in range(2):
         assert client.ingest(hae_body())[0] == 200
     assert healthlog.main(["status", "--data", str(data_dir)]) == 0

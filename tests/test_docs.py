@@ -1,0 +1,264 @@
+"""The documents are tested like the code: specs, README and the CLI must agree.
+
+- Every ``#### Scenario:`` in ``openspec/specs/*/spec.md`` ends with an ID in parentheses, and
+  a test function under ``tests/`` carries that ID in its name (``(ING-1.1)`` → ``ing_1_1``,
+  ``(INGEST-3.2)`` → ``ingest_3_2``).
+- Every spec follows OpenSpec's structure rules: ``## Purpose`` and ``## Requirements``; each
+  ``### Requirement:`` states SHALL or MUST in its first line (the line OpenSpec reads as the
+  requirement's text) and has at least one ``#### Scenario:``; each scenario has WHEN and THEN
+  bullets.
+- README.md names every subcommand and ``--flag`` of ``healthlog.build_parser()`` and every
+  ``HEALTHLOG_*`` environment variable healthlog.py reads, and carries the quick-start commands
+  that .ci/run runs.
+
+That contrib/README.md lists every file in contrib/ is checked in tests/test_build.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+import healthlog
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+SPECS = sorted((ROOT / "openspec" / "specs").glob("*/spec.md"))
+README = ROOT / "README.md"
+
+SCENARIO_ID = re.compile(r"\(([A-Z][A-Z0-9]*-\d+(?:\.\d+)+)\)\s*$")
+NORMATIVE = re.compile(r"\b(SHALL|MUST)\b")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading specs and tests.
+
+def spec_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of a spec, without the lines of fenced code blocks."""
+    out, fence = [], None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        marker = re.match(r"\s*(`{3,}|~{3,})", line)
+        if fence is None and marker:
+            fence = marker.group(1)
+            continue
+        if fence is not None:
+            if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+                fence = None
+            continue
+        out.append((number, line))
+    return out
+
+
+def parse_spec(path: Path) -> dict:
+    """Sections, requirements and scenarios of one spec.md, as plain dicts."""
+    spec: dict = {"sections": {}, "requirements": [], "stray": []}
+    section = requirement = scenario = None
+    for number, line in spec_lines(path):
+        header = re.match(r"(#{1,6})\s+(.*?)\s*$", line)
+        if header:
+            level, title = len(header.group(1)), header.group(2)
+            if level <= 2:
+                section = title
+                spec["sections"].setdefault(title, [])
+                requirement = scenario = None
+            elif level == 3 and title.startswith("Requirement:"):
+                requirement = {"title": title, "line": number, "body": [], "scenarios": []}
+                spec["requirements"].append((section, requirement))
+                scenario = None
+            elif level == 4 and title.startswith("Scenario:") and requirement is not None:
+                scenario = {"title": title, "line": number, "bullets": []}
+                requirement["scenarios"].append(scenario)
+            else:
+                spec["stray"].append((number, line))
+                scenario = None
+            continue
+        if scenario is not None:
+            if line.strip():
+                scenario["bullets"].append(line.strip())
+        elif requirement is not None:
+            if line.strip():
+                requirement["body"].append(line.strip())
+        elif section is not None and line.strip():
+            spec["sections"][section].append(line.strip())
+    return spec
+
+
+def all_scenarios() -> list[tuple[Path, dict]]:
+    return [(path, scenario) for path in SPECS
+            for _, requirement in parse_spec(path)["requirements"]
+            for scenario in requirement["scenarios"]]
+
+
+def scenario_ids() -> list[str]:
+    ids = []
+    for _, scenario in all_scenarios():
+        match = SCENARIO_ID.search(scenario["title"])
+        if match:
+            ids.append(match.group(1))
+    return ids
+
+
+@functools.lru_cache(maxsize=None)
+def all_test_names() -> frozenset:
+    """Names of every ``def test_…`` (functions and methods) in the .py files under tests/."""
+    names = set()
+    for path in sorted(TESTS.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and node.name.startswith("test_"):
+                names.add(node.name)
+    return frozenset(names)
+
+
+def id_slug(scenario_id: str) -> str:
+    """``ING-1.1`` → ``ing_1_1``: how an ID is written inside a test function's name."""
+    return re.sub(r"[-.]", "_", scenario_id.lower())
+
+
+def names_carrying(scenario_id: str, names) -> list[str]:
+    """Test names that carry the ID as whole ``_``-separated words (ing_1_1 ≠ ing_1_10)."""
+    pattern = re.compile(r"(?:^|_)%s(?:_|$)" % re.escape(id_slug(scenario_id)))
+    return sorted(name for name in names if pattern.search(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) every scenario has an ID, and a test named after it.
+
+def test_there_is_at_least_one_spec():
+    assert SPECS, "no openspec/specs/*/spec.md found"
+
+
+def test_every_scenario_ends_with_an_id():
+    missing = ["%s:%d: %s" % (path.relative_to(ROOT), scenario["line"], scenario["title"])
+               for path, scenario in all_scenarios() if not SCENARIO_ID.search(scenario["title"])]
+    assert not missing, "scenarios without an ID in parentheses at the end:\n" + "\n".join(missing)
+
+
+def test_scenario_ids_are_unique():
+    ids = scenario_ids()
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    assert not duplicates, "scenario IDs used more than once: %s" % ", ".join(duplicates)
+
+
+@pytest.mark.parametrize("scenario_id", sorted(set(scenario_ids())))
+def test_every_scenario_has_a_test_named_after_its_id(scenario_id):
+    found = names_carrying(scenario_id, all_test_names())
+    message = "no test function under tests/ has %r in its name (scenario %s)" % (
+        id_slug(scenario_id), scenario_id)
+    assert found, message
+
+
+def test_id_matching_respects_word_boundaries():
+    names = {"test_ing_1_10_x", "test_ingest_1_1_y", "test_ing_1_1", "test_zing_1_1_z"}
+    assert names_carrying("ING-1.1", names) == ["test_ing_1_1"]
+    assert names_carrying("INGEST-1.1", names) == ["test_ingest_1_1_y"]
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) OpenSpec structure rules.
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.parent.name)
+def test_spec_follows_openspec_structure(path):
+    spec = parse_spec(path)
+    problems = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines or not re.match(r"# \S", lines[0]):
+        problems.append("the first line must be the '# <name> Specification' title")
+    for name in ("Purpose", "Requirements"):
+        if name not in spec["sections"]:
+            problems.append("missing '## %s'" % name)
+    if "Purpose" in spec["sections"] and not spec["sections"]["Purpose"]:
+        problems.append("'## Purpose' is empty")
+    if not spec["requirements"]:
+        problems.append("no '### Requirement:'")
+    for section, requirement in spec["requirements"]:
+        where = "line %d %r" % (requirement["line"], requirement["title"])
+        if section != "Requirements":
+            problems.append("%s is not under '## Requirements'" % where)
+        if not requirement["body"] or not NORMATIVE.search(requirement["body"][0]):
+            problems.append("%s: its first line must state SHALL or MUST" % where)
+        if not requirement["scenarios"]:
+            problems.append("%s has no '#### Scenario:'" % where)
+        for scenario in requirement["scenarios"]:
+            bullets = scenario["bullets"]
+            for keyword in ("WHEN", "THEN"):
+                if not any(b.startswith("- **%s**" % keyword) for b in bullets):
+                    problems.append("line %d %r has no '- **%s**' bullet"
+                                    % (scenario["line"], scenario["title"], keyword))
+            for bullet in bullets:
+                if not re.match(r"- \*\*(GIVEN|WHEN|THEN|AND)\*\* \S", bullet):
+                    problems.append("line %d %r: not a GIVEN/WHEN/THEN/AND bullet: %r"
+                                    % (scenario["line"], scenario["title"], bullet))
+    for number, line in spec["stray"]:
+        problems.append("line %d: heading outside the Requirement/Scenario structure: %r"
+                        % (number, line))
+    assert not problems, "%s:\n  " % path.relative_to(ROOT) + "\n  ".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) README covers the CLI and the environment.
+
+def readme_text() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def long_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--flag`` of the parser and of all its subcommands (``--help`` included)."""
+    flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+    for sub in subcommands(parser).values():
+        flags |= long_flags(sub)
+    return flags
+
+
+def environment_variables() -> set[str]:
+    """``HEALTHLOG_*`` names healthlog.py reads from an environment mapping."""
+    source = Path(healthlog.__file__).read_text(encoding="utf-8")
+    return set(re.findall(r"""environ(?:\.get\(|\[)\s*["'](HEALTHLOG_[A-Z0-9_]+)["']""", source))
+
+
+def test_parser_introspection_finds_the_cli():
+    parser = healthlog.build_parser()
+    assert {"serve", "status"} <= set(subcommands(parser))
+    assert {"--version", "--data", "--listen", "--token", "--json"} <= long_flags(parser)
+    assert {"HEALTHLOG_DATA", "HEALTHLOG_LISTEN", "HEALTHLOG_TOKEN"} <= environment_variables()
+
+
+@pytest.mark.parametrize("command", sorted(subcommands(healthlog.build_parser())))
+def test_readme_documents_every_subcommand(command):
+    assert re.search(r"healthlog(?:\.pyz)? +%s\b" % re.escape(command), readme_text()), (
+        "README.md never shows `healthlog.pyz %s`" % command)
+
+
+@pytest.mark.parametrize("flag", sorted(long_flags(healthlog.build_parser())))
+def test_readme_documents_every_flag(flag):
+    assert re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(flag), readme_text()), (
+        "README.md does not mention %s" % flag)
+
+
+@pytest.mark.parametrize("name", sorted(environment_variables()))
+def test_readme_documents_every_environment_variable(name):
+    assert re.search(r"\b%s\b" % name, readme_text()), "README.md does not mention %s" % name
+
+
+def test_readme_quick_start_is_what_ci_runs():
+    readme = readme_text()
+    ci_commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                   if line.strip().startswith("python3 -m pip install")]
+    assert ci_commands, ".ci/run no longer installs with pip"
+    for command in ci_commands:
+        assert command in readme, "README.md does not show .ci/run's command: " + command
+    assert "python3 build_zipapp.py && python3 dist/healthlog.pyz serve" in readme
