@@ -741,7 +741,7 @@ def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position
     The arriving point replaces the stored one when it dominates it, or when neither
     dominates and it is later in journal order.  The same value is no change at all.
     """
-    if same_value(stored, arriving):
+    if stored == arriving or same_value(stored, arriving):  # == : the common exact re-send
         return False, False, False
     clash = incomparable(stored, arriving)
     if dominates(arriving, stored):
@@ -769,6 +769,8 @@ UNCOVERED_MAX_LENGTH = 64
 this, does not look like HAE, and hitting a bound raises the record to WARN (STO-6.3)."""
 
 DENSE_MIN_POINTS = 3
+INFER_SAMPLE = 256
+"""Starts per metric checked against a header: a contradiction shows in any of them."""
 
 
 def _named(prefix: str, field_names: tuple) -> Callable[[dict], Optional[str]]:
@@ -950,18 +952,30 @@ def header_layer(value: Optional[str]) -> Optional[str]:
     return layer if layer in GROUPINGS else None
 
 
-def infer_layer(extraction: Extraction) -> Optional[str]:
+def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optional[str]:
     """The coarsest grouping every dense bucket start is aligned to, in local time.
 
     Dense metrics: at least 3 points, not ``sleep_analysis``, no point with a distinct
     end.  ``weeks``/``months``/``years`` are told from the spacing of day starts.
+    ``sample`` limits the starts looked at per metric (enough to see a contradiction
+    of a header; the full set when the layer depends on it).
     """
     level, ordinals = 3, set()
     for bucket in extraction.metrics.values():
         if (not bucket.is_metric or bucket.name == "sleep_analysis" or bucket.has_interval
                 or len(bucket.coords) < DENSE_MIN_POINTS):
             continue
-        for raw in bucket.starts:
+        for raw in bucket.starts[:sample]:
+            if type(raw) is str and len(raw) == 25 and raw[13] == ":" and raw[16] == ":":
+                if raw[17:19] != "00":  # HAE's own format: read the fields in place
+                    return "seconds"
+                if raw[14:16] != "00":
+                    level = min(level, 1)
+                elif raw[11:13] != "00":
+                    level = min(level, 2)
+                elif level == 3:
+                    ordinals.add(raw[:10])
+                continue
             fields = local_day_and_second(raw)
             if fields is None:
                 continue
@@ -978,7 +992,20 @@ def infer_layer(extraction: Extraction) -> Optional[str]:
         return None
     if level < 3:
         return ("seconds", "minutes", "hours")[level]
-    dates = [_dt.date.fromordinal(o) for o in sorted(ordinals)]
+    return _day_grouping(ordinals)
+
+
+def _day_grouping(days: set) -> str:
+    """days, weeks, months or years, from the local dates of day-aligned starts."""
+    dates = set()
+    for day in days:
+        if type(day) is str:
+            try:
+                day = _dt.date(int(day[:4]), int(day[5:7]), int(day[8:10])).toordinal()
+            except ValueError:
+                continue
+        dates.add(day)
+    dates = [_dt.date.fromordinal(o) for o in sorted(dates)]
     if len(dates) >= 2 and all(d.day == 1 for d in dates):
         return "years" if all(d.month == 1 for d in dates) else "months"
     gaps = [b.toordinal() - a.toordinal() for a, b in zip(dates, dates[1:])]
@@ -1651,7 +1678,7 @@ class Folder:
         if not extraction.has_metric_points:
             return None, []
         header = header_layer(row["automation_aggregation"])
-        inferred = infer_layer(extraction)
+        inferred = infer_layer(extraction, sample=INFER_SAMPLE if header else None)
         if header is not None:
             warnings = []
             if (inferred is not None and header != "default"

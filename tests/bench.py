@@ -4,7 +4,13 @@
 
 ``ingest``: POST -> 200 latency over loopback for 1 KB, 2 MB and 60 MB HAE-shaped
 bodies against a real ``serve`` subprocess, and the peak RSS (VmHWM) of that process
-before and after the 60 MB uploads.  The machine is shared and noisy: compare
+before and after the 60 MB uploads.
+
+``fold``: fold throughput (points/s) and the ratio fold time / ``json.loads`` time for a
+fresh ~16.8k-point delivery (2.8 MB), for the same points re-sent re-serialised (keys
+shuffled, last-digit jitter), and for a fresh 62 MB delivery; bytes per stored point;
+POST -> parsed for the 2.8 MB body; and the peak RSS of a ``serve`` subprocess during
+the 62 MB fold.  ``--json std`` hides orjson to measure the standard-library path.  The machine is shared and noisy: compare
 figures within one run, and read medians.
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import random
 import statistics
 import subprocess
@@ -75,11 +82,11 @@ class Serve:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
-    def post(self, body: bytes) -> float:
+    def post(self, body: bytes, headers: dict = None) -> float:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         started = time.perf_counter()
-        conn.request("POST", "/api/ingest", body=body, headers={
-            "Authorization": "Bearer " + TOKEN, "Content-Type": "application/json"})
+        conn.request("POST", "/api/ingest", body=body, headers=dict(
+            headers or {}, Authorization="Bearer " + TOKEN))
         response = conn.getresponse()
         response.read()
         elapsed = time.perf_counter() - started
@@ -115,13 +122,120 @@ def bench_ingest(python: str) -> None:
             serve.stop()
 
 
+def _fold_once(healthlog, config, body: bytes, headers: dict) -> tuple:
+    """Journal ``body`` through a paused in-process service, then time one real fold."""
+    import sqlite3 as _sqlite3
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import GatedWorker  # the real worker, held until a gate opens
+
+    service = healthlog.Service(config, announce=lambda token: None)
+    service.worker = GatedWorker(config)
+    service.start()
+    try:
+        conn = http.client.HTTPConnection(*service.address, timeout=600)
+        all_headers = dict(headers, Authorization="Bearer " + TOKEN)
+        conn.request("POST", "/api/ingest", body=body, headers=all_headers)
+        response = conn.getresponse()
+        delivery_id = json.loads(response.read())["delivery_id"]
+        conn.close()
+    finally:
+        service.stop()
+    db = healthlog.connect(config.db_path, synchronous="NORMAL")
+    try:
+        folder = healthlog.Folder(db, config)
+        started = time.perf_counter()
+        outcome = folder.fold(delivery_id)
+        elapsed = time.perf_counter() - started
+        row = db.execute("SELECT points, objects_written, overwrites FROM delivery WHERE id = ?",
+                         (delivery_id,)).fetchone()
+    finally:
+        db.close()
+    assert outcome.kind == "folded", outcome
+    return elapsed, row
+
+
+def bench_fold(python: str, std_json: bool) -> None:
+    if std_json:
+        sys.modules["orjson"] = None  # type: ignore[assignment]
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import healthlog
+    import hae_factory
+
+    headers = hae_factory.headers_for(hae_factory.Automation("Bench", aggregation="Minutes"))
+    small = hae_factory.big_metrics_body(2_800_000, seed=7)
+    resent = hae_factory.resend(small, random.Random(8))
+    big = hae_factory.big_metrics_body(62_000_000, seed=9)
+    print("fold: %s, json: %s" % (sys.version.split()[0],
+                                 "stdlib" if healthlog._orjson is None else "orjson"))
+    print("%-22s %10s %9s %12s %10s %8s" % ("delivery", "points", "fold", "points/s",
+                                             "loads", "ratio"))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = healthlog.Config(data_dir=Path(tmp) / "data", host="127.0.0.1", port=0,
+                                  token=TOKEN, log_level="ERROR")
+        healthlog.setup_logging(config)
+        for label, body in (("fresh 2.8 MB", small), ("re-sent 2.8 MB", resent),
+                            ("fresh 62 MB", big)):
+            if label == "fresh 62 MB":  # a store of its own: nothing overlaps
+                config = healthlog.Config(data_dir=Path(tmp) / "data62", host="127.0.0.1",
+                                          port=0, token=TOKEN, log_level="ERROR")
+            loads_started = time.perf_counter()
+            healthlog.loads_body(body)
+            loads = time.perf_counter() - loads_started
+            elapsed, (points, written, overwrites) = _fold_once(healthlog, config, body, headers)
+            print("%-22s %10d %8.2fs %12.0f %9.3fs %8.1f   objects_written=%d overwrites=%d"
+                  % (label, points, elapsed, points / elapsed, loads, elapsed / loads,
+                     written, overwrites))
+        db = healthlog.connect(config.db_path, synchronous="NORMAL")
+        stored_points, blob, provenance = db.execute(
+            "SELECT sum(points), sum(length(blob)), sum(length(point_deliveries)) FROM object"
+        ).fetchone()
+        db.close()
+        print("bytes per stored point: %.1f (blob %.1f + point_deliveries %.1f) over %d points"
+              % ((blob + provenance) / stored_points, blob / stored_points,
+                 provenance / stored_points, stored_points))
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = Serve(python, Path(tmp) / "data")
+        try:
+            started = time.perf_counter()
+            serve.post(small, headers)
+            _wait_parsed(Path(tmp) / "data")
+            print("POST -> parsed, 2.8 MB: %.0f ms" % ((time.perf_counter() - started) * 1000))
+            before = serve.peak_rss_mib()
+            serve.post(big, headers)
+            _wait_parsed(Path(tmp) / "data")
+            print("peak RSS of serve: %.0f MiB before the 62 MB delivery, %.0f MiB after its"
+                  " upload and fold" % (before, serve.peak_rss_mib()))
+        finally:
+            serve.stop()
+
+
+def _wait_parsed(data_dir: Path) -> None:
+    import sqlite3 as _sqlite3
+
+    while True:
+        conn = _sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
+        pending = conn.execute(
+            "SELECT count(*) FROM delivery WHERE parse_status = 'pending'").fetchone()[0]
+        conn.close()
+        if not pending:
+            return
+        time.sleep(0.01)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", nargs="*", default=["ingest"], choices=["ingest"])
+    parser.add_argument("what", nargs="*", default=["ingest", "fold"],
+                        choices=["ingest", "fold"])
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--json", choices=["auto", "std"], default="auto",
+                        help="std: hide orjson (the fold section only)")
     args = parser.parse_args(argv)
     if "ingest" in args.what:
         bench_ingest(args.python)
+    if "fold" in args.what:
+        bench_fold(args.python, args.json == "std")
     return 0
 
 
