@@ -450,7 +450,10 @@ def test_ingest_4_4_truncated_body_is_not_archived(service, data_dir):
     assert_nothing_written(data_dir)
 
 
-def test_ingest_1_2_concurrent_ingests_each_get_their_own_row_and_file(service, data_dir):
+def test_ingest_1_2_concurrent_ingests_each_get_their_own_row_and_file(start_service, data_dir):
+    # A realistic busy timeout: twelve FULL-sync inserts queue behind each other and
+    # behind the fold thread's transactions on a loaded machine.
+    service = start_service(busy_timeout_s=10.0)
     host, port = service.address
     bodies = [hae_body(canary_value=72.123456789 + i) for i in range(12)]
     results = [None] * len(bodies)
@@ -463,7 +466,7 @@ def test_ingest_1_2_concurrent_ingests_each_get_their_own_row_and_file(service, 
         t.start()
     for t in threads:
         t.join()
-    assert all(r[0] == 200 for r in results)
+    assert all(r[0] == 200 for r in results), results
     rows = {r["id"]: r for r in db_rows(data_dir)}
     for i, (_, payload) in enumerate(results):
         row = rows[payload["delivery_id"]]
