@@ -1019,7 +1019,7 @@ def _day_grouping(days: set) -> str:
 # ==============================================================================
 
 _SCHEMA = """
-CREATE TABLE delivery (
+CREATE TABLE {delivery} (
     id                     INTEGER PRIMARY KEY,
     received_at            TEXT NOT NULL,
     archive_path           TEXT NOT NULL UNIQUE,
@@ -1047,11 +1047,11 @@ CREATE TABLE delivery (
     unit_conflicts         INTEGER,
     sealed_changes         INTEGER
 );
-CREATE INDEX delivery_journal ON delivery (received_at, id);
-CREATE INDEX delivery_pending ON delivery (received_at, id) WHERE parse_status = 'pending';
-CREATE INDEX delivery_body ON delivery (body_sha256);
+CREATE INDEX {delivery}_journal ON {delivery} (received_at, id);
+CREATE INDEX {delivery}_pending ON {delivery} (received_at, id) WHERE parse_status = 'pending';
+CREATE INDEX {delivery}_body ON {delivery} (body_sha256);
 
-CREATE TABLE object (
+CREATE TABLE {object} (
     metric           TEXT NOT NULL,
     layer            TEXT NOT NULL,
     hour             INTEGER NOT NULL,
@@ -1068,6 +1068,19 @@ CREATE TABLE object (
     PRIMARY KEY (metric, layer, hour)
 ) WITHOUT ROWID;
 """
+
+
+def schema_statements(delivery: str = "delivery", object_: str = "object",
+                      indexes: bool = True) -> list:
+    """The DDL of one table set; reindex builds a second set beside the live one."""
+    statements = [st.strip() for st in _SCHEMA.format(delivery=delivery, object=object_)
+                  .split(";") if st.strip()]
+    return [st for st in statements if indexes or not st.startswith("CREATE INDEX")]
+
+
+def index_statements(delivery: str = "delivery") -> list:
+    return [st for st in schema_statements(delivery) if st.startswith("CREATE INDEX")
+            and " ON %s " % delivery in st]
 
 
 def connect(path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S,
@@ -1127,9 +1140,8 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
     if version == SCHEMA_VERSION:
         return
     with write_txn(conn):
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in schema_statements():
+            conn.execute(statement)
         conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
 
 
@@ -1444,6 +1456,54 @@ def check_delivery_shape(path: Path) -> None:
     data = [value for key, value in last_pairs[0] if key == "data"]
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
+
+
+def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
+                    received_at: _dt.datetime, headers: Mapping[str, Optional[str]],
+                    name: Optional[str], extra_meta: Optional[dict] = None) -> int:
+    """The one way a body becomes a delivery (HTTP ingest and ``import`` alike).
+
+    Validates the body, writes ``.meta.json`` and then the body durably into the
+    archive, and only then inserts the ``pending`` row.  Raises BadRequest (nothing
+    written) or InternalError (logged: an archive failure, or a row that could not be
+    written, whose body is then an orphan until reindex adopts it — ING-9).
+    """
+    try:
+        check_delivery_shape(upload.tmp_path)
+        meta = {
+            "received_at": format_received_at(received_at),
+            "headers": {h: v for h, v in headers.items() if v is not None},
+            "path_name": name,
+            "body_bytes": upload.size,
+            "body_sha256": upload.sha256,
+            "healthlog_version": __version__,
+        }
+        meta.update(extra_meta or {})
+        try:
+            archive_path = archive.commit(upload, received_at, meta)
+        except OSError as exc:
+            log_event(logging.ERROR, "archive write failed: delivery refused",
+                      error=type(exc).__name__, errno=exc.errno)
+            raise InternalError() from None
+    finally:
+        upload.discard()  # a no-op once the body has been renamed into the archive
+    try:
+        with write_txn(conn):
+            cursor = conn.execute(
+                "INSERT INTO delivery (received_at, archive_path, body_bytes, body_sha256,"
+                " automation_id, automation_name, automation_aggregation, automation_period,"
+                " session_id, path_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (format_received_at(received_at), archive_path, upload.size, upload.sha256,
+                 headers.get("automation-id"), headers.get("automation-name"),
+                 headers.get("automation-aggregation"), headers.get("automation-period"),
+                 headers.get("session-id"), name))
+            return int(cursor.lastrowid)
+    except sqlite3.Error as exc:
+        log_event(logging.ERROR,
+                  "delivery row not written: the body is an orphan in the archive until"
+                  " `healthlog reindex` adopts it",
+                  archive_path=archive_path, busy=is_busy(exc), error=type(exc).__name__)
+        raise InternalError() from None
 
 
 # ==============================================================================
@@ -2228,24 +2288,10 @@ class App:
             raise UnsupportedMediaType()
         length = self._content_length(environ)
         upload = self._receive(environ, length)
-        try:
-            check_delivery_shape(upload.tmp_path)
-            headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
-            meta = {
-                "received_at": format_received_at(received_at),
-                "headers": {h: v for h, v in headers.items() if v is not None},
-                "path_name": name,
-                "content_type": environ.get("CONTENT_TYPE") or None,
-                "body_bytes": upload.size,
-                "body_sha256": upload.sha256,
-                "healthlog_version": __version__,
-            }
-            archive_path = self._commit(upload, received_at, meta)
-        except BaseException:
-            upload.discard()
-            raise
-        delivery_id = self.service.record_delivery(received_at, archive_path, upload, headers,
-                                                   name)
+        headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
+        delivery_id = accept_delivery(self.service.archive, self.service.pool.get(), upload,
+                                      received_at, headers, name,
+                                      {"content_type": environ.get("CONTENT_TYPE") or None})
         self.service.worker.wake()
         return self._ok({"delivery_id": delivery_id, "status": "pending"})
 
@@ -2295,14 +2341,6 @@ class App:
             raise BadRequest("the body could not be read to its end") from None
         except ValueError:  # malformed chunked coding
             raise BadRequest("the chunked body is malformed") from None
-
-    def _commit(self, upload: Upload, received_at: _dt.datetime, meta: dict) -> str:
-        try:
-            return self.service.archive.commit(upload, received_at, meta)
-        except OSError as exc:
-            log_event(logging.ERROR, "archive write failed: delivery refused",
-                      error=type(exc).__name__, errno=exc.errno)
-            raise InternalError() from None
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
@@ -2433,29 +2471,6 @@ class Service:
         except Exception as exc:
             log_event(logging.ERROR, "http server stopped unexpectedly", error=type(exc).__name__)
             self.failed.set()
-
-    def record_delivery(self, received_at: _dt.datetime, archive_path: str, upload: Upload,
-                        headers: Mapping[str, Optional[str]], name: Optional[str]) -> int:
-        """Insert the ``pending`` row; on failure log ERROR naming the orphan (ING-9)."""
-        try:
-            conn = self.pool.get()
-            with write_txn(conn):
-                cursor = conn.execute(
-                    "INSERT INTO delivery (received_at, archive_path, body_bytes, body_sha256,"
-                    " automation_id, automation_name, automation_aggregation,"
-                    " automation_period, session_id, path_name)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (format_received_at(received_at), archive_path, upload.size, upload.sha256,
-                     headers.get("automation-id"), headers.get("automation-name"),
-                     headers.get("automation-aggregation"), headers.get("automation-period"),
-                     headers.get("session-id"), name))
-                return int(cursor.lastrowid)
-        except sqlite3.Error as exc:
-            log_event(logging.ERROR,
-                      "delivery row not written: the body is an orphan in the archive until"
-                      " `healthlog reindex` adopts it",
-                      archive_path=archive_path, busy=is_busy(exc), error=type(exc).__name__)
-            raise InternalError() from None
 
     def stop(self) -> bool:
         """Stop HTTP first, then the fold thread within its budget (ING-6).
