@@ -46,9 +46,11 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -1213,6 +1215,15 @@ class DataDirLock:
         os.write(fd, ("%d %s\n" % (os.getpid(), purpose)).encode())
         self._fd = fd
 
+    def holder(self) -> Optional[str]:
+        """What another process holds the lock for (``serve``, ``reindex``), or None."""
+        if not self.held_by_other():
+            return None
+        try:
+            return self.path.read_text().split()[1]
+        except (OSError, IndexError):
+            return "unknown"
+
     def held_by_other(self) -> bool:
         """True when another process holds the lock (this one does not take it)."""
         try:
@@ -1273,14 +1284,19 @@ def count_pending(conn: sqlite3.Connection) -> int:
         "SELECT count(*) FROM delivery WHERE parse_status = 'pending'").fetchone()[0]
 
 
-def fingerprint(conn: sqlite3.Connection) -> str:
+def fingerprint(conn: sqlite3.Connection, table: str = "object") -> str:
     """SHA-256 over the sorted (metric, layer, hour, hash) of every object.
 
     The one definition used by status, reindex and verify.
     """
+    rows = conn.execute("SELECT metric, layer, hour, hash FROM %s" % table)
+    return fingerprint_rows(((m, l, h), digest) for m, l, h, digest in rows)
+
+
+def fingerprint_rows(items: Any) -> str:
+    """The fingerprint of ((metric, layer, hour), hash) pairs, in any order."""
     digest = hashlib.sha256()
-    rows = conn.execute("SELECT metric, layer, hour, hash FROM object ORDER BY metric, layer, hour")
-    for metric, layer, hour, object_hash in rows:
+    for (metric, layer, hour), object_hash in sorted(items):
         digest.update(("%s\x1f%s\x1f%d\x1f%s\n" % (metric, layer, hour, object_hash)).encode())
     return digest.hexdigest()
 
@@ -1629,9 +1645,10 @@ class Folder:
     """
 
     def __init__(self, conn: sqlite3.Connection, config: Config, objects: str = "object",
-                 journal: str = "delivery"):
+                 journal: str = "delivery", verbose: bool = True):
         assert objects.isidentifier() and journal.isidentifier()
         self.conn, self.config = conn, config
+        self.verbose = verbose  # reindex: per-delivery records at DEBUG, a summary at the end
         self.objects, self.journal = objects, journal
         self._positions: dict = {}
 
@@ -1932,7 +1949,7 @@ class Folder:
                 outcome = self._record_failure(delivery_id, outcome,
                                                getattr(exc, "uncovered", None))
         if outcome.kind == "folded":
-            self._log_folded(plan, time.monotonic() - started)
+            self._log_folded(plan, time.monotonic() - started, self.verbose)
         elif outcome.kind == "deferred":
             log_event(logging.INFO, "fold deferred: the database is busy; the delivery stays"
                       " pending", delivery_id=delivery_id)
@@ -1948,15 +1965,15 @@ class Folder:
             log_event(logging.ERROR, "fold outcome not written; the delivery stays pending",
                       delivery_id=delivery_id, error=type(exc).__name__)
             return Outcome("unrecorded", error=outcome.error)
-        log_event(logging.WARNING, "delivery failed to fold", delivery_id=delivery_id,
-                  error=outcome.error)
+        log_event(logging.WARNING if self.verbose else logging.DEBUG, "delivery failed to fold",
+                  delivery_id=delivery_id, error=outcome.error)
         return outcome
 
     @staticmethod
-    def _log_folded(plan: FoldPlan, seconds: float) -> None:
+    def _log_folded(plan: FoldPlan, seconds: float, verbose: bool) -> None:
         for message, fields in plan.warnings:
-            log_event(logging.WARNING, message, **fields)
-        log_event(logging.INFO, "delivery folded", delivery_id=plan.delivery_id,
+            log_event(logging.WARNING if verbose else logging.DEBUG, message, **fields)
+        log_event(logging.INFO if verbose else logging.DEBUG, "delivery folded", delivery_id=plan.delivery_id,
                   status=plan.status, layer=plan.layer, uncovered=plan.uncovered or None,
                   duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
 
@@ -2535,6 +2552,377 @@ def run_serve(config: Config) -> int:
 
 
 # ==============================================================================
+# Reindex, verify, import: the store is a function of the archive (design.md §7).
+# ==============================================================================
+
+JOURNAL_COLUMNS = ("id", "received_at", "archive_path", "body_bytes", "body_sha256",
+                   "automation_id", "automation_name", "automation_aggregation",
+                   "automation_period", "session_id", "path_name")
+"""What a delivery is, before any fold: copied into a rebuild, never recomputed."""
+
+REBUILD_BUSY_TRIES = 10
+_NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
+
+
+def archive_bodies(data_dir: Path) -> list:
+    """Every archived body (relative path), sorted; metadata and temp files excluded."""
+    root = data_dir / ARCHIVE_DIR
+    found = []
+    for folder, dirs, files in os.walk(str(root)):
+        dirs.sort()
+        for name in files:
+            if name.endswith(".json") and not name.endswith(".meta.json") and \
+                    not name.startswith("."):
+                found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
+    return sorted(found)
+
+
+def received_at_from_name(name: str) -> Optional[str]:
+    """``20261129T210321.123456Z-…json`` → ``2026-11-29T21:03:21.123456Z``."""
+    match = _NAME_STAMP.fullmatch(name)
+    if not match:
+        return None
+    stamp = match.group(1)
+    return "%s-%s-%sT%s:%s:%s" % (stamp[:4], stamp[4:6], stamp[6:8], stamp[9:11], stamp[11:13],
+                                  stamp[13:])
+
+
+def _read_meta(body: Path) -> dict:
+    try:
+        meta = json.loads(body.with_name(body.name[:-5] + ".meta.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if type(meta) is dict else {}
+
+
+def _hash_file(path: Path) -> tuple:
+    digest, size = hashlib.sha256(), 0
+    with open(str(path), "rb") as handle:
+        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def adopt_orphans(conn: sqlite3.Connection, data_dir: Path) -> int:
+    """Journal archived bodies that have no delivery row, in journal order.
+
+    received_at and HAE's headers come from the body's ``.meta.json``; without one,
+    received_at comes from the file name.  An unreadable body is left for later.
+    """
+    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
+    rows = []
+    for relative in archive_bodies(data_dir):
+        if relative in known:
+            continue
+        body = data_dir / relative
+        meta = _read_meta(body)
+        received_at = meta.get("received_at")
+        try:
+            parse_received_at(received_at)
+        except (TypeError, ValueError):
+            received_at = received_at_from_name(body.name)
+        if received_at is None:
+            log_event(logging.WARNING, "archived file without a receive time was not adopted",
+                      archive_path=relative)
+            continue
+        try:
+            size, sha256 = _hash_file(body)
+        except OSError as exc:
+            log_event(logging.WARNING, "archived body unreadable, not adopted",
+                      archive_path=relative, error=type(exc).__name__)
+            continue
+        headers = meta.get("headers") if type(meta.get("headers")) is dict else {}
+        name = meta.get("path_name") if type(meta.get("path_name")) is str else None
+        rows.append((received_at, relative, size, sha256, headers.get("automation-id"),
+                     headers.get("automation-name"), headers.get("automation-aggregation"),
+                     headers.get("automation-period"), headers.get("session-id"), name))
+    rows.sort()
+    if rows:
+        with write_txn(conn):
+            conn.executemany(
+                "INSERT INTO delivery (received_at, archive_path, body_bytes, body_sha256,"
+                " automation_id, automation_name, automation_aggregation, automation_period,"
+                " session_id, path_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return len(rows)
+
+
+def mark_missing(conn: sqlite3.Connection, data_dir: Path, journal: str) -> int:
+    """Rows whose body file is gone become ``failed`` with error ``body_missing``."""
+    missing = [(row_id,) for row_id, path in conn.execute(
+        "SELECT id, archive_path FROM %s" % journal) if not (data_dir / path).is_file()]
+    if missing:
+        with write_txn(conn):
+            conn.executemany(
+                "UPDATE %s SET parse_status = 'failed', error = 'body_missing', folded_at = ?,"
+                " parser_version = ?, layer = NULL, %s WHERE id = ?"
+                % (journal, ", ".join("%s = NULL" % c for c in _COUNTERS)),
+                [(format_received_at(utc_now()), PARSER_VERSION, row_id)
+                 for (row_id,) in missing])
+    return len(missing)
+
+
+class Progress:
+    """``done/total deliveries, MB/s, ETA`` on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str, total: int, total_bytes: int, stream: Any = None):
+        self.stream = stream or sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.label, self.total, self.total_bytes = label, total, max(total_bytes, 1)
+        self.started = self._shown = time.monotonic()
+
+    def update(self, done: int, done_bytes: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self._shown < 0.25 and done < self.total):
+            return
+        self._shown = now
+        elapsed = max(now - self.started, 1e-6)
+        rate = done_bytes / elapsed
+        eta = (self.total_bytes - done_bytes) / rate if rate else 0
+        self.stream.write("\r%s: %d/%d deliveries, %.1f MB/s, ETA %s   " % (
+            self.label, done, self.total, rate / 1e6, _duration(eta)))
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str,
+            ids: list, label: str) -> float:
+    """Fold ``ids`` in the given (journal) order into ``objects``/``journal`` with the
+    worker's own fold code and classifier; no out-of-order check, no lag WARN.
+
+    Returns the seconds it took.  A database that stays busy aborts the rebuild.
+    """
+    folder = Folder(conn, config, objects=objects, journal=journal, verbose=False)
+    sizes = dict(conn.execute("SELECT id, body_bytes FROM %s" % journal))
+    progress = Progress(label, len(ids), sum(sizes.get(i, 0) for i in ids))
+    done_bytes = 0
+    for done, delivery_id in enumerate(ids, 1):
+        for _ in range(REBUILD_BUSY_TRIES):
+            if not folder.fold(delivery_id).deferred:
+                break
+            time.sleep(1.0)
+        else:
+            raise HealthlogError("the database stayed busy; stopped (nothing was replaced)")
+        done_bytes += sizes.get(delivery_id, 0)
+        progress.update(done, done_bytes)
+    progress.finish()
+    return time.monotonic() - progress.started
+
+
+def _status_counts(conn: sqlite3.Connection, journal: str = "delivery") -> dict:
+    counts = dict.fromkeys(STATUSES, 0)
+    counts.update(conn.execute("SELECT parse_status, count(*) FROM %s GROUP BY parse_status"
+                               % journal))
+    return counts
+
+
+def _drop_rebuild_tables(conn: sqlite3.Connection) -> None:
+    with write_txn(conn):
+        conn.execute("DROP TABLE IF EXISTS object_rebuild")
+        conn.execute("DROP TABLE IF EXISTS delivery_rebuild")
+
+
+def run_reindex(config: Config, out: Any = None) -> int:
+    """``healthlog reindex``: rebuild journal outcomes and the vitrine from the archive.
+
+    Everything is folded into ``delivery_rebuild``/``object_rebuild``; the live tables
+    are replaced in one transaction at the end, so a crash or Ctrl-C at any point
+    leaves the previous store intact and usable.
+    """
+    out = out or sys.stdout
+    if not (config.data_dir / ARCHIVE_DIR).is_dir():
+        raise ConfigError("no healthlog archive in %s" % config.data_dir)
+    lock = DataDirLock(config.data_dir)
+    try:
+        lock.acquire("reindex")
+    except DataDirLocked:
+        raise ConfigError("%s is in use (is `healthlog serve` running there?); stop it"
+                          " before reindex" % config.data_dir) from None
+    conn = open_database(config, synchronous="NORMAL")
+    try:
+        _drop_rebuild_tables(conn)  # left by an interrupted run
+        adopted = adopt_orphans(conn, config.data_dir)
+        cols = ", ".join(JOURNAL_COLUMNS)
+        with write_txn(conn):
+            for statement in schema_statements("delivery_rebuild", "object_rebuild"):
+                conn.execute(statement)
+            conn.execute("INSERT INTO delivery_rebuild (%s) SELECT %s FROM delivery"
+                         % (cols, cols))
+        missing = mark_missing(conn, config.data_dir, "delivery_rebuild")
+        last_id = conn.execute("SELECT coalesce(max(id), 0) FROM delivery_rebuild").fetchone()[0]
+        ids = [i for (i,) in conn.execute(
+            "SELECT id FROM delivery_rebuild WHERE parse_status = 'pending'"
+            " ORDER BY received_at, id")]
+        seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids, "reindex")
+        _swap_rebuild(conn, cols, last_id)
+        counts = _status_counts(conn)
+        objects, points = conn.execute(
+            "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
+        archive_bytes = conn.execute(
+            "SELECT coalesce(sum(body_bytes), 0) FROM delivery").fetchone()[0]
+        fp = fingerprint(conn)
+    except KeyboardInterrupt:
+        with contextlib.suppress(sqlite3.Error):
+            _drop_rebuild_tables(conn)
+        sys.stderr.write("\nhealthlog: reindex interrupted; the previous store is unchanged\n")
+        return 130
+    finally:
+        conn.close()
+        lock.release()
+    out.write("deliveries: %d (%s)\n" % (sum(counts.values()), ", ".join(
+        "%s %d" % item for item in counts.items())))
+    out.write("orphans adopted: %d\nbodies missing: %d\nobjects: %d\npoints: %d\n"
+              % (adopted, missing, objects, points))
+    out.write("folded: %d deliveries in %.1f s (%.0f deliveries/s, %.1f MB/s, %.0f points/s)\n"
+              % (len(ids), seconds, len(ids) / max(seconds, 1e-9),
+                 archive_bytes / 1e6 / max(seconds, 1e-9), points / max(seconds, 1e-9)))
+    out.write("fingerprint: %s\n" % fp)
+    return 0
+
+
+def _swap_rebuild(conn: sqlite3.Connection, cols: str, last_id: int) -> None:
+    """Replace the live tables by the rebuilt ones in one durable transaction.
+
+    Deliveries journaled meanwhile (``import`` does not take the lock) are carried
+    over as ``pending``; the next ``serve`` folds them.
+    """
+    conn.execute("PRAGMA synchronous=FULL")
+    with write_txn(conn):
+        conn.execute("INSERT INTO delivery_rebuild (%s) SELECT %s FROM delivery WHERE id > ?"
+                     % (cols, cols), (last_id,))
+        conn.execute("DROP TABLE object")
+        conn.execute("DROP TABLE delivery")
+        conn.execute("ALTER TABLE object_rebuild RENAME TO object")
+        conn.execute("ALTER TABLE delivery_rebuild RENAME TO delivery")
+        for name in ("journal", "pending", "body"):
+            conn.execute("DROP INDEX delivery_rebuild_%s" % name)
+        for statement in index_statements():
+            conn.execute(statement)
+    with contextlib.suppress(sqlite3.Error):
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def run_verify(config: Config, out: Any = None) -> int:
+    """``healthlog verify``: rebuild into a scratch database and compare objects.
+
+    Reads the live database only (one snapshot of journal and objects), so it runs
+    beside ``serve``.  Deliveries still pending in the snapshot are left out of the
+    rebuild, as they are out of the live store.  Exit 0 when equal, 1 when not.
+    """
+    out = out or sys.stdout
+    live = open_database(config, create=False, synchronous="NORMAL")
+    try:
+        live.execute("BEGIN")
+        journal = live.execute("SELECT %s, parse_status FROM delivery"
+                               % ", ".join(JOURNAL_COLUMNS)).fetchall()
+        live_objects = {(m, l, h): digest for m, l, h, digest in live.execute(
+            "SELECT metric, layer, hour, hash FROM object")}
+        live.execute("COMMIT")
+    finally:
+        live.close()
+    orphans = len(set(archive_bodies(config.data_dir)) - {row[2] for row in journal})
+    scratch_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=str(config.data_dir / TMP_DIR)))
+    try:
+        scratch = connect(scratch_dir / DB_NAME, busy_timeout_s=config.busy_timeout_s,
+                          synchronous="OFF")
+        try:
+            migrate(scratch, scratch_dir / DB_NAME)
+            with write_txn(scratch):
+                scratch.executemany("INSERT INTO delivery (%s) VALUES (%s)" % (
+                    ", ".join(JOURNAL_COLUMNS), ", ".join("?" * len(JOURNAL_COLUMNS))),
+                    [row[:-1] for row in journal])
+            mark_missing(scratch, config.data_dir, "delivery")
+            live_pending = {row[0] for row in journal if row[-1] == "pending"}
+            ids = [i for (i,) in scratch.execute(
+                "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
+                if i not in live_pending]
+            rebuild(scratch, config, "delivery", "object", ids, "verify")
+            rebuilt = {(m, l, h): digest for m, l, h, digest in scratch.execute(
+                "SELECT metric, layer, hour, hash FROM object")}
+        finally:
+            scratch.close()
+    finally:
+        shutil.rmtree(str(scratch_dir), ignore_errors=True)
+    differing = sorted(k for k in live_objects.keys() | rebuilt.keys()
+                       if live_objects.get(k) != rebuilt.get(k))
+    out.write("live:    %d objects, fingerprint: %s\n" % (
+        len(live_objects), fingerprint_rows(live_objects.items())))
+    out.write("rebuilt: %d objects, fingerprint: %s\n" % (
+        len(rebuilt), fingerprint_rows(rebuilt.items())))
+    if live_pending:
+        out.write("not compared: %d deliveries still pending\n" % len(live_pending))
+    if orphans:
+        out.write("orphans: %d archived bodies have no journal row (reindex adopts them)\n"
+                  % orphans)
+    for metric, layer, hour in differing[:20]:
+        out.write("differs: metric=%s layer=%s hour=%s live=%s rebuilt=%s\n" % (
+            metric, layer, format_instant(hour * HOUR_US),
+            (live_objects.get((metric, layer, hour)) or "absent")[:12],
+            (rebuilt.get((metric, layer, hour)) or "absent")[:12]))
+    if len(differing) > 20:
+        out.write("differs: … and %d more\n" % (len(differing) - 20))
+    out.write("fingerprint: %s\n" % fingerprint_rows(live_objects.items()))
+    out.write("verify: %s\n" % ("equal" if not differing else "%d objects differ; `healthlog"
+                                " reindex` rebuilds the store from the archive"
+                                % len(differing)))
+    return 1 if differing else 0
+
+
+def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
+               name: Optional[str], out: Any = None) -> int:
+    """``healthlog import FILE…``: journal HAE JSON exports through the ingest path.
+
+    Safe beside a running ``serve`` (its worker folds them on its next wake-up);
+    refused while ``reindex`` runs.  Exit 0 when every file was accepted, else 2.
+    """
+    out = out or sys.stdout
+    if aggregation is not None and header_layer(aggregation) is None:
+        raise ConfigError("--aggregation must be one of " + ", ".join(GROUPINGS))
+    if name is not None and not _valid_name(name):
+        raise ConfigError("--name may use letters, digits, '.', '_' and '-' (at most %d)"
+                          % INGEST_NAME_MAX)
+    ensure_data_dir(config.data_dir)
+    if DataDirLock(config.data_dir).holder() == "reindex":
+        raise ConfigError("%s is being reindexed; import after it has finished"
+                          % config.data_dir)
+    conn = open_database(config)
+    archive = Archive(config.data_dir)
+    headers = {"automation-aggregation": aggregation} if aggregation else {}
+    rejected = 0
+    try:
+        for path in files:
+            try:
+                delivery_id = _import_one(archive, conn, Path(path), headers, name)
+            except HTTPFailure as exc:
+                rejected += 1
+                out.write("rejected %s: %s\n" % (path, exc.message))
+            else:
+                out.write("accepted %s: delivery %d\n" % (path, delivery_id))
+    finally:
+        conn.close()
+    return 2 if rejected else 0
+
+
+def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers: dict,
+                name: Optional[str]) -> int:
+    try:
+        size = path.stat().st_size
+        if size > FOLD_MAX_BYTES:
+            raise PayloadTooLarge("larger than %d MiB, too big to fold; export shorter date"
+                                  " ranges" % (FOLD_MAX_BYTES >> 20))
+        with open(str(path), "rb") as handle:
+            upload = archive.receive(handle.read, size, FOLD_MAX_BYTES, lambda: None)
+    except OSError as exc:
+        raise BadRequest("cannot read the file (%s)" % (exc.strerror or type(exc).__name__))
+    return accept_delivery(archive, conn, upload, utc_now(), headers, name,
+                           {"imported_from": path.name})
+
+
+# ==============================================================================
 # Status: what the journal and the vitrine hold, readable while serve runs.
 # ==============================================================================
 
@@ -2658,6 +3046,22 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="journal and store summary")
     data_option(status)
     status.add_argument("--json", action="store_true", help="print JSON")
+
+    reindex = commands.add_parser("reindex", help="rebuild the store from the archive"
+                                  " (serve must be stopped)")
+    data_option(reindex)
+    verify = commands.add_parser("verify", help="rebuild into a scratch copy and compare;"
+                                 " exit 1 on a difference")
+    data_option(verify)
+
+    importer = commands.add_parser("import", help="add HAE JSON files exported by hand")
+    data_option(importer)
+    importer.add_argument("files", nargs="+", metavar="FILE", help="HAE JSON export files")
+    importer.add_argument("--aggregation", metavar="GROUPING",
+                          help="the export's time grouping (Minutes, Hours, Days, …):"
+                               " the layer its metrics go to")
+    importer.add_argument("--name", help="an automation name for these files (as in"
+                                         " /api/ingest/<name>)")
     return parser
 
 
@@ -2676,9 +3080,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             status = collect_status(config)
             print(json.dumps(status, indent=1) if args.json else format_status(status))
             return 0
+        if args.command == "reindex":
+            return run_reindex(config)
+        if args.command == "verify":
+            return run_verify(config)
+        if args.command == "import":
+            return run_import(config, args.files, args.aggregation, args.name)
     except ConfigError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 2
+    except HealthlogError as exc:
+        sys.stderr.write("healthlog: %s\n" % exc.message)
+        return 1
     except KeyboardInterrupt:
         return 130
     return 2
