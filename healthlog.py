@@ -1443,13 +1443,33 @@ def _reject_constant(name: str) -> Any:
     raise ValueError("%s is not valid JSON" % name)
 
 
+_EXTREME_NUMBER = re.compile(r"\d{19}|[eE][+-]?\d{3}", re.ASCII)
+_INT64 = 1 << 63
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0:  # inf (NaN cannot be spelled as a number)
+        raise ValueError("number out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -_INT64 <= value < _INT64:
+        raise ValueError("integer out of range")
+    return value
+
+
 def check_delivery_shape(path: Path) -> None:
     """Validate a whole body as HAE JSON without building the document.
 
     Every byte is checked by the JSON scanner, but each object collapses into one
     shared sentinel as soon as it is parsed, so memory stays near the body's own size.
-    Requires: UTF-8, a top-level object whose ``data`` is an object.  NaN and
-    Infinity are refused (they are not JSON, and orjson would refuse them later).
+    Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
+    every JSON parser reads alike: no NaN or Infinity, no number that overflows a
+    double, no integer beyond 64 bits (orjson refuses the first and rounds the last,
+    so the two parse paths could otherwise store different values).
     """
     last_pairs: list = []
 
@@ -1463,8 +1483,11 @@ def check_delivery_shape(path: Path) -> None:
         raise BadRequest("the body is not UTF-8 text") from None
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant)
+        if _EXTREME_NUMBER.search(text):  # rare: look at every number once more
+            json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
+                       parse_float=_finite_float, parse_int=_int64)
     except (ValueError, RecursionError):
-        raise BadRequest("the body is not valid JSON") from None
+        raise BadRequest("the body is not valid JSON, or holds a number out of range") from None
     finally:
         del text
     if top is not _VALID_OBJECT or not last_pairs:

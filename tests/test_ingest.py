@@ -227,14 +227,28 @@ def test_ingest_3_1_401_without_the_token_writes_nothing(service, client, data_d
     b'{"data": {}} trailing',
     '{"data": {"name": "caf\u00e9"}}'.encode("latin-1"),
     b'"data"',
+    b'{"data": {"metrics": [{"qty": 1e400}]}}',
+    b'{"data": {"metrics": [{"qty": -2.5E+999}]}}',
+    b'{"data": {"metrics": [{"qty": 123456789012345678901234567890}]}}',
+    b'{"data": {"metrics": [{"qty": Infinity}]}}',
 ], ids=["text", "syntax", "array", "no-data", "data-array", "data-string", "nan",
-        "trailing", "latin1", "string"])
+        "trailing", "latin1", "string", "float-overflow", "negative-overflow", "int-over-64-bits",
+        "infinity"])
 def test_ingest_4_1_400_for_a_body_that_is_not_hae_json_writes_nothing(service, client, data_dir,
                                                                    body):
     status, payload = client.ingest(body)
     assert status == 400
     assert_error_shape(payload, 400, "bad_request")
     assert_nothing_written(data_dir)
+
+
+def test_ingest_4_1_numbers_that_parse_alike_everywhere_are_accepted(service, client,
+                                                                    data_dir):
+    body = (b'{"data": {"metrics": [{"name": "x", "units": "u", "data": [{"qty": 1.5e-300,'
+            b' "n": 9223372036854775807, "m": -9223372036854775808, "e": 1.7976931348623157e308,'
+            b' "date": "2026-05-19 00:00:00 -0700"}]}]}}')
+    assert client.ingest(body)[0] == 200
+    assert len(db_rows(data_dir)) == 1
 
 
 def test_ingest_4_2_400_for_an_empty_body(service, client, data_dir):
