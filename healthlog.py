@@ -798,6 +798,22 @@ SECTIONS = {
 """``data.<key>`` → metric name of each element.  Any other key is uncovered."""
 
 
+_NAMED_BY_CONTENT = ("symptoms/", "cycle_tracking/", "medications/")
+
+
+def loggable_metric(name: str) -> str:
+    """A metric name fit for a log record above DEBUG.
+
+    Symptom, cycle-tracking and medication metrics are named after values the user
+    entered (a medication's name is health data); logs show their section and a short
+    hash instead, which ``healthlog`` can match against the store, never the name.
+    """
+    for prefix in _NAMED_BY_CONTENT:
+        if name.startswith(prefix):
+            return prefix + "#" + hashlib.sha256(name.encode()).hexdigest()[:10]
+    return name
+
+
 def point_span(point: dict) -> Optional[tuple]:
     """(start, end) in UTC µs: start = start, else startDate, else date; end = end,
     else endDate, else start.  None when a present timestamp cannot be parsed."""
@@ -1802,27 +1818,35 @@ class Folder:
         here = (row["received_at"], row["id"])
         for bucket in extraction.metrics.values():
             object_layer = layer if bucket.is_metric else RECORD_LAYER
-            hours: dict = {}
+            hours: dict = {}  # hour -> [(span, point), …]
+            clashes: dict = {}  # hour -> incomparable candidates within this delivery
             for span, slot in bucket.coords.items():
+                hour = span[0] // HOUR_US
                 if type(slot) is list:
-                    point, clash = reduce_candidates(slot)
+                    slot, clash = reduce_candidates(slot)
                     if clash:
-                        counters["incomparable"] += 1
-                else:
-                    point = slot
-                hours.setdefault(span[0] // HOUR_US, []).append((span, point))
+                        clashes[hour] = clashes.get(hour, 0) + 1
+                hours.setdefault(hour, []).append((span, slot))
             for hour, items in hours.items():
                 check_deadline()
-                self._merge_hour(plan, counters, bucket, object_layer, hour, items, here)
+                self._merge_hour(plan, counters, bucket, object_layer, hour, items, here,
+                                 clashes.get(hour, 0))
         plan.counters = counters
 
     def _merge_hour(self, plan: FoldPlan, counters: dict, bucket: MetricPoints, layer: str,
-                    hour: int, items: list, here: tuple) -> None:
+                    hour: int, items: list, here: tuple, clashes: int) -> None:
+        """Merge one object's arriving points (``clashes``: incomparable candidates met
+        within the delivery) into the stored object; plan the row when it changed."""
         delivery_id = plan.delivery_id
         stored = self.load_object(bucket.name, layer, hour)
-        where = {"metric": bucket.name, "layer": layer, "hour": hour,
+        where = {"metric": loggable_metric(bucket.name), "layer": layer, "hour": hour,
                  "hour_utc": format_instant(hour * HOUR_US)}
         if stored is None:
+            counters["incomparable"] += clashes
+            if clashes:
+                plan.warnings.append(("incomparable points at one coordinate",
+                                      dict(where, delivery_id=delivery_id, overwrites=0,
+                                           incomparable=clashes)))
             items.sort(key=lambda item: item[0])
             spans = [span for span, _ in items]
             points = [point for _, point in items]
@@ -1833,7 +1857,7 @@ class Folder:
             return
         spans, points, deliveries = list(stored.spans), list(stored.points), list(stored.deliveries)
         index = {span: i for i, span in enumerate(spans)}
-        appended = overwrites = clashes = 0
+        appended = overwrites = 0
         for span, point in items:
             i = index.get(span)
             if i is None:
@@ -1894,7 +1918,7 @@ class Folder:
     @staticmethod
     def _describe(plan: FoldPlan, extraction: Extraction) -> None:
         if extraction.bad_points:
-            names = sorted(str(n) for n in extraction.bad_metrics)
+            names = sorted({loggable_metric(str(n)) for n in extraction.bad_metrics})
             plan.warnings.insert(0, ("points without a readable time or not objects were"
                                      " counted, not stored",
                                      {"delivery_id": plan.delivery_id,
@@ -1969,8 +1993,10 @@ class Folder:
             if outcome.kind == "failed":
                 log_event(logging.DEBUG, "fold failure detail", delivery_id=delivery_id,
                           detail=repr(exc))
-                outcome = self._record_failure(delivery_id, outcome,
-                                               getattr(exc, "uncovered", None))
+                uncovered = getattr(exc, "uncovered", None)
+                if uncovered is None and plan is not None:
+                    uncovered = plan.uncovered  # the parse had collected it (STO-7.3)
+                outcome = self._record_failure(delivery_id, outcome, uncovered)
         if outcome.kind == "folded":
             self._log_folded(plan, time.monotonic() - started, self.verbose)
         elif outcome.kind == "deferred":
