@@ -496,10 +496,10 @@ def parse_time(value: Any) -> Optional[int]:
 
 
 def _parse_epoch(value: float) -> Optional[int]:
-    if value != value or value in (float("inf"), float("-inf")):
+    if not -1e16 < value < 1e16:  # also NaN and ±inf; milliseconds reach ~7e12 by 2200
         return None
-    seconds = value / 1000.0 if abs(value) >= 1e11 else value
-    result = int(round(seconds * US)) if type(seconds) is float else seconds * US
+    scale = 1000 if abs(value) >= 1e11 else US  # above 1e11 (year 5138 in s): milliseconds
+    result = value * scale if type(value) is int else int(round(value * scale))
     return result if _MIN_US <= result < _MAX_US else None
 
 
@@ -674,7 +674,12 @@ def same_value(a: Any, b: Any) -> bool:
     if ta is bool or tb is bool:
         return ta is tb and a == b
     if (ta is int or ta is float) and (tb is int or tb is float):
-        return a == b or abs(a - b) <= SAME_VALUE_REL * max(abs(a), abs(b))
+        if a == b:
+            return True
+        try:
+            return abs(a - b) <= SAME_VALUE_REL * max(abs(a), abs(b))
+        except OverflowError:  # integers beyond a double: only exact equality counts
+            return False
     return ta is tb and a == b
 
 
@@ -743,7 +748,7 @@ def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position
     The arriving point replaces the stored one when it dominates it, or when neither
     dominates and it is later in journal order.  The same value is no change at all.
     """
-    if stored == arriving or same_value(stored, arriving):  # == : the common exact re-send
+    if same_value(stored, arriving):
         return False, False, False
     clash = incomparable(stored, arriving)
     if dominates(arriving, stored):
@@ -814,16 +819,22 @@ def loggable_metric(name: str) -> str:
     return name
 
 
-def point_span(point: dict) -> Optional[tuple]:
-    """(start, end) in UTC µs: start = start, else startDate, else date; end = end,
-    else endDate, else start.  None when a present timestamp cannot be parsed."""
+def raw_start(point: dict) -> Any:
+    """The start as written: ``start``, else ``startDate``, else ``date``."""
     get = point.get
     raw = get("start")
     if raw is None:
         raw = get("startDate")
         if raw is None:
             raw = get("date")
-    start = parse_time(raw)
+    return raw
+
+
+def point_span(point: dict) -> Optional[tuple]:
+    """(start, end) in UTC µs: start = start, else startDate, else date; end = end,
+    else endDate, else start.  None when a present timestamp cannot be parsed."""
+    get = point.get
+    start = parse_time(raw_start(point))
     if start is None:
         return None
     raw = get("end")
@@ -902,7 +913,7 @@ def extract_points(doc: Any, check_deadline: Callable[[], None] = lambda: None) 
                 _extract_metric(out, element)
         else:
             for element in section:
-                _extract_record(out, element, name_of)
+                _extract_record(out, key, element, name_of)
     return out
 
 
@@ -946,17 +957,15 @@ def _extract_metric(out: Extraction, element: Any) -> None:
         if span[0] != span[1]:
             bucket.has_interval = True
         elif len(starts) < 4096:
-            get = point.get
-            raw = get("start")
-            starts.append(raw if raw is not None else get("startDate") or get("date"))
+            starts.append(raw_start(point))
 
 
-def _extract_record(out: Extraction, element: Any, name_of: Callable) -> None:
+def _extract_record(out: Extraction, section: str, element: Any, name_of: Callable) -> None:
     name = name_of(element) if type(element) is dict else None
     span = point_span(element) if name is not None else None
     if span is None:
         out.bad_points += 1
-        out.bad_metrics.add(name or "record")
+        out.bad_metrics.add(name or name_of({}) or section)
         return
     out.points += 1
     _add_point(_metric_bucket(out, False, name), span, element)
@@ -984,7 +993,8 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
                 or len(bucket.coords) < DENSE_MIN_POINTS):
             continue
         for raw in bucket.starts[:sample]:
-            if type(raw) is str and len(raw) == 25 and raw[13] == ":" and raw[16] == ":":
+            if (type(raw) is str and len(raw) == 25 and raw[10] == " " and raw[13] == ":"
+                    and raw[16] == ":" and raw[19] == " "):
                 if raw[17:19] != "00":  # HAE's own format: read the fields in place
                     return "seconds"
                 if raw[14:16] != "00":

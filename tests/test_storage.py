@@ -77,8 +77,9 @@ def minutes(name: str, units: str, hour: int, first: int, last: int, **kw) -> tu
 class Store:
     """A running service and what it stored, read straight from its SQLite file."""
 
-    def __init__(self, service: healthlog.Service):
+    def __init__(self, service: healthlog.Service, logs=None):
         self.service = service
+        self.logs = logs
         self.data_dir = service.config.data_dir
         self.client = Client(*service.address)
 
@@ -92,7 +93,12 @@ class Store:
         return self.folded(self.post(data, automation))
 
     def folded(self, delivery_id: int) -> dict:
-        return wait_for(lambda: self.delivery(delivery_id, done=True))
+        row = wait_for(lambda: self.delivery(delivery_id, done=True))
+        if self.logs is not None:  # the fold logs after its commit: wait for its record
+            wait_for(lambda: [r for r in self.logs.records() if r.get("delivery_id") ==
+                              str(delivery_id) and r.get("msg") in (
+                                  "delivery folded", "delivery failed to fold")])
+        return row
 
     def delivery(self, delivery_id: int, done: bool = False) -> dict:
         rows = db_rows(self.data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
@@ -141,8 +147,8 @@ class Store:
 
 
 @pytest.fixture
-def store(service) -> Store:
-    return Store(service)
+def store(service, logs) -> Store:
+    return Store(service, logs)
 
 
 def warnings(logs) -> list:
