@@ -374,7 +374,7 @@ def test_ing_1_3_dropped_connection_after_the_body_still_records_the_delivery(
         start_service, data_dir):
     # A second connection holds the write lock, so the handler is still waiting to
     # insert when the client leaves; the lock is released only after it has gone.
-    service = start_service(busy_timeout_s=10.0)
+    service = start_service(paused=True, busy_timeout_s=10.0)
     holder = sqlite3.connect(str(data_dir / "healthlog.sqlite3"), isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     host, port = service.address
