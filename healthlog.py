@@ -1392,12 +1392,19 @@ class Archive:
         self.tmp = data_dir / TMP_DIR
 
     def clear_tmp(self) -> int:
-        """Remove uploads left by a process that died mid-request (none was acknowledged)."""
+        """Remove what dead processes left in ``DATA/tmp``: half uploads (none was
+        acknowledged) and scratch folders of a killed ``verify`` (a running one keeps its
+        folder locked)."""
         removed = 0
         for entry in self.tmp.iterdir():
             with contextlib.suppress(OSError):
-                entry.unlink()
-                removed += 1
+                if entry.is_dir():
+                    if not _scratch_in_use(entry):
+                        shutil.rmtree(str(entry))
+                        removed += 1
+                else:
+                    entry.unlink()
+                    removed += 1
         return removed
 
     @staticmethod
@@ -1460,6 +1467,24 @@ class Archive:
         os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
         fsync_dir(target_dir)
         return "%s/%s.json" % (folder, stem)
+
+
+SCRATCH_LOCK = "in-use.lock"
+
+
+def _scratch_in_use(folder: Path) -> bool:
+    """Does a live process hold the scratch folder's lock?"""
+    try:
+        fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 _VALID_OBJECT = object()
@@ -1605,7 +1630,10 @@ def dumps_points(points: list) -> bytes:
     """The stored points as compact JSON, verbatim: same keys, same order, same strings
     (no escaping of non-ASCII or ``&<>``), every number the same double."""
     if _orjson is not None:
-        return _orjson.dumps(points)
+        try:
+            return _orjson.dumps(points)
+        except TypeError:  # orjson stops at 255 levels of nesting; the json module does not
+            pass
     return json.dumps(points, ensure_ascii=False, separators=(",", ":"),
                       allow_nan=False).encode()
 
@@ -2134,12 +2162,13 @@ class FoldWorker:
         """One pass: fold every visible pending delivery after the cursor, in journal
         order; stop at a deferred one (the barrier) or at a stop request.
 
-        Returns how many deliveries were folded.  One lag WARN per pass (ING-7).
+        Returns how many deliveries were folded.  The lag mark is computed on the pass's
+        selection and written once per pass, also at the barrier (ING-7).
         """
         cursor = ("", 0)
-        folded = lagging = 0
-        worst = (0.0, None)
+        folded = 0
         completed = False
+        lag = self._lag(folder.conn)
         try:
             while True:
                 batch = folder.conn.execute(
@@ -2154,22 +2183,35 @@ class FoldWorker:
                     if self._stop.is_set():
                         return folded
                     cursor = (received_at, delivery_id)
-                    wait = (utc_now() - parse_received_at(received_at)).total_seconds()
-                    if wait > LAG_WARN_S and (self._first_pass_done
-                                              or received_at >= self._started_at):
-                        lagging += 1
-                        worst = max(worst, (wait, delivery_id), key=lambda w: w[0])
                     outcome = self.fold_one(folder, delivery_id)
                     if outcome.deferred:
                         return folded  # the barrier: successors wait for this one
                     folded += outcome.kind == "folded"
         finally:
-            if lagging:
+            if lag is not None:
+                delayed, worst_wait, worst_id = lag
                 log_event(logging.WARNING, "deliveries waited longer than %d s for their fold"
-                          % LAG_WARN_S, delayed=lagging, worst_wait_s=round(worst[0], 1),
-                          worst_delivery_id=worst[1])
+                          % LAG_WARN_S, delayed=delayed, worst_wait_s=round(worst_wait, 1),
+                          worst_delivery_id=worst_id)
             if completed:
                 self._first_pass_done = True
+
+    def _lag(self, conn: sqlite3.Connection) -> Optional[tuple]:
+        """(delayed, worst wait in s, its delivery id) among the pending deliveries that
+        waited longer than LAG_WARN_S, or None.  Until the first pass has completed, the
+        backlog from before this start is left out (the start-up INFO named it)."""
+        now = utc_now()
+        threshold = format_received_at(now - _dt.timedelta(seconds=LAG_WARN_S))
+        floor = "" if self._first_pass_done else self._started_at
+        delayed, oldest = conn.execute(
+            "SELECT count(*), min(received_at) FROM delivery WHERE parse_status = 'pending'"
+            " AND received_at < ? AND received_at >= ?", (threshold, floor)).fetchone()
+        if not delayed:
+            return None
+        worst_id = conn.execute(
+            "SELECT min(id) FROM delivery WHERE parse_status = 'pending' AND received_at = ?",
+            (oldest,)).fetchone()[0]
+        return delayed, (now - parse_received_at(oldest)).total_seconds(), worst_id
 
     @staticmethod
     def fold_one(folder: Folder, delivery_id: int) -> Outcome:
@@ -2802,6 +2844,7 @@ def run_reindex(config: Config, out: Any = None) -> int:
         raise ConfigError("%s is in use (is `healthlog serve` running there?); stop it"
                           " before reindex" % config.data_dir) from None
     conn = open_database(config, synchronous="NORMAL")
+    swapped = False
     try:
         _drop_rebuild_tables(conn)  # left by an interrupted run
         adopted = adopt_orphans(conn, config.data_dir)
@@ -2818,6 +2861,9 @@ def run_reindex(config: Config, out: Any = None) -> int:
             " ORDER BY received_at, id")]
         seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids, "reindex")
         _swap_rebuild(conn, cols, last_id)
+        swapped = True
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         counts = _status_counts(conn)
         objects, points = conn.execute(
             "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
@@ -2825,9 +2871,19 @@ def run_reindex(config: Config, out: Any = None) -> int:
             "SELECT coalesce(sum(body_bytes), 0) FROM delivery").fetchone()[0]
         fp = fingerprint(conn)
     except KeyboardInterrupt:
-        with contextlib.suppress(sqlite3.Error):
-            _drop_rebuild_tables(conn)
-        sys.stderr.write("\nhealthlog: reindex interrupted; the previous store is unchanged\n")
+        # The swap's COMMIT may have returned just before the signal was delivered.
+        swapped = swapped or not conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'delivery_rebuild'").fetchone()
+        if swapped:
+            message = ("reindex interrupted after the rebuilt store was swapped in; it is"
+                       " complete (`healthlog status` shows it)")
+        else:
+            with contextlib.suppress(sqlite3.Error):
+                _drop_rebuild_tables(conn)
+            message = "reindex interrupted; the previous store is unchanged"
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")  # end the progress line
+        sys.stderr.write("healthlog: %s\n" % message)
         return 130
     finally:
         conn.close()
@@ -2841,6 +2897,10 @@ def run_reindex(config: Config, out: Any = None) -> int:
                  archive_bytes / 1e6 / max(seconds, 1e-9), points / max(seconds, 1e-9)))
     out.write("fingerprint: %s\n" % fp)
     return 0
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return "%d %s" % (count, one if count == 1 else many)
 
 
 def _swap_rebuild(conn: sqlite3.Connection, cols: str, last_id: int) -> None:
@@ -2861,8 +2921,6 @@ def _swap_rebuild(conn: sqlite3.Connection, cols: str, last_id: int) -> None:
             conn.execute("DROP INDEX delivery_rebuild_%s" % name)
         for statement in index_statements():
             conn.execute(statement)
-    with contextlib.suppress(sqlite3.Error):
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def run_verify(config: Config, out: Any = None) -> int:
@@ -2884,7 +2942,10 @@ def run_verify(config: Config, out: Any = None) -> int:
     finally:
         live.close()
     orphans = len(set(archive_bodies(config.data_dir)) - {row[2] for row in journal})
+    (config.data_dir / TMP_DIR).mkdir(mode=0o700, exist_ok=True)  # absent after a restore
     scratch_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=str(config.data_dir / TMP_DIR)))
+    lock_fd = os.open(str(scratch_dir / SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # `serve` starting meanwhile leaves the folder alone
     try:
         scratch = connect(scratch_dir / DB_NAME, busy_timeout_s=config.busy_timeout_s,
                           synchronous="OFF")
@@ -2906,6 +2967,7 @@ def run_verify(config: Config, out: Any = None) -> int:
             scratch.close()
     finally:
         shutil.rmtree(str(scratch_dir), ignore_errors=True)
+        os.close(lock_fd)
     differing = sorted(k for k in live_objects.keys() | rebuilt.keys()
                        if live_objects.get(k) != rebuilt.get(k))
     out.write("live:    %d objects, fingerprint: %s\n" % (
@@ -2913,10 +2975,11 @@ def run_verify(config: Config, out: Any = None) -> int:
     out.write("rebuilt: %d objects, fingerprint: %s\n" % (
         len(rebuilt), fingerprint_rows(rebuilt.items())))
     if live_pending:
-        out.write("not compared: %d deliveries still pending\n" % len(live_pending))
+        out.write("not compared: %s still pending\n" % _plural(len(live_pending), "delivery",
+                                                               "deliveries"))
     if orphans:
-        out.write("orphans: %d archived bodies have no journal row (reindex adopts them)\n"
-                  % orphans)
+        out.write("orphans: %s without a journal row (reindex adopts them)\n"
+                  % _plural(orphans, "archived body", "archived bodies"))
     for metric, layer, hour in differing[:20]:
         out.write("differs: metric=%s layer=%s hour=%s live=%s rebuilt=%s\n" % (
             metric, layer, format_instant(hour * HOUR_US),

@@ -245,7 +245,13 @@ class ServeProcess:
         args += list(extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=env)
-        self.port = self._wait_for_port()
+        try:
+            self.port = self._wait_for_port()
+        except BaseException:  # never leave a server running behind a failed start
+            self.proc.kill()
+            self.proc.wait(30)
+            self._log.close()
+            raise
 
     def _wait_for_port(self, timeout: float = 20.0) -> int:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,1048 @@
+"""`healthlog reindex`, `verify`, `status`, `import` and the fingerprint, end to end.
+
+Stores are made the way users make them: HAE-shaped bodies (tests/hae_factory.py) posted over
+HTTP to a real Cheroot server on 127.0.0.1:0 whose live fold thread folds them into a real
+SQLite file. The commands then run as real subprocesses (``python3 healthlog.py reindex``
+…) on that data directory, beside a running server where the scenario says so; a crash is a
+real SIGKILL. Two module fixtures build the larger stores once (a realistic week of traffic,
+and a store big enough that reindex takes seconds); tests work on copies.
+
+A delivery that "became visible late" is simulated as design.md §5 describes it: it is posted
+to a paused server, moved before its successor in the journal by SQL (``received_at``), and
+only then folded by the live worker, which therefore folds it after its journal successor.
+
+Names carry the scenario IDs of openspec/specs/reindex/spec.md (REINDEX-n.m).
+"""
+
+import contextlib
+import datetime as dt
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import pty
+import random
+import re
+import select
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import hae_factory as hf
+import healthlog
+from conftest import (ROOT, TOKEN, Client, LogCapture, archive_files, assert_no_leaks, db_rows,
+                      parse_logfmt, wait_for)
+
+DAY = dt.date(2024, 3, 8)
+FAST = hf.Automation("Reindex fast", "Minutes", "Since Last Sync")
+FINGERPRINT = re.compile(r"^fingerprint: ([0-9a-f]{64})$", re.M)
+PROGRESS = re.compile(r"reindex: (\d+)/(\d+) deliveries, (\d+\.\d) MB/s, ETA (\S+)")
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the CLI.
+
+def cli_args(*args) -> list:
+    return [sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args]
+
+
+def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python3 healthlog.py ARGS`` as a subprocess; its output must not leak either."""
+    result = subprocess.run(cli_args(*args), capture_output=True, text=True, timeout=timeout)
+    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
+    return result
+
+
+def start_cli(*args) -> subprocess.Popen:
+    # SIGINT back to its default, so the child turns it into KeyboardInterrupt even when
+    # the test runner itself was started with SIGINT ignored (a background job).
+    return subprocess.Popen(cli_args(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                        signal.SIG_DFL))
+
+
+def printed_fingerprint(text: str) -> str:
+    [value] = FINGERPRINT.findall(text)
+    return value
+
+
+def one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+def run_on_terminal(*args, timeout: float = 120) -> tuple:
+    """Run the CLI with stderr on a pseudo-terminal: (returncode, stdout, terminal text)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cli_args(*args), stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                if proc.poll() is not None and not select.select([master], [], [], 0.2)[0]:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal has gone
+                break
+            if not data:
+                break
+            chunks.append(data)
+        stdout = proc.stdout.read().decode()
+        returncode = proc.wait(timeout)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    return returncode, stdout, b"".join(chunks).decode(errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a data directory.
+
+def live_fingerprint(data_dir: Path) -> str:
+    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
+    try:
+        return healthlog.fingerprint(conn)
+    finally:
+        conn.close()
+
+
+def journal(data_dir: Path) -> list:
+    """Every journal row and column but ``folded_at`` (when a fold ran, not what it found)."""
+    return [{k: v for k, v in row.items() if k != "folded_at"} for row in db_rows(data_dir)]
+
+
+def objects(data_dir: Path) -> list:
+    return db_rows(data_dir, "SELECT * FROM object ORDER BY metric, layer, hour")
+
+
+def tables(data_dir: Path) -> set:
+    return {row["name"] for row in db_rows(data_dir, "SELECT name FROM sqlite_master"
+                                                     " WHERE type = 'table'")}
+
+
+def count_pending(data_dir: Path) -> int:
+    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
+                             " WHERE parse_status = 'pending'")[0]["n"]
+
+
+def wait_folded(data_dir: Path, timeout: float = 60.0) -> None:
+    wait_for(lambda: count_pending(data_dir) == 0, timeout)
+
+
+def stored_points(data_dir: Path, metric: str) -> list:
+    """(point, delivery id) of every stored point of ``metric``, decoded independently."""
+    out = []
+    for row in db_rows(data_dir, "SELECT blob, point_deliveries FROM object WHERE metric = ?"
+                                 " ORDER BY hour", (metric,)):
+        out += zip(json.loads(gzip.decompress(row["blob"])), json.loads(row["point_deliveries"]))
+    return out
+
+
+def status_counts(data_dir: Path) -> dict:
+    counts = dict.fromkeys(healthlog.STATUSES, 0)
+    counts.update((r["parse_status"], r["n"]) for r in db_rows(
+        data_dir, "SELECT parse_status, count(*) AS n FROM delivery GROUP BY parse_status"))
+    return counts
+
+
+def body_paths(data_dir: Path) -> list:
+    return [f for f in archive_files(data_dir) if f.startswith("archive/")
+            and f.endswith(".json") and not f.endswith(".meta.json")]
+
+
+def copy_store(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "data"
+    shutil.copytree(str(source), str(target))
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# Building bodies and journals.
+
+def when(hour: int, minute: int = 0, day: dt.date = DAY) -> str:
+    """HAE's timestamp of an instant of ``day`` in UTC (``yyyy-MM-dd HH:mm:ss Z``)."""
+    return "%s %02d:%02d:00 +0000" % (day.isoformat(), hour, minute)
+
+
+def pt(at: str, **values) -> dict:
+    point = {"date": at}
+    point.update(values)
+    point["source"] = hf.CANARY_SOURCE  # a device name that must never reach a log
+    return point
+
+
+def body(*metrics: tuple, **sections) -> bytes:
+    """An HAE body with ``(name, units, points)`` metrics and other ``data`` sections."""
+    data = {"metrics": [hf.metric(name, points, units) for name, units, points in metrics]}
+    data.update(sections)
+    return hf.dumps_hae({"data": data})
+
+
+def headers(automation: hf.Automation = FAST, aggregation: bool = True) -> dict:
+    out = hf.headers_for(automation, hf.new_uuid(random.Random(automation.name)))
+    if not aggregation:
+        del out["automation-aggregation"]
+    return out
+
+
+def post(client: Client, payload: bytes, path: str = "/api/ingest", **kw) -> int:
+    status, answer = client.ingest(payload, path=path, **kw)
+    assert status == 200, answer
+    return answer["delivery_id"]
+
+
+def post_and_fold(start_service, payload: bytes, **kw) -> int:
+    """Post one delivery to a running server and let its live worker fold it."""
+    service = start_service()
+    delivery_id = post(Client(*service.address), payload, **kw)
+    wait_folded(service.config.data_dir)
+    service.stop()
+    return delivery_id
+
+
+def just_before(data_dir: Path, delivery_id: int) -> str:
+    [row] = db_rows(data_dir, "SELECT received_at FROM delivery WHERE id = ?", (delivery_id,))
+    moment = healthlog.parse_received_at(row["received_at"]) - dt.timedelta(microseconds=1)
+    return healthlog.format_received_at(moment)
+
+
+def fold_late(start_service, payload: bytes, received_at: str, **kw) -> int:
+    """A delivery that became visible late: journaled at ``received_at`` (before deliveries
+    that are already folded), then folded by the live worker after them."""
+    service = start_service(paused=True)
+    data_dir = service.config.data_dir
+    delivery_id = post(Client(*service.address), payload, **kw)
+    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
+        with conn:
+            conn.execute("UPDATE delivery SET received_at = ? WHERE id = ?",
+                         (received_at, delivery_id))
+    service.worker.gate.set()
+    wait_folded(data_dir)
+    service.stop()
+    return delivery_id
+
+
+def _week_deliveries() -> list:
+    """(path, headers, body) of realistic traffic in arrival order.
+
+    A week of the factory's phone (fast Minutes pushes that re-send their growing last
+    bucket, Today totals in Days, Previous-7-Days re-sends in Hours, aggregated sleep,
+    Default-grouped raw samples, workouts, the six record sections), a day of the heavier
+    phone, two days of a Berlin phone in 12-hour time across a DST change, and what else
+    arrives in real life: a retried push with the same bytes, a body
+    with a section this version does not know (partial), a body with no readable time
+    (failed), an automation known only by its /api/ingest/<name> path whose sparse push
+    inherits its layer, and the canary payload.
+    """
+    out = [("/api/ingest", p.headers, p.body) for p in hf.week_of_traffic(seed=7)]
+    out += [("/api/ingest", p.headers, p.body)
+            for p in hf.week_of_traffic(seed=3, start=DAY + dt.timedelta(days=14), days=1,
+                                        small=False)]
+    out += [("/api/ingest", p.headers, p.body)  # Europe's autumn DST change, 12-hour clock
+            for p in hf.week_of_traffic(seed=1, start=dt.date(2024, 10, 26), days=2,
+                                        phone=hf.Phone(hf.BERLIN, "12h"))]
+    later = DAY + dt.timedelta(days=20)
+    extras = {
+        20: [out[20]],  # HAE retried a push: the same bytes and headers again
+        40: [("/api/ingest", headers(hf.Automation("Reindex partial")),
+              body(("step_count", "count", [pt(when(9, m, later), qty=m + 1) for m in range(3)]),
+                   futureSection=[{"date": when(9, 0, later), "mood": "ok"}]))],
+        60: [("/api/ingest", headers(hf.Automation("Reindex broken")),
+              body(("step_count", "count", [{"date": "yesterday", "qty": 3}])))],
+        80: [("/api/ingest", headers(hf.Automation("Reindex canary", "Default", "Default")),
+              hf.dumps_hae(hf.canary_payload(5, later)))],
+        100: [("/api/ingest/scale", {}, body(("weight_body_mass", "kg", [
+                  pt(when(7, m, later), qty=74.0 + m / 10) for m in (1, 2, 3)]))),
+              ("/api/ingest/scale", {}, body(("weight_body_mass", "kg", [
+                  pt(when(7, 30, later + dt.timedelta(days=1)), qty=74.4)])))],
+    }
+    arrival = []
+    for index, delivery in enumerate(out):
+        arrival.append(delivery)
+        arrival += extras.get(index, [])
+    return arrival
+
+
+@contextlib.contextmanager
+def _module_service(data_dir: Path, **overrides):
+    """A real server for a module fixture, with its own log capture and leak check."""
+    capture = LogCapture()
+    handler = healthlog.setup_logging(healthlog.Config(data_dir=Path("."), log_level="DEBUG"),
+                                      stream=capture.stream)
+    values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
+                  busy_timeout_s=10.0, stop_budget_s=30.0)
+    values.update(overrides)
+    service = healthlog.Service(healthlog.Config(**values), announce=lambda token: None)
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        logging.getLogger().removeHandler(handler)
+    assert_no_leaks(capture.lines())
+
+
+@pytest.fixture(scope="module")
+def week_store(tmp_path_factory) -> Path:
+    """A data directory whose live worker folded `_week_deliveries()` (tests copy it)."""
+    data_dir = tmp_path_factory.mktemp("week") / "data"
+    export = data_dir.parent / "export.json"  # a backfill exported by hand in the app
+    export.write_bytes(hf.dumps_hae(hf.metrics_payload(
+        9, ("step_count", "heart_rate"), DAY - dt.timedelta(days=30), grouping="Hours")))
+    with _module_service(data_dir, fold_wake_s=0.2) as service:
+        client = Client(*service.address)
+        for index, (path, sent_headers, payload) in enumerate(_week_deliveries()):
+            post(client, payload, path, headers=sent_headers)
+            if index == 150:
+                imported = run_cli("import", "--data", data_dir, "--aggregation", "Hours",
+                                   "--name", "manual", export)
+                assert imported.returncode == 0, imported.stdout + imported.stderr
+        wait_folded(data_dir)
+    return data_dir
+
+
+BIG_DELIVERIES = 24
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory) -> Path:
+    """A store that takes reindex a few seconds: 24 minute-grouped bodies of 2 MB
+    (~180k points), folded live."""
+    data_dir = tmp_path_factory.mktemp("big") / "data"
+    backfill = headers(hf.Automation("Reindex backfill", "Minutes", "Default"))
+    with _module_service(data_dir) as service:
+        client = Client(*service.address)
+        for i in range(BIG_DELIVERIES):
+            post(client, hf.big_metrics_body(2 << 20, seed=i, start=DAY + dt.timedelta(days=2 * i)),
+                 headers=backfill)
+        wait_folded(data_dir, timeout=120)
+    return data_dir
+
+
+def wait_rebuilding(data_dir: Path, proc: subprocess.Popen, at_least: int = 2) -> int:
+    """Wait until a running reindex has folded ``at_least`` deliveries into its new tables."""
+
+    def folded() -> int:
+        assert proc.poll() is None, "reindex finished before it could be interrupted"
+        try:
+            return db_rows(data_dir, "SELECT count(*) AS n FROM delivery_rebuild"
+                                     " WHERE parse_status != 'pending'")[0]["n"] >= at_least
+        except sqlite3.Error:  # the table does not exist yet
+            return False
+
+    return wait_for(folded, timeout=60, interval=0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 1: reindex and serve never share a data directory.
+
+def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir):
+    service = start_service()
+    post(Client(*service.address), body(("step_count", "count", [pt(when(8), qty=5)])),
+         headers=headers())
+    wait_folded(data_dir)
+    before_journal, before_objects = journal(data_dir), objects(data_dir)
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "in use" in line and "serve" in line and str(data_dir) in line
+    assert result.stdout == ""
+    assert journal(data_dir) == before_journal and objects(data_dir) == before_objects
+    assert tables(data_dir) == {"delivery", "object"}
+
+
+def test_reindex_1_2_serve_and_import_are_refused_while_reindex_runs(big_store, tmp_path):
+    data_dir = copy_store(big_store, tmp_path)
+    export = tmp_path / "export.json"
+    export.write_bytes(body(("step_count", "count", [pt(when(8), qty=5)])))
+    reindex = start_cli("reindex", "--data", data_dir)
+    try:
+        wait_rebuilding(data_dir, reindex)
+        serve = run_cli("serve", "--data", data_dir, "--listen", "127.0.0.1:0",
+                        "--token", TOKEN, timeout=30)
+        imported = run_cli("import", "--data", data_dir, export)
+        assert reindex.poll() is None  # both answers came while reindex was running
+    finally:
+        stdout, stderr = reindex.communicate(timeout=120)
+
+    assert serve.returncode == 2 and "in use" in one_line(serve.stderr)
+    assert imported.returncode == 2 and "being reindexed" in one_line(imported.stderr)
+    assert imported.stdout == ""
+    assert reindex.returncode == 0, stderr
+    assert len(body_paths(data_dir)) == BIG_DELIVERIES  # the export was not archived
+    assert printed_fingerprint(stdout) == live_fingerprint(big_store)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 2: the rebuilt store equals the live one.
+
+def test_reindex_2_1_live_store_equals_the_rebuild_for_realistic_traffic(week_store, tmp_path,
+                                                                         start_service):
+    data_dir = copy_store(week_store, tmp_path)
+    statuses = status_counts(data_dir)
+    # the traffic exercised every outcome the worker has
+    assert statuses["parsed"] > 300 and statuses["partial"] == 1 and statuses["failed"] == 1
+    assert {r["layer"] for r in db_rows(data_dir, "SELECT DISTINCT layer FROM delivery")} >= {
+        "minutes", "hours", "days", "default", "record", None}
+    assert db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
+                             " WHERE error LIKE 'duplicate of delivery %'")[0]["n"] >= 1
+    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before = live_fingerprint(data_dir)
+
+    service = start_service()  # verify runs beside a running server
+    verified = run_cli("verify", "--data", data_dir)
+    service.stop()
+
+    assert verified.returncode == 0, verified.stdout
+    assert "verify: equal" in verified.stdout
+    assert "live:    %d objects" % len(before_objects) in verified.stdout
+    assert "rebuilt: %d objects" % len(before_objects) in verified.stdout
+    assert printed_fingerprint(verified.stdout) == before
+
+    reindexed = run_cli("reindex", "--data", data_dir)
+
+    assert reindexed.returncode == 0, reindexed.stderr
+    assert printed_fingerprint(reindexed.stdout) == before == live_fingerprint(data_dir)
+    assert journal(data_dir) == before_journal  # statuses, layers, errors, counters
+    assert objects(data_dir) == before_objects  # every column, blobs and provenance included
+    assert tables(data_dir) == {"delivery", "object"}
+
+
+def test_reindex_2_2_delivery_folded_after_its_journal_successor_ends_as_the_rebuild(
+        start_service, data_dir, logs):
+    # B is later in the journal but was folded first; A became visible late.
+    b_body = body(("step_count", "count", [pt(when(10, 0), qty=8), pt(when(10, 1), qty=3)]),
+                  ("heart_rate", "count/min", [pt(when(10, 0), Avg=70)]))
+    a_body = body(("step_count", "count", [pt(when(10, 0), qty=7)]),
+                  ("heart_rate", "count/min", [pt(when(10, 0), Min=60, Avg=70, Max=80)]),
+                  ("active_energy", "kJ", [pt(when(10, 5), qty=1.5)]))
+    b_id = post_and_fold(start_service, b_body, headers=headers())
+    a_id = fold_late(start_service, a_body, just_before(data_dir, b_id), headers=headers())
+
+    [warning] = logs.find("delivery folded after a later one", "WARN")
+    assert warning["delivery_id"] == str(a_id)
+    # Equally complete: the later one in the journal (B) keeps the coordinate although A
+    # was folded last. A dominating point (A's heart rate has more content) wins either way.
+    assert [(p["qty"], d) for p, d in stored_points(data_dir, "step_count")] == [
+        (8, b_id), (3, b_id)]
+    assert [(sorted(k for k in p if k != "source"), d)
+            for p, d in stored_points(data_dir, "heart_rate")] == [
+        (["Avg", "Max", "Min", "date"], a_id)]
+    before = live_fingerprint(data_dir)
+
+    verified = run_cli("verify", "--data", data_dir)
+    assert verified.returncode == 0 and "verify: equal" in verified.stdout, verified.stdout
+    reindexed = run_cli("reindex", "--data", data_dir)
+    assert reindexed.returncode == 0 and printed_fingerprint(reindexed.stdout) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 3: the archive alone restores the journal and the store.
+
+def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(week_store,
+                                                                            tmp_path):
+    data_dir = copy_store(week_store, tmp_path)
+    before_journal, before = journal(data_dir), live_fingerprint(data_dir)
+    # The layer of Default-grouped automations came from their automation-aggregation header.
+    defaults = {r["archive_path"]: r["layer"] for r in before_journal
+                if r["automation_aggregation"] == "Default" and r["layer"] != "record"}
+    assert defaults and set(defaults.values()) == {"default"}
+    scale = [r for r in before_journal if r["path_name"] == "scale"]
+    assert [r["layer"] for r in scale] == ["minutes", "minutes"]  # the second one inherited
+    [manual] = [r for r in before_journal if r["path_name"] == "manual"]  # `import`ed
+    assert (manual["automation_aggregation"], manual["layer"]) == ("Hours", "hours")
+    assert not (data_dir / (healthlog.DB_NAME + "-wal")).exists()  # serve stopped cleanly
+    (data_dir / healthlog.DB_NAME).unlink()
+    for leftover in data_dir.glob(healthlog.DB_NAME + "-*"):
+        leftover.unlink()
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 0, result.stderr
+    assert "orphans adopted: %d\n" % len(before_journal) in result.stdout
+    assert printed_fingerprint(result.stdout) == before == live_fingerprint(data_dir)
+    # ids, receive times, paths, sizes, hashes, HAE headers, path names, statuses, layers,
+    # uncovered keys, errors and counters: all of it comes back
+    assert journal(data_dir) == before_journal
+
+
+def test_reindex_3_2_orphan_bodies_are_adopted_and_folded(start_service, data_dir):
+    service = start_service()
+    client = Client(*service.address)
+    post(client, body(("step_count", "count", [pt(when(8, m), qty=m + 1) for m in range(3)])),
+         headers=headers())
+    wait_folded(data_dir)
+    # The delivery rows cannot be written (another writer holds the database): the bodies
+    # are archived with their .meta.json, answered 500, and become orphans (ING-9).
+    raw = hf.Automation("Reindex raw", "Default", "Default")
+    blocker = sqlite3.connect(str(data_dir / healthlog.DB_NAME), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        orphan_bodies = [
+            body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m) for m in range(3)])),
+            body(("active_energy", "kJ", [pt(when(11, m), qty=m + 0.5) for m in range(3)])),
+        ]
+        answers = [client.ingest(orphan_bodies[0], headers=headers(raw))[0],
+                   client.ingest(orphan_bodies[1], path="/api/ingest/lost")[0]]
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    service.stop()
+    assert answers == [500, 500]
+    orphans = [p for p in body_paths(data_dir)
+               if p not in {r["archive_path"] for r in db_rows(data_dir)}]
+    assert len(orphans) == 2
+    metas = [json.loads((data_dir / p.replace(".json", ".meta.json")).read_text())
+             for p in orphans]
+    (data_dir / orphans[1].replace(".json", ".meta.json")).unlink()  # the second lost its meta
+
+    checked = run_cli("verify", "--data", data_dir)
+    assert checked.returncode == 0
+    assert "orphans: 2 archived bodies without a journal row" in checked.stdout
+    assert len(db_rows(data_dir)) == 1  # verify adopted nothing
+
+    # a file dropped into the archive by hand: no .meta.json and no receive time in its name
+    stray = data_dir / "archive" / "2024" / "03" / "08" / "export.json"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(orphan_bodies[1])
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 0, result.stderr
+    assert "orphans adopted: 2\n" in result.stdout
+    [warning] = [r for r in map(parse_logfmt, result.stderr.splitlines())
+                 if r.get("msg") == "archived file without a receive time was not adopted"]
+    assert (warning["level"], warning["archive_path"]) == ("WARN", "archive/2024/03/08/export.json")
+    assert "archive/2024/03/08/export.json" not in {r["archive_path"] for r in db_rows(data_dir)}
+    rows = {r["archive_path"]: r for r in db_rows(data_dir)}
+    with_meta, without_meta = rows[orphans[0]], rows[orphans[1]]
+    # received_at and HAE's headers from .meta.json: the Default header decided the layer
+    assert with_meta["received_at"] == metas[0]["received_at"]
+    assert (with_meta["automation_name"], with_meta["automation_aggregation"]) == (
+        "Reindex raw", "Default")
+    assert (with_meta["parse_status"], with_meta["layer"]) == ("parsed", "default")
+    # without one, received_at comes from the file name; the layer is inferred
+    assert without_meta["received_at"] == metas[1]["received_at"] == \
+        healthlog.received_at_from_name(Path(orphans[1]).name)
+    assert without_meta["path_name"] is None and without_meta["automation_id"] is None
+    assert (without_meta["parse_status"], without_meta["layer"]) == ("parsed", "minutes")
+    assert [p["Avg"] for p, _ in stored_points(data_dir, "heart_rate")] == [60, 61, 62]
+    assert [p["qty"] for p, _ in stored_points(data_dir, "active_energy")] == [0.5, 1.5, 2.5]
+    assert run_cli("verify", "--data", data_dir).returncode == 0
+
+
+def test_reindex_3_3_missing_body_is_reported_and_the_rest_proceeds(start_service, data_dir):
+    service = start_service()
+    client = Client(*service.address)
+    lost = post(client, body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+                                                       for m in range(3)])), headers=headers())
+    kept = post(client, body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m)
+                                                           for m in range(3)])), headers=headers())
+    wait_folded(data_dir)
+    service.stop()
+    [row] = db_rows(data_dir, "SELECT archive_path FROM delivery WHERE id = ?", (lost,))
+    (data_dir / row["archive_path"]).unlink()
+
+    checked = run_cli("verify", "--data", data_dir)
+    assert checked.returncode == 1
+    assert ("differs: metric=step_count layer=minutes hour=2024-03-08T08:00:00Z live=%s"
+            " rebuilt=absent" % db_rows(data_dir, "SELECT hash FROM object WHERE metric ="
+                                                  " 'step_count'")[0]["hash"][:12]
+            in checked.stdout)
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 0, result.stderr
+    assert "bodies missing: 1\n" in result.stdout
+    assert "deliveries: 2 (pending 0, parsed 1, partial 0, failed 1)" in result.stdout
+    rows = {r["id"]: r for r in db_rows(data_dir)}
+    assert (rows[lost]["parse_status"], rows[lost]["error"], rows[lost]["layer"],
+            rows[lost]["points"]) == ("failed", "body_missing", None, None)
+    assert (rows[kept]["parse_status"], rows[kept]["error"]) == ("parsed", None)
+    assert stored_points(data_dir, "step_count") == []
+    assert [p["Avg"] for p, _ in stored_points(data_dir, "heart_rate")] == [60, 61, 62]
+    assert run_cli("verify", "--data", data_dir).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 4: every delivery, failed ones included, is folded again in journal order.
+
+def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(start_service,
+                                                                            data_dir, logs):
+    # An automation known by its path only. Its sparse push (one point) inherits the layer of
+    # the dense push before it in the journal, but that one became visible late: the live
+    # worker folded the sparse push first, could not place it, and marked it failed.
+    dense = body(("weight_body_mass", "kg", [pt(when(10, m), qty=74 + m / 10) for m in (1, 2, 3)]))
+    sparse = body(("weight_body_mass", "kg", [pt(when(11, 5), qty=74.5)]))
+    sparse_id = post_and_fold(start_service, sparse, path="/api/ingest/scale")
+    dense_id = fold_late(start_service, dense, just_before(data_dir, sparse_id),
+                         path="/api/ingest/scale")
+    rows = {r["id"]: r for r in db_rows(data_dir)}
+    assert (rows[sparse_id]["parse_status"], rows[sparse_id]["error"]) == (
+        "failed", "layer_not_inferable")
+    assert rows[dense_id]["parse_status"] == "parsed"
+    service = start_service(fold_wake_s=0.05)  # the worker never picks a failed one up again
+    time.sleep(0.3)
+    service.stop()
+    assert db_rows(data_dir, "SELECT parse_status FROM delivery WHERE id = ?",
+                   (sparse_id,))[0]["parse_status"] == "failed"
+    checked = run_cli("verify", "--data", data_dir)
+    assert checked.returncode == 1
+    assert "differs: metric=weight_body_mass layer=minutes hour=2024-03-08T11:00:00Z" \
+        " live=absent" in checked.stdout
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 0, result.stderr
+    row = db_rows(data_dir, "SELECT * FROM delivery WHERE id = ?", (sparse_id,))[0]
+    assert (row["parse_status"], row["layer"], row["error"]) == ("parsed", "minutes", None)
+    assert [p["qty"] for p, _ in stored_points(data_dir, "weight_body_mass")] == [
+        74.1, 74.2, 74.3, 74.5]
+    # the rebuild folds in journal order by construction: no out-of-order or lag WARN
+    assert "after a later one" not in result.stderr and "waited longer" not in result.stderr
+    assert "level=WARN" not in result.stderr
+    assert run_cli("verify", "--data", data_dir).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 5: a crash or Ctrl-C leaves the previous store intact.
+
+def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_completes(
+        big_store, tmp_path):
+    data_dir = copy_store(big_store, tmp_path)
+    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before = live_fingerprint(data_dir)
+    proc = start_cli("reindex", "--data", data_dir)
+    try:
+        wait_rebuilding(data_dir, proc)
+        proc.kill()
+    finally:
+        proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    assert "delivery_rebuild" in tables(data_dir)  # it really died mid-way
+    assert live_fingerprint(data_dir) == before
+    assert objects(data_dir) == before_objects and journal(data_dir) == before_journal
+    status = run_cli("status", "--data", data_dir, "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["fingerprint"] == before
+    verified = run_cli("verify", "--data", data_dir)
+    assert verified.returncode == 0 and "verify: equal" in verified.stdout, verified.stdout
+
+    rerun = run_cli("reindex", "--data", data_dir)
+
+    assert rerun.returncode == 0, rerun.stderr
+    assert printed_fingerprint(rerun.stdout) == before == live_fingerprint(data_dir)
+    assert journal(data_dir) == before_journal
+    assert tables(data_dir) == {"delivery", "object"}
+
+
+def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_path):
+    data_dir = copy_store(big_store, tmp_path)
+    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    proc = start_cli("reindex", "--data", data_dir)
+    try:
+        wait_rebuilding(data_dir, proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        stdout, stderr = proc.communicate(timeout=60)
+
+    assert proc.returncode == 130
+    assert "reindex interrupted; the previous store is unchanged" in one_line(stderr.strip())
+    assert "fingerprint" not in stdout
+    assert objects(data_dir) == before_objects and journal(data_dir) == before_journal
+    assert tables(data_dir) == {"delivery", "object"}
+
+
+def test_reindex_5_3_delivery_journaled_while_reindex_runs_is_kept_pending(big_store, tmp_path,
+                                                                           start_service):
+    data_dir = copy_store(big_store, tmp_path)
+    payload = body(("step_count", "count", [pt(when(8, m, DAY - dt.timedelta(days=3)), qty=m + 1)
+                                            for m in range(3)]))
+    hae_headers = {k: v for k, v in headers().items() if k in healthlog.AUTOMATION_HEADERS}
+    proc = start_cli("reindex", "--data", data_dir)
+    try:
+        wait_rebuilding(data_dir, proc)
+        # An `import` that looked at the lock just before reindex took it: the same
+        # acceptance path, journaling a delivery while the rebuild runs.
+        archive = healthlog.Archive(data_dir)
+        conn = healthlog.open_database(healthlog.Config(data_dir=data_dir))
+        try:
+            upload = archive.receive(io.BytesIO(payload).read, len(payload), 1 << 20,
+                                     lambda: None)
+            late = healthlog.accept_delivery(archive, conn, upload, healthlog.utc_now(),
+                                             hae_headers, None)
+        finally:
+            conn.close()
+        assert proc.poll() is None
+    finally:
+        stdout, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == 0, stderr
+    assert "deliveries: %d (pending 1, parsed %d," % (BIG_DELIVERIES + 1, BIG_DELIVERIES) \
+        in stdout
+    assert db_rows(data_dir, "SELECT parse_status FROM delivery WHERE id = ?",
+                   (late,))[0]["parse_status"] == "pending"
+    assert printed_fingerprint(stdout) == live_fingerprint(big_store)
+    start_service()  # the next start folds it
+    wait_folded(data_dir)
+    assert [p["qty"] for p, d in stored_points(data_dir, "step_count") if d == late] == [1, 2, 3]
+    assert run_cli("verify", "--data", data_dir).returncode == 0
+
+
+def test_reindex_5_4_ctrl_c_after_the_swap_does_not_claim_the_old_store_was_kept(big_store,
+                                                                                 tmp_path):
+    data_dir = copy_store(big_store, tmp_path)
+    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
+        with conn:  # one damaged object: the rebuild differs from the old store
+            conn.execute("UPDATE object SET hash = ? WHERE (metric, layer, hour) IN"
+                         " (SELECT metric, layer, hour FROM object LIMIT 1)", ("0" * 64,))
+    damaged = live_fingerprint(data_dir)
+    # A reader (a `status` or `verify` beside it) holds a snapshot, so the checkpoint after the
+    # swap waits for it: that is the moment Ctrl-C arrives.
+    reader = sqlite3.connect(str(data_dir / healthlog.DB_NAME), isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM object").fetchone()
+    proc = start_cli("reindex", "--data", data_dir)
+    try:
+        wait_rebuilding(data_dir, proc)
+        wait_for(lambda: proc.poll() is None and "delivery_rebuild" not in tables(data_dir),
+                 timeout=60, interval=0.01)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+        stdout, stderr = proc.communicate(timeout=60)
+
+    assert live_fingerprint(data_dir) == live_fingerprint(big_store) != damaged  # swapped in
+    assert "the previous store is unchanged" not in stderr, (proc.returncode, stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 6: progress on a terminal, a summary at the end.
+
+def test_reindex_6_1_progress_on_a_terminal_and_a_summary(week_store, tmp_path):
+    data_dir = copy_store(week_store, tmp_path)
+    counts = status_counts(data_dir)
+    total = sum(counts.values())
+    [sums] = db_rows(data_dir, "SELECT count(*) AS objects, sum(points) AS points FROM object")
+
+    returncode, stdout, terminal = run_on_terminal("reindex", "--data", data_dir)
+
+    assert returncode == 0, terminal
+    progress = PROGRESS.findall(terminal)
+    assert progress, terminal
+    assert progress[-1][:2] == (str(total), str(total)) and progress[-1][3] == "0s"
+    assert all(int(done) <= total for done, *_ in progress)
+    assert stdout.splitlines()[:5] == [
+        "deliveries: %d (%s)" % (total, ", ".join("%s %d" % kv for kv in counts.items())),
+        "orphans adopted: 0",
+        "bodies missing: 0",
+        "objects: %d" % sums["objects"],
+        "points: %d" % sums["points"],
+    ]
+    assert re.search(r"^folded: %d deliveries in [\d.]+ s \(\d+ deliveries/s, [\d.]+ MB/s,"
+                     r" \d+ points/s\)$" % total, stdout, re.M)
+    assert printed_fingerprint(stdout) == live_fingerprint(data_dir)
+    assert_no_leaks(terminal.splitlines())
+
+
+def test_reindex_6_2_no_progress_when_stderr_is_not_a_terminal(week_store, tmp_path):
+    data_dir = copy_store(week_store, tmp_path)
+
+    result = run_cli("reindex", "--data", data_dir)
+
+    assert result.returncode == 0
+    assert not PROGRESS.search(result.stderr) and "\r" not in result.stderr
+    assert result.stderr == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 7: verify compares without changing anything.
+
+def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(week_store, tmp_path,
+                                                                           start_service):
+    data_dir = copy_store(week_store, tmp_path)
+    service = start_service(data_dir=data_dir, paused=True)
+    post(Client(*service.address), body(("step_count", "count", [pt(when(6), qty=1)])),
+         headers=headers())
+    before_journal, before_objects = journal(data_dir), objects(data_dir)
+
+    result = run_cli("verify", "--data", data_dir)
+
+    assert result.returncode == 0, result.stdout
+    assert "verify: equal" in result.stdout
+    assert "not compared: 1 delivery still pending" in result.stdout
+    assert printed_fingerprint(result.stdout) == live_fingerprint(data_dir)
+    assert journal(data_dir) == before_journal and objects(data_dir) == before_objects
+    assert tables(data_dir) == {"delivery", "object"}
+    assert list((data_dir / "tmp").iterdir()) == []  # its scratch database is gone
+    service.worker.gate.set()  # and the server goes on folding
+    wait_folded(data_dir)
+
+
+def test_reindex_7_2_verify_names_up_to_20_differing_objects_and_reindex_heals(start_service,
+                                                                               data_dir):
+    # design.md §5's residual: A {qty:10, Min:5} (1), C {qty:11} (2), B {qty:10} (3) ends as B
+    # in journal order but as C when B is folded before C. 25 hours, one point each.
+    hours = range(25)
+
+    def hourly(**values) -> bytes:
+        return body(("step_count", "count", [pt(when(h % 24, 0, DAY + dt.timedelta(h // 24)),
+                                                 **values) for h in hours]))
+
+    service = start_service()
+    client = Client(*service.address)
+    post(client, hourly(qty=10, Min=5), headers=headers())
+    wait_folded(data_dir)
+    b_id = post(client, hourly(qty=10), headers=headers())
+    wait_folded(data_dir)
+    service.stop()
+    c_id = fold_late(start_service, hourly(qty=11), just_before(data_dir, b_id),
+                     headers=headers())
+    assert {d for _, d in stored_points(data_dir, "step_count")} == {c_id}
+
+    result = run_cli("verify", "--data", data_dir)
+
+    assert result.returncode == 1
+    differs = [l for l in result.stdout.splitlines() if l.startswith("differs: ")]
+    assert len(differs) == 21 and differs[-1] == "differs: … and 5 more"
+    midnight = dt.datetime.combine(DAY, dt.time(), dt.timezone.utc)
+    for hour, line in zip(hours, differs[:20]):
+        assert line.startswith("differs: metric=step_count layer=minutes hour=%s live=" % (
+            midnight + dt.timedelta(hours=hour)).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert "verify: 25 objects differ" in result.stdout
+    assert printed_fingerprint(result.stdout) == live_fingerprint(data_dir)
+
+    healed = run_cli("reindex", "--data", data_dir)
+    assert healed.returncode == 0
+    assert {(p["qty"], "Min" in p, d) for p, d in stored_points(data_dir, "step_count")} == {
+        (10, False, b_id)}
+    assert run_cli("verify", "--data", data_dir).returncode == 0
+
+
+def test_reindex_7_3_verify_works_in_a_directory_restored_from_the_archive_alone(week_store,
+                                                                                tmp_path):
+    data_dir = tmp_path / "restored"
+    data_dir.mkdir(mode=0o700)
+    shutil.copytree(str(week_store / "archive"), str(data_dir / "archive"))
+    reindexed = run_cli("reindex", "--data", data_dir)
+    assert reindexed.returncode == 0, reindexed.stderr
+    assert printed_fingerprint(reindexed.stdout) == live_fingerprint(week_store)
+
+    result = run_cli("verify", "--data", data_dir)
+
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0 and "verify: equal" in result.stdout
+
+
+def test_reindex_7_4_a_killed_verify_leaves_nothing_after_the_next_start(big_store, tmp_path,
+                                                                        start_service):
+    data_dir = copy_store(big_store, tmp_path)
+    proc = start_cli("verify", "--data", data_dir)
+    try:
+        wait_for(lambda: list((data_dir / "tmp").glob("verify-*/" + healthlog.DB_NAME)))
+        time.sleep(0.3)
+        assert proc.poll() is None, "verify finished before it could be killed"
+        proc.kill()
+    finally:
+        proc.communicate(timeout=30)
+    assert live_fingerprint(data_dir) == live_fingerprint(big_store)
+
+    start_service().stop()
+
+    assert list((data_dir / "tmp").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 8: status.
+
+def test_reindex_8_1_status_reports_journal_store_and_sizes_beside_serve(week_store, tmp_path,
+                                                                         start_service):
+    data_dir = copy_store(week_store, tmp_path)
+    service = start_service(data_dir=data_dir, paused=True)
+    waiting = post(Client(*service.address), body(("step_count", "count", [pt(when(6), qty=1)])),
+                   headers=headers())
+    [row] = db_rows(data_dir, "SELECT received_at FROM delivery WHERE id = ?", (waiting,))
+    [sums] = db_rows(data_dir, "SELECT count(*) AS objects, sum(points) AS points FROM object")
+    bodies = body_paths(data_dir)
+
+    as_json = run_cli("status", "--data", data_dir, "--json")
+    as_text = run_cli("status", "--data", data_dir)
+
+    assert as_json.returncode == 0 and as_text.returncode == 0
+    status = json.loads(as_json.stdout)
+    counts = status_counts(data_dir)
+    assert status["deliveries"] == counts and counts["pending"] == 1
+    assert status["backlog"] == 1 and status["oldest_pending"] == row["received_at"]
+    assert 0 <= status["oldest_pending_age_s"] < 60
+    assert status["last_delivery"] == row["received_at"]
+    assert (status["objects"], status["points"]) == (sums["objects"], sums["points"])
+    assert status["archive_files"] == len(bodies)
+    assert status["archive_bytes"] == sum((data_dir / p).stat().st_size for p in bodies)
+    assert status["database_bytes"] >= (data_dir / healthlog.DB_NAME).stat().st_size > 0
+    assert status["fingerprint"] == live_fingerprint(data_dir)
+    text = as_text.stdout
+    assert "deliveries: %d (%s)" % (sum(counts.values()), ", ".join(
+        "%s %d" % kv for kv in counts.items())) in text
+    assert re.search(r"^backlog: 1 \(oldest pending \d+s ago\)$", text, re.M)
+    assert "last delivery: %s" % row["received_at"] in text
+    assert "objects: %d\npoints: %d\n" % (sums["objects"], sums["points"]) in text
+    assert re.search(r"^archive: %d bodies, [\d.]+ MiB$" % len(bodies), text, re.M)
+    assert re.search(r"^database: [\d.]+ (KiB|MiB)$", text, re.M)
+    assert printed_fingerprint(text) == status["fingerprint"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 9: import goes through the ingest path.
+
+def test_reindex_9_1_import_beside_serve_is_folded_by_the_running_worker(start_service,
+                                                                         data_dir, tmp_path,
+                                                                         logs):
+    service = start_service(fold_wake_s=0.2)
+    exports = []
+    for day in range(2):
+        export = tmp_path / ("export-%d.json" % day)
+        export.write_bytes(hf.dumps_hae(hf.metrics_payload(
+            day, ("step_count", "heart_rate"), DAY + dt.timedelta(days=day), grouping="Hours")))
+        exports.append(export)
+
+    result = run_cli("import", "--data", data_dir, "--aggregation", "Hours", "--name", "manual",
+                     *exports)
+
+    assert result.returncode == 0, result.stderr
+    ids = [int(m) for m in re.findall(r"^accepted .+: delivery (\d+)$", result.stdout, re.M)]
+    assert result.stdout.splitlines() == ["accepted %s: delivery %d" % (e, i)
+                                          for e, i in zip(exports, ids)]
+    wait_folded(data_dir)  # nobody woke the worker: its periodic wake-up found them
+    rows = {r["id"]: r for r in db_rows(data_dir)}
+    for delivery_id, export in zip(ids, exports):
+        row = rows[delivery_id]
+        assert (row["parse_status"], row["layer"], row["automation_aggregation"],
+                row["path_name"]) == ("parsed", "hours", "Hours", "manual")
+        assert (data_dir / row["archive_path"]).read_bytes() == export.read_bytes()
+        meta = json.loads((data_dir / row["archive_path"].replace(".json", ".meta.json"))
+                          .read_text())
+        assert meta["imported_from"] == export.name and meta["path_name"] == "manual"
+        assert meta["headers"] == {"automation-aggregation": "Hours"}
+        assert meta["received_at"] == row["received_at"]
+    folded = {r["delivery_id"] for r in logs.find("delivery folded", "INFO")}
+    assert folded == {str(i) for i in ids}  # the server's worker folded them
+    assert service.worker.state in ("idle", "folding")
+
+
+def test_reindex_9_2_import_validates_like_http_ingest(start_service, data_dir, tmp_path):
+    bad = {
+        "text.json": b"hello",
+        "trailing.json": b'{"data": {"metrics": []}} and more',
+        "array.json": b"[1, 2]",
+        "no-data.json": b'{"metrics": []}',
+        "data-array.json": b'{"data": []}',
+        "nan.json": b'{"data": {"metrics": [{"name": "x", "data": [{"qty": NaN}]}]}}',
+        "latin1.json": '{"data": {"note": "café"}}'.encode("latin-1"),
+    }
+    service = start_service(paused=True)
+    client = Client(*service.address)
+    expected = {}
+    for name, payload in bad.items():
+        (tmp_path / name).write_bytes(payload)
+        status, answer = client.ingest(payload)
+        assert status == 400
+        expected[str(tmp_path / name)] = answer["error"]["message"]
+    too_big = tmp_path / "year.json"
+    with open(str(too_big), "wb") as handle:
+        handle.truncate((512 << 20) + 1)  # sparse: nothing is read before the size check
+    expected[str(too_big)] = "larger than 512 MiB, too big to fold; export shorter date ranges"
+    missing = tmp_path / "missing.json"
+    expected[str(missing)] = "cannot read the file (No such file or directory)"
+    good = tmp_path / "good.json"
+    good.write_bytes(body(("step_count", "count", [pt(when(8, m), qty=m + 1) for m in range(3)])))
+
+    result = run_cli("import", "--data", data_dir, *(list(expected) + [good]))
+
+    assert result.returncode == 2
+    reasons = dict(re.findall(r"^rejected (.+?): (.+)$", result.stdout, re.M))
+    assert reasons == expected
+    [accepted] = re.findall(r"^accepted %s: delivery (\d+)$" % re.escape(str(good)),
+                            result.stdout, re.M)
+    assert [r["id"] for r in db_rows(data_dir)] == [int(accepted)]
+    assert len(body_paths(data_dir)) == 1
+    assert list((data_dir / "tmp").iterdir()) == []
+
+
+def test_reindex_9_3_import_without_serve_is_folded_at_the_next_start(start_service, data_dir,
+                                                                       tmp_path):
+    export = tmp_path / "export.json"
+    export.write_bytes(body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+                                                      for m in range(3)])))
+
+    result = run_cli("import", "--data", data_dir, export)
+
+    assert result.returncode == 0
+    [delivery_id] = [int(i) for i in re.findall(r"delivery (\d+)$", result.stdout, re.M)]
+    assert db_rows(data_dir, "SELECT parse_status FROM delivery")[0]["parse_status"] == "pending"
+    start_service()
+    wait_folded(data_dir)
+    [row] = db_rows(data_dir)
+    assert (row["id"], row["parse_status"], row["layer"]) == (delivery_id, "parsed", "minutes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 10: one fingerprint everywhere.
+
+def test_reindex_10_1_fingerprint_is_sha256_of_sorted_object_keys_and_hashes(week_store,
+                                                                            tmp_path):
+    data_dir = copy_store(week_store, tmp_path)
+    rows = db_rows(data_dir, "SELECT metric, layer, hour, hash FROM object")
+    expected = hashlib.sha256("".join(
+        "%s\x1f%s\x1f%d\x1f%s\n" % (r["metric"], r["layer"], r["hour"], r["hash"])
+        for r in sorted(rows, key=lambda r: (r["metric"], r["layer"], r["hour"]))
+    ).encode()).hexdigest()
+
+    status = run_cli("status", "--data", data_dir)
+    verified = run_cli("verify", "--data", data_dir)
+    reindexed = run_cli("reindex", "--data", data_dir)
+
+    assert [printed_fingerprint(r.stdout) for r in (status, verified, reindexed)] == [
+        expected] * 3
+    assert json.loads(run_cli("status", "--data", data_dir, "--json").stdout)[
+        "fingerprint"] == expected
+
+
+def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(start_service,
+                                                                             data_dir):
+    start_service().stop()
+    status = run_cli("status", "--data", data_dir)
+    assert printed_fingerprint(status.stdout) == EMPTY_SHA256
+
+    post_and_fold(start_service, body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+                                                               for m in range(3)])),
+                  headers=headers())
+    before = printed_fingerprint(run_cli("status", "--data", data_dir).stdout)
+    assert before != EMPTY_SHA256
+    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
+        with conn:
+            conn.execute("UPDATE object SET hash = ? WHERE metric = 'step_count'", ("0" * 64,))
+    after = printed_fingerprint(run_cli("status", "--data", data_dir).stdout)
+    assert after not in (before, EMPTY_SHA256)
+    checked = run_cli("verify", "--data", data_dir)
+    assert checked.returncode == 1 and "live=000000000000" in checked.stdout
