@@ -318,19 +318,14 @@ def parent_dirs(names: Iterable[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Archive: reproducible zip behind a shebang, written atomically.
 
-def dir_info(name: str) -> zipfile.ZipInfo:
+def entry_info(name: str) -> zipfile.ZipInfo:
+    """A zip entry with fixed time, Unix permissions and compression: a directory entry
+    (stored) when the name ends with '/', a file (deflated) otherwise."""
+    is_dir = name.endswith("/")
     info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
     info.create_system = CREATE_SYSTEM_UNIX
-    info.external_attr = DIR_ATTR
-    info.compress_type = zipfile.ZIP_STORED
-    return info
-
-
-def file_info(name: str) -> zipfile.ZipInfo:
-    info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
-    info.create_system = CREATE_SYSTEM_UNIX
-    info.external_attr = FILE_ATTR
-    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = DIR_ATTR if is_dir else FILE_ATTR
+    info.compress_type = zipfile.ZIP_STORED if is_dir else zipfile.ZIP_DEFLATED
     return info
 
 
@@ -340,9 +335,9 @@ def write_zip(f, entries: dict[str, bytes]) -> None:
     with zipfile.ZipFile(f, "w") as archive:
         for name in sorted(list(entries) + dirs):
             if name.endswith("/"):
-                archive.writestr(dir_info(name), b"")
+                archive.writestr(entry_info(name), b"")
             else:
-                archive.writestr(file_info(name), entries[name], compresslevel=COMPRESS_LEVEL)
+                archive.writestr(entry_info(name), entries[name], compresslevel=COMPRESS_LEVEL)
 
 
 def write_pyz(output: Path, entries: dict[str, bytes]) -> None:

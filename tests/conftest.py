@@ -50,6 +50,16 @@ LEAK_CANARIES = [TOKEN, "Zebulon", "72.123456789", "CANARY-BODY-TEXT", "Anton",
 _LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
 
 
+def without_source(value):
+    """The value without any ``source`` key at any level: an oracle written apart from
+    healthlog.strip_source, for tests that check healthlog against design §5."""
+    if isinstance(value, dict):
+        return {k: without_source(v) for k, v in value.items() if k != "source"}
+    if isinstance(value, list):
+        return [without_source(v) for v in value]
+    return value
+
+
 def parse_logfmt(line: str) -> dict:
     """One logfmt line as a dict of unescaped strings."""
     out = {}

@@ -37,7 +37,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for
+from conftest import Client, db_rows, wait_for, without_source
 
 AUTOMATION = {
     "automation-name": "Fold test",
@@ -849,14 +849,6 @@ def coordinate_span(point: dict) -> tuple:
     end = point.get("end", point.get("endDate"))
     start = healthlog.parse_time(start)
     return start, start if end is None else healthlog.parse_time(end)
-
-
-def without_source(value):
-    if isinstance(value, dict):
-        return {k: without_source(v) for k, v in value.items() if k != "source"}
-    if isinstance(value, list):
-        return [without_source(v) for v in value]
-    return value
 
 
 def post_week(journal: Journal) -> dict:

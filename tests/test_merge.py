@@ -19,6 +19,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import hae_factory as hf
+from conftest import without_source
 from healthlog import (all_keys, canonical, content_keys, decide, dominates, incomparable,
                        is_empty, reduce_candidates, same_value)
 
@@ -132,15 +133,6 @@ json_values = st.recursive(
         st.dictionaries(st.sampled_from(["a", "b", "qty", "source", "date"]), inner,
                         max_size=4)),
     max_leaves=12)
-
-
-def without_source(value):
-    """Independent of healthlog.strip_source."""
-    if isinstance(value, dict):
-        return {k: without_source(v) for k, v in value.items() if k != "source"}
-    if isinstance(value, list):
-        return [without_source(v) for v in value]
-    return value
 
 
 @given(json_values, json_values)

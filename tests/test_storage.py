@@ -23,7 +23,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for
+from conftest import Client, db_rows, wait_for, without_source
 
 SOURCE = hf.CANARY_SOURCE  # "Zebulon’s Apple Watch": must never reach a log record
 OTHER_SOURCE = hf.PIPED_SOURCE
@@ -171,13 +171,7 @@ def only_point(row: dict) -> dict:
 
 def canonical_hash(points: list) -> str:
     """SHA-256 of design §5's canonical form, computed independently of healthlog."""
-    def strip(value):
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "source"}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-    text = json.dumps(strip(points), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(without_source(points), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
