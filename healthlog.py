@@ -97,6 +97,9 @@ FOLD_WAKE_S = 60.0
 when the phone is silent for hours (ING-4.5)."""
 
 FOLD_DEADLINE_S = 300.0
+"""A fold that takes longer is ``failed`` and frees the queue (ING-3): the largest
+body folds in seconds here, so five minutes only catches a pathological one."""
+
 STOP_BUDGET_S = 10.0
 """How long shutdown waits for the fold thread; a longer fold stays pending (ING-6)."""
 
@@ -735,9 +738,8 @@ def reduce_candidates(points: list) -> tuple:
     Drops every candidate dominated by another, then takes the greatest by
     :func:`_verbatim_order`; the result never depends on the JSON array order.
     """
+    # Dominance is a strict partial order, so some candidate always survives.
     survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
-    if not survivors:  # only identical twins dominate nothing; keep them all
-        survivors = points
     clash = any(incomparable(p, q) for i, p in enumerate(survivors) for q in survivors[i + 1:])
     return max(survivors, key=_verbatim_order), clash
 
@@ -807,15 +809,16 @@ _NAMED_BY_CONTENT = ("symptoms/", "cycle_tracking/", "medications/")
 
 
 def loggable_metric(name: str) -> str:
-    """A metric name fit for a log record above DEBUG.
+    """A metric name fit for a log record above DEBUG or a report.
 
     Symptom, cycle-tracking and medication metrics are named after values the user
-    entered (a medication's name is health data); logs show their section and a short
-    hash instead, which ``healthlog`` can match against the store, never the name.
+    entered (a medication's name is health data, and a hash of a word from a short
+    list is no protection): logs show only their section, ``medications/…``; the
+    layer and hour next to it find the object.
     """
     for prefix in _NAMED_BY_CONTENT:
         if name.startswith(prefix):
-            return prefix + "#" + hashlib.sha256(name.encode()).hexdigest()[:10]
+            return prefix + "…"
     return name
 
 
@@ -1050,6 +1053,7 @@ _SCHEMA = """
 CREATE TABLE {delivery} (
     id                     INTEGER PRIMARY KEY,
     received_at            TEXT NOT NULL,
+    journaled_at           TEXT,
     archive_path           TEXT NOT NULL UNIQUE,
     body_bytes             INTEGER NOT NULL,
     body_sha256            TEXT NOT NULL,
@@ -1151,11 +1155,14 @@ def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+        # Also after a failed COMMIT: a connection left inside a transaction would keep
+        # the write lock and make every later writer busy.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
@@ -1273,9 +1280,8 @@ class DataDirLock:
 def ensure_data_dir(path: Path) -> None:
     """Create the data directory (mode 0700: it holds health data) and its folders."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (path / ARCHIVE_DIR).mkdir(mode=0o700, exist_ok=True)
-        (path / TMP_DIR).mkdir(mode=0o700, exist_ok=True)
+        makedirs_durable(path / ARCHIVE_DIR)
+        makedirs_durable(path / TMP_DIR)
     except OSError as exc:
         raise ConfigError("cannot create data directory %s: %s" % (path, exc.strerror)) from None
     if not os.access(str(path), os.W_OK):
@@ -1340,17 +1346,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_MKDIR_LOCK = threading.Lock()
+
+
 def makedirs_durable(path: Path) -> None:
-    """``mkdir -p`` that fsyncs each parent whose entries it changed."""
-    missing = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)
-        fsync_dir(directory.parent)
+    """``mkdir -p`` that fsyncs each parent whose entries it changed.
+
+    Under a lock, so a thread that finds the folder existing knows the fsync that made
+    its entry durable has already happened (another thread may have just created it).
+    """
+    with _MKDIR_LOCK:
+        missing = []
+        probe = path
+        while not probe.exists():
+            missing.append(probe)
+            probe = probe.parent
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+            fsync_dir(directory.parent)
 
 
 def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -1386,10 +1400,10 @@ class Upload:
 class Archive:
     """The raw archive under ``DATA/archive``, and the upload area ``DATA/tmp``."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, tmp: Optional[Path] = None):
         self.data_dir = data_dir
         self.root = data_dir / ARCHIVE_DIR
-        self.tmp = data_dir / TMP_DIR
+        self.tmp = tmp or data_dir / TMP_DIR
 
     def clear_tmp(self) -> int:
         """Remove what dead processes left in ``DATA/tmp``: half uploads (none was
@@ -1472,12 +1486,33 @@ class Archive:
 SCRATCH_LOCK = "in-use.lock"
 
 
+SCRATCH_GRACE_S = 600.0
+"""A scratch folder without its lock file yet is being created: left alone this long."""
+
+
+@contextlib.contextmanager
+def scratch_folder(data_dir: Path, prefix: str) -> Iterator[Path]:
+    """A private folder under ``DATA/tmp`` for one process (verify's scratch database,
+    import's uploads), locked while in use and removed afterwards.  A ``serve`` that
+    starts meanwhile leaves it alone; one of a killed process is removed then."""
+    tmp = data_dir / TMP_DIR
+    tmp.mkdir(mode=0o700, exist_ok=True)  # absent in a directory restored from the archive
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=str(tmp)))
+    fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        shutil.rmtree(str(folder), ignore_errors=True)
+        os.close(fd)
+
+
 def _scratch_in_use(folder: Path) -> bool:
-    """Does a live process hold the scratch folder's lock?"""
+    """Does a live process hold the scratch folder's lock (or is it being created)?"""
     try:
         fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDONLY)
     except FileNotFoundError:
-        return False
+        return time.time() - folder.stat().st_mtime < SCRATCH_GRACE_S
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -1534,6 +1569,10 @@ def check_delivery_shape(path: Path) -> None:
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
                          parse_float=_finite_float, parse_int=_int64)
+        if "\\ud" in text or "\\uD" in text:  # rare: is every surrogate escape paired?
+            json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # (a ValueError: caught first) no UTF-8 for a lone surrogate
+        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape") from None
     except (ValueError, RecursionError):
         raise BadRequest("the body is not valid JSON, or holds a number out of range") from None
     finally:
@@ -1543,6 +1582,12 @@ def check_delivery_shape(path: Path) -> None:
     data = [value for key, value in last_pairs[0] if key == "data"]
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
+
+
+_INSERT_DELIVERY = (
+    "INSERT INTO delivery (received_at, journaled_at, archive_path, body_bytes, body_sha256,"
+    " automation_id, automation_name, automation_aggregation, automation_period, session_id,"
+    " path_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
@@ -1577,10 +1622,9 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
     try:
         with write_txn(conn):
             cursor = conn.execute(
-                "INSERT INTO delivery (received_at, archive_path, body_bytes, body_sha256,"
-                " automation_id, automation_name, automation_aggregation, automation_period,"
-                " session_id, path_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (format_received_at(received_at), archive_path, upload.size, upload.sha256,
+                _INSERT_DELIVERY,
+                (format_received_at(received_at), format_received_at(utc_now()), archive_path,
+                 upload.size, upload.sha256,
                  headers.get("automation-id"), headers.get("automation-name"),
                  headers.get("automation-aggregation"), headers.get("automation-period"),
                  headers.get("session-id"), name))
@@ -1923,8 +1967,8 @@ class Folder:
                                        arriving_units=bucket.units)))
         elif units is None:
             units = bucket.units
-        if not appended and not overwrites and points == stored.points:
-            return
+        if not appended and not overwrites:
+            return  # every arriving point was the same value, or lost to the stored one
         if appended:
             order = sorted(range(len(spans)), key=spans.__getitem__)
             spans = [spans[i] for i in order]
@@ -1932,8 +1976,6 @@ class Folder:
             deliveries = [deliveries[i] for i in order]
         new_row = self._row(bucket.name, layer, hour, units, spans, points, deliveries,
                             stored.created_by, delivery_id, stored.sealed)
-        if new_row[9] == stored.hash and units == stored.units:
-            return
         if stored.sealed:
             counters["sealed_changes"] += 1
             plan.warnings.append(("a sealed hour changed; the data is stored anyway",
@@ -2009,7 +2051,8 @@ class Folder:
     # -- the boundary that records outcomes ----------------------------------------
 
     def fold(self, delivery_id: int) -> Outcome:
-        """Fold one delivery and record its outcome; never raises for the delivery's sake.
+        """Fold one delivery and record its outcome; raises only when its journal row
+        cannot even be read (a database failure, which ends the pass).
 
         Any exception of the fold becomes ``failed`` here, at the boundary that writes
         the outcome (ING-3); a busy database leaves the delivery pending (deferred).
@@ -2200,14 +2243,18 @@ class FoldWorker:
         now = utc_now()
         threshold = format_received_at(now - _dt.timedelta(seconds=LAG_WARN_S))
         floor = "" if self._first_pass_done else self._started_at
+        # The wait starts when the delivery entered the journal: for HTTP that is its
+        # received_at (plus the upload); an import's received_at is its export time.
+        waiting = "coalesce(journaled_at, received_at)"
         delayed, oldest = conn.execute(
-            "SELECT count(*), min(received_at) FROM delivery WHERE parse_status = 'pending'"
-            " AND received_at < ? AND received_at >= ?", (threshold, floor)).fetchone()
+            "SELECT count(*), min(%s) FROM delivery WHERE parse_status = 'pending'"
+            " AND %s < ? AND %s >= ?" % (waiting, waiting, waiting),
+            (threshold, floor)).fetchone()
         if not delayed:
             return None
         worst_id = conn.execute(
-            "SELECT min(id) FROM delivery WHERE parse_status = 'pending' AND received_at = ?",
-            (oldest,)).fetchone()[0]
+            "SELECT min(id) FROM delivery WHERE parse_status = 'pending' AND %s = ?"
+            % waiting, (oldest,)).fetchone()[0]
         return delayed, (now - parse_received_at(oldest)).total_seconds(), worst_id
 
     @staticmethod
@@ -2320,8 +2367,6 @@ class App:
             status, headers, body = self._dispatch(environ)
         except HTTPFailure as exc:
             status, headers, body = self._failure(environ, exc)
-        except bottle.HTTPResponse as exc:  # not expected: routes return tuples
-            status, headers, body = exc.status_line, list(exc.headerlist), b""
         except Exception as exc:  # the boundary: log the class, answer one JSON 500
             log_event(logging.ERROR, "request failed", error=type(exc).__name__,
                       path=environ.get("PATH_INFO", ""))
@@ -2402,10 +2447,11 @@ class App:
         if content_type.startswith(("multipart/", "text/csv", "application/csv")):
             raise UnsupportedMediaType()
         length = self._content_length(environ)
+        conn = self.service.pool.get()  # before the body: a failure here leaves no upload
         upload = self._receive(environ, length)
         headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
-        delivery_id = accept_delivery(self.service.archive, self.service.pool.get(), upload,
-                                      received_at, headers, name,
+        delivery_id = accept_delivery(self.service.archive, conn, upload, received_at,
+                                      headers, name,
                                       {"content_type": environ.get("CONTENT_TYPE") or None})
         self.service.worker.wake()
         return self._ok({"delivery_id": delivery_id, "status": "pending"})
@@ -2447,6 +2493,10 @@ class App:
         try:
             return self.service.archive.receive(stream.read, length, self.config.max_body_bytes,
                                                 before_read)
+        except BadRequest:
+            if self.service.stopping:  # cut off by the shutdown, not by the client
+                raise ServiceStopping() from None
+            raise
         except HTTPFailure:
             raise
         except OSError as exc:  # includes socket timeouts and resets
@@ -2549,9 +2599,11 @@ class Service:
                 conn.close()
             self.app.set_token(resolve_token(self.config, self.announce))
             self.archive.clear_tmp()
+            self._start_http()  # bind first: a taken port must not start a fold
             self.worker.start()
-            self._start_http()
         except BaseException:
+            if self.server is not None:
+                self.server.stop()
             self.worker.stop(0)
             self.pool.close()
             self.lock.release()
@@ -2653,7 +2705,8 @@ def run_serve(config: Config) -> int:
 # Reindex, verify, import: the store is a function of the archive (design.md §7).
 # ==============================================================================
 
-JOURNAL_COLUMNS = ("id", "received_at", "archive_path", "body_bytes", "body_sha256",
+JOURNAL_COLUMNS = ("id", "received_at", "journaled_at", "archive_path", "body_bytes",
+                   "body_sha256",
                    "automation_id", "automation_name", "automation_aggregation",
                    "automation_period", "session_id", "path_name")
 """What a delivery is, before any fold: copied into a rebuild, never recomputed."""
@@ -2732,16 +2785,13 @@ def adopt_orphans(conn: sqlite3.Connection, data_dir: Path) -> int:
             continue
         headers = meta.get("headers") if type(meta.get("headers")) is dict else {}
         name = meta.get("path_name") if type(meta.get("path_name")) is str else None
-        rows.append((received_at, relative, size, sha256, headers.get("automation-id"),
+        rows.append((received_at, None, relative, size, sha256, headers.get("automation-id"),
                      headers.get("automation-name"), headers.get("automation-aggregation"),
                      headers.get("automation-period"), headers.get("session-id"), name))
     rows.sort()
     if rows:
         with write_txn(conn):
-            conn.executemany(
-                "INSERT INTO delivery (received_at, archive_path, body_bytes, body_sha256,"
-                " automation_id, automation_name, automation_aggregation, automation_period,"
-                " session_id, path_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(_INSERT_DELIVERY, rows)
     return len(rows)
 
 
@@ -2824,12 +2874,14 @@ def _drop_rebuild_tables(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE IF EXISTS delivery_rebuild")
 
 
-def run_reindex(config: Config, out: Any = None) -> int:
+def run_reindex(config: Config, out: Any = None, force: bool = False) -> int:
     """``healthlog reindex``: rebuild journal outcomes and the vitrine from the archive.
 
     Everything is folded into ``delivery_rebuild``/``object_rebuild``; the live tables
     are replaced in one transaction at the end, so a crash or Ctrl-C at any point
-    leaves the previous store intact and usable.
+    leaves the previous store intact and usable.  A rebuild in which deliveries that
+    are folded now would end ``failed`` (an unmounted archive, a full disk, memory
+    running out) is not swapped in unless ``force``.
     """
     out = out or sys.stdout
     if not (config.data_dir / ARCHIVE_DIR).is_dir():
@@ -2857,6 +2909,8 @@ def run_reindex(config: Config, out: Any = None) -> int:
             "SELECT id FROM delivery_rebuild WHERE parse_status = 'pending'"
             " ORDER BY received_at, id")]
         seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids, "reindex")
+        if not force:
+            _refuse_regressions(conn)
         _swap_rebuild(conn, cols, last_id)
         swapped = True
         with contextlib.suppress(sqlite3.Error):
@@ -2882,6 +2936,11 @@ def run_reindex(config: Config, out: Any = None) -> int:
             sys.stderr.write("\n")  # end the progress line
         sys.stderr.write("healthlog: %s\n" % message)
         return 130
+    except BaseException:
+        if not swapped:  # the previous store stays; so must no half rebuild
+            with contextlib.suppress(sqlite3.Error):
+                _drop_rebuild_tables(conn)
+        raise
     finally:
         conn.close()
         lock.release()
@@ -2894,6 +2953,29 @@ def run_reindex(config: Config, out: Any = None) -> int:
                  archive_bytes / 1e6 / max(seconds, 1e-9), points / max(seconds, 1e-9)))
     out.write("fingerprint: %s\n" % fp)
     return 0
+
+
+def _refuse_regressions(conn: sqlite3.Connection) -> None:
+    """Raise when deliveries that are ``parsed``/``partial`` now end ``failed`` in the
+    rebuild for a reason other than a missing body, or when every folded delivery's body
+    is missing (an archive that is not mounted): the store would lose their points, and
+    only reindex retries failed deliveries, so a wrong swap would last (ING-3).  A few
+    missing bodies are reported and the rest proceeds."""
+    lost = conn.execute(
+        "SELECT r.error, count(*) FROM delivery_rebuild r JOIN delivery d ON d.id = r.id"
+        " WHERE d.parse_status IN ('parsed', 'partial') AND r.parse_status = 'failed'"
+        " GROUP BY r.error ORDER BY r.error").fetchall()
+    folded = conn.execute("SELECT count(*) FROM delivery"
+                          " WHERE parse_status IN ('parsed', 'partial')").fetchone()[0]
+    missing = sum(n for error, n in lost if error == "body_missing")
+    if missing < folded or not folded:
+        lost = [(error, n) for error, n in lost if error != "body_missing"]
+    if lost:
+        raise HealthlogError(
+            "reindex would turn %s into failed ones (%s); nothing was replaced. Is the"
+            " archive complete and the disk healthy? Rerun, or pass --force to accept"
+            % (_plural(sum(n for _, n in lost), "folded delivery", "folded deliveries"),
+               ", ".join("%s %d" % (error, n) for error, n in lost)))
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -2931,29 +3013,28 @@ def run_verify(config: Config, out: Any = None) -> int:
     live = open_database(config, create=False, synchronous="NORMAL")
     try:
         live.execute("BEGIN")
-        journal = live.execute("SELECT %s, parse_status FROM delivery"
+        journal = live.execute("SELECT %s, parse_status, folded_at FROM delivery"
                                % ", ".join(JOURNAL_COLUMNS)).fetchall()
         live_objects = {(m, l, h): digest for m, l, h, digest in live.execute(
             "SELECT metric, layer, hour, hash FROM object")}
         live.execute("COMMIT")
     finally:
         live.close()
-    orphans = len(set(archive_bodies(config.data_dir)) - {row[2] for row in journal})
-    (config.data_dir / TMP_DIR).mkdir(mode=0o700, exist_ok=True)  # absent after a restore
-    scratch_dir = Path(tempfile.mkdtemp(prefix="verify-", dir=str(config.data_dir / TMP_DIR)))
-    lock_fd = os.open(str(scratch_dir / SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # `serve` starting meanwhile leaves the folder alone
-    try:
+    path_at = JOURNAL_COLUMNS.index("archive_path")
+    orphans = len(set(archive_bodies(config.data_dir)) - {row[path_at] for row in journal})
+    with scratch_folder(config.data_dir, "verify-") as scratch_dir:
         scratch = connect(scratch_dir / DB_NAME, busy_timeout_s=config.busy_timeout_s,
-                          synchronous="OFF")
+                          synchronous="NORMAL")
         try:
             migrate(scratch, scratch_dir / DB_NAME)
             with write_txn(scratch):
                 scratch.executemany("INSERT INTO delivery (%s) VALUES (%s)" % (
                     ", ".join(JOURNAL_COLUMNS), ", ".join("?" * len(JOURNAL_COLUMNS))),
-                    [row[:-1] for row in journal])
+                    [row[:-2] for row in journal])
             mark_missing(scratch, config.data_dir, "delivery")
-            live_pending = {row[0] for row in journal if row[-1] == "pending"}
+            # Never folded yet: not in the live store either.  (A row requeued at start
+            # has been folded before; its objects are live, so it is rebuilt too.)
+            live_pending = {row[0] for row in journal if row[-2] == "pending" and not row[-1]}
             ids = [i for (i,) in scratch.execute(
                 "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
                 if i not in live_pending]
@@ -2962,9 +3043,6 @@ def run_verify(config: Config, out: Any = None) -> int:
                 "SELECT metric, layer, hour, hash FROM object")}
         finally:
             scratch.close()
-    finally:
-        shutil.rmtree(str(scratch_dir), ignore_errors=True)
-        os.close(lock_fd)
     differing = sorted(k for k in live_objects.keys() | rebuilt.keys()
                        if live_objects.get(k) != rebuilt.get(k))
     out.write("live:    %d objects, fingerprint: %s\n" % (
@@ -2979,7 +3057,7 @@ def run_verify(config: Config, out: Any = None) -> int:
                   % _plural(orphans, "archived body", "archived bodies"))
     for metric, layer, hour in differing[:20]:
         out.write("differs: metric=%s layer=%s hour=%s live=%s rebuilt=%s\n" % (
-            metric, layer, format_instant(hour * HOUR_US),
+            loggable_metric(metric), layer, format_instant(hour * HOUR_US),
             (live_objects.get((metric, layer, hour)) or "absent")[:12],
             (rebuilt.get((metric, layer, hour)) or "absent")[:12]))
     if len(differing) > 20:
@@ -3009,18 +3087,19 @@ def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
         raise ConfigError("%s is being reindexed; import after it has finished"
                           % config.data_dir)
     conn = open_database(config)
-    archive = Archive(config.data_dir)
     headers = {"automation-aggregation": aggregation} if aggregation else {}
     rejected = 0
     try:
-        for path in files:
-            try:
-                delivery_id = _import_one(archive, conn, Path(path), headers, name)
-            except HTTPFailure as exc:
-                rejected += 1
-                out.write("rejected %s: %s\n" % (path, exc.message))
-            else:
-                out.write("accepted %s: delivery %d\n" % (path, delivery_id))
+        with scratch_folder(config.data_dir, "import-") as spool:
+            archive = Archive(config.data_dir, tmp=spool)  # a starting serve leaves it alone
+            for path in files:
+                try:
+                    delivery_id = _import_one(archive, conn, Path(path), headers, name)
+                except HTTPFailure as exc:
+                    rejected += 1
+                    out.write("rejected %s: %s\n" % (path, exc.message))
+                else:
+                    out.write("accepted %s: delivery %d\n" % (path, delivery_id))
     finally:
         conn.close()
     return 2 if rejected else 0
@@ -3029,7 +3108,8 @@ def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
 def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers: dict,
                 name: Optional[str]) -> int:
     try:
-        size = path.stat().st_size
+        stat = path.stat()
+        size = stat.st_size
         if size > FOLD_MAX_BYTES:
             raise PayloadTooLarge("larger than %d MiB, too big to fold; export shorter date"
                                   " ranges" % (FOLD_MAX_BYTES >> 20))
@@ -3037,8 +3117,13 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
             upload = archive.receive(handle.read, size, FOLD_MAX_BYTES, lambda: None)
     except OSError as exc:
         raise BadRequest("cannot read the file (%s)" % (exc.strerror or type(exc).__name__))
-    return accept_delivery(archive, conn, upload, utc_now(), headers, name,
-                           {"imported_from": path.name})
+    # The file's modification time stands for when the export was made: an old export
+    # must not take the place of newer pushed values at a tie (the later journal
+    # position wins).  Never later than now.
+    exported_at = min(_dt.datetime.fromtimestamp(stat.st_mtime, _dt.timezone.utc), utc_now())
+    return accept_delivery(archive, conn, upload, exported_at, headers, name,
+                           {"imported_from": path.name,
+                            "imported_at": format_received_at(utc_now())})
 
 
 # ==============================================================================
@@ -3049,10 +3134,7 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
 def collect_status(config: Config) -> dict:
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
-        counts = dict.fromkeys(STATUSES, 0)
-        for status, count in conn.execute(
-                "SELECT parse_status, count(*) FROM delivery GROUP BY parse_status"):
-            counts[status] = count
+        counts = _status_counts(conn)
         oldest = conn.execute("SELECT min(received_at) FROM delivery"
                               " WHERE parse_status = 'pending'").fetchone()[0]
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
@@ -3061,13 +3143,11 @@ def collect_status(config: Config) -> dict:
         fp = fingerprint(conn)
     finally:
         conn.close()
-    archive_files = archive_bytes = 0
-    for folder, _dirs, files in os.walk(str(config.data_dir / ARCHIVE_DIR)):
-        for name in files:
-            if name.endswith(".json") and not name.endswith(".meta.json"):
-                archive_files += 1
-                with contextlib.suppress(OSError):
-                    archive_bytes += os.stat(os.path.join(folder, name)).st_size
+    bodies = archive_bodies(config.data_dir)
+    archive_files, archive_bytes = len(bodies), 0
+    for relative in bodies:
+        with contextlib.suppress(OSError):
+            archive_bytes += (config.data_dir / relative).stat().st_size
     db_bytes = sum(p.stat().st_size for p in config.data_dir.glob(DB_NAME + "*") if p.is_file())
     oldest_age = None
     if oldest:
@@ -3169,6 +3249,8 @@ def build_parser() -> argparse.ArgumentParser:
     reindex = commands.add_parser("reindex", help="rebuild the store from the archive"
                                   " (serve must be stopped)")
     data_option(reindex)
+    reindex.add_argument("--force", action="store_true",
+                         help="swap the rebuild in even if folded deliveries would end failed")
     verify = commands.add_parser("verify", help="rebuild into a scratch copy and compare;"
                                  " exit 1 on a difference")
     data_option(verify)
@@ -3200,7 +3282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps(status, indent=1) if args.json else format_status(status))
             return 0
         if args.command == "reindex":
-            return run_reindex(config)
+            return run_reindex(config, force=args.force)
         if args.command == "verify":
             return run_verify(config)
         if args.command == "import":
@@ -3211,6 +3293,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HealthlogError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 1
+    except (OSError, sqlite3.Error) as exc:  # the environment: one line, no traceback
+        detail = getattr(exc, "strerror", None) or str(exc)
+        where = getattr(exc, "filename", None)
+        sys.stderr.write("healthlog: %s%s (%s)\n" % (
+            detail, ": %s" % where if where else "", type(exc).__name__))
+        return 2
     except KeyboardInterrupt:
         return 130
     return 2

@@ -123,13 +123,16 @@ def test_property_folding_a_delivery_twice_changes_nothing(batch):
 
 
 @SETTINGS
-@given(deliveries, st.randoms(use_true_random=False))
-def test_property_array_order_never_changes_the_result(batch, rng):
+@given(deliveries, st.integers(0, 2**32))
+def test_property_array_order_never_changes_the_result(batch, seed):
+    """Each delivery's array in another order gives the same store.  (The permutation
+    depends on the delivery's content, so a byte-identical re-post stays one: it is a
+    no-op by design, while a re-serialised copy is folded like any delivery.)"""
     with tempfile.TemporaryDirectory() as tmp:
         first, second = fresh_store(tmp, "a"), fresh_store(tmp, "b")
         for i, pts in enumerate(batch):
             shuffled = list(pts)
-            rng.shuffle(shuffled)
+            random.Random(body_of(pts) + str(seed).encode()).shuffle(shuffled)
             first.fold(first.journal(body_of(pts), i))
             second.fold(second.journal(body_of(shuffled), i))
         assert first.objects() == second.objects()  # hashes, blobs and provenance alike

@@ -231,9 +231,10 @@ def test_ingest_3_1_401_without_the_token_writes_nothing(service, client, data_d
     b'{"data": {"metrics": [{"qty": -2.5E+999}]}}',
     b'{"data": {"metrics": [{"qty": 123456789012345678901234567890}]}}',
     b'{"data": {"metrics": [{"qty": Infinity}]}}',
+    b'{"data": {"metrics": [{"source": "\\ud83d watch"}]}}',
 ], ids=["text", "syntax", "array", "no-data", "data-array", "data-string", "nan",
         "trailing", "latin1", "string", "float-overflow", "negative-overflow", "int-over-64-bits",
-        "infinity"])
+        "infinity", "lone-surrogate"])
 def test_ingest_4_1_400_for_a_body_that_is_not_hae_json_writes_nothing(service, client, data_dir,
                                                                    body):
     status, payload = client.ingest(body)
