@@ -1048,6 +1048,21 @@ def test_reindex_9_3_import_without_serve_is_folded_at_the_next_start(start_serv
     assert (row["id"], row["parse_status"], row["layer"]) == (delivery_id, "parsed", "minutes")
 
 
+def test_reindex_7_5_verify_rebuilds_a_delivery_requeued_at_start(week_store, tmp_path):
+    # A row set back to pending at start (a newer parser covers its sections) still has
+    # its objects in the live store: verify must rebuild it too, not call them extra.
+    data_dir = copy_store(week_store, tmp_path)
+    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
+        with conn:
+            conn.execute("UPDATE delivery SET parse_status = 'pending' WHERE id ="
+                         " (SELECT min(id) FROM delivery WHERE parse_status = 'parsed')")
+
+    result = run_cli("verify", "--data", data_dir)
+
+    assert result.returncode == 0, result.stdout
+    assert "verify: equal" in result.stdout and "not compared" not in result.stdout
+
+
 def test_reindex_9_4_an_old_export_does_not_take_the_place_of_newer_pushed_values(
         start_service, data_dir, tmp_path):
     # The export was made in the morning (its file time); the phone pushed the day's final

@@ -284,6 +284,31 @@ def test_usage_and_configuration_errors_exit_2_with_one_line(tmp_path, args):
         assert result.stderr.count("\n") == 1, result.stderr
 
 
+def test_environment_errors_exit_2_with_one_line(tmp_path):
+    data_dir = tmp_path / "data"
+    (data_dir / "archive").mkdir(parents=True)
+    (data_dir / "healthlog.lock").mkdir()  # a lock path that cannot be opened as a file
+    for command in (["reindex"], ["serve", "--listen", "127.0.0.1:0", "--token", TOKEN]):
+        result = run_cli(*command, "--data", data_dir)
+        assert result.returncode == 2, (command, result.stderr)
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_failed_commit_leaves_no_transaction_open(tmp_path):
+    conn = sqlite3.connect(str(tmp_path / "t.sqlite3"), isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+    conn.execute("CREATE TABLE child (parent_id INTEGER REFERENCES parent (id)"
+                 " DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(sqlite3.IntegrityError):
+        with healthlog.write_txn(conn):
+            conn.execute("INSERT INTO child VALUES (42)")  # fails only at COMMIT
+    assert not conn.in_transaction  # the write lock is not kept
+    with healthlog.write_txn(conn):
+        conn.execute("INSERT INTO parent VALUES (1)")
+    conn.close()
+
+
 def test_version_flag_prints_the_version():
     result = run_cli("--version")
     assert result.returncode == 0
