@@ -216,6 +216,7 @@ class ServiceStopping(HTTPFailure):
 
     status, code = 503, "stopping"
 
+
 class FoldFailure(HealthlogError):
     """The delivery cannot be folded; retrying will not change that (ING-3)."""
 
@@ -2050,15 +2051,17 @@ class Folder:
 
     # -- the boundary that records outcomes ----------------------------------------
 
-    def fold(self, delivery_id: int) -> Outcome:
+    def fold(self, delivery_id: int, row: Optional[sqlite3.Row] = None) -> Outcome:
         """Fold one delivery and record its outcome; raises only when its journal row
-        cannot even be read (a database failure, which ends the pass).
+        cannot even be read (a database failure, which ends the pass).  ``row`` saves
+        reading it again when the caller already has it.
 
         Any exception of the fold becomes ``failed`` here, at the boundary that writes
         the outcome (ING-3); a busy database leaves the delivery pending (deferred).
         """
         started = time.monotonic()
-        row = self.row(delivery_id)
+        if row is None:
+            row = self.row(delivery_id)
         if row is None:
             return Outcome("unrecorded")
         plan = None
@@ -2264,7 +2267,7 @@ class FoldWorker:
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
         late = folder.later_already_folded(row)
-        outcome = folder.fold(delivery_id)
+        outcome = folder.fold(delivery_id, row)
         if late and outcome.kind == "folded":
             waited = (utc_now() - parse_received_at(row["received_at"])).total_seconds()
             log_event(logging.WARNING, "delivery folded after a later one; `healthlog reindex`"
@@ -2358,11 +2361,8 @@ class App:
     # -- WSGI entry ---------------------------------------------------------
 
     def __call__(self, environ: dict, start_response: Callable) -> list:
-        import bottle
-
         started = time.monotonic()
         environ[ENV_RECEIVED] = utc_now()
-        status = "500 Internal Server Error"
         try:
             status, headers, body = self._dispatch(environ)
         except HTTPFailure as exc:

@@ -134,8 +134,6 @@ def bench_ingest(python: str) -> None:
 
 def _fold_once(healthlog, config, body: bytes, headers: dict) -> tuple:
     """Journal ``body`` through a paused in-process service, then time one real fold."""
-    import sqlite3 as _sqlite3
-
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import GatedWorker  # the real worker, held until a gate opens
 

@@ -26,10 +26,8 @@ import http.client
 import io
 import json
 import logging
-import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys

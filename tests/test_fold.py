@@ -380,6 +380,7 @@ def test_fold_2_3_an_unexpected_exception_fails_the_delivery_and_the_worker_goes
     assert (warn["delivery_id"], warn["error"]) == (str(victim), "unexpected:IntegrityError")
     assert logs.find("", level="ERROR") == []
     assert journal.service.worker.state in ("idle", "folding")
+    assert journal.row(later)["parse_status"] == "parsed"  # the worker went on
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,13 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 import healthlog
 from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt, wait_for
-from test_build import find_python, require_python
+from test_build import require_python
 from test_ingest import HAE_HEADERS, hae_body
 
 
