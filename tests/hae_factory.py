@@ -1,8 +1,11 @@
 """Deterministic synthetic Health Auto Export (HAE) payloads for the test-suite.
 
-What HAE really sends is described in ../shared/hae-format.md (the ground truth; "§" numbers
-below refer to it). This module fabricates bodies, headers and whole streams of deliveries
-with the same shapes and quirks, from a seed, with the standard library only (Python 3.9+).
+What HAE really sends was worked out from HAE's documentation, real exports and public
+receivers of HAE data; the "§" tags below name the part of HAE's format a shape belongs to
+(see "HAE's format in brief" at the end of this docstring), and "E" numbers label the piece
+of evidence a detail was taken from (captures and threads that are not in this repository).
+This module fabricates bodies, headers and whole streams of deliveries with the same shapes
+and quirks, from a seed, with the standard library only (Python 3.9+).
 
 Usage::
 
@@ -37,6 +40,35 @@ Builders return plain dicts and lists in a documented key order; `dumps_hae` wri
 byte-for-byte like the app (``"key" : value``, 2-space indent, floats with 17 significant
 digits, UTF-8), and with an ``rng`` shuffles key order and jitters the last digit the way two
 sends of unchanged data differ.
+
+HAE's format in brief (the "§" tags):
+
+* §1 the body is one object ``{"data": {...}}`` whose sections (``metrics``, ``workouts``,
+  ``stateOfMind``, ``medications``, ``symptoms``, ``cycleTracking``, ``ecg``,
+  ``heartRateNotifications``) are all optional; nothing in the body says which automation or
+  grouping sent it. It is pretty-printed iOS-style (``"key" : value``), doubles carry up to 17
+  significant digits, and key order changes between sends of unchanged data.
+* §2 metrics: §2.1 a metric object is ``{"name", "units", "data"}`` (snake_case name, the
+  user's units); §2.2 a point has ``date`` (the bucket start) and ``qty``, usually ``source``
+  (merged devices joined with ``|``, Apple device names with the typographic apostrophe),
+  and ``start``/``end`` when samples are not summarised; §2.3–2.6 special shapes
+  (``heart_rate`` with Min/Avg/Max, ``blood_pressure``, ``sleep_analysis`` as nightly
+  summaries or stage segments in hours).
+* §3 timestamps are ``yyyy-MM-dd HH:mm:ss Z`` with the phone's offset at the sample (so DST
+  changes it within a body); 12-hour phones write ``7:57:00 am``, newer iOS with U+202F
+  before ``am``/``pm``; some fields are date-only, ISO-8601 with ``Z``, or epoch numbers.
+* §4 workouts, §4.1 version 2 (current: ``id``, ``duration``, per-minute series, routes) and
+  §4.2 version 1 (legacy); §4b the other sections, in their observed rather than documented
+  shapes (localised names and values, epoch dates in ECG voltages and heart-rate
+  notifications).
+* §5 the request: ``POST`` with ``Content-Type: application/json``, the user's own headers
+  (the token), and the headers the app adds: ``automation-name``, ``automation-id``,
+  ``automation-aggregation``, ``automation-period``, ``session-id``.
+* §6 automation settings: time grouping (Default = seconds for heart rate, minutes for the
+  rest; Minutes, Hours, Days, …), period (Default, Since Last Sync, Today, Previous 7 Days,
+  …), batching; the grouping shows only in the header and in the spacing of bucket starts,
+  and the current bucket's value grows between pushes while its start stays.
+* §7 metric names with the units they were seen in.
 """
 
 from __future__ import annotations
@@ -1225,7 +1257,7 @@ def resend(body: bytes, rng: random.Random, pretty: bool = True) -> bytes:
 
 def same_value(a: Any, b: Any, rel: float = 1e-12) -> bool:
     """True when two parsed JSON values have the same structure, equal strings and
-    booleans, and numbers with ``|a - b| <= rel * max(|a|, |b|)`` (design §5's "same
+    booleans, and numbers with ``|a - b| <= rel * max(|a|, |b|)`` (the storage spec's "same
     value", ``source`` included). An independent oracle for tests."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b

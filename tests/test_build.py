@@ -31,7 +31,7 @@ import pytest
 import build_zipapp
 import healthlog
 
-SUPPORTED = ("3.9", "3.13")  # the oldest and newest Python the pyz promises (design.md §10)
+SUPPORTED = ("3.9", "3.13")  # the oldest and newest Python the pyz promises (README)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def test_vendored_packages_import_from_the_pyz_alone(pyz, tmp_path, version):
 
 CONTRIB = build_zipapp.ROOT / "contrib"
 UNIT = CONTRIB / "healthlog.service"
-FOLD_STOP_BUDGET_S = 10  # design.md §3: the fold thread's join budget at shutdown
+FOLD_STOP_BUDGET_S = 10  # the fold thread's join budget at shutdown (README: serve; ING-6)
 
 
 def test_contrib_readme_indexes_every_file():

@@ -1,9 +1,10 @@
 """Checks of the synthetic HAE payload factory itself (tests/hae_factory.py).
 
 The factory stands in for the phone in every other test, so its promises are pinned here:
-bodies are valid JSON in HAE's shapes (../shared/hae-format.md), timestamps use HAE's
-spellings, DST days carry two offsets, re-sends differ in bytes but not in value, the
-current bucket grows, sizes are as asked, and everything is reproducible from a seed.
+bodies are valid JSON in HAE's shapes (summarised at the end of hae_factory's docstring),
+timestamps use HAE's spellings, DST days carry two offsets, re-sends differ in bytes but not
+in value, the current bucket grows, sizes are as asked, and everything is reproducible from
+a seed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 
 import hae_factory as hf
 
-# Spellings of times HAE uses (§3), written independently of the factory.
+# Spellings of times HAE uses (§3 in hae_factory's docstring), written independently of the
+# factory.
 HAE_24H = re.compile(r"\d{4}-\d\d-\d\d [0-2]\d:[0-5]\d:[0-5]\d [+-]\d{4}\Z")
 HAE_12H = re.compile(r"\d{4}-\d\d-\d\d (1[0-2]|[1-9]):[0-5]\d:[0-5]\d[ \u202f\u00a0](am|pm|AM|PM) "
                      r"[+-]\d{4}\Z")

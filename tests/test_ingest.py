@@ -2,7 +2,8 @@
 
 Every test runs a real server on 127.0.0.1:0 against a real data directory; the
 archive and the journal are inspected afterwards.  Names carry the seed scenario
-IDs of ../shared/requirements.md (ING-n.m) or the openspec scenario they prove.
+IDs (ING-n.m, the user's original requirements; see openspec/README.md) or the openspec
+scenario they prove.
 """
 
 import hashlib

@@ -7,7 +7,7 @@ SQLite file. The commands then run as real subprocesses (``python3 healthlog.py 
 real SIGKILL. Two module fixtures build the larger stores once (a realistic week of traffic,
 and a store big enough that reindex takes seconds); tests work on copies.
 
-A delivery that "became visible late" is simulated as design.md §5 describes it: it is posted
+A delivery that "became visible late" is simulated as ING-4 describes it: it is posted
 to a paused server, moved before its successor in the journal by SQL (``received_at``), and
 only then folded by the live worker, which therefore folds it after its journal successor.
 
@@ -844,7 +844,7 @@ def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(week_
 
 def test_reindex_7_2_verify_names_up_to_20_differing_objects_and_reindex_heals(start_service,
                                                                                data_dir):
-    # design.md §5's residual: A {qty:10, Min:5} (1), C {qty:11} (2), B {qty:10} (3) ends as B
+    # The merge rule's residual: A {qty:10, Min:5} (1), C {qty:11} (2), B {qty:10} (3) ends as B
     # in journal order but as C when B is folded before C. 25 hours, one point each.
     hours = range(25)
 

@@ -1,5 +1,5 @@
 """HAE sections to points and layers (healthlog.py section "HAE sections to points";
-design.md §4; requirements STO-1, STO-6.3, STO-7).
+openspec/specs/storage/spec.md; seeds STO-1, STO-6.3, STO-7).
 
 Bodies come from tests/hae_factory.py, serialised as the app does and parsed with
 ``json.loads``, so the extraction sees what a real delivery holds.
@@ -421,7 +421,7 @@ def test_check_deadline_is_called_while_extracting_metrics():
 
 
 # ---------------------------------------------------------------------------
-# Layers: header first, then inference from dense metrics (design.md §4)
+# Layers: header first, then inference from dense metrics (storage spec, STO-1)
 # ---------------------------------------------------------------------------
 
 

@@ -7,8 +7,8 @@ tables. Blobs are decoded with gzip + json, independently of healthlog's own dec
 Points carry hae_factory.CANARY_SOURCE (a device name) and distinctive values, so the
 autouse leak check of conftest.py is meaningful for every record written.
 
-Names carry the scenario IDs of openspec/specs/storage/spec.md: the seed's (STO-n.m,
-../shared/requirements.md) and the project's own (STORAGE-n.m).
+Names carry the scenario IDs of openspec/specs/storage/spec.md: the seed's (STO-n.m, the
+user's original requirements; see openspec/README.md) and the project's own (STORAGE-n.m).
 """
 
 import datetime as dt
@@ -170,7 +170,7 @@ def only_point(row: dict) -> dict:
 
 
 def canonical_hash(points: list) -> str:
-    """SHA-256 of design §5's canonical form, computed independently of healthlog."""
+    """SHA-256 of the storage spec's canonical form, computed independently of healthlog."""
     text = json.dumps(without_source(points), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -1,5 +1,6 @@
 """Time parsing (healthlog.py section "Time"): every spelling of a timestamp HAE sends,
-parsed to integer UTC microseconds (design.md §4, hae-format.md §3).
+parsed to integer UTC microseconds (storage spec; HAE's spellings are summarised under §3
+in tests/hae_factory.py's docstring).
 
 Expected instants are computed independently with ``datetime`` arithmetic (or taken from
 the factory's own DST model in tests/hae_factory.py), never with healthlog's helpers.
@@ -117,7 +118,7 @@ def test_surrounding_whitespace_is_ignored():
 
 
 # ---------------------------------------------------------------------------
-# 12-hour variants (locale leaking into HAE's format, hae-format.md §3)
+# 12-hour variants (locale leaking into HAE's format, hae_factory's §3)
 # ---------------------------------------------------------------------------
 
 
