@@ -43,6 +43,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -728,21 +729,171 @@ def incomparable(a: Any, b: Any) -> bool:
     return bool(ca - cb) and bool(cb - ca)
 
 
-def _verbatim_order(point: Any) -> tuple:
-    """Total order among candidates: canonical form, then the arrived bytes."""
-    return canonical(point), json.dumps(point, ensure_ascii=False)
+def _arrived(point: Any) -> str:
+    """The arrived point as text: the tie-break among candidates of one canonical form."""
+    return json.dumps(point, ensure_ascii=False)
 
 
-def reduce_candidates(points: list) -> tuple:
+def _no_deadline() -> None:
+    """The default ``check_deadline``: never expires."""
+
+
+_DEADLINE_EVERY = 1024
+"""Comparisons between two deadline checks inside a long reduction."""
+
+
+def reduce_candidates(points: list,
+                      check_deadline: Callable[[], None] = _no_deadline) -> tuple:
     """One delivery's candidates for one coordinate → (winner, was_incomparable).
 
-    Drops every candidate dominated by another, then takes the greatest by
-    :func:`_verbatim_order`; the result never depends on the JSON array order.
+    Drops every candidate dominated by another, then takes the greatest by canonical
+    form, then by arrived text; the result never depends on the JSON array order.
+    Close to linear in the candidates: each one's canonical form and key sets are
+    computed once, candidates of one canonical form collapse first, and dominance is
+    asked between groups of equal key sets, through an index of the richer group's
+    values (:class:`_ValueIndex`).  ``check_deadline`` is called inside, so a hostile body with
+    thousands of rivals at one coordinate ends at the fold deadline.
     """
-    # Dominance is a strict partial order, so some candidate always survives.
-    survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
-    clash = any(incomparable(p, q) for i, p in enumerate(survivors) for q in survivors[i + 1:])
-    return max(survivors, key=_verbatim_order), clash
+    if len(points) == 1:
+        return points[0], False
+    forms: dict = {}  # canonical form -> [arrived points of that form]
+    for point in points:
+        forms.setdefault(canonical(point), []).append(point)
+    check_deadline()
+    groups: dict = {}  # (C, K) -> {canonical form: the greatest arrived point of it}
+    for form, same in forms.items():
+        point = same[0] if len(same) == 1 else max(same, key=_arrived)
+        groups.setdefault((content_keys(point), all_keys(point)), {})[form] = point
+    survivors: dict = {}
+    for keys, members in groups.items():
+        check_deadline()
+        for rival_keys, rivals in groups.items():
+            if rival_keys is not keys:
+                members = _undominated(members, keys, rivals, rival_keys, check_deadline)
+                if not members:
+                    break
+        if members:
+            survivors[keys] = members
+    clash = _any_incomparable([keys[0] for keys in survivors], check_deadline)
+    best = max(form for members in survivors.values() for form in members)
+    winner = next(members[best] for members in survivors.values() if best in members)
+    return winner, clash
+
+
+def _any_incomparable(content_sets: list, check_deadline: Callable[[], None]) -> bool:
+    """Does each of two content-key sets carry a key the other lacks?"""
+    for i, a in enumerate(content_sets):
+        check_deadline()
+        if any(a - b and b - a for b in content_sets[i + 1:]):
+            return True
+    return False
+
+
+def _undominated(members: dict, keys: tuple, rivals: dict, rival_keys: tuple,
+                 check_deadline: Callable[[], None]) -> dict:
+    """The members (all of key sets ``keys``) that no rival (all of ``rival_keys``)
+    dominates: :func:`dominates` asked once per group, not once per pair."""
+    (content, every), (rival_content, rival_every) = keys, rival_keys
+    if rival_content == content:
+        return {} if rival_every > every else members
+    if not rival_content > content:
+        return members
+    if not content:
+        return {}  # nothing to agree on: every rival carries strictly more
+    index = _ValueIndex(list(rivals.values()), sorted(content), check_deadline)
+    return {form: point for form, point in members.items() if not index.holds(point)}
+
+
+class _ValueIndex:
+    """Points indexed by their values on a set of keys, to ask "does any point have
+    the same value as this one on every key?" without comparing every pair.
+
+    The index key is the values with every number replaced by its cell on a
+    logarithmic grid far coarser than :data:`SAME_VALUE_REL` (:class:`_Cells`): points
+    of the same value share a key, except that a number within the tolerance of a
+    cell edge may sit in the next cell, so those few are looked up in both.
+    """
+
+    def __init__(self, points: list, keys: list, check_deadline: Callable[[], None]):
+        self.points, self.keys, self.check_deadline = points, keys, check_deadline
+        self.cells: dict = {}
+        for point in points:
+            self.cells.setdefault(_Cells(self._values(point)).key, []).append(point)
+
+    def _values(self, point: dict) -> list:
+        return [point[k] for k in self.keys]
+
+    def holds(self, point: dict) -> bool:
+        cells = _Cells(self._values(point))
+        if len(cells.near_edge) > _EDGE_LOOKUPS_MAX:
+            return self._scan(self.points, point)  # only a body built to be slow
+        return any(self._scan(self.cells.get(key, ()), point) for key in cells.keys())
+
+    def _scan(self, points: Any, point: dict) -> bool:
+        for count, other in enumerate(points, 1):
+            if count % _DEADLINE_EVERY == 0:
+                self.check_deadline()
+            if all(same_value(other[k], point[k]) for k in self.keys):
+                return True
+        return False
+
+
+_CELL_WIDTH = 1e-9
+"""Width of a number's cell in natural-log units: 1000 × :data:`SAME_VALUE_REL`, so two
+numbers of the same value are at most 0.001 cell apart."""
+_CELL_EDGE = 0.002
+"""A number this close to its cell's edge (in cells) is also looked up in the next."""
+_EDGE_LOOKUPS_MAX = 4
+
+
+class _Cells:
+    """A hashable stand-in for a value (``source`` dropped) in which every number is
+    its cell: every value that :func:`same_value` calls the same has a stand-in among
+    :meth:`keys` (the numbers near a cell edge taken in either neighbouring cell)."""
+
+    def __init__(self, value: Any):
+        self.near_edge: list = []  # (ordinal of the number, its other cell)
+        self._count, self._flip = 0, {}
+        self.key = self._cell(value)
+
+    def keys(self) -> Iterator[tuple]:
+        yield self.key
+        edges = self.near_edge
+        for mask in range(1, 1 << len(edges)):
+            self._count = 0
+            self._flip = {edges[i][0]: edges[i][1] for i in range(len(edges)) if mask >> i & 1}
+            yield self._cell_again(self._value)
+
+    def _cell(self, value: Any) -> Any:
+        self._value = value
+        return self._walk(value, record=True)
+
+    def _cell_again(self, value: Any) -> Any:
+        return self._walk(value, record=False)
+
+    def _walk(self, value: Any, record: bool) -> Any:
+        kind = type(value)
+        if kind is dict:
+            return ("{", tuple(sorted((k, self._walk(v, record))
+                                      for k, v in value.items() if k != "source")))
+        if kind is list:
+            return ("[", tuple(self._walk(v, record) for v in value))
+        if kind is not int and kind is not float:
+            return (kind.__name__, value)
+        if value == 0:
+            return ("0",)
+        ordinal = self._count
+        self._count += 1
+        position = math.log(abs(value)) / _CELL_WIDTH + 0.5  # 1 mid-cell; exact for big ints
+        cell = math.floor(position)
+        if record:
+            if position - cell < _CELL_EDGE:
+                self.near_edge.append((ordinal, cell - 1))
+            elif cell + 1 - position < _CELL_EDGE:
+                self.near_edge.append((ordinal, cell + 1))
+        else:
+            cell = self._flip.get(ordinal, cell)
+        return ("+" if value > 0 else "-", cell)
 
 
 def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position: tuple) -> tuple:
@@ -1903,7 +2054,7 @@ class Folder:
             for span, slot in bucket.coords.items():
                 hour = span[0] // HOUR_US
                 if type(slot) is list:
-                    slot, clash = reduce_candidates(slot)
+                    slot, clash = reduce_candidates(slot, check_deadline)
                     if clash:
                         clashes[hour] = clashes.get(hour, 0) + 1
                 hours.setdefault(hour, []).append((span, slot))

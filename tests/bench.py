@@ -1,4 +1,5 @@
-"""Benchmarks: figures to report, not to assert (design.md §13).
+"""Benchmarks: figures to report, not to assert (the goals are in openspec/README.md,
+"Figures to design for").
 
     python3 tests/bench.py [ingest] [--python PYTHON]
 
@@ -8,7 +9,9 @@ before and after the 60 MB uploads.
 
 ``fold``: fold throughput (points/s) and the ratio fold time / ``json.loads`` time for a
 fresh ~16.8k-point delivery (2.8 MB), for the same points re-sent re-serialised (keys
-shuffled, last-digit jitter), and for a fresh 62 MB delivery; bytes per stored point;
+shuffled, last-digit jitter), for 20,000 points on 20,000 distinct minutes beside 20,000
+points crowded on 60 minutes (one, two and three key sets: the cost of a fold must stay
+close to linear in the points whatever their coordinates), and for a fresh 62 MB delivery; bytes per stored point;
 POST -> parsed for the 2.8 MB body; and the peak RSS of a ``serve`` subprocess during
 the 62 MB fold.  ``--json std`` hides orjson to measure the standard-library path.  The machine is shared and noisy: compare
 figures within one run, and read medians.
@@ -163,6 +166,22 @@ def _fold_once(healthlog, config, body: bytes, headers: dict) -> tuple:
     return elapsed, row
 
 
+def crowded_body(points: int, coordinates: int, key_sets: int = 1) -> bytes:
+    """``points`` step-count points on only ``coordinates`` minutes, every one a different
+    value; with ``key_sets`` > 1 they also differ in which keys carry content, so the
+    reduction has to ask dominance between groups (the suite issue's quadratic case)."""
+    extra = ["", ',"Min":%d', ',"Min":%d,"Max":%d']
+    rows = []
+    for i in range(points):
+        tail = extra[i % key_sets]
+        day, minute = divmod(i % coordinates, 1440)
+        point = ('{"date":"2026-05-%02d %02d:%02d:00 -0700","qty":%d.25,"source":"iPhone"'
+                 % (1 + day, minute // 60, minute % 60, i))
+        rows.append(point + tail % ((i,) * tail.count("%d")) + "}")
+    return ('{"data":{"metrics":[{"name":"step_count","units":"count","data":[%s]}]}}'
+            % ",".join(rows)).encode()
+
+
 def bench_fold(python: str, std_json: bool) -> None:
     if std_json:
         sys.modules["orjson"] = None  # type: ignore[assignment]
@@ -184,10 +203,15 @@ def bench_fold(python: str, std_json: bool) -> None:
                                   token=TOKEN, log_level="ERROR")
         healthlog.setup_logging(config)
         for label, body in (("fresh 2.8 MB", small), ("re-sent 2.8 MB", resent),
+                            ("20k distinct points", crowded_body(20_000, 20_000)),
+                            ("20k on 60 coordinates", crowded_body(20_000, 60)),
+                            ("  ... two key sets", crowded_body(20_000, 60, key_sets=2)),
+                            ("  ... three key sets", crowded_body(20_000, 60, key_sets=3)),
                             ("fresh 62 MB", big)):
-            if label == "fresh 62 MB":  # a store of its own: nothing overlaps
-                config = healthlog.Config(data_dir=Path(tmp) / "data62", host="127.0.0.1",
-                                          port=0, token=TOKEN, log_level="ERROR")
+            if label != "re-sent 2.8 MB":  # a store of its own: nothing overlaps
+                config = healthlog.Config(data_dir=Path(tmp) / ("data%d" % len(body)),
+                                          host="127.0.0.1", port=0, token=TOKEN,
+                                          log_level="ERROR")
             loads_started = time.perf_counter()
             healthlog.loads_body(body)
             loads = time.perf_counter() - loads_started

@@ -5,7 +5,7 @@ journaled by really posting it to a real Cheroot server on 127.0.0.1:0, usually 
 one (its fold thread waits for ``worker.gate``).  Passes are then run either by the
 service's own fold thread, or from the test with the real ``FoldWorker.run_pass`` and
 ``Folder`` on a connection of the test's own (`Passes`): that makes order and barrier
-tests deterministic without sleeping (style.md §17).  A busy database is a second real
+tests deterministic without sleeping.  A busy database is a second real
 connection holding ``BEGIN IMMEDIATE``; crashes are SIGKILLs of a real
 ``healthlog.py serve`` subprocess.
 
@@ -15,8 +15,8 @@ received earlier can get a later id, or become visible after a later one was fol
 Otherwise it stands for a wait longer than five minutes, so the test does not have to
 sleep for five minutes.
 
-Names carry the seed scenario IDs (ING-n.m, ../shared/requirements.md) and this project's
-FOLD-n.m from openspec/specs/fold/spec.md.
+Names carry the seed scenario IDs (ING-n.m, the user's original requirements; see
+openspec/README.md) and this project's FOLD-n.m from openspec/specs/fold/spec.md.
 """
 
 import contextlib
@@ -277,7 +277,7 @@ def test_fold_1_1_an_empty_pass_folds_nothing_and_writes_nothing(journal, passes
     assert driver.run() == 0
     assert driver.run() == 0
 
-    assert above_debug(logs) == []  # design.md §12: an empty pass is not an event
+    assert above_debug(logs) == []  # an empty pass is not an event (openspec/README.md)
     assert db_rows(journal.data_dir) == before  # `failed` is never selected again
 
 
@@ -355,6 +355,52 @@ def test_fold_2_2_a_fold_over_its_deadline_fails_and_frees_the_queue(journal, pa
     assert journal.objects_touched_by(slow) == []
     assert journal.row(quick)["parse_status"] == "parsed"
     assert driver.run() == 0  # not a circumstance: it is not tried again
+
+
+def crowded_on_one_minute(count: int) -> bytes:
+    """``count`` step points on one minute, each carrying a content key no other has:
+    every pair incomparable, the worst case of the within-delivery reduction."""
+    return body_of(hf.metric("step_count", [
+        {"date": "%s 10:01:00 -0800" % DAY, "qty": i + 1, "note%d" % i: "x"}
+        for i in range(count)], "count"))
+
+
+def test_fold_2_4_a_body_crowded_on_one_coordinate_fails_at_the_deadline(journal, passes):
+    # 12,000 rivals at one coordinate, all pairwise incomparable: unbounded, the
+    # reduction runs for tens of seconds; the deadline is checked inside it.
+    crowded = journal.post(crowded_on_one_minute(12000))
+    quick = journal.post(body_of(steps(MINUTES)))
+    driver = passes(fold_deadline_s=0.2)
+
+    started = time.monotonic()
+    assert driver.run() == 1
+    elapsed = time.monotonic() - started
+
+    row = journal.row(crowded)
+    assert (row["parse_status"], row["error"]) == ("failed", "fold_deadline_exceeded")
+    assert journal.objects_touched_by(crowded) == []
+    assert journal.row(quick)["parse_status"] == "parsed"
+    assert elapsed < 15, "the deadline did not interrupt the reduction (%.1f s)" % elapsed
+
+
+def test_storage_2_1_points_crowded_on_few_coordinates_fold_like_distinct_ones(journal, passes):
+    # 6,000 points on 60 minutes: each minute keeps the greatest of its 100 candidates.
+    points = [{"date": "%s 10:%02d:00 -0800" % (DAY, i % 60), "qty": i + 0.25,
+               "source": hf.CANARY_SOURCE} for i in range(6000)]
+    delivery = journal.post(body_of(hf.metric("step_count", points, "count")))
+
+    assert passes().run() == 1
+
+    row = journal.row(delivery)
+    assert (row["parse_status"], row["points"]) == ("parsed", 6000)
+    stored = [point for row in db_rows(journal.data_dir, "SELECT blob FROM object")
+              for point in json.loads(gzip.decompress(row["blob"]))]
+    greatest = {}  # same key sets, no rival dominates: the greatest canonical form wins
+    for point in points:
+        best = greatest.get(point["date"])
+        if best is None or healthlog.canonical(point) > healthlog.canonical(best):
+            greatest[point["date"]] = point
+    assert sorted(stored, key=json.dumps) == sorted(greatest.values(), key=json.dumps)
 
 
 def test_fold_2_3_an_unexpected_exception_fails_the_delivery_and_the_worker_goes_on(
@@ -846,7 +892,7 @@ RECORD_METRICS = {
     "medications": lambda item: "medications/" + (item.get("displayText")
                                                    or item.get("nickname")),
 }
-"""design.md §4's table, written out independently of healthlog.SECTIONS."""
+"""The storage spec's record sections, written out independently of healthlog.SECTIONS."""
 
 
 def coordinate_span(point: dict) -> tuple:
@@ -872,7 +918,7 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
     pushes = post_week(journal)
     rows = {r["id"]: r for r in db_rows(journal.data_dir)}
 
-    # Statuses: partial exactly where the body has a section design.md §4 does not cover.
+    # Statuses: partial exactly where the body has a section the storage spec does not cover.
     for delivery, push in pushes.items():
         sections = set(json.loads(push.body)["data"])
         expected = "partial" if sections - set(RECORD_METRICS) - {"metrics"} else "parsed"
@@ -1031,7 +1077,7 @@ def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_s
 def test_a_point_with_an_overflowing_epoch_time_is_a_bad_point_not_a_failure(journal, passes):
     # Found while looking for a real trigger of an unexpected exception: parse_time(1e308)
     # raised OverflowError, which failed the whole delivery as unexpected:OverflowError
-    # instead of counting one bad point (design.md §4).  Fixed in _parse_epoch.
+    # instead of counting one bad point (STORAGE-1.2).  Fixed in _parse_epoch.
     metric = steps(MINUTES)
     metric["data"].append({"date": 1e308, "qty": 5, "source": hf.CANARY_SOURCE})
     delivery = journal.post(body_of(metric))

@@ -1,8 +1,8 @@
 """The merge rule at the function level (healthlog.py section "Canonical form and merge
-rule"; design.md §5; requirements STO-1, STO-2).
+rule"; the storage spec's collision requirement; seeds STO-1, STO-2).
 
 Positions are journal positions ``(received_at, delivery id)`` as the fold passes them.
-Expected outcomes are written out by hand from the design's wording; the hypothesis
+Expected outcomes are written out by hand from the spec's wording; the hypothesis
 properties use tests/hae_factory.py's independent ``same_value`` oracle.
 """
 
@@ -222,8 +222,8 @@ def test_sto_2_3_equal_content_keeps_the_empty_extra_keys():
 
 
 def test_equal_content_and_more_empty_keys_dominates_whatever_the_shared_values():
-    """design.md §5 follows STO-2.3 over the requirement's wording: the requirement's own
-    example of what to avoid is, under the design, dominance."""
+    """The storage spec follows STO-2.3 over the seed requirement's wording: its own
+    example of what to avoid is, under the storage spec, dominance."""
     padded = {"date": DATE, "qty": 0.001, "p1": None, "p2": None}
     real = {"date": DATE, "qty": 72.5}
     assert dominates(padded, real)
@@ -433,8 +433,64 @@ def test_property_winner_is_an_input_and_never_dominated(points):
     assert clash == any(incomparable(p, q) for p in survivors for q in survivors)
 
 
+def brute_force_reduce(points: list) -> tuple:
+    """The merge rule's reduction written the obvious, quadratic way."""
+    survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
+    clash = any(incomparable(p, q) for p in survivors for q in survivors)
+    return max(survivors, key=lambda p: (canonical(p), json.dumps(p, ensure_ascii=False))), clash
+
+
+def near_cell_edges():
+    """Numbers on and beside the edges of the value index's cells, and their jitter."""
+    values = []
+    for k in (-3, 0, 7, 2302585093):
+        edge = math.exp((k - 0.5) * 1e-9)
+        values += [edge, math.nextafter(edge, 0), math.nextafter(edge, 10), edge * (1 + 5e-13)]
+    return values
+
+
+NUMBERS = near_cell_edges() + [1, 1.0, 1 + 4e-16, 10, 9.999999999999998, 0, -2, -2.0000000000000004]
+rich_candidates = st.lists(
+    st.dictionaries(st.sampled_from(("qty", "Min", "Max", "note", "source")),
+                    st.one_of(st.sampled_from(NUMBERS), st.sampled_from(("", "a", None)),
+                              st.lists(st.sampled_from(NUMBERS), max_size=2)),
+                    max_size=4).map(lambda d: dict(d, date=DATE)),
+    min_size=2, max_size=12)
+
+
+@given(rich_candidates)
+@settings(max_examples=400, deadline=None)
+@example([{"date": DATE, "qty": 10, "Min": 1}, {"date": DATE, "qty": 9.999999999999998}])
+def test_property_reduction_equals_the_quadratic_rule(points):
+    winner, clash = reduce_candidates(points)
+    expected, expected_clash = brute_force_reduce(points)
+    assert json.dumps(winner) == json.dumps(expected) and clash == expected_clash
+
+
+def test_a_long_reduction_checks_the_deadline_inside():
+    # 2,000 pairwise incomparable rivals: the check runs many times inside one call,
+    # and a check that raises ends the reduction there.
+    points = [{"date": DATE, "qty": i + 1, "note%d" % i: "x"} for i in range(2000)]
+    calls = []
+    winner, clash = reduce_candidates(points, lambda: calls.append(1))
+    assert clash and len(calls) >= 2000
+
+    class Expired(Exception):
+        pass
+
+    def expire_after_ten() -> None:
+        calls.append(1)
+        if len(calls) > 10:
+            raise Expired()
+
+    calls.clear()
+    with pytest.raises(Expired):
+        reduce_candidates(points, expire_after_ten)
+    assert len(calls) == 11
+
+
 def reference_empty(value) -> bool:
-    """design.md §5 written out again: null, "", a number equal to 0, {}, []."""
+    """The storage spec's *empty* written out again: null, "", a number equal to 0, {}, []."""
     if isinstance(value, bool):
         return False
     return value is None or value == "" or value == {} or value == [] or (
@@ -551,7 +607,7 @@ def test_decide_never_takes_a_boolean_for_the_number_python_equates_it_with():
 
 
 def test_design_residual_three_way_pattern_depends_on_fold_order():
-    """design.md §5 names this: A {qty:10, Min:5} (1), C {qty:11} (2), B {qty:10} (3)
+    """The reindex spec names this: A {qty:10, Min:5} (1), C {qty:11} (2), B {qty:10} (3)
     ends as B in journal order but as C when B is folded before C."""
     a, c, b = {"qty": 10, "Min": 5}, {"qty": 11}, {"qty": 10}
     at = {id(a): ("t", 1), id(c): ("t", 2), id(b): ("t", 3)}
