@@ -1,10 +1,25 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules: real data directories, a real Cheroot
+server on 127.0.0.1:0, real serve subprocesses, the .pyz, log capture with a leak check
+on every test, and a check that no test leaves threads or connections behind."""
 
+import http.client
+import io
+import json
+import logging
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import build_zipapp
+import healthlog
 
 
 @pytest.fixture(scope="session")
@@ -16,25 +31,6 @@ def pyz(tmp_path_factory) -> Path:
     """
     return build_zipapp.build(tmp_path_factory.mktemp("pyz") / "healthlog.pyz")
 
-
-# ---------------------------------------------------------------------------
-# healthlog fixtures: real data directories, a real Cheroot server on 127.0.0.1:0,
-# real serve subprocesses, and log capture with a leak check on every test.
-# ---------------------------------------------------------------------------
-
-import http.client
-import io
-import json
-import logging
-import re
-import signal
-import sqlite3
-import subprocess
-import sys
-import threading
-import time
-
-import healthlog
 
 TOKEN = "test-token-0123456789abcdef"
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +46,8 @@ _LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
 
 def without_source(value):
     """The value without any ``source`` key at any level: an oracle written apart from
-    healthlog.strip_source, for tests that check healthlog against design §5."""
+    healthlog.strip_source, for tests that check healthlog against the storage spec's
+    merge rule."""
     if isinstance(value, dict):
         return {k: without_source(v) for k, v in value.items() if k != "source"}
     if isinstance(value, list):
@@ -103,6 +100,62 @@ def logs():
     yield capture
     logging.getLogger().removeHandler(handler)
     assert_no_leaks(capture.lines())
+
+
+LEAK_GRACE_S = 10.0
+"""How long a test's threads and sockets may take to end after its teardown."""
+
+
+def _open_handles() -> set:
+    """This process's open sockets and database files, as (fd, target) pairs."""
+    handles = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:  # closed between listing and reading
+            continue
+        if target.startswith("socket:") or healthlog.DB_NAME in target:
+            handles.add((fd, target))
+    return handles
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """Fail a test that leaves threads, servers or connections behind: a fold thread
+    still burning a core slows every later test and makes timings vary."""
+    threads, handles = set(threading.enumerate()), _open_handles()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        extra_threads = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+        extra_handles = sorted(target for _, target in _open_handles() - handles)
+        if not extra_threads and not extra_handles:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("left running after the test: threads %s, open %s"
+                                 % (extra_threads, extra_handles))
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module", params=["orjson", "stdlib"])
+def json_mode(request, tmp_path_factory):
+    """Run a whole module once with orjson and once with the standard json module
+    (orjson hidden in this process and, through PYTHONPATH, in every subprocess):
+    healthlog promises the same results either way.  Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("json_mode")``; module fixtures that fold
+    data request it so that they are built in the mode of their tests."""
+    if request.param == "orjson":
+        if healthlog._orjson is None:
+            pytest.skip("orjson is not installed")
+        yield request.param
+        return
+    hidden = tmp_path_factory.mktemp("no-orjson")
+    (hidden / "orjson.py").write_text('raise ImportError("orjson is hidden by the tests")\n')
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(healthlog, "_orjson", None)
+        patch.setenv("PYTHONPATH", os.pathsep.join(
+            [str(hidden)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        yield request.param
 
 
 @pytest.fixture
@@ -160,8 +213,8 @@ def start_service(make_config):
         return service
 
     yield start
-    for service in started:
-        service.stop()  # idempotent
+    late = [service.address for service in started if not service.stop()]  # idempotent
+    assert not late, "Service.stop() ran out of its budget (a fold outlived the test): %s" % late
 
 
 @pytest.fixture
@@ -278,7 +331,7 @@ class ServeProcess:
         return Client("127.0.0.1", self.port)
 
     def log_lines(self) -> list:
-        return [l for l in self.log_path.read_text(errors="replace").splitlines() if l]
+        return [line for line in self.log_path.read_text(errors="replace").splitlines() if line]
 
     def terminate(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

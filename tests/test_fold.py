@@ -39,6 +39,9 @@ import hae_factory as hf
 import healthlog
 from conftest import Client, db_rows, wait_for, without_source
 
+
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+
 AUTOMATION = {
     "automation-name": "Fold test",
     "automation-id": "6F0D1D5E-0C1A-4E2B-9A3C-00000000F01D",
@@ -982,6 +985,9 @@ def test_fold_11_2_re_sends_of_the_same_data_write_nothing(start_service):
 # Requirement 12: fold records carry no point values and no device names.
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_MEASURED = re.compile(r"(?<![\w.])(?:ms|worst_wait_s|waited_s)=[0-9.]+(?=\s|$)")
+"""Fields in which healthlog writes its own measurements (durations, waits): their
+numbers are healthlog's, and a short body value can look like one (72.4 ms)."""
 
 
 def collect_values(body: bytes, numbers: set, names: set) -> None:
@@ -1065,7 +1071,8 @@ def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_s
         if " level=DEBUG " in line:
             continue
         checked += 1
-        assert not set(_NUMBER.findall(line)) & numbers, "a value in the log: " + line
+        own = _MEASURED.sub("", line)
+        assert not set(_NUMBER.findall(own)) & numbers, "a value in the log: " + line
         assert not [name for name in names if name in line], "a name in the log: " + line
     assert checked > len(pushes)  # at least one record per delivery was looked at
 

@@ -15,10 +15,14 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import healthlog
+
+
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -23,6 +23,9 @@ from conftest import without_source
 from healthlog import (all_keys, canonical, content_keys, decide, dominates, incomparable,
                        is_empty, reduce_candidates, same_value)
 
+
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+
 EARLY = ("2024-03-08T10:00:00.000000Z", 1)
 LATE = ("2024-03-08T10:05:00.000000Z", 2)
 SAME_INSTANT_LATER_ID = ("2024-03-08T10:00:00.000000Z", 3)

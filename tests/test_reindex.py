@@ -41,6 +41,8 @@ import healthlog
 from conftest import (ROOT, TOKEN, Client, LogCapture, archive_files, assert_no_leaks, db_rows,
                       parse_logfmt, wait_for)
 
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+
 DAY = dt.date(2024, 3, 8)
 FAST = hf.Automation("Reindex fast", "Minutes", "Since Last Sync")
 FINGERPRINT = re.compile(r"^fingerprint: ([0-9a-f]{64})$", re.M)
@@ -316,7 +318,7 @@ def _module_service(data_dir: Path, **overrides):
 
 
 @pytest.fixture(scope="module")
-def week_store(tmp_path_factory) -> Path:
+def week_store(tmp_path_factory, json_mode) -> Path:
     """A data directory whose live worker folded `_week_deliveries()` (tests copy it)."""
     data_dir = tmp_path_factory.mktemp("week") / "data"
     export = data_dir.parent / "export.json"  # a backfill exported by hand in the app
@@ -338,7 +340,7 @@ BIG_DELIVERIES = 24
 
 
 @pytest.fixture(scope="module")
-def big_store(tmp_path_factory) -> Path:
+def big_store(tmp_path_factory, json_mode) -> Path:
     """A store that takes reindex a few seconds: 24 minute-grouped bodies of 2 MB
     (~180k points), folded live."""
     data_dir = tmp_path_factory.mktemp("big") / "data"
@@ -866,7 +868,7 @@ def test_reindex_7_2_verify_names_up_to_20_differing_objects_and_reindex_heals(s
     result = run_cli("verify", "--data", data_dir)
 
     assert result.returncode == 1
-    differs = [l for l in result.stdout.splitlines() if l.startswith("differs: ")]
+    differs = [line for line in result.stdout.splitlines() if line.startswith("differs: ")]
     assert len(differs) == 21 and differs[-1] == "differs: … and 5 more"
     midnight = dt.datetime.combine(DAY, dt.time(), dt.timezone.utc)
     for hour, line in zip(hours, differs[:20]):
@@ -1072,7 +1074,7 @@ def test_reindex_9_4_an_old_export_does_not_take_the_place_of_newer_pushed_value
     export.write_bytes(body(("step_count", "count", [pt(when(8, 0), qty=5000)])))
     morning = time.time() - 3600
     os.utime(str(export), (morning, morning))
-    service = start_service()
+    service = start_service(fold_wake_s=0.1)  # the import is folded on the next wake
     client = Client(*service.address)
     post(client, body(("step_count", "count", [pt(when(8, 0), qty=12345)])), headers=headers())
     wait_folded(data_dir)
@@ -1109,6 +1111,28 @@ def test_reindex_10_1_fingerprint_is_sha256_of_sorted_object_keys_and_hashes(wee
         expected] * 3
     assert json.loads(run_cli("status", "--data", data_dir, "--json").stdout)[
         "fingerprint"] == expected
+
+
+def test_reindex_10_3_the_same_archive_gives_the_same_fingerprint_with_and_without_orjson(
+        week_store, tmp_path):
+    pytest.importorskip("orjson")
+    hidden = tmp_path / "no-orjson"
+    hidden.mkdir()
+    (hidden / "orjson.py").write_text('raise ImportError("hidden")\n')
+    modes = {"orjson": "", "stdlib": str(hidden)}
+    printed = {}
+    for mode, path in modes.items():
+        data_dir = copy_store(week_store, tmp_path / mode)
+        probe = "import healthlog; print(healthlog._orjson is not None)"
+        env = dict(os.environ, PYTHONPATH=path)
+        uses = subprocess.run([sys.executable, "-c", probe], cwd=str(ROOT), env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        assert uses == str(mode == "orjson")
+        result = subprocess.run(cli_args("reindex", "--data", data_dir), env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        printed[mode] = printed_fingerprint(result.stdout)
+    assert printed == dict.fromkeys(modes, live_fingerprint(week_store))
 
 
 def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(start_service,

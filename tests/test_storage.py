@@ -25,6 +25,8 @@ import hae_factory as hf
 import healthlog
 from conftest import Client, db_rows, wait_for, without_source
 
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+
 SOURCE = hf.CANARY_SOURCE  # "Zebulon’s Apple Watch": must never reach a log record
 OTHER_SOURCE = hf.PIPED_SOURCE
 MINUTES = hf.Automation("Storage minutes", "Minutes", "Since Last Sync")
@@ -171,7 +173,8 @@ def only_point(row: dict) -> dict:
 
 def canonical_hash(points: list) -> str:
     """SHA-256 of the storage spec's canonical form, computed independently of healthlog."""
-    text = json.dumps(without_source(points), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(without_source(points), sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -636,7 +639,7 @@ def test_sto_6_1_a_folded_delivery_is_logged_with_counters_and_id_only(store, lo
     assert record["delivery_id"] == str(delivery["id"])
     for counter in ("metrics", "points", "objects_written"):
         assert record[counter] == str(delivery[counter]), counter
-    line = [l for l in logs.lines() if 'msg="delivery folded"' in l][0]
+    line = [text for text in logs.lines() if 'msg="delivery folded"' in text][0]
     for name in hf.CANARY_STRINGS + (hf.OWNER_WATCH, "Anton", "Zebulon"):
         assert name not in line
     assert_absent(logs, *hf.CANARY_STRINGS)
