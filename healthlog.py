@@ -405,7 +405,7 @@ def _utc_iso(ts: float) -> str:
 
 
 class LogfmtFormatter(logging.Formatter):
-    """``time=… level=… msg="…" key=value …`` (design.md §11)."""
+    """``time=… level=… msg="…" key=value …`` (README, "Logging")."""
 
     def format(self, record: logging.LogRecord) -> str:
         parts = ["time=" + _utc_iso(record.created),
@@ -465,7 +465,7 @@ _SEXAGESIMAL = {"%02d" % i: i for i in range(60)}
 _HOUR_BASE: dict = {}
 """``"YYYY-MM-DD HH ±hhmm"`` → µs of that local hour in UTC.  HAE's timestamps share
 a handful of hours and offsets, so the fast path is two slices and three lookups
-(design.md §13: strptime on every timestamp costs 9× the JSON parse)."""
+(measured: strptime on every timestamp costs 9× the JSON parse of the body)."""
 _HOUR_BASE_MAX = 200_000
 
 _HAE_24H = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
@@ -632,13 +632,13 @@ def parse_received_at(text: str) -> _dt.datetime:
 
 
 # ==============================================================================
-# Canonical form and merge rule: same value, emptiness, dominance (design.md §5).
+# Canonical form and merge rule: same value, emptiness, dominance (storage spec).
 # ==============================================================================
 
 SAME_VALUE_REL = 1e-12
 """Numbers within this relative distance are one value: HAE re-spells doubles with
 last-digit jitter (61.999999999999993 vs 61.99999999999999); rounding to N digits
-instead would split 9 % of values across a rounding boundary (design.md §5)."""
+instead would split 9 % of values across a rounding boundary (measured)."""
 
 
 def strip_source(value: Any) -> Any:
@@ -914,7 +914,7 @@ def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position
 
 
 # ==============================================================================
-# HAE sections to points: which key of ``data`` becomes which metric (design.md §4).
+# HAE sections to points: which key of ``data`` becomes which metric (storage spec).
 # ==============================================================================
 
 RECORD_LAYER = "record"
@@ -1474,7 +1474,8 @@ def fingerprint(conn: sqlite3.Connection, table: str = "object") -> str:
     The one definition used by status, reindex and verify.
     """
     rows = conn.execute("SELECT metric, layer, hour, hash FROM %s" % table)
-    return fingerprint_rows(((m, l, h), digest) for m, l, h, digest in rows)
+    return fingerprint_rows(((metric, layer, hour), digest)
+                            for metric, layer, hour, digest in rows)
 
 
 def fingerprint_rows(items: Any) -> str:
@@ -1790,7 +1791,7 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
 
 
 # ==============================================================================
-# Fold: one delivery into hourly objects, all-or-nothing (design.md §3, §5, §6).
+# Fold: one delivery into hourly objects, all-or-nothing (fold and storage specs).
 # ==============================================================================
 
 FOLD_BUSY_BACKOFF_S = (0.1, 0.5)
@@ -2021,7 +2022,7 @@ class Folder:
         return plan
 
     def _layer(self, row: sqlite3.Row, extraction: Extraction) -> tuple:
-        """(layer, warnings): header, else inference, else inheritance (design.md §4)."""
+        """(layer, warnings): header, else inference, else inheritance (storage spec)."""
         if not extraction.has_metric_points:
             return None, []
         header = header_layer(row["automation_aggregation"])
@@ -2254,7 +2255,8 @@ class Folder:
     def _log_folded(plan: FoldPlan, seconds: float, verbose: bool) -> None:
         for message, fields in plan.warnings:
             log_event(logging.WARNING if verbose else logging.DEBUG, message, **fields)
-        log_event(logging.INFO if verbose else logging.DEBUG, "delivery folded", delivery_id=plan.delivery_id,
+        log_event(logging.INFO if verbose else logging.DEBUG, "delivery folded",
+                  delivery_id=plan.delivery_id,
                   status=plan.status, layer=plan.layer, uncovered=plan.uncovered or None,
                   duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
 
@@ -2428,7 +2430,7 @@ class FoldWorker:
 
 
 def requeue_covered(conn: sqlite3.Connection) -> int:
-    """Set back to pending the rows this version would fold differently (design.md §3):
+    """Set back to pending the rows this version would fold differently (fold spec):
     ``partial`` rows whose uncovered keys are now covered, and statuses written by a
     parser that did not tell ``partial`` from ``parsed`` (no parser version)."""
     ids = [row_id for row_id, keys in conn.execute(
@@ -2853,7 +2855,7 @@ def run_serve(config: Config) -> int:
 
 
 # ==============================================================================
-# Reindex, verify, import: the store is a function of the archive (design.md §7).
+# Reindex, verify, import: the store is a function of the archive (reindex spec).
 # ==============================================================================
 
 JOURNAL_COLUMNS = ("id", "received_at", "journaled_at", "archive_path", "body_bytes",
@@ -3166,7 +3168,8 @@ def run_verify(config: Config, out: Any = None) -> int:
         live.execute("BEGIN")
         journal = live.execute("SELECT %s, parse_status, folded_at FROM delivery"
                                % ", ".join(JOURNAL_COLUMNS)).fetchall()
-        live_objects = {(m, l, h): digest for m, l, h, digest in live.execute(
+        live_objects = {(metric, layer, hour): digest
+                        for metric, layer, hour, digest in live.execute(
             "SELECT metric, layer, hour, hash FROM object")}
         live.execute("COMMIT")
     finally:
@@ -3190,7 +3193,8 @@ def run_verify(config: Config, out: Any = None) -> int:
                 "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
                 if i not in live_pending]
             rebuild(scratch, config, "delivery", "object", ids, "verify")
-            rebuilt = {(m, l, h): digest for m, l, h, digest in scratch.execute(
+            rebuilt = {(metric, layer, hour): digest
+                       for metric, layer, hour, digest in scratch.execute(
                 "SELECT metric, layer, hour, hash FROM object")}
         finally:
             scratch.close()
@@ -3267,7 +3271,8 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
         with open(str(path), "rb") as handle:
             upload = archive.receive(handle.read, size, FOLD_MAX_BYTES, lambda: None)
     except OSError as exc:
-        raise BadRequest("cannot read the file (%s)" % (exc.strerror or type(exc).__name__))
+        raise BadRequest("cannot read the file (%s)"
+                         % (exc.strerror or type(exc).__name__)) from None
     # The file's modification time stands for when the export was made: an old export
     # must not take the place of newer pushed values at a tie (the later journal
     # position wins).  Never later than now.

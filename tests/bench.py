@@ -11,10 +11,11 @@ before and after the 60 MB uploads.
 fresh ~16.8k-point delivery (2.8 MB), for the same points re-sent re-serialised (keys
 shuffled, last-digit jitter), for 20,000 points on 20,000 distinct minutes beside 20,000
 points crowded on 60 minutes (one, two and three key sets: the cost of a fold must stay
-close to linear in the points whatever their coordinates), and for a fresh 62 MB delivery; bytes per stored point;
-POST -> parsed for the 2.8 MB body; and the peak RSS of a ``serve`` subprocess during
-the 62 MB fold.  ``--json std`` hides orjson to measure the standard-library path.  The machine is shared and noisy: compare
-figures within one run, and read medians.
+close to linear in the points whatever their coordinates), and for a fresh 62 MB
+delivery; bytes per stored point; POST -> parsed for the 2.8 MB body; and the peak RSS of
+a ``serve`` subprocess during the 62 MB fold.  ``--json std`` hides orjson to measure the
+standard-library path.  The machine is shared and noisy: compare figures within one run,
+and read medians.
 """
 
 from __future__ import annotations

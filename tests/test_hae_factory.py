@@ -157,7 +157,7 @@ def test_twelve_hour_phones(style, space, mark):
     assert hf.hae_time(dt.datetime(2024, 9, 21, 7, 57), phone.zone, style) == \
         "2024-09-21 7:57:00%s%s +1000" % (space, mark)
     parsed = json.loads(hf.dumps_hae(full_payload(phone=phone)))
-    for path, key, value in time_values(parsed):
+    for path, _key, value in time_values(parsed):
         if isinstance(value, str) and "stateOfMind" not in path:
             assert HAE_12H.match(value), value
     assert space.encode("utf-8") in hf.dumps_hae(full_payload(phone=phone))

@@ -298,7 +298,8 @@ def test_ingest_5_2_413_while_streaming_a_chunked_body_writes_nothing(start_serv
 @pytest.mark.parametrize("content_type", [
     "multipart/form-data; boundary=xyz", "text/csv", "text/csv; charset=utf-8",
     "application/csv"])
-def test_ingest_6_1_415_for_csv_or_multipart_writes_nothing(service, client, data_dir, content_type):
+def test_ingest_6_1_415_for_csv_or_multipart_writes_nothing(service, client, data_dir,
+                                                            content_type):
     status, payload = client.ingest(b"date,qty\n2026-05-19,1\n",
                                     headers={"Content-Type": content_type})
     assert status == 415

@@ -43,7 +43,7 @@ def test_ing_6_2_sigterm_stops_http_before_the_worker_and_exits_0(serve_process,
     order = [msgs.index(m) for m in ("stop requested", "http stopped", "fold thread stopped",
                                      "stopped")]
     assert order == sorted(order)
-    assert not [l for l in proc.log_lines() if "level=ERROR" in l]
+    assert not [line for line in proc.log_lines() if "level=ERROR" in line]
 
 
 def test_sigint_stops_cleanly_too(serve_process, data_dir):
@@ -331,7 +331,7 @@ def test_ingest_13_2_status_counts_deliveries_and_prints_the_fingerprint(paused_
     text = capsys.readouterr().out
     assert "deliveries: 2 (pending 2, parsed 0, partial 0, failed 0)" in text
     assert "backlog: 2" in text and "archive: 2 bodies" in text
-    [fp_line] = [l for l in text.splitlines() if l.startswith("fingerprint: ")]
+    [fp_line] = [line for line in text.splitlines() if line.startswith("fingerprint: ")]
     assert len(fp_line.split()[1]) == 64
     assert healthlog.main(["status", "--data", str(data_dir), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
@@ -352,7 +352,7 @@ def test_status_without_a_database_exits_2(tmp_path):
 def test_log_fields_are_escaped_so_a_foreign_name_cannot_break_a_line(logs):
     hostile = 'a"b\nlevel=ERROR msg=forged\u2028x\x1b[31m'
     healthlog.log_event(40, "hostile", name=hostile, names=["x y", "z"])
-    [line] = [l for l in logs.stream.getvalue().split("\n") if "hostile" in l]
+    [line] = [text for text in logs.stream.getvalue().split("\n") if "hostile" in text]
     assert "\u2028" not in line and "\x1b" not in line
     record = parse_logfmt(line)
     assert record["name"] == hostile  # one line, and the value survives intact
