@@ -2,6 +2,7 @@
 server on 127.0.0.1:0, real serve subprocesses, the .pyz, log capture with a leak check
 on every test, and a check that no test leaves threads or connections behind."""
 
+import fcntl
 import http.client
 import io
 import json
@@ -24,12 +25,17 @@ import healthlog
 
 @pytest.fixture(scope="session")
 def pyz(tmp_path_factory) -> Path:
-    """dist/healthlog.pyz built once per session from the working tree, in a temp folder.
+    """dist/healthlog.pyz built once per session (per xdist worker) from the working
+    tree, in a temp folder.
 
-    The wheels come from build_zipapp's cache (build/wheels), downloaded on first use.
+    The wheels come from build_zipapp's cache (build/wheels), downloaded on first use;
+    a file lock keeps two workers from downloading into the cache at once.
     Run it with tests/test_build.py's run_pyz().
     """
-    return build_zipapp.build(tmp_path_factory.mktemp("pyz") / "healthlog.pyz")
+    build_zipapp.DEFAULT_WHEELS.mkdir(parents=True, exist_ok=True)
+    with open(str(build_zipapp.DEFAULT_WHEELS.parent / "wheels.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_zipapp.build(tmp_path_factory.mktemp("pyz") / "healthlog.pyz")
 
 
 TOKEN = "test-token-0123456789abcdef"
