@@ -69,8 +69,11 @@ __all__ = ["Config", "Service", "main", "__version__"]
 SCHEMA_VERSION = 1
 """``PRAGMA user_version`` of the database this code writes; a newer one is refused."""
 
-PARSER_VERSION = 1
-"""Stamped on each folded delivery; rows folded by an older parser are refolded."""
+PARSER_VERSION = 2
+"""Stamped on each folded delivery.  2: the category (a string ``value``) is part of a
+coordinate, sleep is a record, units never mix, times compare as instants, layers are
+inferred by majority.  A store folded by an older parser is named at start and in
+``status``, with ``reindex`` as the way to rebuild it by the current rules."""
 
 DEFAULT_PORT = 8765
 DEFAULT_HOST = "0.0.0.0"  # the phone must reach it over the LAN
@@ -469,7 +472,7 @@ a handful of hours and offsets, so the fast path is two slices and three lookups
 _HOUR_BASE_MAX = 200_000
 
 _HAE_24H = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-                      r" ?([+-])(\d{2}):?(\d{2})", re.ASCII)
+                      r" ?(?:([Zz])|([+-])(\d{2}):?(\d{2}))", re.ASCII)
 _HAE_12H = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{1,2}):(\d{2})(?::(\d{2}))?"
                       "[ \u00a0\u202f]?([AaPp])\\.?[Mm]\\.? ?([+-])(\\d{2}):?(\\d{2})", re.ASCII)
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?"
@@ -480,7 +483,8 @@ _DATE_ONLY = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
 def parse_time(value: Any) -> Optional[int]:
     """A point's timestamp as UTC epoch microseconds, or None when it is not one.
 
-    Accepts HAE's ``yyyy-MM-dd HH:mm:ss Z`` (fast path), its 12-hour variants
+    Accepts HAE's ``yyyy-MM-dd HH:mm:ss Z`` (fast path; the zone also as a literal
+    ``Z``), its 12-hour variants
     (``am``/``AM``, with an ordinary, U+00A0 or U+202F space), fractions of a second,
     date-only (UTC midnight), ISO-8601 with ``Z`` or an offset, and epoch numbers
     (seconds; milliseconds above 1e11).  Pure: no I/O, no time zone database —
@@ -535,8 +539,8 @@ def _parse_time_text(text: str) -> Optional[int]:
     text = text.strip()
     match = _HAE_24H.fullmatch(text)
     if match:
-        y, mo, d, h, mi, s, frac, sign, oh, om = match.groups()
-        offset = _offset_seconds(sign, oh, om)
+        y, mo, d, h, mi, s, frac, zulu, sign, oh, om = match.groups()
+        offset = 0 if zulu else _offset_seconds(sign, oh, om)
         if offset is None:
             return None
         result = _instant(y, mo, d, int(h), mi, s, frac, offset)
@@ -661,9 +665,28 @@ def canonical(value: Any) -> str:
                       separators=(",", ":"), allow_nan=False)
 
 
+TIME_KEYS = frozenset(("date", "start", "end", "startDate", "endDate", "sleepStart", "sleepEnd",
+                       "inBedStart", "inBedEnd", "scheduledDate"))
+"""Keys whose values are times: compared as instants, so the same moment re-spelled
+(12-hour with U+202F after an iOS locale change, ISO, a literal ``Z``) is the same."""
+
+
+def same_field(key: str, a: Any, b: Any) -> bool:
+    """The values of one key are the same: for a key of :data:`TIME_KEYS` whose values
+    both read as times, the same instant (to the microsecond) however it is spelled;
+    else :func:`same_value`."""
+    if key in TIME_KEYS and not (a == b and type(a) is str and type(b) is str):
+        instant = parse_time(a)
+        if instant is not None:
+            other = parse_time(b)
+            if other is not None:
+                return instant == other
+    return same_value(a, b)
+
+
 def same_value(a: Any, b: Any) -> bool:
-    """Same structure, equal strings and booleans, numbers equal within 1e-12 relative;
-    ``source`` is ignored at every level."""
+    """Same structure, equal strings and booleans, numbers equal within 1e-12 relative,
+    times (:data:`TIME_KEYS`) equal as instants; ``source`` is ignored at every level."""
     if a == b and type(a) is type(b) and type(a) is not dict and type(a) is not list:
         return True
     ta, tb = type(a), type(b)
@@ -673,7 +696,7 @@ def same_value(a: Any, b: Any) -> bool:
         keys = a.keys() - {"source"}
         if keys != b.keys() - {"source"}:
             return False
-        return all(same_value(a[k], b[k]) for k in keys)
+        return all(same_field(k, a[k], b[k]) for k in keys)
     if ta is list:
         return tb is list and len(a) == len(b) and all(map(same_value, a, b))
     if ta is bool or tb is bool:
@@ -719,7 +742,7 @@ def dominates(a: Any, b: Any) -> bool:
     content and strictly more (empty) keys (STO-2)."""
     ca, cb = content_keys(a), content_keys(b)
     if ca > cb:
-        return all(same_value(a[k], b[k]) for k in cb)
+        return all(same_field(k, a[k], b[k]) for k in cb)
     return ca == cb and all_keys(a) > all_keys(b)
 
 
@@ -744,10 +767,12 @@ _DEADLINE_EVERY = 1024
 
 def reduce_candidates(points: list,
                       check_deadline: Callable[[], None] = _no_deadline) -> tuple:
-    """One delivery's candidates for one coordinate → (winner, was_incomparable).
+    """One delivery's candidates for one coordinate → (winner, lost).
 
     Drops every candidate dominated by another, then takes the greatest by canonical
     form, then by arrived text; the result never depends on the JSON array order.
+    ``lost`` counts the distinct values dropped that were neither the same value as the
+    winner nor dominated: information the store does not keep, never silent.
     Close to linear in the candidates: each one's canonical form and key sets are
     computed once, candidates of one canonical form collapse first, and dominance is
     asked between groups of equal key sets, through an index of the richer group's
@@ -755,7 +780,7 @@ def reduce_candidates(points: list,
     thousands of rivals at one coordinate ends at the fold deadline.
     """
     if len(points) == 1:
-        return points[0], False
+        return points[0], 0
     forms: dict = {}  # canonical form -> [arrived points of that form]
     for point in points:
         forms.setdefault(canonical(point), []).append(point)
@@ -774,19 +799,11 @@ def reduce_candidates(points: list,
                     break
         if members:
             survivors[keys] = members
-    clash = _any_incomparable([keys[0] for keys in survivors], check_deadline)
     best = max(form for members in survivors.values() for form in members)
     winner = next(members[best] for members in survivors.values() if best in members)
-    return winner, clash
-
-
-def _any_incomparable(content_sets: list, check_deadline: Callable[[], None]) -> bool:
-    """Does each of two content-key sets carry a key the other lacks?"""
-    for i, a in enumerate(content_sets):
-        check_deadline()
-        if any(a - b and b - a for b in content_sets[i + 1:]):
-            return True
-    return False
+    lost = sum(1 for members in survivors.values() for form, point in members.items()
+               if form != best and not same_value(point, winner))
+    return winner, lost
 
 
 def _undominated(members: dict, keys: tuple, rivals: dict, rival_keys: tuple,
@@ -820,8 +837,8 @@ class _ValueIndex:
         for point in points:
             self.cells.setdefault(_Cells(self._values(point)).key, []).append(point)
 
-    def _values(self, point: dict) -> list:
-        return [point[k] for k in self.keys]
+    def _values(self, point: dict) -> dict:
+        return {k: point[k] for k in self.keys}
 
     def holds(self, point: dict) -> bool:
         cells = _Cells(self._values(point))
@@ -833,7 +850,7 @@ class _ValueIndex:
         for count, other in enumerate(points, 1):
             if count % _DEADLINE_EVERY == 0:
                 self.check_deadline()
-            if all(same_value(other[k], point[k]) for k in self.keys):
+            if all(same_field(k, other[k], point[k]) for k in self.keys):
                 return True
         return False
 
@@ -848,8 +865,9 @@ _EDGE_LOOKUPS_MAX = 4
 
 class _Cells:
     """A hashable stand-in for a value (``source`` dropped) in which every number is
-    its cell: every value that :func:`same_value` calls the same has a stand-in among
-    :meth:`keys` (the numbers near a cell edge taken in either neighbouring cell)."""
+    its cell and every time its instant: every value that :func:`same_value` calls the
+    same has a stand-in among :meth:`keys` (the numbers near a cell edge taken in
+    either neighbouring cell)."""
 
     def __init__(self, value: Any):
         self.near_edge: list = []  # (ordinal of the number, its other cell)
@@ -871,10 +889,17 @@ class _Cells:
     def _cell_again(self, value: Any) -> Any:
         return self._walk(value, record=False)
 
+    def _walk_field(self, key: str, value: Any, record: bool) -> Any:
+        if key in TIME_KEYS:
+            instant = parse_time(value)
+            if instant is not None:
+                return ("time", instant)
+        return self._walk(value, record)
+
     def _walk(self, value: Any, record: bool) -> Any:
         kind = type(value)
         if kind is dict:
-            return ("{", tuple(sorted((k, self._walk(v, record))
+            return ("{", tuple(sorted((k, self._walk_field(k, v, record))
                                       for k, v in value.items() if k != "source")))
         if kind is list:
             return ("[", tuple(self._walk(v, record) for v in value))
@@ -930,6 +955,10 @@ UNCOVERED_MAX_LENGTH = 64
 this, does not look like HAE, and hitting a bound raises the record to WARN (STO-6.3)."""
 
 DENSE_MIN_POINTS = 3
+"""A metric with this many bucket points has a say in layer inference."""
+POOLED_MIN_POINTS = 2
+"""Without a dense metric, this many bucket points over all metrics still tell the layer
+(two minute-aligned points cannot come from an hourly export); one point never does."""
 INFER_SAMPLE = 256
 """Starts per metric checked against a header: a contradiction shows in any of them."""
 
@@ -985,6 +1014,21 @@ def raw_start(point: dict) -> Any:
     return raw
 
 
+def point_coordinate(point: dict) -> Optional[tuple]:
+    """(start, end, category): the span in UTC µs and the category, the point's
+    ``value`` when that is a string (a sleep stage, a cycle-tracking flow), else its
+    ``kind`` when that is one (a state of mind's ``daily_mood`` or ``momentary_emotion``),
+    else "".  Two records of different stages, or a day's mood and an emotion logged at
+    the same moment, can share a span exactly: different facts, never rivals."""
+    span = point_span(point)
+    if span is None:
+        return None
+    category = point.get("value")
+    if type(category) is not str:
+        category = point.get("kind")
+    return span + (category if type(category) is str else "",)
+
+
 def point_span(point: dict) -> Optional[tuple]:
     """(start, end) in UTC µs: start = start, else startDate, else date; end = end,
     else endDate, else start.  None when a present timestamp cannot be parsed."""
@@ -1003,12 +1047,12 @@ def point_span(point: dict) -> Optional[tuple]:
 
 @dataclass
 class MetricPoints:
-    """One metric of one delivery: its points grouped by coordinate (start, end)."""
+    """One metric of one delivery: its points grouped by coordinate."""
 
     name: str
-    is_metric: bool  # from data.metrics (time-grouped) rather than a record section
+    is_metric: bool  # time-grouped (data.metrics but sleep), not in the record layer
     units: Optional[str] = None
-    coords: dict = field(default_factory=dict)  # (start, end) -> point | [points]
+    coords: dict = field(default_factory=dict)  # (start, end, category) -> point | [points]
     starts: list = field(default_factory=list)  # raw start strings, for layer inference
     has_interval: bool = False
 
@@ -1079,37 +1123,44 @@ def _metric_bucket(out: Extraction, is_metric: bool, name: str) -> MetricPoints:
     return bucket
 
 
-def _add_point(bucket: MetricPoints, span: tuple, point: dict) -> None:
-    slot = bucket.coords.get(span)
+def _add_point(bucket: MetricPoints, coord: tuple, point: dict) -> None:
+    slot = bucket.coords.get(coord)
     if slot is None:
-        bucket.coords[span] = point
+        bucket.coords[coord] = point
     elif type(slot) is list:
         slot.append(point)
     else:
-        bucket.coords[span] = [slot, point]
+        bucket.coords[coord] = [slot, point]
+
+
+SLEEP_METRIC = "sleep_analysis"
+"""HAE sends sleep per night (summaries) or per stage segment (records) whatever the
+automation's grouping: its points are records, never time-grouped buckets."""
 
 
 def _extract_metric(out: Extraction, element: Any) -> None:
     name = element.get("name") if type(element) is dict else None
     points = element.get("data") if type(element) is dict else None
+    if points is None and type(name) is str and name.strip():
+        return  # "data": null: a metric exported without samples, like "data": []
     if type(name) is not str or not name.strip() or type(points) is not list:
         out.bad_points += len(points) if type(points) is list else 1
         out.bad_metrics.add(name if type(name) is str and name.strip() else "metrics")
         return
-    bucket = _metric_bucket(out, True, name)
+    bucket = _metric_bucket(out, name != SLEEP_METRIC, name)
     units = element.get("units")
     if bucket.units is None and type(units) is str:
         bucket.units = units
     starts = bucket.starts
     for point in points:
-        span = point_span(point) if type(point) is dict else None
-        if span is None:
+        coord = point_coordinate(point) if type(point) is dict else None
+        if coord is None:
             out.bad_points += 1
             out.bad_metrics.add(name)
             continue
         out.points += 1
-        _add_point(bucket, span, point)
-        if span[0] != span[1]:
+        _add_point(bucket, coord, point)
+        if coord[0] != coord[1]:
             bucket.has_interval = True
         elif len(starts) < 4096:
             starts.append(raw_start(point))
@@ -1117,13 +1168,13 @@ def _extract_metric(out: Extraction, element: Any) -> None:
 
 def _extract_record(out: Extraction, section: str, element: Any, name_of: Callable) -> None:
     name = name_of(element) if type(element) is dict else None
-    span = point_span(element) if name is not None else None
-    if span is None:
+    coord = point_coordinate(element) if name is not None else None
+    if coord is None:
         out.bad_points += 1
         out.bad_metrics.add(name or name_of({}) or section)
         return
     out.points += 1
-    _add_point(_metric_bucket(out, False, name), span, element)
+    _add_point(_metric_bucket(out, False, name), coord, element)
 
 
 def header_layer(value: Optional[str]) -> Optional[str]:
@@ -1135,47 +1186,77 @@ def header_layer(value: Optional[str]) -> Optional[str]:
 
 
 def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optional[str]:
-    """The coarsest grouping every dense bucket start is aligned to, in local time.
+    """The grouping the delivery's bucket points agree on, in the local time written in
+    their timestamps; None when there is too little to tell.
 
-    Dense metrics: at least 3 points, not ``sleep_analysis``, no point with a distinct
-    end.  ``weeks``/``months``/``years`` are told from the spacing of day starts.
-    ``sample`` limits the starts looked at per metric (enough to see a contradiction
-    of a header; the full set when the layer depends on it).
+    Bucket points: points of time-grouped metrics (not sleep) without a distinct end.
+    Each dense metric (at least :data:`DENSE_MIN_POINTS` points) votes for the coarsest
+    grouping all its starts are aligned to, and the grouping with most votes wins (ties:
+    the finer), so a Minutes export whose heart rate is kept at the second is still
+    ``minutes``.  Without a dense metric, the starts of all metrics are pooled (a one-day
+    Days export: one point at local midnight per metric), when there are at least
+    :data:`POOLED_MIN_POINTS`.  ``weeks``/``months``/``years`` are told from the spacing
+    of day starts.  ``sample`` limits the starts looked at per metric (enough to see a
+    contradiction of a header; the full set when the layer depends on it).
     """
-    level, ordinals = 3, set()
+    votes: dict = {}
+    pooled_level, pooled_days, pooled_points = 3, set(), 0
     for bucket in extraction.metrics.values():
-        if (not bucket.is_metric or bucket.name == "sleep_analysis" or bucket.has_interval
-                or len(bucket.coords) < DENSE_MIN_POINTS):
+        if not bucket.is_metric or bucket.has_interval or not bucket.starts:
             continue
-        for raw in bucket.starts[:sample]:
-            if (type(raw) is str and len(raw) == 25 and raw[10] == " " and raw[13] == ":"
-                    and raw[16] == ":" and raw[19] == " "):
-                if raw[17:19] != "00":  # HAE's own format: read the fields in place
-                    return "seconds"
-                if raw[14:16] != "00":
-                    level = min(level, 1)
-                elif raw[11:13] != "00":
-                    level = min(level, 2)
-                elif level == 3:
-                    ordinals.add(raw[:10])
-                continue
-            fields = local_day_and_second(raw)
-            if fields is None:
-                continue
-            ordinal, second = fields
-            if second % 60:
-                return "seconds"
-            if second % 3600:
+        alignment = _alignment(bucket.starts[:sample])
+        if alignment is None:
+            continue
+        level, days = alignment
+        if len(bucket.coords) >= DENSE_MIN_POINTS:
+            grouping = _grouping(level, days)
+            votes[grouping] = votes.get(grouping, 0) + 1
+        pooled_level = min(pooled_level, level)
+        pooled_days |= days
+        pooled_points += len(bucket.coords)
+    if votes:
+        return max(votes, key=lambda grouping: (votes[grouping], -GROUPINGS.index(grouping)))
+    if pooled_points >= POOLED_MIN_POINTS:
+        return _grouping(pooled_level, pooled_days)
+    return None
+
+
+def _alignment(starts: list) -> Optional[tuple]:
+    """(level, days): how coarsely these bucket starts are aligned in local time (0 the
+    second, 1 the minute, 2 the hour, 3 the day or coarser) and, at level 3, their local
+    dates; None when no start can be read."""
+    level, days, readable = 3, set(), False
+    for raw in starts:
+        if (type(raw) is str and len(raw) == 25 and raw[10] == " " and raw[13] == ":"
+                and raw[16] == ":" and raw[19] == " "):
+            if raw[17:19] != "00":  # HAE's own format: read the fields in place
+                return 0, set()
+            if raw[14:16] != "00":
                 level = min(level, 1)
-            elif second:
+            elif raw[11:13] != "00":
                 level = min(level, 2)
             elif level == 3:
-                ordinals.add(ordinal)
-    if level == 3 and not ordinals:
-        return None
-    if level < 3:
-        return ("seconds", "minutes", "hours")[level]
-    return _day_grouping(ordinals)
+                days.add(raw[:10])
+            readable = True
+            continue
+        fields = local_day_and_second(raw)
+        if fields is None:
+            continue
+        readable = True
+        ordinal, second = fields
+        if second % 60:
+            return 0, set()
+        if second % 3600:
+            level = min(level, 1)
+        elif second:
+            level = min(level, 2)
+        elif level == 3:
+            days.add(ordinal)
+    return (level, days if level == 3 else set()) if readable else None
+
+
+def _grouping(level: int, days: set) -> str:
+    return ("seconds", "minutes", "hours")[level] if level < 3 else _day_grouping(days)
 
 
 def _day_grouping(days: set) -> str:
@@ -1845,21 +1926,107 @@ class HourObject:
     layer: str
     hour: int
     units: Optional[str]
-    spans: list
+    coords: list  # (start, end, category) of each point, in stored order
     points: list
-    deliveries: list
+    deliveries: list  # the id of the delivery each point came from
     created_by: int
-    hash: str
+    updated_by: int
     sealed: bool
 
 
 def decode_object(row: tuple) -> HourObject:
-    metric, layer, hour, units, created_by, object_hash_, sealed, blob, deliveries = row
+    metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries = row
     points = json.loads(gzip.decompress(blob))
-    spans = [point_span(p) if type(p) is dict else None for p in points]
-    spans = [s if s is not None else (-1, -1) for s in spans]
-    return HourObject(metric, layer, hour, units, spans, points, json.loads(deliveries),
-                      created_by, object_hash_, bool(sealed))
+    coords = [point_coordinate(p) if type(p) is dict else None for p in points]
+    coords = [c if c is not None else (-1, -1, "") for c in coords]
+    return HourObject(metric, layer, hour, units, coords, points, json.loads(deliveries),
+                      created_by, updated_by, bool(sealed))
+
+
+@dataclass
+class HourMerge:
+    """What merging one hour's arriving points decided: the object to write (None when
+    nothing changes), the delivery's counters for it, and WARN records (message,
+    fields) to log once the fold is committed."""
+
+    written: Optional[HourObject]
+    counters: dict
+    warnings: list
+
+
+def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
+               units: Optional[str], arriving: list, delivery_id: int, here: tuple,
+               positions: Mapping[int, tuple], dropped: int = 0) -> HourMerge:
+    """Merge one delivery's points of one hour into the stored object.  Pure.
+
+    ``arriving``: [(coordinate, point)], one point per coordinate (the within-delivery
+    reduction has run; ``dropped`` counts the distinct values it dropped that were
+    neither the same value as the winner nor dominated).  ``here`` is the delivery's
+    journal position, ``positions`` that of every delivery a stored point came from.
+    A stored object whose units differ from ``units`` stays as it is: the arriving
+    points stay out (they remain in the archive), counted in ``unit_conflicts``.
+    """
+    counters = dict.fromkeys(("objects_written", "overwrites", "incomparable",
+                              "unit_conflicts", "sealed_changes"), 0)
+    warnings: list = []
+    where = {"metric": loggable_metric(metric), "layer": layer, "hour": hour,
+             "hour_utc": format_instant(hour * HOUR_US), "delivery_id": delivery_id}
+    if stored is None:
+        arriving = sorted(arriving, key=lambda item: item[0])
+        written = HourObject(metric, layer, hour, units, [c for c, _ in arriving],
+                             [p for _, p in arriving], [delivery_id] * len(arriving),
+                             delivery_id, delivery_id, False)
+        counters["objects_written"] = 1
+        counters["incomparable"] = dropped
+        if dropped:
+            warnings.append(("incomparable points at one coordinate",
+                             dict(where, overwrites=0, incomparable=dropped)))
+        return HourMerge(written, counters, warnings)
+    if stored.units is not None and units is not None and units != stored.units:
+        counters["unit_conflicts"] = 1
+        warnings.append(("units differ from the stored object's: the arriving points of"
+                         " this hour were not stored (they stay in the archive)",
+                         dict(where, stored_units=stored.units, arriving_units=units)))
+        return HourMerge(None, counters, warnings)
+    coords, points = list(stored.coords), list(stored.points)
+    deliveries = list(stored.deliveries)
+    index = {coord: i for i, coord in enumerate(coords)}
+    appended = overwrites = 0
+    clashes = dropped
+    for coord, point in arriving:
+        i = index.get(coord)
+        if i is None:
+            index[coord] = len(coords)
+            coords.append(coord)
+            points.append(point)
+            deliveries.append(delivery_id)
+            appended += 1
+            continue
+        replace, collision, clash = decide(points[i], positions[deliveries[i]], point, here)
+        clashes += clash
+        if replace:
+            points[i], deliveries[i] = point, delivery_id
+            overwrites += collision
+    counters["incomparable"], counters["overwrites"] = clashes, overwrites
+    if clashes or overwrites:
+        warnings.append(("collision: a stored point was replaced by a different value"
+                         if overwrites else "incomparable points at one coordinate",
+                         dict(where, overwrites=overwrites, incomparable=clashes)))
+    if not appended and not overwrites:
+        return HourMerge(None, counters, warnings)  # the same values, or lost to the stored
+    if appended:
+        order = sorted(range(len(coords)), key=coords.__getitem__)
+        coords = [coords[i] for i in order]
+        points = [points[i] for i in order]
+        deliveries = [deliveries[i] for i in order]
+    if stored.sealed:
+        counters["sealed_changes"] = 1
+        warnings.append(("a sealed hour changed; the data is stored anyway", where))
+    counters["objects_written"] = 1
+    written = HourObject(metric, layer, hour, stored.units if stored.units is not None else units,
+                         coords, points, deliveries, stored.created_by, delivery_id,
+                         stored.sealed)
+    return HourMerge(written, counters, warnings)
 
 
 @dataclass(frozen=True)
@@ -1903,15 +2070,35 @@ class FoldPlan:
     warnings: list = field(default_factory=list)  # (message, fields) logged after commit
 
 
+def inherited_layer(conn: sqlite3.Connection, row: Mapping[str, Any],
+                    journal: str = "delivery") -> Optional[str]:
+    """The metric layer of the latest folded delivery before ``row`` in journal order
+    (``received_at``, ``id``) of the same automation: automation-id, else
+    automation-name, else the ingest path name."""
+    for column in ("automation_id", "automation_name", "path_name"):
+        if row[column]:
+            break
+    else:
+        return None
+    found = conn.execute(
+        "SELECT layer FROM %s WHERE %s = ? AND parse_status IN ('parsed', 'partial')"
+        " AND layer IS NOT NULL AND layer != ?"
+        " AND (received_at < ? OR (received_at = ? AND id < ?))"
+        " ORDER BY received_at DESC, id DESC LIMIT 1" % (journal, column),
+        (row[column], RECORD_LAYER, row["received_at"], row["received_at"],
+         row["id"])).fetchone()
+    return found[0] if found else None
+
+
 _COUNTERS = ("metrics", "points", "bad_points", "objects_written", "overwrites",
              "incomparable", "unit_conflicts", "sealed_changes")
 
 
-class Folder:
+class FoldEngine:
     """Folds deliveries into one object table and records outcomes in one journal table.
 
     The worker folds into ``object``/``delivery``; reindex into fresh tables that are
-    swapped in at the end.  Only one Folder writes a table set at a time, so objects
+    swapped in at the end.  Only one FoldEngine writes a table set at a time, so objects
     read before the write transaction cannot change underneath it.
     """
 
@@ -1947,7 +2134,7 @@ class Folder:
 
     def load_object(self, metric: str, layer: str, hour: int) -> Optional[HourObject]:
         row = self.conn.execute(
-            "SELECT metric, layer, hour, units, delivery_id, hash, sealed, blob,"
+            "SELECT metric, layer, hour, units, delivery_id, updated_by, sealed, blob,"
             " point_deliveries FROM %s WHERE metric = ? AND layer = ? AND hour = ?"
             % self.objects, (metric, layer, hour)).fetchone()
         return decode_object(row) if row else None
@@ -1966,22 +2153,10 @@ class Folder:
              row["automation_aggregation"], row["automation_id"], row["automation_name"],
              row["path_name"])).fetchone()
 
-    def inherited_layer(self, row: sqlite3.Row) -> Optional[str]:
+    def inherited_layer(self, row: Mapping[str, Any]) -> Optional[str]:
         """The metric layer of the previous folded delivery (journal order) of the same
         automation: automation-id, else automation-name, else the ingest path name."""
-        for column in ("automation_id", "automation_name", "path_name"):
-            if row[column]:
-                break
-        else:
-            return None
-        found = self.conn.execute(
-            "SELECT layer FROM %s WHERE %s = ? AND parse_status IN ('parsed', 'partial')"
-            " AND layer IS NOT NULL AND layer != ?"
-            " AND (received_at < ? OR (received_at = ? AND id < ?))"
-            " ORDER BY received_at DESC, id DESC LIMIT 1" % (self.journal, column),
-            (row[column], RECORD_LAYER, row["received_at"], row["received_at"],
-             row["id"])).fetchone()
-        return found[0] if found else None
+        return inherited_layer(self.conn, row, self.journal)
 
     def later_already_folded(self, row: sqlite3.Row) -> bool:
         """Is a delivery later in the journal already parsed/partial? (ING-4.3)"""
@@ -2025,10 +2200,11 @@ class Folder:
         """(layer, warnings): header, else inference, else inheritance (storage spec)."""
         if not extraction.has_metric_points:
             return None, []
-        header = header_layer(row["automation_aggregation"])
+        raw = row["automation_aggregation"]
+        header = header_layer(raw)
         inferred = infer_layer(extraction, sample=INFER_SAMPLE if header else None)
+        warnings = []
         if header is not None:
-            warnings = []
             if (inferred is not None and header != "default"
                     and _ALIGNMENT[inferred] < _ALIGNMENT[header]):
                 warnings.append(("the automation-aggregation header disagrees with the bucket"
@@ -2036,10 +2212,15 @@ class Folder:
                                  {"delivery_id": row["id"], "header": header,
                                   "inferred": inferred}))
             return header, warnings
+        if raw is not None and raw.strip():
+            warnings.append(("the automation-aggregation header names no known grouping;"
+                             " the layer is inferred",
+                             {"delivery_id": row["id"], "header": raw,
+                              "known": ",".join(GROUPINGS)}))
         layer = inferred or self.inherited_layer(row)
         if layer is None:
             raise LayerNotInferable(uncovered=extraction.uncovered)
-        return layer, []
+        return layer, warnings
 
     def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
                layer: Optional[str], check_deadline: Callable[[], None]) -> None:
@@ -2050,100 +2231,37 @@ class Folder:
         here = (row["received_at"], row["id"])
         for bucket in extraction.metrics.values():
             object_layer = layer if bucket.is_metric else RECORD_LAYER
-            hours: dict = {}  # hour -> [(span, point), …]
-            clashes: dict = {}  # hour -> incomparable candidates within this delivery
-            for span, slot in bucket.coords.items():
-                hour = span[0] // HOUR_US
+            hours: dict = {}  # hour -> [(coordinate, point), …]
+            dropped: dict = {}  # hour -> values the within-delivery reduction dropped
+            for coord, slot in bucket.coords.items():
+                hour = coord[0] // HOUR_US
                 if type(slot) is list:
-                    slot, clash = reduce_candidates(slot, check_deadline)
-                    if clash:
-                        clashes[hour] = clashes.get(hour, 0) + 1
-                hours.setdefault(hour, []).append((span, slot))
+                    slot, lost = reduce_candidates(slot, check_deadline)
+                    dropped[hour] = dropped.get(hour, 0) + lost
+                hours.setdefault(hour, []).append((coord, slot))
             for hour, items in hours.items():
                 check_deadline()
-                self._merge_hour(plan, counters, bucket, object_layer, hour, items, here,
-                                 clashes.get(hour, 0))
+                stored = self.load_object(bucket.name, object_layer, hour)
+                positions = {} if stored is None else {
+                    d: self.position(d) for d in set(stored.deliveries)}
+                merged = merge_hour(stored, bucket.name, object_layer, hour, bucket.units,
+                                    items, plan.delivery_id, here, positions,
+                                    dropped.get(hour, 0))
+                for name, count in merged.counters.items():
+                    counters[name] += count
+                plan.warnings.extend(merged.warnings)
+                if merged.written is not None:
+                    plan.rows.append(self._row(merged.written))
         plan.counters = counters
 
-    def _merge_hour(self, plan: FoldPlan, counters: dict, bucket: MetricPoints, layer: str,
-                    hour: int, items: list, here: tuple, clashes: int) -> None:
-        """Merge one object's arriving points (``clashes``: incomparable candidates met
-        within the delivery) into the stored object; plan the row when it changed."""
-        delivery_id = plan.delivery_id
-        stored = self.load_object(bucket.name, layer, hour)
-        where = {"metric": loggable_metric(bucket.name), "layer": layer, "hour": hour,
-                 "hour_utc": format_instant(hour * HOUR_US)}
-        if stored is None:
-            counters["incomparable"] += clashes
-            if clashes:
-                plan.warnings.append(("incomparable points at one coordinate",
-                                      dict(where, delivery_id=delivery_id, overwrites=0,
-                                           incomparable=clashes)))
-            items.sort(key=lambda item: item[0])
-            spans = [span for span, _ in items]
-            points = [point for _, point in items]
-            plan.rows.append(self._row(bucket.name, layer, hour, bucket.units, spans, points,
-                                       [delivery_id] * len(points), delivery_id, delivery_id,
-                                       False))
-            counters["objects_written"] += 1
-            return
-        spans, points, deliveries = list(stored.spans), list(stored.points), list(stored.deliveries)
-        index = {span: i for i, span in enumerate(spans)}
-        appended = overwrites = 0
-        for span, point in items:
-            i = index.get(span)
-            if i is None:
-                index[span] = len(spans)
-                spans.append(span)
-                points.append(point)
-                deliveries.append(delivery_id)
-                appended += 1
-                continue
-            replace, collision, clash = decide(points[i], self.position(deliveries[i]),
-                                               point, here)
-            clashes += clash
-            if replace:
-                points[i], deliveries[i] = point, delivery_id
-                overwrites += collision
-        counters["incomparable"] += clashes
-        if clashes or overwrites:
-            plan.warnings.append(("collision: a stored point was replaced by a different value"
-                                  if overwrites else "incomparable points at one coordinate",
-                                  dict(where, delivery_id=delivery_id, overwrites=overwrites,
-                                       incomparable=clashes)))
-        counters["overwrites"] += overwrites
-        units = stored.units
-        if stored.units is not None and bucket.units is not None and bucket.units != stored.units:
-            counters["unit_conflicts"] += 1
-            plan.warnings.append(("units differ from the stored object's; the stored units stay",
-                                  dict(where, delivery_id=delivery_id, stored_units=stored.units,
-                                       arriving_units=bucket.units)))
-        elif units is None:
-            units = bucket.units
-        if not appended and not overwrites:
-            return  # every arriving point was the same value, or lost to the stored one
-        if appended:
-            order = sorted(range(len(spans)), key=spans.__getitem__)
-            spans = [spans[i] for i in order]
-            points = [points[i] for i in order]
-            deliveries = [deliveries[i] for i in order]
-        new_row = self._row(bucket.name, layer, hour, units, spans, points, deliveries,
-                            stored.created_by, delivery_id, stored.sealed)
-        if stored.sealed:
-            counters["sealed_changes"] += 1
-            plan.warnings.append(("a sealed hour changed; the data is stored anyway",
-                                  dict(where, delivery_id=delivery_id)))
-        plan.rows.append(new_row)
-        counters["objects_written"] += 1
-
     @staticmethod
-    def _row(metric: str, layer: str, hour: int, units: Optional[str], spans: list,
-             points: list, deliveries: list, created_by: int, updated_by: int,
-             sealed: bool) -> tuple:
+    def _row(written: HourObject) -> tuple:
+        points, coords = written.points, written.coords
         blob = gzip.compress(dumps_points(points), compresslevel=GZIP_LEVEL, mtime=0)
-        return (metric, layer, hour, units, spans[0][0] // US, spans[-1][0] // US, len(points),
-                created_by, updated_by, object_hash(points), int(sealed), blob,
-                json.dumps(deliveries, separators=(",", ":")))
+        return (written.metric, written.layer, written.hour, written.units,
+                coords[0][0] // US, coords[-1][0] // US, len(points), written.created_by,
+                written.updated_by, object_hash(points), int(written.sealed), blob,
+                json.dumps(written.deliveries, separators=(",", ":")))
 
     @staticmethod
     def _describe(plan: FoldPlan, extraction: Extraction) -> None:
@@ -2332,14 +2450,14 @@ class FoldWorker:
         try:
             conn = connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
                            synchronous="NORMAL")
-            folder = Folder(conn, self._config)
+            engine = FoldEngine(conn, self._config)
             backlog = count_pending(conn)
             if backlog:
                 log_event(logging.INFO, "deliveries waiting to be folded", backlog=backlog)
             while not self._stop.is_set():
                 self.state = "folding"
                 try:
-                    self.run_pass(folder)
+                    self.run_pass(engine)
                 except Exception as exc:  # the loop survives a failed pass (ING-4)
                     log_event(logging.ERROR, "fold pass failed", error=type(exc).__name__)
                     log_event(logging.DEBUG, "fold pass failure detail", detail=repr(exc))
@@ -2354,7 +2472,7 @@ class FoldWorker:
                 conn.close()
             log_event(logging.INFO, "fold thread stopped")
 
-    def run_pass(self, folder: Folder) -> int:
+    def run_pass(self, engine: FoldEngine) -> int:
         """One pass: fold every visible pending delivery after the cursor, in journal
         order; stop at a deferred one (the barrier) or at a stop request.
 
@@ -2364,10 +2482,10 @@ class FoldWorker:
         cursor = ("", 0)
         folded = 0
         completed = False
-        lag = self._lag(folder.conn)
+        lag = self._lag(engine.conn)
         try:
             while True:
-                batch = folder.conn.execute(
+                batch = engine.conn.execute(
                     "SELECT id, received_at FROM delivery WHERE parse_status = 'pending'"
                     " AND (received_at > ? OR (received_at = ? AND id > ?))"
                     " ORDER BY received_at, id LIMIT ?",
@@ -2379,7 +2497,7 @@ class FoldWorker:
                     if self._stop.is_set():
                         return folded
                     cursor = (received_at, delivery_id)
-                    outcome = self.fold_one(folder, delivery_id)
+                    outcome = self.fold_one(engine, delivery_id)
                     if outcome.deferred:
                         return folded  # the barrier: successors wait for this one
                     folded += outcome.kind == "folded"
@@ -2414,13 +2532,13 @@ class FoldWorker:
         return delayed, (now - parse_received_at(oldest)).total_seconds(), worst_id
 
     @staticmethod
-    def fold_one(folder: Folder, delivery_id: int) -> Outcome:
+    def fold_one(engine: FoldEngine, delivery_id: int) -> Outcome:
         """Fold one delivery; the out-of-order WARN is asked before and written after."""
-        row = folder.row(delivery_id)
+        row = engine.row(delivery_id)
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
-        late = folder.later_already_folded(row)
-        outcome = folder.fold(delivery_id, row)
+        late = engine.later_already_folded(row)
+        outcome = engine.fold(delivery_id, row)
         if late and outcome.kind == "folded":
             waited = (utc_now() - parse_received_at(row["received_at"])).total_seconds()
             log_event(logging.WARNING, "delivery folded after a later one; `healthlog reindex`"
@@ -2444,6 +2562,21 @@ def requeue_covered(conn: sqlite3.Connection) -> int:
                              [(i,) for i in ids])
         log_event(logging.INFO, "deliveries requeued for a new fold", count=len(ids))
     return len(ids)
+
+
+def count_folded_by_older_parser(conn: sqlite3.Connection) -> int:
+    """Deliveries whose objects were written by rules older than this version's."""
+    return conn.execute(
+        "SELECT count(*) FROM delivery WHERE parse_status IN ('parsed', 'partial')"
+        " AND parser_version < ?", (PARSER_VERSION,)).fetchone()[0]
+
+
+def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
+    older = count_folded_by_older_parser(conn)
+    if older:
+        log_event(logging.WARNING, "deliveries were folded by an older version with other"
+                  " rules; run `healthlog reindex` (with serve stopped) to rebuild the store"
+                  " from the archive", count=older, parser_version=PARSER_VERSION)
 
 
 # ==============================================================================
@@ -2748,6 +2881,7 @@ class Service:
             conn = open_database(self.config)
             try:
                 requeue_covered(conn)
+                warn_if_folded_by_older_parser(conn)
             finally:
                 conn.close()
             self.app.set_token(resolve_token(self.config, self.announce))
@@ -2997,13 +3131,13 @@ def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str
 
     Returns the seconds it took.  A database that stays busy aborts the rebuild.
     """
-    folder = Folder(conn, config, objects=objects, journal=journal, verbose=False)
+    engine = FoldEngine(conn, config, objects=objects, journal=journal, verbose=False)
     sizes = dict(conn.execute("SELECT id, body_bytes FROM %s" % journal))
     progress = Progress(label, len(ids), sum(sizes.get(i, 0) for i in ids))
     done_bytes = 0
     for done, delivery_id in enumerate(ids, 1):
         for _ in range(REBUILD_BUSY_TRIES):
-            if not folder.fold(delivery_id).deferred:
+            if not engine.fold(delivery_id).deferred:
                 break
             time.sleep(1.0)
         else:
@@ -3260,6 +3394,28 @@ def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
     return 2 if rejected else 0
 
 
+def _refuse_undecidable_layer(conn: sqlite3.Connection, body: Path, headers: dict,
+                              name: Optional[str], received_at: _dt.datetime) -> None:
+    """Refuse, before it is journaled, a file whose metrics no rule could place: no
+    ``--aggregation``, too few bucket points to infer from, and no earlier delivery of
+    the same ``--name`` to inherit from.  HTTP ingest journals such a body (the phone
+    must get its answer); an import can still be fixed by the person typing it."""
+    if header_layer(headers.get("automation-aggregation")) is not None:
+        return
+    try:
+        extraction = extract_points(loads_body(body.read_bytes()))
+    except (OSError, ValueError, RecursionError, FoldFailure):
+        return  # unreadable or not HAE-shaped: the validation that follows says why
+    if not extraction.has_metric_points or infer_layer(extraction) is not None:
+        return
+    position = {"automation_id": None, "automation_name": None, "path_name": name,
+                "received_at": format_received_at(received_at), "id": 1 << 62}
+    if inherited_layer(conn, position) is None:
+        raise BadRequest("the time grouping of its metrics cannot be told from the file;"
+                         " pass --aggregation with the grouping the export used (%s)"
+                         % ", ".join(g.title() for g in GROUPINGS))
+
+
 def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers: dict,
                 name: Optional[str]) -> int:
     try:
@@ -3277,6 +3433,11 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
     # must not take the place of newer pushed values at a tie (the later journal
     # position wins).  Never later than now.
     exported_at = min(_dt.datetime.fromtimestamp(stat.st_mtime, _dt.timezone.utc), utc_now())
+    try:
+        _refuse_undecidable_layer(conn, upload.tmp_path, headers, name, exported_at)
+    except BaseException:
+        upload.discard()
+        raise
     return accept_delivery(archive, conn, upload, exported_at, headers, name,
                            {"imported_from": path.name,
                             "imported_at": format_received_at(utc_now())})
@@ -3287,16 +3448,24 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
 # ==============================================================================
 
 
+STATUS_PROBLEMS_MAX = 10
+"""How many of the latest failed and partial deliveries ``status`` lists."""
+
+
 def collect_status(config: Config) -> dict:
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
+        conn.execute("BEGIN")  # one snapshot: the counts and the fingerprint agree
         counts = _status_counts(conn)
         oldest = conn.execute("SELECT min(received_at) FROM delivery"
                               " WHERE parse_status = 'pending'").fetchone()[0]
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
         objects, points = conn.execute(
             "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
+        problems = _recent_problems(conn)
+        older = count_folded_by_older_parser(conn)
         fp = fingerprint(conn)
+        conn.execute("COMMIT")
     finally:
         conn.close()
     bodies = archive_bodies(config.data_dir)
@@ -3320,8 +3489,22 @@ def collect_status(config: Config) -> dict:
         "archive_files": archive_files,
         "archive_bytes": archive_bytes,
         "database_bytes": db_bytes,
+        "folded_by_older_parser": older,
+        "recent_problems": problems,
         "fingerprint": fp,
     }
+
+
+def _recent_problems(conn: sqlite3.Connection) -> list:
+    """The latest failed and partial deliveries: what went wrong, never values."""
+    rows = conn.execute(
+        "SELECT id, received_at, coalesce(automation_name, automation_id, path_name),"
+        " parse_status, error, uncovered_keys FROM delivery"
+        " WHERE parse_status IN ('failed', 'partial')"
+        " ORDER BY received_at DESC, id DESC LIMIT ?", (STATUS_PROBLEMS_MAX,)).fetchall()
+    return [{"id": row_id, "received_at": received, "automation": automation,
+             "status": status, "error": error, "uncovered_keys": json.loads(keys or "[]")}
+            for row_id, received, automation, status, error, keys in rows]
 
 
 def format_status(status: dict) -> str:
@@ -3338,8 +3521,23 @@ def format_status(status: dict) -> str:
         "points: %d" % status["points"],
         "archive: %d bodies, %s" % (status["archive_files"], _size(status["archive_bytes"])),
         "database: %s" % _size(status["database_bytes"]),
-        "fingerprint: %s" % status["fingerprint"],
     ]
+    if status["folded_by_older_parser"]:
+        lines.append("folded by an older version: %d deliveries (run `healthlog reindex` to"
+                     " rebuild the store by this version's rules)"
+                     % status["folded_by_older_parser"])
+    if status["recent_problems"]:
+        lines.append("latest failed or partial deliveries:")
+        for problem in status["recent_problems"]:
+            detail = problem["error"] or ""
+            if problem["uncovered_keys"]:
+                detail = (detail + " " if detail else "") + "uncovered: " + ", ".join(
+                    problem["uncovered_keys"])
+            lines.append("  %d  %s  %s  %s  %s" % (
+                problem["id"], problem["received_at"], problem["automation"] or "-",
+                problem["status"], detail or "-"))
+            lines[-1] = lines[-1].translate(_ESCAPES)  # names from a body or a header
+    lines.append("fingerprint: %s" % status["fingerprint"])
     return "\n".join(lines)
 
 

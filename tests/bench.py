@@ -155,9 +155,9 @@ def _fold_once(healthlog, config, body: bytes, headers: dict) -> tuple:
         service.stop()
     db = healthlog.connect(config.db_path, synchronous="NORMAL")
     try:
-        folder = healthlog.Folder(db, config)
+        engine = healthlog.FoldEngine(db, config)
         started = time.perf_counter()
-        outcome = folder.fold(delivery_id)
+        outcome = engine.fold(delivery_id)
         elapsed = time.perf_counter() - started
         row = db.execute("SELECT points, objects_written, overwrites FROM delivery WHERE id = ?",
                          (delivery_id,)).fetchone()

@@ -4,7 +4,7 @@ Every test works on a real data directory with a real SQLite file, and every del
 journaled by really posting it to a real Cheroot server on 127.0.0.1:0, usually a paused
 one (its fold thread waits for ``worker.gate``).  Passes are then run either by the
 service's own fold thread, or from the test with the real ``FoldWorker.run_pass`` and
-``Folder`` on a connection of the test's own (`Passes`): that makes order and barrier
+``FoldEngine`` on a connection of the test's own (`Passes`): that makes order and barrier
 tests deterministic without sleeping.  A busy database is a second real
 connection holding ``BEGIN IMMEDIATE``; crashes are SIGKILLs of a real
 ``healthlog.py serve`` subprocess.
@@ -162,7 +162,7 @@ class Journal:
 
 class Passes:
     """Fold passes driven by the test: the real ``FoldWorker.run_pass`` over the real
-    ``Folder``, on a connection of the test's own, so nothing races the test."""
+    ``FoldEngine``, on a connection of the test's own, so nothing races the test."""
 
     def __init__(self, config: healthlog.Config, **overrides):
         self.config = dataclasses.replace(config, **overrides)
@@ -170,7 +170,7 @@ class Passes:
         self.conn = healthlog.connect(self.config.db_path,
                                       busy_timeout_s=self.config.busy_timeout_s,
                                       synchronous="NORMAL")
-        self.folder = healthlog.Folder(self.conn, self.config)
+        self.engine = healthlog.FoldEngine(self.conn, self.config)
 
     def run(self, timeout: float = 60.0) -> int:
         """One pass; a pass that does not end within ``timeout`` fails the test (rather
@@ -178,7 +178,7 @@ class Passes:
         result = {}
 
         def run_pass() -> None:
-            result["folded"] = self.worker.run_pass(self.folder)
+            result["folded"] = self.worker.run_pass(self.engine)
 
         thread = threading.Thread(target=run_pass, name="test-fold-pass", daemon=True)
         thread.start()
@@ -899,10 +899,12 @@ RECORD_METRICS = {
 
 
 def coordinate_span(point: dict) -> tuple:
+    """(start, end, category): the category is the point's ``value`` when it is text."""
     start = point.get("start", point.get("startDate", point.get("date")))
     end = point.get("end", point.get("endDate"))
     start = healthlog.parse_time(start)
-    return start, start if end is None else healthlog.parse_time(end)
+    category = point.get("value") if isinstance(point.get("value"), str) else ""
+    return start, start if end is None else healthlog.parse_time(end), category
 
 
 def post_week(journal: Journal) -> dict:
@@ -933,7 +935,8 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
         push = pushes[delivery]
         data = json.loads(push.body)["data"]
         layer = push.headers["automation-aggregation"].lower()
-        found = [((m["name"], layer) + coordinate_span(p), p)
+        found = [((m["name"], "record" if m["name"] == "sleep_analysis" else layer)
+                  + coordinate_span(p), p)
                  for m in data.get("metrics", []) for p in m["data"]]
         found += [((name_of(item), "record") + coordinate_span(item), item)
                   for section, name_of in RECORD_METRICS.items()
@@ -1033,10 +1036,9 @@ def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_s
 
     base = hf.canary_payload(seed=5)
     post(base)
-    changed = copy.deepcopy(base)  # collision, unit conflict, incomparable, bad point
+    changed = copy.deepcopy(base)  # collision, incomparable, bad point
     rates = changed["data"]["metrics"][0]
     assert rates["name"] == "heart_rate"
-    rates["units"] = "beats/min"
     rates["data"][1]["Avg"] = hf.CANARY_QTY + 1.5
     del rates["data"][2]["Min"]
     rates["data"][2]["Median"] = hf.CANARY_QTY
@@ -1046,6 +1048,10 @@ def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_s
         changed["data"]["unknown%02d" % n] = [{"v": hf.CANARY_QTY,
                                                "source": hf.CANARY_SOURCE}]
     post(changed)
+    relabelled = copy.deepcopy(changed)  # a unit conflict
+    relabelled["data"]["metrics"][0]["units"] = "beats/min"
+    relabelled["data"]["metrics"][0]["data"][1]["Avg"] = hf.CANARY_QTY + 3.5
+    post(relabelled)
     journal.execute("UPDATE object SET sealed = 1")
     sealed = copy.deepcopy(base)
     sealed["data"]["metrics"][0]["data"][3]["Avg"] = hf.CANARY_QTY + 2.5

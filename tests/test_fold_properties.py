@@ -2,7 +2,7 @@
 
 Each example journals random HAE-shaped deliveries through the ingest path
 (``accept_delivery``: archive + journal) into a fresh data directory and folds them
-with the worker's own ``Folder``/``FoldWorker`` code.  Points come from a small
+with the worker's own ``FoldEngine``/``FoldWorker`` code.  Points come from a small
 coordinate domain so deliveries overlap, with random subsets of fields, empty values
 (0, null, ""), booleans, and last-digit jitter.
 """
@@ -63,14 +63,14 @@ def body_of(pts: list) -> bytes:
 
 
 class Store:
-    """A fresh data directory with a journal, folded by the real Folder."""
+    """A fresh data directory with a journal, folded by the real FoldEngine."""
 
     def __init__(self, root: Path):
         self.config = healthlog.Config(data_dir=root, log_level="ERROR")
         healthlog.ensure_data_dir(root)
         self.conn = healthlog.open_database(self.config, synchronous="NORMAL")
         self.archive = healthlog.Archive(root)
-        self.folder = healthlog.Folder(self.conn, self.config, verbose=False)
+        self.engine = healthlog.FoldEngine(self.conn, self.config, verbose=False)
 
     def journal(self, body: bytes, seconds: int) -> int:
         upload = self.archive.receive(io.BytesIO(body).read, len(body), 1 << 30, lambda: None)
@@ -78,7 +78,7 @@ class Store:
                                          T0 + dt.timedelta(seconds=seconds), HEADERS, None)
 
     def fold(self, delivery_id: int) -> None:
-        assert self.folder.fold(delivery_id).kind == "folded"
+        assert self.engine.fold(delivery_id).kind == "folded"
 
     def objects(self) -> list:
         return self.conn.execute("SELECT metric, layer, hour, units, points, hash, blob,"
@@ -172,8 +172,8 @@ def test_property_live_worker_equals_one_by_one_into_a_fresh_store(batch, pass_a
         for i, pts in enumerate(batch):
             live.journal(body_of(pts), i)
             if pass_after[i]:
-                worker.run_pass(live.folder)
-        worker.run_pass(live.folder)
+                worker.run_pass(live.engine)
+        worker.run_pass(live.engine)
         assert live.conn.execute("SELECT count(*) FROM delivery WHERE parse_status ="
                                  " 'pending'").fetchone()[0] == 0
         for i, pts in enumerate(batch):

@@ -355,9 +355,9 @@ def test_sto_2_4_equal_key_sets_in_one_delivery_are_decided_by_canonical_order()
     a = {"date": DATE, "qty": 10, "source": "Watch"}
     b = {"date": DATE, "qty": 9}
     for order in itertools.permutations([a, b]):
-        winner, clash = reduce_candidates(list(order))
+        winner, lost = reduce_candidates(list(order))
         assert winner is b  # "9" > "10" as canonical text: deterministic, not numeric
-        assert not clash
+        assert lost == 1  # a different value, not dominated: dropped, and counted
     assert canonical(b) > canonical(a)
 
 
@@ -367,9 +367,9 @@ def test_sto_2_5_incomparable_candidates_one_deterministic_winner_counted():
     c = {"date": DATE, "qty": 1}
     results = set()
     for order in itertools.permutations([a, b, c]):
-        winner, clash = reduce_candidates(list(order))
-        results.add((id(winner), clash))
-    assert results == {(id(max([a, b], key=canonical)), True)}
+        winner, lost = reduce_candidates(list(order))
+        results.add((id(winner), lost))
+    assert results == {(id(max([a, b], key=canonical)), 1)}  # c is dominated: not counted
 
 
 def test_winner_is_an_arrived_point_verbatim():
@@ -397,7 +397,7 @@ def test_identical_twins_are_one_value():
 
 def test_a_single_candidate_wins_alone():
     point = {"date": DATE, "qty": 3}
-    assert reduce_candidates([point]) == (point, False)
+    assert reduce_candidates([point]) == (point, 0)
 
 
 CANDIDATE_KEYS = ("date", "qty", "Min", "Max", "context", "source")
@@ -433,14 +433,15 @@ def test_property_winner_is_an_input_and_never_dominated(points):
         if any(dominates(q, p) for q in points if q is not p):
             assert winner is not p
     survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
-    assert clash == any(incomparable(p, q) for p in survivors for q in survivors)
+    assert clash == len({canonical(p) for p in survivors if not same_value(p, winner)})
 
 
 def brute_force_reduce(points: list) -> tuple:
-    """The merge rule's reduction written the obvious, quadratic way."""
+    """The merge rule's reduction written the obvious, quadratic way: the winner, and
+    how many distinct values it dropped that were neither the same nor dominated."""
     survivors = [p for p in points if not any(dominates(q, p) for q in points if q is not p)]
-    clash = any(incomparable(p, q) for p in survivors for q in survivors)
-    return max(survivors, key=lambda p: (canonical(p), json.dumps(p, ensure_ascii=False))), clash
+    winner = max(survivors, key=lambda p: (canonical(p), json.dumps(p, ensure_ascii=False)))
+    return winner, len({canonical(p) for p in survivors if not same_value(p, winner)})
 
 
 def near_cell_edges():
@@ -475,8 +476,8 @@ def test_a_long_reduction_checks_the_deadline_inside():
     # and a check that raises ends the reduction there.
     points = [{"date": DATE, "qty": i + 1, "note%d" % i: "x"} for i in range(2000)]
     calls = []
-    winner, clash = reduce_candidates(points, lambda: calls.append(1))
-    assert clash and len(calls) >= 2000
+    winner, lost = reduce_candidates(points, lambda: calls.append(1))
+    assert lost == 1999 and len(calls) >= 2000
 
     class Expired(Exception):
         pass

@@ -31,19 +31,23 @@ def body(payload: dict, seed: int = None) -> dict:
 
 
 def points_of(bucket: healthlog.MetricPoints) -> list:
-    """Every (span, point) of a metric, candidates at one coordinate included."""
+    """Every (coordinate, point) of a metric, candidates at one coordinate included."""
     out = []
-    for span, slot in bucket.coords.items():
+    for coord, slot in bucket.coords.items():
         for point in (slot if isinstance(slot, list) else [slot]):
-            out.append((span, point))
+            out.append((coord, point))
     return out
 
 
 def span_of(item: dict) -> tuple:
-    """Independent of point_span: the rule written out for well-formed items."""
+    """Independent of point_coordinate: the rule written out for well-formed items,
+    (start, end, category) with the category the item's ``value`` when it is text."""
     start = item.get("start", item.get("startDate", item.get("date")))
     end = item.get("end", item.get("endDate", start))
-    return T(start), T(end)
+    category = item.get("value")
+    if not isinstance(category, str):
+        category = item.get("kind")
+    return T(start), T(end), category if isinstance(category, str) else ""
 
 
 # ---------------------------------------------------------------------------
@@ -76,7 +80,7 @@ def test_metrics_become_metrics_by_name_with_their_units_and_verbatim_points():
         assert len(placed) == len(sent[name]["data"])
         for span, point in placed:
             assert any(point is p for p in sent[name]["data"])  # the parsed object itself
-            assert span == (T(point["date"]), T(point["date"]))
+            assert span == (T(point["date"]), T(point["date"]), "")
     assert extraction.has_metric_points
 
 
@@ -91,11 +95,10 @@ def test_workouts_v1_and_v2_are_one_verbatim_point_each():
     assert extraction.points == 2 and extraction.bad_points == 0
     placed = dict(points_of(bucket))
     for sent in doc["data"]["workouts"]:
-        span = (T(sent["start"]), T(sent["end"]))
-        assert span[1] > span[0]
-        assert placed[span] is sent
-    assert len(placed[(T(doc["data"]["workouts"][0]["start"]),
-                       T(doc["data"]["workouts"][0]["end"]))]["route"]) == 20
+        coord = (T(sent["start"]), T(sent["end"]), "")
+        assert coord[1] > coord[0]
+        assert placed[coord] is sent
+    assert len(placed[span_of(doc["data"]["workouts"][0])]["route"]) == 20
     assert not extraction.has_metric_points
 
 
@@ -134,10 +137,11 @@ def test_state_of_mind_iso_times_and_ecg_epoch_samples_are_kept_verbatim():
     doc = body(hf.envelope(stateOfMind=[mood], ecg=[ecg]))
     extraction = extract_points(doc)
     (span, point), = points_of(extraction.metrics[(False, "state_of_mind")])
-    assert mood["start"].endswith("Z") and span == (T(mood["start"]), T(mood["end"]))
+    assert mood["start"].endswith("Z") and span == (T(mood["start"]), T(mood["end"]),
+                                                    mood["kind"])
     assert point == mood
     (span, point), = points_of(extraction.metrics[(False, "ecg")])
-    assert span == (T(ecg["start"]), T(ecg["end"]))
+    assert span == (T(ecg["start"]), T(ecg["end"]), "")
     assert point["voltageMeasurements"] == ecg["voltageMeasurements"]
 
 
@@ -164,7 +168,7 @@ def test_medications_are_named_by_display_text_else_nickname():
         "medications/Cet", "medications/D3", "medications/Ibuprofen 200 mg Oral Tablet",
         "medications/Odd"]
     (span, _), = points_of(extraction.metrics[(False, "medications/Cet")])
-    assert span == (T(start), T(LATER))
+    assert span == (T(start), T(LATER), "")
 
 
 def test_cycle_tracking_entries_of_one_day_each_become_their_own_metric():
@@ -173,8 +177,8 @@ def test_cycle_tracking_entries_of_one_day_each_become_their_own_metric():
     assert sorted(name for _, name in extraction.metrics) == sorted(
         "cycle_tracking/" + e["name"] for e in entries)
     midnight = T(hf.hae_time(hf.DST_SPRING, hf.PACIFIC))
-    for bucket in extraction.metrics.values():
-        assert list(bucket.coords) == [(midnight, midnight)]
+    for bucket, entry in zip(extraction.metrics.values(), entries):
+        assert list(bucket.coords) == [(midnight, midnight, span_of(entry)[2])]
 
 
 def test_a_metric_named_like_a_section_does_not_mix_with_that_section():
@@ -213,7 +217,7 @@ def test_sto_1_5_a_point_without_end_has_end_equal_to_start():
     doc = body(hf.metrics_payload(1, ("resting_heart_rate", "step_count"), hf.DEFAULT_DAY))
     extraction = extract_points(doc)
     spans = [span for bucket in extraction.metrics.values() for span, _ in points_of(bucket)]
-    assert spans and all(start == end for start, end in spans)
+    assert spans and all(start == end for start, end, _ in spans)
     assert all(not bucket.has_interval for bucket in extraction.metrics.values())
 
 
@@ -234,9 +238,9 @@ def test_sto_1_3_sleep_segments_with_one_date_stay_separate_coordinates():
     rows = hf.sleep_segments(2, hf.DEFAULT_DAY, variant="new")
     assert len({row["date"] for row in rows}) == 1 and len(rows) > 5  # one night, one date
     doc = body(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]), seed=2)
-    bucket = extract_points(doc).metrics[(True, "sleep_analysis")]
+    bucket = extract_points(doc).metrics[(False, "sleep_analysis")]  # sleep is a record
     assert len(bucket.coords) == len(rows)
-    assert set(bucket.coords) == {(T(r["start"]), T(r["end"])) for r in rows}
+    assert set(bucket.coords) == {(T(r["start"]), T(r["end"]), r["value"]) for r in rows}
     assert all(not isinstance(slot, list) for slot in bucket.coords.values())
     assert bucket.has_interval
 
@@ -245,8 +249,9 @@ def test_sto_1_3_old_sleep_segments_use_start_date_and_end_date():
     rows = hf.sleep_segments(2, hf.DEFAULT_DAY, variant="old")
     assert "date" not in rows[0] and "start" not in rows[0]
     bucket = extract_points(body(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]))
-                            ).metrics[(True, "sleep_analysis")]
-    assert set(bucket.coords) == {(T(r["startDate"]), T(r["endDate"])) for r in rows}
+                            ).metrics[(False, "sleep_analysis")]
+    assert set(bucket.coords) == {(T(r["startDate"]), T(r["endDate"]), r["value"])
+                                  for r in rows}
 
 
 def test_points_sharing_a_coordinate_are_all_kept_as_candidates():
@@ -255,9 +260,9 @@ def test_points_sharing_a_coordinate_are_all_kept_as_candidates():
     third = {"date": LATER, "qty": 1}
     doc = body(hf.envelope(metrics=[hf.metric("step_count", [first, second, third])]))
     bucket = extract_points(doc).metrics[(True, "step_count")]
-    slot = bucket.coords[(T(DATE), T(DATE))]
+    slot = bucket.coords[(T(DATE), T(DATE), "")]
     assert slot == [first, second]
-    assert bucket.coords[(T(LATER), T(LATER))] == third
+    assert bucket.coords[(T(LATER), T(LATER), "")] == third
 
 
 def test_a_metric_repeated_in_one_body_is_one_metric():
@@ -283,7 +288,8 @@ def test_bad_metric_points_are_counted_with_the_metric_name():
     assert extraction.points == 2
     assert extraction.bad_points == len(bad)
     assert extraction.bad_metrics == {"step_count"}
-    assert points_of(extraction.metrics[(True, "step_count")]) == [((T(DATE), T(DATE)), good)]
+    assert points_of(extraction.metrics[(True, "step_count")]) == [((T(DATE), T(DATE), ""),
+                                                                    good)]
 
 
 def test_a_metric_without_a_name_or_data_list_counts_its_points_as_bad():
@@ -443,8 +449,10 @@ def infer(payload: dict) -> str:
 
 @pytest.mark.parametrize("day", [hf.DEFAULT_DAY, hf.DST_SPRING, hf.DST_FALL])
 @pytest.mark.parametrize("grouping, layer", [("Minutes", "minutes"), ("Hours", "hours"),
-                                             ("Default", "seconds")])
+                                             ("Default", "minutes")])
 def test_infer_layer_from_factory_payloads(day, grouping, layer):
+    # Default keeps heart rate at the second, everything else on the minute: the
+    # majority of dense metrics decides (a Default delivery with its header is "default").
     assert infer(hf.metrics_payload(5, hf.DEFAULT_METRICS, day, grouping=grouping)) == layer
 
 
@@ -503,13 +511,14 @@ def test_infer_layer_ignores_interval_metrics():
     assert infer(hours) == "hours"
 
 
-def test_infer_layer_ignores_metrics_with_fewer_than_three_points():
-    assert infer(hf.envelope(metrics=[hf.metric("heart_rate", second_points(2))])) is None
+def test_infer_layer_a_sparse_metric_has_no_vote_and_sparse_bodies_pool_their_points():
+    assert infer(hf.envelope(metrics=[hf.metric("heart_rate", second_points(1))])) is None
+    assert infer(hf.envelope(metrics=[hf.metric("heart_rate", second_points(2))])) == "seconds"
     assert infer(hf.envelope(metrics=[hf.metric("heart_rate", second_points(3))])) == "seconds"
-    # a one-day Days body has one point per metric: nothing dense
+    # a one-day Days body has one point per metric: nothing dense, the pool says days
     one_day = hf.metrics_payload(5, hf.DEFAULT_METRICS, hf.DEFAULT_DAY, grouping="Days")
     assert all(len(m["data"]) < 3 for m in one_day["data"]["metrics"])
-    assert infer(one_day) is None
+    assert infer(one_day) == "days"
     minutes = hf.metrics_payload(5, ("step_count",), hf.DEFAULT_DAY, grouping="Minutes")
     minutes["data"]["metrics"].append(hf.metric("heart_rate", second_points(2)))
     assert infer(minutes) == "minutes"

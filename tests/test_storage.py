@@ -223,7 +223,7 @@ def test_sto_1_3_sleep_records_with_one_date_and_different_intervals_stay_apart(
     delivery = store.fold(body(("sleep_analysis", "hr", rows)), DAYS)
     assert delivery["parse_status"] == "parsed" and delivery["incomparable"] == 0
     objects = store.objects("sleep_analysis")
-    assert {o["layer"] for o in objects} == {"days"}
+    assert {o["layer"] for o in objects} == {"record"}  # sleep is a record, whatever the header
     stored = [p for o in objects for p in o["decoded"]]
     assert sum(o["points"] for o in objects) == len(stored) == len(rows)
     assert sorted((p["start"], p["end"]) for p in stored) == \
@@ -354,8 +354,8 @@ def test_sto_2_4_equally_complete_points_later_in_journal_wins_in_any_fold_order
         shutil.copytree(str(service.config.data_dir), str(copy))
         conn = healthlog.connect(copy / healthlog.DB_NAME)
         try:
-            folder = healthlog.Folder(conn, healthlog.Config(data_dir=copy))
-            assert [folder.fold(i).status for i in order] == ["parsed", "parsed"]
+            engine = healthlog.FoldEngine(conn, healthlog.Config(data_dir=copy))
+            assert [engine.fold(i).status for i in order] == ["parsed", "parsed"]
             # Every column but delivery_id: which delivery created the object is an
             # event of that fold order, not content.
             results.append((db_rows(copy, "SELECT metric, layer, hour, units, first_at,"
@@ -504,8 +504,9 @@ def test_sto_3_2_a_change_of_units_does_not_relabel_stored_points(store, logs):
     second = store.fold(body(("active_energy", "kJ", [pt(at(10, 2), qty=42.987654321)])))
     row = store.object("active_energy", at(10))
     assert row["units"] == "kcal"
-    assert row["points"] == 3 and row["decoded"][-1]["qty"] == 42.987654321  # the data is stored
-    assert second["unit_conflicts"] == 1
+    # The kJ value is not stored under kcal: it stays in the archive, the object is as it was.
+    assert row["points"] == 2 and 42.987654321 not in [p["qty"] for p in row["decoded"]]
+    assert second["unit_conflicts"] == 1 and second["objects_written"] == 0
     [record] = logs.find("units differ", level="WARN")
     assert (record["metric"], record["layer"], record["hour"]) == \
         ("active_energy", LAYER, str(utc_hour(at(10))))
@@ -700,7 +701,7 @@ def test_sto_7_2_a_delivery_without_uncovered_sections_is_parsed(store):
 def test_sto_7_3_a_parse_failure_outranks_partiality_and_keeps_the_list(store):
     # The layer cannot be decided: no valid header, too few points to infer, no history.
     no_header = hf.Automation("Storage unknown layer", "bogus", "Today")
-    failed = store.fold(body(minutes("step_count", "count", 10, 0, 1),
+    failed = store.fold(body(minutes("step_count", "count", 10, 0, 0),
                              mysteryReadings=[{"x": 1}]), no_header)
     assert failed["parse_status"] == "failed" and failed["error"] == "layer_not_inferable"
     assert json.loads(failed["uncovered_keys"]) == ["mysteryReadings"]
