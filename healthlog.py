@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import datetime as _dt
 import errno
 import fcntl
 import gzip
 import hashlib
 import hmac
+import io
 import json
 import logging
 import math
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -183,6 +186,12 @@ class NotFound(HTTPFailure):
     """No such route."""
 
     status, code = 404, "not_found"
+
+
+class Forbidden(HTTPFailure):
+    """A state-changing request from another site is refused."""
+
+    status, code = 403, "forbidden"
 
 
 class MethodNotAllowed(HTTPFailure):
@@ -2426,6 +2435,7 @@ class FoldWorker:
         self._started_at = format_received_at(utc_now())
         self._first_pass_done = False
         self.state = "starting"
+        self.fold_seconds = Histogram(TIMING_BOUNDS)  # for /metrics, by outcome
 
     def start(self) -> None:
         self._started_at = format_received_at(utc_now())
@@ -2531,14 +2541,16 @@ class FoldWorker:
             % waiting, (oldest,)).fetchone()[0]
         return delayed, (now - parse_received_at(oldest)).total_seconds(), worst_id
 
-    @staticmethod
-    def fold_one(engine: FoldEngine, delivery_id: int) -> Outcome:
+    def fold_one(self, engine: FoldEngine, delivery_id: int) -> Outcome:
         """Fold one delivery; the out-of-order WARN is asked before and written after."""
         row = engine.row(delivery_id)
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
         late = engine.later_already_folded(row)
+        started = time.monotonic()
         outcome = engine.fold(delivery_id, row)
+        if outcome.kind in ("folded", "failed"):
+            self.fold_seconds.observe(time.monotonic() - started, outcome=outcome.status)
         if late and outcome.kind == "folded":
             waited = (utc_now() - parse_received_at(row["received_at"])).total_seconds()
             log_event(logging.WARNING, "delivery folded after a later one; `healthlog reindex`"
@@ -2580,6 +2592,617 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
+# Read side: catalog, points, buckets, deliveries, metrics; shared by routes and export.
+# ==============================================================================
+
+LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
+               RECORD_LAYER)
+"""Finest first: a query without a layer reads the finest layer the metric has."""
+
+BUCKETS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
+"""Bucket widths in seconds; buckets are aligned in the query's offset (weeks on Monday)."""
+
+DELIVERIES_LIMIT = (50, 500)
+"""Journal rows per page: default and maximum."""
+
+STREAM_CHUNK = 64 << 10
+"""Streamed replies are written in pieces of about this size."""
+
+_GROUPS = (
+    ("sleep", ("sleep_analysis",)),
+    ("workouts", ("workouts",)),
+    ("mindfulness", ("state_of_mind", "mindful_minutes")),
+    ("heart", ("heart_rate", "resting_heart_rate", "walking_heart_rate_average",
+               "heart_rate_variability", "heart_rate_notifications", "blood_oxygen_saturation",
+               "ecg", "cardio_recovery", "vo2_max", "atrial_fibrillation_burden")),
+    ("body", ("weight_body_mass", "body_fat_percentage", "body_mass_index", "height",
+              "lean_body_mass", "blood_pressure", "body_temperature", "respiratory_rate",
+              "apple_sleeping_wrist_temperature", "waist_circumference", "blood_glucose")),
+    ("activity", ("step_count", "active_energy", "basal_energy_burned", "walking_running_distance",
+                  "cycling_distance", "swimming_distance", "flights_climbed",
+                  "apple_exercise_time", "apple_stand_hour", "apple_stand_time",
+                  "apple_move_time", "physical_effort", "walking_speed", "walking_step_length",
+                  "stair_speed_up", "stair_speed_down", "six_minute_walking_test_distance",
+                  "running_speed", "running_power", "time_in_daylight")),
+)
+_GROUP_PREFIXES = (("dietary_", "nutrition"), ("symptoms/", "other"),
+                   ("cycle_tracking/", "body"), ("medications/", "other"))
+
+
+def metric_group(metric: str) -> str:
+    """The dashboard's group of a metric: activity, heart, sleep, body, nutrition,
+    workouts, mindfulness or other."""
+    for group, names in _GROUPS:
+        if metric in names:
+            return group
+    for prefix, group in _GROUP_PREFIXES:
+        if metric.startswith(prefix):
+            return group
+    return "other"
+
+
+def catalog(conn: sqlite3.Connection) -> list:
+    """Per (metric, layer): units, first and last point start, objects, points.  Reads the
+    objects' bounds only; never decompresses a blob."""
+    units: dict = {}
+    for metric, layer, unit in conn.execute(
+            "SELECT DISTINCT metric, layer, units FROM object WHERE units IS NOT NULL"):
+        units.setdefault((metric, layer), []).append(unit)
+    return [{"metric": metric, "layer": layer, "group": metric_group(metric),
+             "units": sorted(units.get((metric, layer), [])),
+             "first": format_instant(first * US), "last": format_instant(last * US),
+             "objects": objects, "points": points}
+            for metric, layer, first, last, objects, points in conn.execute(
+                "SELECT metric, layer, min(first_at), max(last_at), count(*), sum(points)"
+                " FROM object GROUP BY metric, layer ORDER BY metric, layer")]
+
+
+class UnknownMetric(NotFound):
+    """No data of that metric: the reply lists the metrics there are."""
+
+    code = "unknown_metric"
+
+    def __init__(self, names: list):
+        super().__init__("no data of that metric; see /api/catalog")
+        self.extra = {"metrics": sorted({loggable_metric(n) for n in names})}
+
+
+class UnknownLayer(NotFound):
+    """The metric has no data in that layer."""
+
+    code = "unknown_layer"
+
+
+@dataclass(frozen=True)
+class PointQuery:
+    """What ``/api/points`` and ``healthlog export`` were asked, checked."""
+
+    metric: str
+    layer: str
+    start: Optional[int] = None  # UTC µs, inclusive
+    end: Optional[int] = None  # UTC µs, exclusive
+    bucket: Optional[str] = None
+    offset_s: int = 0
+    fmt: str = "json"
+
+    @property
+    def sleep_stages(self) -> bool:
+        return self.metric == SLEEP_METRIC and self.layer == RECORD_LAYER
+
+
+def _query_time(name: str, text: Optional[str]) -> Optional[int]:
+    if text is None or text == "":
+        return None
+    value: Any = text
+    if re.fullmatch(r"-?\d+(\.\d+)?", text.strip()):
+        value = float(text) if "." in text else int(text)
+    instant = parse_time(value)
+    if instant is None:
+        raise BadRequest("%s is not a time healthlog can read (ISO-8601, YYYY-MM-DD or epoch"
+                         " seconds or milliseconds)" % name)
+    return instant
+
+
+def _query_offset(text: Optional[str]) -> int:
+    if not text:
+        return 0
+    match = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", text.strip())
+    offset = _offset_seconds(*match.groups()) if match else None
+    if offset is None:
+        raise BadRequest("tz must be an offset such as +02:00 or -0700")
+    return offset
+
+
+def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> PointQuery:
+    """Check a query's parameters against the store: 400 for bad values, 404 for a
+    metric or layer without data."""
+    metric = args.get("metric")
+    if not metric:
+        raise BadRequest("metric is required; see /api/catalog")
+    start, end = _query_time("from", args.get("from")), _query_time("to", args.get("to"))
+    if start is not None and end is not None and start >= end:
+        raise BadRequest("from must be before to")
+    bucket = args.get("bucket") or None
+    if bucket is not None and bucket not in BUCKETS:
+        raise BadRequest("bucket must be one of " + ", ".join(BUCKETS))
+    fmt = args.get("format") or "json"
+    if fmt not in ("json", "csv"):
+        raise BadRequest("format must be json or csv")
+    offset = _query_offset(args.get("tz"))
+    layers = [row[0] for row in conn.execute(
+        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
+    if not layers:
+        raise UnknownMetric([row[0] for row in conn.execute("SELECT DISTINCT metric FROM object")])
+    layer = args.get("layer") or min(layers, key=lambda name: (
+        LAYER_ORDER.index(name) if name in LAYER_ORDER else len(LAYER_ORDER), name))
+    if layer not in layers:
+        raise UnknownLayer("%s has no data in that layer; it has %s"
+                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    return PointQuery(metric, layer, start, end, bucket, offset, fmt)
+
+
+def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """(units, raw points array bytes, whole) of each object that may hold points of the
+    range, in time order; ``whole``: every point of it is in the range."""
+    low = -(1 << 62) if query.start is None else query.start // HOUR_US
+    high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
+    for units, first_at, last_at, blob in conn.execute(
+            "SELECT units, first_at, last_at, blob FROM object WHERE metric = ?"
+            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
+            (query.metric, query.layer, low, high)):
+        whole = ((query.start is None or first_at * US >= query.start)
+                 and (query.end is None or (last_at + 1) * US <= query.end))
+        yield units, gzip.decompress(blob), whole
+
+
+def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """(units, coordinate, point) of every point in the range, in time order."""
+    for units, raw, _ in _objects(conn, query):
+        for point in json.loads(raw):
+            coord = point_coordinate(point) if type(point) is dict else None
+            if coord is None:
+                continue
+            if ((query.start is None or coord[0] >= query.start)
+                    and (query.end is None or coord[0] < query.end)):
+                yield units, coord, point
+
+
+def _instant_or_null(instant: Optional[int]) -> Any:
+    return None if instant is None else format_instant(instant)
+
+
+def _head(query: PointQuery) -> dict:
+    head = {"metric": query.metric, "layer": query.layer}
+    if query.bucket:
+        head["bucket"] = query.bucket
+        head["tz"] = "%s%02d:%02d" % ("-" if query.offset_s < 0 else "+",
+                                      abs(query.offset_s) // 3600, abs(query.offset_s) % 3600 // 60)
+    head["from"], head["to"] = _instant_or_null(query.start), _instant_or_null(query.end)
+    return head
+
+
+def _chunked(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Join small pieces into chunks of about :data:`STREAM_CHUNK` bytes."""
+    buffer, size = [], 0
+    for piece in pieces:
+        buffer.append(piece)
+        size += len(piece)
+        if size >= STREAM_CHUNK:
+            yield b"".join(buffer)
+            buffer, size = [], 0
+    if buffer:
+        yield b"".join(buffer)
+
+
+def render_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    """The reply to a point query, streamed: JSON or CSV, raw or bucketed."""
+    if query.bucket:
+        runs = bucket_runs(conn, query)
+        pieces = _bucket_csv(runs, query) if query.fmt == "csv" else _bucket_json(runs, query)
+    elif query.fmt == "csv":
+        pieces = _raw_csv(conn, query)
+    else:
+        pieces = _raw_json(conn, query)
+    return _chunked(pieces)
+
+
+def _raw_json(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    head = _json_bytes(_head(query))
+    yield head[:-1] + b',"runs":['
+    units_now, first_run, first_point = object(), True, True
+    for units, raw, whole in _objects(conn, query):
+        if whole:
+            inner = raw.strip()[1:-1].strip()  # the stored points, verbatim
+            if not inner:
+                continue
+            pieces = [inner]
+        else:
+            pieces = [dumps_points([point])[1:-1] for point in json.loads(raw)
+                      if _in_range(point, query)]
+            if not pieces:
+                continue
+        if units != units_now:
+            if not first_run:
+                yield b"]}"
+            yield (b"" if first_run else b",") + b'{"units":' + _json_bytes(units) + b',"points":['
+            units_now, first_run, first_point = units, False, True
+        for piece in pieces:
+            yield piece if first_point else b"," + piece
+            first_point = False
+    yield b"]}]}" if not first_run else b"]}"
+
+
+def _in_range(point: Any, query: PointQuery) -> bool:
+    coord = point_coordinate(point) if type(point) is dict else None
+    return coord is not None and (query.start is None or coord[0] >= query.start) and (
+        query.end is None or coord[0] < query.end)
+
+
+def _csv_line(values: list) -> bytes:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow(values)
+    return out.getvalue().encode()
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if type(value) is str:
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    fields: dict = {}  # every key seen, first-seen order (a first pass over the range)
+    for _, _, point in iter_points(conn, query):
+        for key in point:
+            fields.setdefault(key, None)
+    yield _csv_line(["start", "end", "units"] + list(fields))
+    for units, coord, point in iter_points(conn, query):
+        yield _csv_line([format_instant(coord[0]), format_instant(coord[1]), units or ""]
+                        + [_csv_cell(point.get(key)) for key in fields])
+
+
+@dataclass
+class _Run:
+    units: Optional[str]
+    buckets: dict = field(default_factory=dict)  # bucket start µs -> _Bucket
+
+
+@dataclass
+class _Bucket:
+    count: int = 0
+    fields: dict = field(default_factory=dict)  # name -> [count, min, max, sum]
+    stages: dict = field(default_factory=dict)  # sleep stage -> hours
+
+
+NIGHT_SHIFT_US = 6 * HOUR_US
+"""A sleep record counts for the day (or week) of its end plus 6 hours: the night you
+wake up from, also for the segments that end before midnight (a nap that ends before
+18:00 stays on its own day)."""
+
+
+def bucket_start(instant: int, bucket: str, offset_s: int) -> int:
+    """The UTC µs start of the bucket holding ``instant``, aligned in local time
+    (``offset_s`` east of UTC); weeks start on Monday (1970-01-01 was a Thursday)."""
+    width = BUCKETS[bucket] * US
+    shift = offset_s * US + (3 * 86400 * US if bucket == "week" else 0)
+    return (instant + shift) // width * width - shift
+
+
+def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
+    """Per run of equal units, per bucket: count and count/min/max/sum of every numeric
+    field; sleep stage records as hours per stage, by the night they end
+    (:data:`NIGHT_SHIFT_US`; hour buckets by their end)."""
+    runs: list = []
+    for units, coord, point in iter_points(conn, query):
+        if not runs or runs[-1].units != units:
+            runs.append(_Run(units))
+        stage = point.get("value") if query.sleep_stages else None
+        if type(stage) is str:
+            night = coord[1] + (NIGHT_SHIFT_US if query.bucket != "hour" else 0)
+            key = bucket_start(night, query.bucket, query.offset_s)
+            target = runs[-1].buckets.setdefault(key, _Bucket())
+            target.count += 1
+            target.stages[stage] = target.stages.get(stage, 0.0) + (coord[1] - coord[0]) / HOUR_US
+            continue
+        key = bucket_start(coord[0], query.bucket, query.offset_s)
+        target = runs[-1].buckets.setdefault(key, _Bucket())
+        target.count += 1
+        for name, value in point.items():
+            kind = type(value)
+            if kind is not int and kind is not float:
+                continue
+            stats = target.fields.get(name)
+            if stats is None:
+                target.fields[name] = [1, value, value, value]
+            else:
+                stats[0] += 1
+                stats[1] = min(stats[1], value)
+                stats[2] = max(stats[2], value)
+                stats[3] += value
+    return runs
+
+
+def _field_stats(stats: list) -> dict:
+    count, low, high, total = stats
+    return {"count": count, "min": low, "max": high, "avg": total / count, "sum": total}
+
+
+def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
+    head = _json_bytes(_head(query))
+    yield head[:-1] + b',"runs":['
+    for i, run in enumerate(runs):
+        yield (b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"buckets":['
+        for j, key in enumerate(sorted(run.buckets)):
+            bucket = run.buckets[key]
+            item: dict = {"start": format_instant(key), "count": bucket.count}
+            if bucket.fields:
+                item["fields"] = {name: _field_stats(stats)
+                                  for name, stats in bucket.fields.items()}
+            if bucket.stages:
+                item["stages"] = dict(sorted(bucket.stages.items()))
+            yield (b"," if j else b"") + _json_bytes(item)
+        yield b"]}"
+    yield b"]}"
+
+
+def _bucket_csv(runs: list, query: PointQuery) -> Iterator[bytes]:
+    fields: dict = {}
+    stages: dict = {}
+    for run in runs:
+        for bucket in run.buckets.values():
+            for name in bucket.fields:
+                fields.setdefault(name, None)
+            for name in bucket.stages:
+                stages.setdefault(name, None)
+    columns = ["start", "units", "count"] + [
+        "%s_%s" % (name, stat) for name in fields
+        for stat in ("count", "min", "max", "avg", "sum")] + list(stages)
+    yield _csv_line(columns)
+    for run in runs:
+        for key in sorted(run.buckets):
+            bucket = run.buckets[key]
+            row = [format_instant(key), run.units or "", str(bucket.count)]
+            for name in fields:
+                stats = bucket.fields.get(name)
+                row += ([_csv_cell(v) for v in _field_stats(stats).values()] if stats
+                        else [""] * 5)
+            row += [_csv_cell(bucket.stages[name]) if name in bucket.stages else ""
+                    for name in stages]
+            yield _csv_line(row)
+
+
+DELIVERY_FIELDS = ("id", "received_at", "body_bytes", "automation_name", "automation_id",
+                   "automation_aggregation", "path_name", "parse_status", "layer", "error",
+                   "uncovered_keys", "folded_at") + _COUNTERS
+
+
+def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """A page of the journal, newest first: what arrived and what became of it, never a
+    body or a value."""
+    status = args.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest("status must be one of " + ", ".join(STATUSES))
+    limit = _whole_number("limit", args.get("limit"), DELIVERIES_LIMIT[0], DELIVERIES_LIMIT[1])
+    before = args.get("before")
+    where, values = [], []
+    if status is not None:
+        where.append("parse_status = ?")
+        values.append(status)
+    if before:
+        anchor_id = _whole_number("before", before, 0, 1 << 62)
+        anchor = conn.execute("SELECT received_at FROM delivery WHERE id = ?",
+                              (anchor_id,)).fetchone()
+        if anchor is None:
+            raise BadRequest("before names no delivery")
+        where.append("(received_at < ? OR (received_at = ? AND id < ?))")
+        values += [anchor[0], anchor[0], anchor_id]
+    rows = conn.execute(
+        "SELECT %s FROM delivery%s ORDER BY received_at DESC, id DESC LIMIT ?"
+        % (", ".join(DELIVERY_FIELDS), " WHERE " + " AND ".join(where) if where else ""),
+        values + [limit + 1]).fetchall()
+    items = []
+    for row in rows[:limit]:
+        item = dict(zip(DELIVERY_FIELDS, row))
+        item["status"] = item.pop("parse_status")
+        item["uncovered_keys"] = json.loads(item["uncovered_keys"] or "[]")
+        for name in ("received_at", "folded_at"):
+            if item[name]:
+                item[name] = format_instant(parse_time(item[name]))
+        items.append(item)
+    return {"deliveries": items,
+            "next_before": items[-1]["id"] if len(rows) > limit else None}
+
+
+def _whole_number(name: str, text: Optional[str], default: int, high: int) -> int:
+    if text is None or text == "":
+        return default
+    if not re.fullmatch(r"\d{1,18}", text):
+        raise BadRequest("%s must be a whole number" % name)
+    value = int(text)
+    if not 1 <= value <= high:
+        raise BadRequest("%s must be between 1 and %d" % (name, high))
+    return value
+
+
+class Histogram:
+    """A Prometheus histogram kept in memory (this process only), thread-safe."""
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self._lock = threading.Lock()
+        self._series: dict = {}  # labels -> [bucket counts…, sum, count]
+
+    def observe(self, seconds: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            series = self._series.setdefault(key, [0] * len(self.bounds) + [0.0, 0])
+            for i, bound in enumerate(self.bounds):
+                if seconds <= bound:
+                    series[i] += 1
+            series[-2] += seconds
+            series[-1] += 1
+
+    def render(self, name: str, help_text: str) -> list:
+        lines = ["# HELP %s %s" % (name, help_text), "# TYPE %s histogram" % name]
+        with self._lock:
+            series = {key: list(values) for key, values in self._series.items()}
+        for key, values in sorted(series.items()):
+            labels = ",".join('%s="%s"' % item for item in key)
+            sep = "," if labels else ""
+            for bound, count in zip(self.bounds, values):
+                lines.append('%s_bucket{%s%sle="%s"} %d' % (name, labels, sep, repr(bound), count))
+            lines.append('%s_bucket{%s%sle="+Inf"} %d' % (name, labels, sep, values[-1]))
+            braces = "{%s}" % labels if labels else ""
+            lines.append("%s_sum%s %s" % (name, braces, repr(values[-2])))
+            lines.append("%s_count%s %d" % (name, braces, values[-1]))
+        return lines
+
+
+TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+"""Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
+
+
+WORKER_STATES = ("starting", "idle", "folding", "stopped")
+
+
+def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_seconds: Histogram,
+                   worker_state: str) -> bytes:
+    """Prometheus text format: the journal, the store and this process's timings; never a
+    health value or a name from the user's data."""
+    conn.execute("BEGIN")  # one snapshot
+    try:
+        counts = _status_counts(conn)
+        oldest = conn.execute("SELECT min(received_at) FROM delivery"
+                              " WHERE parse_status = 'pending'").fetchone()[0]
+        received, received_bytes, overwrites, conflicts = conn.execute(
+            "SELECT count(*), coalesce(sum(body_bytes), 0), coalesce(sum(overwrites), 0),"
+            " coalesce(sum(unit_conflicts), 0) FROM delivery").fetchone()
+        objects, points = conn.execute(
+            "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
+    finally:
+        conn.execute("COMMIT")
+    age = 0.0 if oldest is None else (utc_now() - parse_received_at(oldest)).total_seconds()
+    lines = []
+
+    def family(name: str, kind: str, help_text: str, samples: list) -> None:
+        lines.extend(["# HELP %s %s" % (name, help_text), "# TYPE %s %s" % (name, kind)])
+        lines.extend("%s%s %s" % (name, labels, value) for labels, value in samples)
+
+    family("healthlog_deliveries", "gauge", "Deliveries in the journal by status.",
+           [('{status="%s"}' % status, counts[status]) for status in STATUSES])
+    family("healthlog_backlog", "gauge", "Deliveries waiting to be folded.",
+           [("", counts["pending"])])
+    family("healthlog_oldest_pending_age_seconds", "gauge",
+           "Age of the oldest pending delivery (0 when none).", [("", round(age, 3))])
+    family("healthlog_received_deliveries_total", "counter", "Deliveries journaled.",
+           [("", received)])
+    family("healthlog_received_bytes_total", "counter", "Body bytes journaled.",
+           [("", received_bytes)])
+    family("healthlog_objects", "gauge", "Hourly objects in the store.", [("", objects)])
+    family("healthlog_points", "gauge", "Points in the store.", [("", points)])
+    family("healthlog_overwrites_total", "counter",
+           "Stored points replaced by a different value.", [("", overwrites)])
+    family("healthlog_unit_conflicts_total", "counter",
+           "Hours whose arriving points had other units than the stored object.",
+           [("", conflicts)])
+    family("healthlog_worker_up", "gauge", "1 while the fold thread runs.",
+           [("", int(worker_state in ("idle", "folding")))])
+    family("healthlog_worker_state", "gauge", "The fold thread's state.",
+           [('{state="%s"}' % state, int(state == worker_state)) for state in WORKER_STATES])
+    family("healthlog_info", "gauge", "healthlog's version.",
+           [('{version="%s"}' % __version__, 1)])
+    lines += ingest_seconds.render("healthlog_ingest_seconds",
+                                   "POST /api/ingest answer time, by status code.")
+    lines += fold_seconds.render("healthlog_fold_seconds", "Fold time per delivery, by outcome.")
+    return ("\n".join(lines) + "\n").encode()
+
+
+# -- sessions: the dashboard's sign-in --------------------------------------------
+
+SESSION_COOKIE = "healthlog_session"
+SESSION_MAX_AGE_S = 30 * 86400
+"""A signed-in browser stays signed in for 30 days; changing the token signs all out."""
+
+
+def session_value(token: bytes, expiry: int) -> str:
+    """``<expiry>.<HMAC-SHA256(token, "session:<expiry>")>``: stateless and unforgeable
+    without the token, which the cookie never contains."""
+    digest = hmac.new(token, ("session:%d" % expiry).encode(), hashlib.sha256).hexdigest()
+    return "%d.%s" % (expiry, digest)
+
+
+def session_valid(token: bytes, value: str, now: float) -> bool:
+    expiry_text, _, _ = value.partition(".")
+    if not token or not expiry_text.isdigit() or int(expiry_text) < now:
+        return False
+    return hmac.compare_digest(session_value(token, int(expiry_text)).encode(),
+                               value.encode("latin-1", "replace"))
+
+
+# -- export: the same replies on the command line, and a flat SQLite file ------------
+
+EXPORT_COLUMNS = ("qty", "value", "min", "avg", "max", "source")
+"""Fields of a point that get a column of their own in an exported SQLite file."""
+
+_EXPORT_SCHEMA = """
+CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT NULL,
+                     "end" TEXT NOT NULL, units TEXT, qty REAL, value TEXT, min REAL, avg REAL,
+                     max REAL, source TEXT, extra TEXT);
+CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
+                      first TEXT, last TEXT);
+"""
+_EXPORT_INDEXES = """
+CREATE INDEX points_metric ON points (metric, layer, start);
+CREATE INDEX points_start ON points (start);
+"""
+
+
+def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict) -> tuple:
+    lowered = {}
+    extra = {}
+    for key, value in point.items():
+        name = key.lower()
+        if name in EXPORT_COLUMNS and name not in lowered and (
+                type(value) in (int, float) if name in ("qty", "min", "avg", "max")
+                else type(value) is str):
+            lowered[name] = value
+        else:
+            extra[key] = value
+    return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]), units)
+            + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
+            + (json.dumps(extra, ensure_ascii=False) if extra else None,))
+
+
+def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
+    """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
+    shape Datasette and sqlite-utils open directly; returns the number of points."""
+    target = sqlite3.connect(str(out), isolation_level=None)
+    written = 0
+    try:
+        target.executescript(_EXPORT_SCHEMA)
+        target.execute("BEGIN")
+        for metric, layer in conn.execute(
+                "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
+            query = PointQuery(metric, layer)
+            rows = (_export_row(metric, layer, units, coord, point)
+                    for units, coord, point in iter_points(conn, query))
+            before = target.total_changes
+            target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            written += target.total_changes - before
+        for item in catalog(conn):
+            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                           (item["metric"], item["layer"], ",".join(item["units"]) or None,
+                            item["points"], item["first"], item["last"]))
+        target.execute("COMMIT")
+        target.executescript(_EXPORT_INDEXES)
+    finally:
+        target.close()
+    return written
+
+
+# ==============================================================================
 # HTTP app: ingest, health, one JSON error shape, an access log without bodies.
 # ==============================================================================
 
@@ -2587,9 +3210,11 @@ ENV_REQUEST = "healthlog.cheroot_request"
 ENV_RECEIVED = "healthlog.received_at"
 
 
-def error_body(status: int, code: str, message: str) -> bytes:
+def error_body(status: int, code: str, message: str, extra: Optional[dict] = None) -> bytes:
     """The one JSON error shape of every HTTP error; never echoes request content."""
-    return json.dumps({"error": {"status": status, "code": code, "message": message}}).encode()
+    error = {"status": status, "code": code, "message": message}
+    error.update(extra or {})
+    return json.dumps({"error": error}).encode()
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -2626,27 +3251,58 @@ def _valid_name(name: str) -> bool:
         c.isascii() and (c.isalnum() or c in "._-") for c in name)
 
 
-class App:
-    """The WSGI application: bottle routes inside an access-log and error boundary."""
+SECURITY_HEADERS = (
+    ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self';"
+     " img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
+     " base-uri 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+)
+"""On every answer: the page runs only its own script and style, in no frame."""
 
-    def __init__(self, service: "Service"):
+LOGIN_FORM_MAX = 4096
+"""A sign-in form is one field: a body larger than this is no sign-in."""
+
+
+class App:
+    """The WSGI application: bottle routes inside an access-log and error boundary.
+
+    Its collaborators are explicit: the archive and the connection pool that ingest
+    writes to and the read routes read from, the fold worker it wakes and reports on
+    (its state and fold timings), and the service's stopping flag.
+    """
+
+    def __init__(self, config: Config, archive: Archive, pool: ConnectionPool,
+                 worker: FoldWorker, stopping: threading.Event):
         import bottle
 
-        self.service = service
-        self.config = service.config
+        self.config, self.archive, self.pool = config, archive, pool
+        self.worker, self.stopping = worker, stopping
+        self.ingest_seconds = Histogram(TIMING_BOUNDS)
         self._token = b""
         self.bottle = bottle.Bottle()
         self.bottle.config["catchall"] = False
-        self.bottle.route("/api/ingest", "POST", self.ingest)
-        self.bottle.route("/api/ingest/<name>", "POST", self.ingest)
-        self.bottle.route("/healthz", "GET", self.healthz)
+        for rule, method, callback in (
+                ("/api/ingest", "POST", self.ingest),
+                ("/api/ingest/<name>", "POST", self.ingest),
+                ("/healthz", "GET", self.healthz),
+                ("/api/catalog", "GET", self.catalog),
+                ("/api/points", "GET", self.points),
+                ("/api/deliveries", "GET", self.deliveries),
+                ("/metrics", "GET", self.metrics),
+                ("/", "GET", self.page),
+                ("/login", "POST", self.login),
+                ("/logout", "POST", self.logout),
+                ("/static/<name>", "GET", self.static)):
+            self.bottle.route(rule, method, callback)
 
     def set_token(self, token: str) -> None:
         self._token = token.encode()
 
     # -- WSGI entry ---------------------------------------------------------
 
-    def __call__(self, environ: dict, start_response: Callable) -> list:
+    def __call__(self, environ: dict, start_response: Callable) -> Any:
         started = time.monotonic()
         environ[ENV_RECEIVED] = utc_now()
         try:
@@ -2658,14 +3314,22 @@ class App:
                       path=environ.get("PATH_INFO", ""))
             log_event(logging.DEBUG, "request failure detail", detail=repr(exc))
             status, headers, body = self._failure(environ, InternalError())
-        start_response(status, headers)
+        start_response(status, list(headers) + list(SECURITY_HEADERS))
+        code = int(status.split(" ", 1)[0])
         path = environ.get("PATH_INFO", "")
-        log_event(logging.DEBUG if path == "/healthz" else logging.INFO, "http request",
-                  method=environ.get("REQUEST_METHOD", ""), path=path,
-                  status=int(status.split(" ", 1)[0]),
-                  bytes_in=int(environ.get("CONTENT_LENGTH") or 0) or None,
-                  bytes_out=len(body), ms=round((time.monotonic() - started) * 1000, 1))
-        return [body]
+        if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
+            self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
+
+        def logged(bytes_out: int) -> None:
+            log_event(logging.DEBUG if path == "/healthz" else logging.INFO, "http request",
+                      method=environ.get("REQUEST_METHOD", ""), path=path, status=code,
+                      bytes_in=int(environ.get("CONTENT_LENGTH") or 0) or None,
+                      bytes_out=bytes_out, ms=round((time.monotonic() - started) * 1000, 1))
+
+        if type(body) is bytes:
+            logged(len(body))
+            return [body]
+        return _Streamed(body, logged)
 
     def _dispatch(self, environ: dict) -> tuple:
         import bottle
@@ -2676,14 +3340,15 @@ class App:
             if exc.status_code == 405:
                 raise MethodNotAllowed() from None
             raise NotFound() from None
-        if _has_body(environ) and not route.rule.startswith("/api/ingest"):
-            _close_connection(environ)  # only ingest reads a body
+        if _has_body(environ) and route.rule not in ("/api/ingest", "/api/ingest/<name>",
+                                                     "/login"):
+            _close_connection(environ)  # only these read a body
         return route.callback(environ, **args)
 
     def _failure(self, environ: dict, exc: HTTPFailure) -> tuple:
         if _has_body(environ):
             _close_connection(environ)
-        body = error_body(exc.status, exc.code, exc.message)
+        body = error_body(exc.status, exc.code, exc.message, getattr(exc, "extra", None))
         return ("%d %s" % (exc.status, _REASONS.get(exc.status, "Error")),
                 [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
                 body)
@@ -2696,8 +3361,10 @@ class App:
 
     # -- authentication -----------------------------------------------------
 
-    def authenticate(self, environ: Mapping[str, Any]) -> None:
-        """Bearer token or X-API-Key, compared in constant time."""
+    def authenticate(self, environ: Mapping[str, Any], cookie: bool = False) -> None:
+        """Bearer token or X-API-Key, compared in constant time; with ``cookie`` also
+        the dashboard's session cookie (read routes only: ingest never takes it, so a
+        page of another site can never make a signed-in browser post data)."""
         offered = None
         authorization = environ.get("HTTP_AUTHORIZATION", "")
         scheme, _, credentials = authorization.partition(" ")
@@ -2705,25 +3372,31 @@ class App:
             offered = credentials.strip()
         elif environ.get("HTTP_X_API_KEY"):
             offered = environ["HTTP_X_API_KEY"].strip()
+        if offered is None and cookie and self._signed_in(environ):
+            return
         if offered is None or not self._token or not hmac.compare_digest(
                 offered.encode("latin-1", "replace"), self._token):
             raise Unauthorized()
 
-    # -- routes -------------------------------------------------------------
+    def _signed_in(self, environ: Mapping[str, Any]) -> bool:
+        value = _cookie(environ, SESSION_COOKIE)
+        return value is not None and session_valid(self._token, value, time.time())
+
+    # -- routes: ingest and health ------------------------------------------
 
     def healthz(self, environ: dict) -> tuple:
         """GET /healthz: liveness, backlog size and worker state; no token, no health data."""
         return self._ok({
-            "status": "stopping" if self.service.stopping else "ok",
+            "status": "stopping" if self.stopping.is_set() else "ok",
             "version": __version__,
-            "backlog": count_pending(self.service.pool.get()),
-            "worker": self.service.worker.state,
+            "backlog": count_pending(self.pool.get()),
+            "worker": self.worker.state,
         })
 
     def ingest(self, environ: dict, name: Optional[str] = None) -> tuple:
         """POST /api/ingest[/<name>]: archive durably, journal as pending, answer 200."""
         received_at = environ[ENV_RECEIVED]
-        if self.service.stopping:
+        if self.stopping.is_set():
             raise ServiceStopping()
         self.authenticate(environ)
         if name is not None and not _valid_name(name):
@@ -2733,13 +3406,12 @@ class App:
         if content_type.startswith(("multipart/", "text/csv", "application/csv")):
             raise UnsupportedMediaType()
         length = self._content_length(environ)
-        conn = self.service.pool.get()  # before the body: a failure here leaves no upload
+        conn = self.pool.get()  # before the body: a failure here leaves no upload
         upload = self._receive(environ, length)
         headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
-        delivery_id = accept_delivery(self.service.archive, conn, upload, received_at,
-                                      headers, name,
+        delivery_id = accept_delivery(self.archive, conn, upload, received_at, headers, name,
                                       {"content_type": environ.get("CONTENT_TYPE") or None})
-        self.service.worker.wake()
+        self.worker.wake()
         return self._ok({"delivery_id": delivery_id, "status": "pending"})
 
     def _content_length(self, environ: Mapping[str, Any]) -> Optional[int]:
@@ -2777,10 +3449,10 @@ class App:
 
         stream = environ["wsgi.input"]
         try:
-            return self.service.archive.receive(stream.read, length, self.config.max_body_bytes,
-                                                before_read)
+            return self.archive.receive(stream.read, length, self.config.max_body_bytes,
+                                        before_read)
         except BadRequest:
-            if self.service.stopping:  # cut off by the shutdown, not by the client
+            if self.stopping.is_set():  # cut off by the shutdown, not by the client
                 raise ServiceStopping() from None
             raise
         except HTTPFailure:
@@ -2794,10 +3466,155 @@ class App:
             raise BadRequest("the chunked body is malformed") from None
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large",
-            415: "Unsupported Media Type", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+    # -- routes: reading ------------------------------------------------------
+
+    def catalog(self, environ: dict) -> tuple:
+        """GET /api/catalog: what the store holds per metric and layer."""
+        self.authenticate(environ, cookie=True)
+        return self._ok({"metrics": catalog(self.pool.get())})
+
+    def points(self, environ: dict) -> tuple:
+        """GET /api/points: verbatim points or bucket aggregates, JSON or CSV, streamed."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        query = point_query(conn, _query_args(environ))
+        kind = ("text/csv; charset=utf-8" if query.fmt == "csv"
+                else "application/json")
+        return ("200 OK", [("Content-Type", kind), ("Cache-Control", "no-store"),
+                           ("X-Healthlog-Layer", query.layer)], _in_snapshot(conn, query))
+
+    def deliveries(self, environ: dict) -> tuple:
+        """GET /api/deliveries: the journal, newest first, never bodies or values."""
+        self.authenticate(environ, cookie=True)
+        return self._ok(deliveries(self.pool.get(), _query_args(environ)))
+
+    def metrics(self, environ: dict) -> tuple:
+        """GET /metrics: Prometheus text format."""
+        self.authenticate(environ, cookie=True)
+        body = render_metrics(self.pool.get(), self.ingest_seconds, self.worker.fold_seconds,
+                              self.worker.state)
+        return ("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
+                           ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
+                body)
+
+    # -- routes: the page and its session -----------------------------------------
+
+    def page(self, environ: dict) -> tuple:
+        """GET /: the dashboard when signed in, else the sign-in form."""
+        if self._signed_in(environ):
+            return _html("200 OK", DASHBOARD_HTML)
+        return _html("200 OK", LOGIN_HTML.replace("{message}", ""))
+
+    def login(self, environ: dict) -> tuple:
+        """POST /login: the token from the sign-in form sets the session cookie."""
+        _refuse_cross_site(environ)
+        length = environ.get("CONTENT_LENGTH") or ""
+        if not length.isdigit() or int(length) > LOGIN_FORM_MAX:
+            raise BadRequest("a sign-in form has one short field")
+        form = urllib.parse.parse_qs(environ["wsgi.input"].read(int(length)).decode(
+            "utf-8", "replace"))
+        offered = (form.get("token") or [""])[0].strip().encode("utf-8", "replace")
+        if not self._token or not hmac.compare_digest(offered, self._token):
+            return _html("401 Unauthorized", LOGIN_HTML.replace(
+                "{message}", '<p class="error">That is not the token of this healthlog.</p>'))
+        cookie = "%s=%s; Path=/; HttpOnly; SameSite=Strict; Max-Age=%d" % (
+            SESSION_COOKIE, session_value(self._token, int(time.time()) + SESSION_MAX_AGE_S),
+            SESSION_MAX_AGE_S)
+        if environ.get("HTTP_X_FORWARDED_PROTO", "").lower() == "https":
+            cookie += "; Secure"
+        return ("303 See Other", [("Location", "/"), ("Set-Cookie", cookie),
+                                  ("Content-Length", "0"), ("Cache-Control", "no-store")], b"")
+
+    def logout(self, environ: dict) -> tuple:
+        """POST /logout: the session cookie is cleared."""
+        _refuse_cross_site(environ)
+        cookie = "%s=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0" % SESSION_COOKIE
+        return ("303 See Other", [("Location", "/"), ("Set-Cookie", cookie),
+                                  ("Content-Length", "0"), ("Cache-Control", "no-store")], b"")
+
+    def static(self, environ: dict, name: str) -> tuple:
+        """GET /static/app.js and /static/app.css: the page's script and style."""
+        found = STATIC_FILES.get(name)
+        if found is None:
+            raise NotFound()
+        kind, text = found
+        body = text.encode()
+        return ("200 OK", [("Content-Type", kind), ("Content-Length", str(len(body))),
+                           ("Cache-Control", "no-cache")], body)
+
+
+def _in_snapshot(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    """The reply read in one snapshot: a fold that commits meanwhile (CSV reads the range
+    twice) is not half seen.  The transaction ends however the stream ends."""
+    conn.execute("BEGIN")
+    try:
+        yield from render_points(conn, query)
+    finally:
+        conn.execute("COMMIT")
+
+
+class _Streamed:
+    """A streamed answer: its pieces, then one access-log record with the bytes sent."""
+
+    def __init__(self, pieces: Iterator[bytes], logged: Callable[[int], None]):
+        self._pieces, self._logged, self._sent = pieces, logged, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for piece in self._pieces:
+                self._sent += len(piece)
+                yield piece
+        except Exception as exc:  # the headers are out: all that is left is to stop
+            log_event(logging.ERROR, "streamed answer failed", error=type(exc).__name__)
+            log_event(logging.DEBUG, "streamed answer failure detail", detail=repr(exc))
+            raise
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pieces.close()  # type: ignore[attr-defined]
+        self._logged(self._sent)
+
+
+def _query_args(environ: Mapping[str, Any]) -> dict:
+    """The query string's parameters, the first value of each."""
+    parsed = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    return {key: values[0] for key, values in parsed.items()}
+
+
+def _cookie(environ: Mapping[str, Any], name: str) -> Optional[str]:
+    for part in environ.get("HTTP_COOKIE", "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def _refuse_cross_site(environ: Mapping[str, Any]) -> None:
+    """A state-changing request must come from this site's own page (besides the
+    SameSite=Strict cookie): refused when the browser says it is cross-site, or when
+    its Origin names another host than the one asked (``X-Forwarded-Host`` when a proxy
+    rewrote ``Host``).  Chromium sends ``Origin: null`` for the page's own form posts
+    because of ``Referrer-Policy: no-referrer``; ``Sec-Fetch-Site`` still tells."""
+    if environ.get("HTTP_SEC_FETCH_SITE", "").lower() in ("cross-site", "same-site"):
+        raise Forbidden("cross-site requests are refused")
+    origin = environ.get("HTTP_ORIGIN")
+    if origin and origin != "null":  # null: the page's own no-referrer policy at work
+        host = urllib.parse.urlsplit(origin).netloc.lower()
+        asked = (environ.get("HTTP_X_FORWARDED_HOST") or environ.get("HTTP_HOST", ""))
+        if host != asked.split(",")[0].strip().lower():  # behind a proxy: the host it was asked
+            raise Forbidden("cross-site requests are refused")
+
+
+def _html(status: str, text: str) -> tuple:
+    body = text.encode()
+    return (status, [("Content-Type", "text/html; charset=utf-8"),
+                     ("Content-Length", str(len(body))), ("Cache-Control", "no-store")], body)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            413: "Payload Too Large", 415: "Unsupported Media Type",
+            500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -2863,9 +3680,9 @@ class Service:
         self.archive = Archive(config.data_dir)
         self.pool = ConnectionPool(config, synchronous="FULL")
         self.worker = FoldWorker(config)
-        self.app = App(self)
+        self.app: Optional[App] = None  # built at start, around the worker it then has
         self.server: Any = None
-        self.stopping = False
+        self.stopping = threading.Event()
         self._serve_thread: Optional[threading.Thread] = None
         self._stopped: Optional[bool] = None
         self.failed = threading.Event()
@@ -2884,6 +3701,7 @@ class Service:
                 warn_if_folded_by_older_parser(conn)
             finally:
                 conn.close()
+            self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
             self.app.set_token(resolve_token(self.config, self.announce))
             self.archive.clear_tmp()
             self._start_http()  # bind first: a taken port must not start a fold
@@ -2934,7 +3752,7 @@ class Service:
         """
         if self._stopped is not None:
             return self._stopped
-        self.stopping = True
+        self.stopping.set()
         if self.server is not None:
             self.server.stop()
             if self._serve_thread is not None:
@@ -3443,6 +4261,53 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
                             "imported_at": format_received_at(utc_now())})
 
 
+def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int:
+    """``healthlog export``: the reply of ``/api/points`` for the same query on stdout, or
+    with ``--format sqlite`` every stored point in a new SQLite file.  Only reads, so
+    it runs beside ``serve``."""
+    out = out or sys.stdout.buffer
+    conn = open_database(config, create=False, synchronous="NORMAL")
+    try:
+        conn.execute("BEGIN")  # one snapshot of the store
+        if args.format == "sqlite":
+            return _export_to_file(conn, args.output)
+        if args.output:
+            raise ConfigError("OUT.db goes with --format sqlite only")
+        try:
+            query = point_query(conn, {"metric": args.metric, "layer": args.layer,
+                                       "from": args.start, "to": args.end,
+                                       "bucket": args.bucket, "tz": args.tz,
+                                       "format": args.format})
+        except UnknownMetric:
+            raise ConfigError("no data of that metric; `healthlog export --format sqlite"
+                              " OUT.db` or GET /api/catalog lists the metrics") from None
+        except HTTPFailure as exc:
+            raise ConfigError(exc.message) from None
+        for chunk in render_points(conn, query):
+            out.write(chunk)
+        out.flush()
+        return 0
+    finally:
+        conn.close()
+
+
+def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
+    if not output:
+        raise ConfigError("--format sqlite needs the file to create: healthlog export"
+                          " --format sqlite OUT.db")
+    target = Path(output)
+    if target.exists():
+        raise ConfigError("%s exists; export writes a new file" % target)
+    try:
+        count = export_sqlite(conn, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            target.unlink()  # never leave half an export behind
+        raise
+    sys.stderr.write("healthlog: exported %d points to %s\n" % (count, target))
+    return 0
+
+
 # ==============================================================================
 # Status: what the journal and the vitrine hold, readable while serve runs.
 # ==============================================================================
@@ -3617,6 +4482,21 @@ def build_parser() -> argparse.ArgumentParser:
                                " the layer its metrics go to")
     importer.add_argument("--name", help="an automation name for these files (as in"
                                          " /api/ingest/<name>)")
+
+    export = commands.add_parser("export", help="points of one metric as CSV or JSON on"
+                                 " stdout, or every point into a new SQLite file")
+    data_option(export)
+    export.add_argument("output", nargs="?", metavar="OUT.db",
+                        help="the SQLite file to create (with --format sqlite)")
+    export.add_argument("--metric", help="the metric, as /api/catalog names it")
+    export.add_argument("--layer", help="its layer (default: the finest it has)")
+    export.add_argument("--from", dest="start", metavar="TIME",
+                        help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
+    export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
+    export.add_argument("--bucket", choices=tuple(BUCKETS), help="aggregate per bucket")
+    export.add_argument("--tz", metavar="OFFSET", help="bucket alignment, e.g. +02:00")
+    export.add_argument("--format", choices=("csv", "json", "sqlite"), default="json",
+                        help="json (default), csv, or sqlite (every metric, into OUT.db)")
     return parser
 
 
@@ -3641,6 +4521,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_verify(config)
         if args.command == "import":
             return run_import(config, args.files, args.aggregation, args.name)
+        if args.command == "export":
+            return run_export(config, args)
     except ConfigError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 2
@@ -3656,6 +4538,1594 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 2
+
+
+# ==============================================================================
+# The dashboard page: hand-written HTML, CSS and script, served from the .pyz itself.
+# ==============================================================================
+# Data, not code: kept last so that the program above reads without it.  No third-party
+# script, nothing fetched at run time; the CSP allows only these two files.
+
+LOGIN_HTML = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<meta name="robots" content="noindex">
+<title>Sign in · healthlog</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/app.css">
+</head>
+<body class="login">
+<main class="signin">
+  <h1>healthlog</h1>
+  <form id="login" method="post" action="/login">
+    <label for="token">Access token</label>
+    <input type="password" id="token" name="token" required autofocus
+           autocomplete="current-password" autocapitalize="off" spellcheck="false">
+    <div class="notice" role="alert">{message}</div>
+    <button type="submit">Sign in</button>
+  </form>
+  <p class="hint">Use the token Health Auto Export sends: the file <code>token</code> in the
+    data directory, or <code>HEALTHLOG_TOKEN</code>.</p>
+</main>
+</body>
+</html>
+"""
+"""The sign-in page; ``{message}`` is replaced by a failed sign-in's notice."""
+
+DASHBOARD_HTML = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<meta name="robots" content="noindex">
+<title>healthlog</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/app.css">
+<script src="/static/app.js" defer></script>
+</head>
+<body>
+<header class="top">
+  <h1>healthlog</h1>
+  <form class="signout" method="post" action="/logout">
+    <button id="signout" type="submit">Sign out</button>
+  </form>
+</header>
+<main>
+  <noscript><p class="message">This page needs JavaScript.</p></noscript>
+  <p id="message" class="message" role="alert" hidden></p>
+
+  <section class="panel" aria-labelledby="chart-title">
+    <div class="controls">
+      <label class="field">
+        <span>Metric</span>
+        <select id="catalog" disabled><option>Loading…</option></select>
+      </label>
+      <div id="range" class="range" role="group" aria-label="Time range">
+        <button type="button" data-range="24h">24 h</button>
+        <button type="button" data-range="7d">7 d</button>
+        <button type="button" data-range="30d">30 d</button>
+        <button type="button" data-range="1y">1 y</button>
+        <button type="button" data-range="custom">Custom</button>
+      </div>
+      <div id="custom" class="custom" hidden>
+        <label class="field"><span>From</span><input type="date" id="from"></label>
+        <label class="field"><span>To</span><input type="date" id="to"></label>
+      </div>
+    </div>
+    <h2 id="chart-title">Chart</h2>
+    <p id="chart-meta" class="meta"></p>
+    <div id="chart" class="chart" data-state="idle"></div>
+    <p id="readout" class="readout" aria-live="polite"></p>
+    <p class="actions"><a id="csv" class="button">Download CSV</a></p>
+  </section>
+
+  <section class="panel" aria-labelledby="workouts-title">
+    <h2 id="workouts-title">Workouts</h2>
+    <p id="workouts-meta" class="meta"></p>
+    <div id="workouts" class="scroll"></div>
+  </section>
+
+  <section class="panel" aria-labelledby="journal-title">
+    <div class="panel-head">
+      <h2 id="journal-title">Deliveries</h2>
+      <button id="refresh" type="button">Refresh</button>
+    </div>
+    <p id="health" class="meta"></p>
+    <div id="journal" class="scroll"></div>
+  </section>
+</main>
+</body>
+</html>
+"""
+
+APP_CSS = r"""/* healthlog: one small stylesheet, system fonts, light and dark. */
+
+:root {
+  color-scheme: light dark;
+  --bg: #f5f6f8;
+  --panel: #ffffff;
+  --text: #1d2330;
+  --muted: #5d6675;
+  --line: #dde1e7;
+  --grid: #e8ebef;
+  --grid-major: #c9ced6;
+  --accent: #0a66d8;
+  --accent-text: #ffffff;
+  --danger: #b3261e;
+  --ok: #1e7b34;
+  --warn: #9a6700;
+  --c0: #0a66d8;
+  --c1: #d9480f;
+  --c2: #2b8a3e;
+  --c3: #ae3ec9;
+  --c4: #0c8599;
+  --c5: #5f3dc4;
+  --band: rgba(217, 72, 15, 0.18);
+  --bar: #0c8599;
+  --deep: #3b2f9e;
+  --core: #5b7be8;
+  --rem: #2bb3c0;
+  --awake: #f08c3a;
+  --asleep: #7f8fa6;
+  --other: #a0a7b4;
+  --inbed: #c5cbe0;
+}
+
+@media (prefers-color-scheme: dark) {
+  :root {
+    --bg: #111418;
+    --panel: #1b1f26;
+    --text: #e6e9ee;
+    --muted: #9aa3b1;
+    --line: #2d333d;
+    --grid: #262b33;
+    --grid-major: #3b424d;
+    --accent: #5aa2ff;
+    --accent-text: #0b1220;
+    --danger: #ff8a80;
+    --ok: #6fd08c;
+    --warn: #e3b341;
+    --c0: #5aa2ff;
+    --c1: #ff8c5a;
+    --c2: #6fd08c;
+    --c3: #d68cf0;
+    --c4: #4fd1e0;
+    --c5: #a48bff;
+    --band: rgba(255, 140, 90, 0.22);
+    --bar: #4fd1e0;
+    --deep: #7d6cf0;
+    --core: #5b8cff;
+    --rem: #45d0dc;
+    --awake: #f5a25d;
+    --inbed: #39415a;
+  }
+}
+
+* { box-sizing: border-box; }
+
+[hidden] { display: none !important; }
+
+html { -webkit-text-size-adjust: 100%; text-size-adjust: 100%; }
+
+body {
+  margin: 0;
+  background: var(--bg);
+  color: var(--text);
+  font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+}
+
+h1, h2 { margin: 0; line-height: 1.2; }
+h1 { font-size: 1.25rem; }
+h2 { font-size: 1.1rem; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.9em; }
+a { color: var(--accent); }
+
+button, .button, select, input {
+  font: inherit;
+  color: inherit;
+  border: 1px solid var(--line);
+  border-radius: 8px;
+  background: var(--panel);
+  padding: 0.4rem 0.7rem;
+  min-height: 2.3rem;
+}
+
+button, .button { cursor: pointer; text-decoration: none; display: inline-block; }
+button:hover, .button:hover { border-color: var(--accent); }
+button:focus-visible, .button:focus-visible, select:focus-visible, input:focus-visible {
+  outline: 2px solid var(--accent);
+  outline-offset: 1px;
+}
+button.link {
+  border: 0;
+  padding: 0;
+  min-height: 0;
+  background: none;
+  color: var(--accent);
+  text-decoration: underline;
+}
+
+/* ---- header ---------------------------------------------------------------- */
+
+.top {
+  display: flex;
+  align-items: center;
+  justify-content: space-between;
+  gap: 1rem;
+  padding: 0.6rem 1rem;
+  background: var(--panel);
+  border-bottom: 1px solid var(--line);
+}
+.signout { margin: 0; }
+
+main {
+  max-width: 1100px;
+  margin: 0 auto;
+  padding: 0.75rem;
+}
+
+.panel {
+  background: var(--panel);
+  border: 1px solid var(--line);
+  border-radius: 12px;
+  padding: 0.9rem;
+  margin-bottom: 0.9rem;
+}
+.panel h2 { margin-bottom: 0.25rem; }
+.panel-head { display: flex; align-items: center; justify-content: space-between; gap: 1rem; }
+
+.meta, .readout { color: var(--muted); font-size: 0.88rem; margin: 0.2rem 0 0.5rem; }
+.readout { min-height: 1.3em; font-variant-numeric: tabular-nums; }
+
+.message {
+  margin: 0 0 0.9rem;
+  padding: 0.6rem 0.8rem;
+  border-radius: 8px;
+  border: 1px solid var(--danger);
+  color: var(--danger);
+}
+.message:empty { display: none; }
+
+/* ---- controls ------------------------------------------------------------- */
+
+.controls {
+  display: flex;
+  flex-wrap: wrap;
+  align-items: flex-end;
+  gap: 0.6rem 1rem;
+  margin-bottom: 0.8rem;
+}
+.field {
+  display: flex; flex-direction: column; gap: 0.2rem; font-size: 0.85rem;
+  color: var(--muted);
+}
+.field select, .field input { color: var(--text); font-size: 1rem; }
+#catalog { min-width: 14rem; max-width: 100%; }
+
+.range { display: flex; flex-wrap: wrap; }
+.range button { border-radius: 0; margin-left: -1px; min-width: 3.2rem; }
+.range button:first-child { border-radius: 8px 0 0 8px; margin-left: 0; }
+.range button:last-child { border-radius: 0 8px 8px 0; }
+.range button.active {
+  background: var(--accent);
+  border-color: var(--accent);
+  color: var(--accent-text);
+  position: relative;
+}
+.custom { display: flex; gap: 0.6rem; flex-wrap: wrap; }
+
+/* ---- chart ---------------------------------------------------------------- */
+
+.chart { min-height: 220px; position: relative; }
+.chart[data-state="loading"] { opacity: 0.55; }
+.chart svg { display: block; width: 100%; height: auto; overflow: visible; touch-action: pan-y; }
+.chart-panel + .chart-panel { margin-top: 0.8rem; }
+.chart-head {
+  display: flex;
+  flex-wrap: wrap;
+  align-items: baseline;
+  gap: 0.3rem 0.8rem;
+  font-size: 0.85rem;
+  margin-bottom: 0.2rem;
+}
+.units { font-weight: 600; }
+.note { color: var(--warn); }
+.legend { display: flex; flex-wrap: wrap; gap: 0.2rem 0.8rem; color: var(--muted); }
+.legend-item { display: inline-flex; align-items: center; gap: 0.3rem; }
+.swatch { width: 0.9rem; height: 0.6rem; border-radius: 2px; display: inline-block; }
+.swatch.s0 { background: var(--c0); }
+.swatch.s1 { background: var(--c1); }
+.swatch.s2 { background: var(--c2); }
+.swatch.s3 { background: var(--c3); }
+.swatch.s4 { background: var(--c4); }
+.swatch.s5 { background: var(--c5); }
+.swatch.band-swatch { background: var(--band); border: 1px solid var(--c1); }
+.swatch.bar-swatch { background: var(--bar); }
+.swatch.inbed-swatch { background: var(--inbed); }
+.swatch.stage-deep { background: var(--deep); }
+.swatch.stage-core { background: var(--core); }
+.swatch.stage-rem { background: var(--rem); }
+.swatch.stage-awake { background: var(--awake); }
+.swatch.stage-asleep { background: var(--asleep); }
+.swatch.stage-other { background: var(--other); }
+
+.grid line { stroke: var(--grid); stroke-width: 1; }
+.grid line.major { stroke: var(--grid-major); }
+.grid text { fill: var(--muted); font-size: 11px; font-variant-numeric: tabular-nums; }
+.grid .ylabel { text-anchor: end; }
+.grid .xlabel { text-anchor: middle; }
+
+.series {
+  fill: none;
+  stroke-width: 2;
+  stroke-linejoin: round;
+  stroke-linecap: round;
+  vector-effect: non-scaling-stroke;
+}
+.series.s0 { stroke: var(--c0); }
+.series.s1 { stroke: var(--c1); }
+.series.s2 { stroke: var(--c2); }
+.series.s3 { stroke: var(--c3); }
+.series.s4 { stroke: var(--c4); }
+.series.s5 { stroke: var(--c5); }
+.band { fill: var(--band); stroke: none; }
+.bar { fill: var(--bar); }
+.stage { stroke: none; }
+.stage-deep { fill: var(--deep); }
+.stage-core { fill: var(--core); }
+.stage-rem { fill: var(--rem); }
+.stage-awake { fill: var(--awake); }
+.stage-asleep { fill: var(--asleep); }
+.stage-other { fill: var(--other); }
+.stage-inbed { fill: var(--inbed); }
+.cursor { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
+.hit { fill: transparent; cursor: crosshair; }
+
+.empty { color: var(--muted); padding: 2rem 0; text-align: center; margin: 0; }
+.empty p { margin: 0.3rem 0; }
+.actions { margin: 0.4rem 0 0; }
+
+/* ---- tables --------------------------------------------------------------- */
+
+.scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; }
+table.list { width: 100%; border-collapse: collapse; font-size: 0.88rem; }
+.list th, .list td {
+  text-align: left;
+  padding: 0.35rem 0.5rem;
+  border-bottom: 1px solid var(--line);
+  white-space: nowrap;
+  vertical-align: top;
+}
+.list th { color: var(--muted); font-weight: 600; }
+.list td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.list td.error { color: var(--danger); white-space: normal; min-width: 8rem; }
+.status { font-weight: 600; }
+.status-parsed { color: var(--ok); }
+.status-partial, .status-pending { color: var(--warn); }
+.status-failed { color: var(--danger); }
+
+/* ---- sign-in page --------------------------------------------------------- */
+
+body.login { display: flex; min-height: 100vh; align-items: center; justify-content: center; }
+.signin {
+  width: 100%;
+  max-width: 22rem;
+  margin: 1rem;
+  padding: 1.4rem;
+  background: var(--panel);
+  border: 1px solid var(--line);
+  border-radius: 12px;
+}
+.signin h1 { margin-bottom: 1rem; }
+.signin form { display: flex; flex-direction: column; gap: 0.5rem; }
+.signin label { font-size: 0.9rem; color: var(--muted); }
+.signin input { width: 100%; font-size: 1rem; }
+.notice:empty { display: none; }
+.notice {
+  margin: 0.2rem 0;
+  padding: 0.5rem 0.7rem;
+  border-radius: 8px;
+  border: 1px solid var(--danger);
+  color: var(--danger);
+  font-size: 0.9rem;
+}
+.notice p { margin: 0; }
+.signin button[type="submit"] {
+  background: var(--accent);
+  border-color: var(--accent);
+  color: var(--accent-text);
+  font-weight: 600;
+}
+.hint { color: var(--muted); font-size: 0.82rem; margin: 1rem 0 0; }
+
+/* ---- phones --------------------------------------------------------------- */
+
+@media (max-width: 560px) {
+  main { padding: 0.5rem; }
+  .panel { padding: 0.7rem; border-radius: 10px; }
+  .controls { flex-direction: column; align-items: stretch; }
+  #catalog { min-width: 0; width: 100%; }
+  .range button { flex: 1 1 auto; min-width: 0; padding-left: 0.3rem; padding-right: 0.3rem; }
+  .list th, .list td { padding: 0.3rem 0.4rem; }
+  .list .opt { display: none; }
+}
+"""
+
+APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
+// Everything that comes from the data (metric names, units, values, automation names,
+// errors) reaches the page through textContent or SVG attributes, never through innerHTML.
+'use strict';
+
+(function () {
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  const HOUR = 3600e3;
+  const DAY = 24 * HOUR;
+  const WEEK = 7 * DAY;
+  const BUCKET_MS = { hour: HOUR, day: DAY, week: WEEK };
+
+  const GROUPS = [
+    ['activity', 'Activity'], ['heart', 'Heart'], ['sleep', 'Sleep'], ['body', 'Body'],
+    ['nutrition', 'Nutrition'], ['workouts', 'Workouts'], ['mindfulness', 'Mindfulness'],
+    ['other', 'Other'],
+  ];
+  const PREFERRED = ['step_count', 'heart_rate', 'active_energy', 'sleep_analysis'];
+
+  // Metrics whose natural per-bucket number is a total, not an average.
+  const CUMULATIVE = new RegExp('^(step_count|active_energy|basal_energy_burned|' +
+    'flights_climbed|apple_exercise_time|apple_stand_time|apple_stand_hour|apple_move_time|' +
+    'push_count|swimming_stroke_count|time_in_daylight|mindful_minutes|' +
+    'number_of_times_fallen|inhaler_usage|toothbrushing|handwashing|sexual_activity|' +
+    'dietary_.*|.*distance.*)$');
+
+  // Sleep stage labels (English, HAE 6.6.2, German, HealthKit identifiers) to one key.
+  const STAGES = [
+    ['inbed', /in ?bed|im bett/i],
+    ['deep', /deep|tief/i],
+    ['rem', /rem/i],
+    ['core', /core|kern/i],
+    ['awake', /awake|wach/i],
+    ['asleep', /asleep|unspecified|schlaf/i],
+  ];
+  const STAGE_ORDER = ['deep', 'core', 'rem', 'asleep', 'other', 'awake'];
+
+  const state = {
+    catalog: [],       // entries of /api/catalog
+    entry: null,       // the chosen entry
+    range: '7d',
+    custom: null,      // {from: Date, to: Date} for the custom range (to exclusive)
+    seq: 0,            // request counter: a late answer to an old request is dropped
+    shown: null,       // {view, data} of the chart on screen, for redrawing on resize
+    fieldColors: {},   // field name -> colour index, stable while the page lives
+  };
+
+  // ---------------------------------------------------------------------------------
+  // Small helpers
+  // ---------------------------------------------------------------------------------
+
+  function $(id) { return document.getElementById(id); }
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG_NS, tag);
+    Object.keys(attrs || {}).forEach(function (name) {
+      node.setAttribute(name, String(attrs[name]));
+    });
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+
+  function isNumber(v) { return typeof v === 'number' && isFinite(v); }
+
+  /** The browser's current UTC offset as ±HH:MM. */
+  function tzText(date) {
+    const minutes = -(date || new Date()).getTimezoneOffset();
+    const abs = Math.abs(minutes);
+    return (minutes < 0 ? '-' : '+') + pad(Math.floor(abs / 60)) + ':' + pad(abs % 60);
+  }
+
+  /** ISO-8601 UTC without milliseconds: 2024-03-08T18:00:00Z. */
+  function iso(date) { return date.toISOString().replace(/\.\d{3}Z$/, 'Z'); }
+
+  function localDay(date) { return new Date(date.getFullYear(), date.getMonth(), date.getDate()); }
+
+  function addDays(date, n) {
+    return new Date(date.getFullYear(), date.getMonth(), date.getDate() + n);
+  }
+
+  function monday(date) { return addDays(localDay(date), -((date.getDay() + 6) % 7)); }
+
+  function dateInputValue(date) {
+    return date.getFullYear() + '-' + pad(date.getMonth() + 1) + '-' + pad(date.getDate());
+  }
+
+  function parseDateInput(text) {
+    const m = /^(\d{4})-(\d{2})-(\d{2})$/.exec(text || '');
+    return m ? new Date(+m[1], +m[2] - 1, +m[3]) : null;
+  }
+
+  /** A time as HAE writes it ("2024-03-08 17:30:00 -0800", 12-hour forms included),
+   *  ISO-8601, or epoch seconds/milliseconds; null when unreadable. */
+  function parseTime(value) {
+    if (isNumber(value)) return new Date(value > 1e11 ? value : value * 1000);
+    if (typeof value !== 'string') return null;
+    const m = new RegExp('^(\\d{4})-(\\d{2})-(\\d{2})[ T](\\d{1,2}):(\\d{2})' +
+      '(?::(\\d{2})(?:\\.\\d+)?)?[\\s\\u00a0\\u202f]*([ap]\\.?m\\.?)?' +
+      '\\s*(Z|[+-]\\d{2}:?\\d{2})?$', 'i')
+      .exec(value.trim());
+    if (!m) {
+      const t = Date.parse(value);
+      return isNaN(t) ? null : new Date(t);
+    }
+    let hour = +m[4];
+    if (m[7]) {
+      const pm = m[7].charAt(0).toLowerCase() === 'p';
+      hour = (hour % 12) + (pm ? 12 : 0);
+    }
+    const utc = Date.UTC(+m[1], +m[2] - 1, +m[3], hour, +m[5], +(m[6] || 0));
+    if (!m[8]) return new Date(+m[1], +m[2] - 1, +m[3], hour, +m[5], +(m[6] || 0));
+    if (m[8].toUpperCase() === 'Z') return new Date(utc);
+    const off = m[8].replace(':', '');
+    const minutes = (+off.slice(1, 3)) * 60 + (+off.slice(3, 5));
+    return new Date(utc - (off.charAt(0) === '-' ? -minutes : minutes) * 60e3);
+  }
+
+  function formatNumber(v) {
+    if (!isNumber(v)) return '–';
+    const abs = Math.abs(v);
+    const digits = abs >= 100 ? 0 : abs >= 10 ? 1 : 2;
+    return v.toLocaleString(undefined, { maximumFractionDigits: digits });
+  }
+
+  function formatDateTime(date) {
+    return date.toLocaleString(undefined, {
+      weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit',
+    });
+  }
+
+  /** Short, for table cells: "Nov 30, 05:35 AM". */
+  function formatStamp(date) {
+    return date.toLocaleString(undefined, {
+      day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit',
+    });
+  }
+
+  function formatDate(date, withYear) {
+    const opts = { weekday: 'short', day: 'numeric', month: 'short' };
+    if (withYear) opts.year = 'numeric';
+    return date.toLocaleDateString(undefined, opts);
+  }
+
+  function formatDuration(seconds) {
+    if (!isNumber(seconds) || seconds < 0) return '–';
+    const minutes = Math.round(seconds / 60);
+    return Math.floor(minutes / 60) + ':' + pad(minutes % 60);
+  }
+
+  /** "step_count" -> "Step count"; "symptoms/Headache" -> "Symptoms: Headache". */
+  function metricLabel(name) {
+    const slash = name.indexOf('/');
+    const head = slash >= 0 ? name.slice(0, slash) : name;
+    let text = head.replace(/^apple_/, '').replace(/_/g, ' ');
+    text = text.charAt(0).toUpperCase() + text.slice(1);
+    return slash >= 0 ? text + ': ' + name.slice(slash + 1) : text;
+  }
+
+  function showMessage(text) {
+    const box = $('message');
+    box.textContent = text || '';
+    box.hidden = !text;
+  }
+
+  class HttpError extends Error {
+    constructor(message, status) {
+      super(message);
+      this.status = status;
+    }
+  }
+
+  async function getJSON(url) {
+    let response;
+    try {
+      response = await fetch(url, {
+        credentials: 'same-origin', headers: { Accept: 'application/json' },
+      });
+    } catch (err) {
+      throw new HttpError('The server cannot be reached (' + err.message + ').', 0);
+    }
+    if (response.status === 401) {
+      // The session expired or the token changed: back to the sign-in page.
+      window.location.assign('/');
+      throw new HttpError('Signed out.', 401);
+    }
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (err) {
+      body = null;
+    }
+    if (!response.ok) {
+      const detail = body && body.error && body.error.message;
+      throw new HttpError(detail || 'HTTP ' + response.status, response.status);
+    }
+    return body;
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Catalog
+  // ---------------------------------------------------------------------------------
+
+  async function loadCatalog() {
+    const select = $('catalog');
+    let data;
+    try {
+      data = await getJSON('/api/catalog');
+    } catch (err) {
+      if (err.status !== 401) showMessage('Catalog: ' + err.message);
+      return;
+    }
+    state.catalog = (data && data.metrics) || [];
+    const layers = {};
+    state.catalog.forEach(function (entry) {
+      layers[entry.metric] = (layers[entry.metric] || 0) + 1;
+    });
+    clear(select);
+    if (!state.catalog.length) {
+      select.appendChild(el('option', null, 'No data yet'));
+      select.disabled = true;
+      setChartState('empty');
+      $('chart-title').textContent = 'No data yet';
+      $('chart-meta').textContent = 'Point a Health Auto Export automation at /api/ingest.';
+      return;
+    }
+    GROUPS.forEach(function (group) {
+      const members = [];
+      state.catalog.forEach(function (entry, index) {
+        const key = GROUPS.some(function (g) { return g[0] === entry.group; })
+          ? entry.group : 'other';
+        if (key === group[0]) members.push([entry, index]);
+      });
+      if (!members.length) return;
+      const optgroup = el('optgroup');
+      optgroup.label = group[1];
+      members.forEach(function (pair) {
+        const entry = pair[0];
+        let label = metricLabel(entry.metric);
+        if (layers[entry.metric] > 1) label += ' (' + entry.layer + ')';
+        const option = el('option', null, label);
+        option.value = String(pair[1]);
+        option.dataset.metric = entry.metric;
+        option.dataset.layer = entry.layer;
+        optgroup.appendChild(option);
+      });
+      select.appendChild(optgroup);
+    });
+    select.disabled = false;
+
+    const wanted = readHash();
+    let chosen = -1;
+    if (wanted.metric) {
+      chosen = state.catalog.findIndex(function (e) {
+        return e.metric === wanted.metric && (!wanted.layer || e.layer === wanted.layer);
+      });
+    }
+    for (let i = 0; chosen < 0 && i < PREFERRED.length; i++) {
+      chosen = state.catalog.findIndex(function (e) { return e.metric === PREFERRED[i]; });
+    }
+    if (chosen < 0) chosen = 0;
+    if (wanted.range && (RANGE_KEYS.indexOf(wanted.range) >= 0)) state.range = wanted.range;
+    select.value = String(chosen);
+    state.entry = state.catalog[chosen];
+    markRange();
+    loadChart();
+    loadWorkouts();
+  }
+
+  // The chosen metric and range live in the address (#metric=…&layer=…&range=…), so a
+  // view can be bookmarked and survives a reload.
+  function readHash() {
+    const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
+    return { metric: params.get('metric'), layer: params.get('layer'), range: params.get('range') };
+  }
+
+  function writeHash() {
+    if (!state.entry) return;
+    const params = new URLSearchParams();
+    params.set('metric', state.entry.metric);
+    params.set('layer', state.entry.layer);
+    if (state.range !== 'custom') params.set('range', state.range);
+    window.history.replaceState(null, '', '#' + params.toString());
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Ranges and the request for one chart
+  // ---------------------------------------------------------------------------------
+
+  const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'custom'];
+
+  /** [from, to) of the chosen range, in local time, and the bucket that fits it. */
+  function currentRange() {
+    const now = new Date();
+    const today = localDay(now);
+    const tomorrow = addDays(today, 1);
+    switch (state.range) {
+      case '24h': {
+        const to = new Date(now.getTime());
+        to.setMinutes(0, 0, 0);
+        to.setTime(to.getTime() + HOUR);
+        return { from: new Date(to.getTime() - DAY), to: to, bucket: 'hour' };
+      }
+      case '30d':
+        return { from: addDays(today, -29), to: tomorrow, bucket: 'day' };
+      case '1y':
+        return { from: monday(addDays(today, -364)), to: tomorrow, bucket: 'week' };
+      case 'custom': {
+        const custom = state.custom || { from: addDays(today, -6), to: tomorrow };
+        const days = (custom.to - custom.from) / DAY;
+        const bucket = days <= 10 ? 'hour' : days <= 120 ? 'day' : 'week';
+        return { from: custom.from, to: custom.to, bucket: bucket };
+      }
+      default:
+        return { from: addDays(today, -6), to: tomorrow, bucket: 'hour' };
+    }
+  }
+
+  function isSleep(entry) { return entry.metric === 'sleep_analysis'; }
+
+  function isWorkouts(entry) { return entry.metric === 'workouts'; }
+
+  /** What to ask /api/points for: the range, the bucket, and the chart's time axis. */
+  function planView(entry) {
+    const range = currentRange();
+    let from = range.from;
+    let to = range.to;
+    let bucket = range.bucket;
+    let requestFrom = from;
+    if (isSleep(entry) || isWorkouts(entry)) {
+      // Nights and workouts are counted per day (per week over a year); a night belongs to
+      // the day one wakes up, so its first segments start the evening before.
+      bucket = bucket === 'week' ? 'week' : 'day';
+      from = bucket === 'week' ? monday(from) : localDay(from);
+      if (to.getTime() !== localDay(to).getTime()) to = addDays(localDay(to), 1);
+      requestFrom = isSleep(entry) ? new Date(from.getTime() - 12 * HOUR) : from;
+    }
+    return { entry: entry, from: from, to: to, bucket: bucket, requestFrom: requestFrom };
+  }
+
+  function pointsURL(view, format) {
+    const params = new URLSearchParams();
+    params.set('metric', view.entry.metric);
+    params.set('layer', view.entry.layer);
+    params.set('from', iso(view.requestFrom));
+    params.set('to', iso(view.to));
+    params.set('bucket', view.bucket);
+    params.set('tz', tzText());
+    if (format) params.set('format', format);
+    return '/api/points?' + params.toString();
+  }
+
+  function markRange() {
+    Array.prototype.forEach.call(document.querySelectorAll('#range button'), function (b) {
+      const on = b.dataset.range === state.range;
+      b.classList.toggle('active', on);
+      b.setAttribute('aria-pressed', on ? 'true' : 'false');
+    });
+    $('custom').hidden = state.range !== 'custom';
+  }
+
+  function setChartState(value) {
+    $('chart').dataset.state = value;
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Loading and drawing the chart
+  // ---------------------------------------------------------------------------------
+
+  async function loadChart() {
+    const entry = state.entry;
+    if (!entry) return;
+    writeHash();
+    const view = planView(entry);
+    const url = pointsURL(view);
+    const seq = ++state.seq;
+
+    $('chart-title').textContent = metricLabel(entry.metric);
+    const metaParts = [entry.metric + ' · ' + entry.layer];
+    if (entry.units && entry.units.length) metaParts.push(entry.units.join(', '));
+    if (isNumber(entry.points)) metaParts.push(formatNumber(entry.points) + ' points stored');
+    $('chart-meta').textContent = metaParts.join(' · ');
+
+    const csv = $('csv');
+    csv.href = pointsURL(view, 'csv');
+    csv.setAttribute('download', (entry.metric + '-' + entry.layer + '-' + state.range)
+      .replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
+
+    const chart = $('chart');
+    chart.dataset.metric = entry.metric;
+    chart.dataset.layer = entry.layer;
+    chart.dataset.range = state.range;
+    chart.dataset.bucket = view.bucket;
+    setChartState('loading');
+    chart.setAttribute('aria-busy', 'true');
+
+    let data;
+    try {
+      data = await getJSON(url);
+    } catch (err) {
+      if (seq !== state.seq) return;
+      chart.removeAttribute('aria-busy');
+      clear(chart);
+      chart.appendChild(el('p', 'empty', 'Could not load the chart: ' + err.message));
+      setChartState('error');
+      return;
+    }
+    if (seq !== state.seq) return;
+    chart.removeAttribute('aria-busy');
+    state.shown = { view: view, data: data };
+    drawChart();
+  }
+
+  function drawChart() {
+    const shown = state.shown;
+    if (!shown) return;
+    const view = shown.view;
+    const chart = $('chart');
+    clear(chart);
+    $('readout').textContent = '';
+    const fromMs = view.from.getTime();
+    const toMs = view.to.getTime();
+    const runs = ((shown.data && shown.data.runs) || []).map(function (run) {
+      const buckets = (run.buckets || []).filter(function (b) {
+        const t = Date.parse(b.start);
+        return t >= fromMs && t < toMs;
+      });
+      return { units: run.units, buckets: buckets };
+    }).filter(function (run) { return run.buckets.length; });
+
+    if (!runs.length) {
+      drawEmpty(chart, view);
+      setChartState('empty');
+      return;
+    }
+    // One panel per units: a run in kcal and a run in kJ never share an axis.
+    const byUnits = [];
+    runs.forEach(function (run) {
+      const key = run.units === null || run.units === undefined ? '' : String(run.units);
+      let group = byUnits.find(function (g) { return g.units === key; });
+      if (!group) {
+        group = { units: key, runs: [] };
+        byUnits.push(group);
+      }
+      group.runs.push(run);
+    });
+    byUnits.forEach(function (group) {
+      chart.appendChild(drawPanel(view, group, byUnits.length > 1));
+    });
+    setChartState('ready');
+  }
+
+  function drawEmpty(chart, view) {
+    const box = el('div', 'empty');
+    box.appendChild(el('p', null, 'No data in this range.'));
+    const entry = view.entry;
+    const last = entry.last ? Date.parse(entry.last) : NaN;
+    if (!isNaN(last) && last < view.from.getTime()) {
+      const p = el('p', null, 'The latest is from ' + formatDate(new Date(last), true) + '. ');
+      const jump = el('button', 'link', 'Show that week');
+      jump.type = 'button';
+      jump.addEventListener('click', function () {
+        const end = addDays(localDay(new Date(last)), 1);
+        state.custom = { from: addDays(end, -7), to: end };
+        state.range = 'custom';
+        $('from').value = dateInputValue(state.custom.from);
+        $('to').value = dateInputValue(addDays(end, -1));
+        markRange();
+        loadChart();
+        loadWorkouts();
+      });
+      p.appendChild(jump);
+      box.appendChild(p);
+    }
+    chart.appendChild(box);
+  }
+
+  function colorOf(field) {
+    if (!(field in state.fieldColors)) {
+      state.fieldColors[field] = Object.keys(state.fieldColors).length % 6;
+    }
+    return state.fieldColors[field];
+  }
+
+  function stageKey(label) {
+    for (let i = 0; i < STAGES.length; i++) {
+      if (STAGES[i][1].test(label)) return STAGES[i][0];
+    }
+    return 'other';
+  }
+
+  /** Everything one panel draws, from its runs: series, band, bars or stacks. */
+  function buildLayers(view, group) {
+    const entry = view.entry;
+    const cumulative = CUMULATIVE.test(entry.metric);
+    const step = BUCKET_MS[view.bucket];
+    const out = { lines: [], bands: [], bars: [], stacks: [], stageLabels: [], zeroBase: false };
+    group.runs.forEach(function (run) {
+      const hasStages = run.buckets.some(function (b) { return b.stages; });
+      const fieldNames = [];
+      run.buckets.forEach(function (b) {
+        Object.keys(b.fields || {}).forEach(function (f) {
+          if (fieldNames.indexOf(f) < 0) fieldNames.push(f);
+        });
+      });
+      const summary = isSleep(entry) && ['core', 'deep', 'rem'].every(function (f) {
+        return fieldNames.indexOf(f) >= 0;
+      });
+      if (hasStages || summary) {
+        // Sleep: hours per stage per night, stacked; "in bed" drawn behind as an outline.
+        out.zeroBase = true;
+        run.buckets.forEach(function (b) {
+          const parts = [];
+          let inBed = null;
+          if (hasStages) {
+            Object.keys(b.stages || {}).forEach(function (label) {
+              const hours = b.stages[label];
+              if (!isNumber(hours)) return;
+              const key = stageKey(label);
+              if (key === 'inbed') inBed = (inBed || 0) + hours;
+              else parts.push({ key: key, label: label, value: hours });
+            });
+          } else {
+            ['deep', 'core', 'rem', 'awake'].forEach(function (f) {
+              const s = b.fields[f];
+              if (s && isNumber(s.avg)) parts.push({ key: f, label: f, value: s.avg });
+            });
+            if (b.fields.inBed && isNumber(b.fields.inBed.avg)) inBed = b.fields.inBed.avg;
+          }
+          parts.sort(function (a, c) {
+            return STAGE_ORDER.indexOf(a.key) - STAGE_ORDER.indexOf(c.key);
+          });
+          parts.forEach(function (p) {
+            if (out.stageLabels.every(function (s) { return s.label !== p.label; })) {
+              out.stageLabels.push({ key: p.key, label: p.label });
+            }
+          });
+          out.stacks.push({ t: Date.parse(b.start), parts: parts, inBed: inBed, units: run.units });
+        });
+        return;
+      }
+      if (isWorkouts(entry) || !fieldNames.length) {
+        // Records without numbers (or workouts): how many per bucket, and for workouts the
+        // minutes spent.
+        out.zeroBase = true;
+        run.buckets.forEach(function (b) {
+          const d = b.fields && b.fields.duration;
+          const minutes = d && isNumber(d.sum) ? d.sum / 60 : null;
+          out.bars.push({
+            t: Date.parse(b.start), value: minutes !== null ? minutes : b.count,
+            count: b.count, minutes: minutes,
+          });
+        });
+        out.barLabel = isWorkouts(entry) ? 'minutes' : 'count';
+        return;
+      }
+      const band = fieldNames.indexOf('Min') >= 0 && fieldNames.indexOf('Max') >= 0 &&
+        fieldNames.indexOf('Avg') >= 0;
+      if (cumulative) out.zeroBase = true;
+      const stat = cumulative ? 'sum' : 'avg';
+      fieldNames.forEach(function (field) {
+        if (band && (field === 'Min' || field === 'Max')) return;
+        const values = [];
+        run.buckets.forEach(function (b) {
+          const s = b.fields && b.fields[field];
+          if (s && isNumber(s[stat])) {
+            values.push({ t: Date.parse(b.start), v: s[stat], s: s, count: b.count });
+          }
+        });
+        if (values.length) {
+          out.lines.push({ field: field, stat: stat, values: values, fill: cumulative,
+                           color: colorOf(field) });
+        }
+      });
+      if (band) {
+        const values = [];
+        run.buckets.forEach(function (b) {
+          const lo = b.fields.Min && b.fields.Min.min;
+          const hi = b.fields.Max && b.fields.Max.max;
+          if (isNumber(lo) && isNumber(hi)) values.push({ t: Date.parse(b.start), lo: lo, hi: hi });
+        });
+        if (values.length) out.bands.push({ values: values });
+      }
+    });
+    out.step = step;
+    return out;
+  }
+
+  /** Nice round ticks covering [lo, hi]. */
+  function niceTicks(lo, hi, count) {
+    if (!(hi > lo)) {
+      const pad0 = Math.abs(hi) > 0 ? Math.abs(hi) * 0.1 : 1;
+      lo -= pad0;
+      hi += pad0;
+    }
+    const raw = (hi - lo) / Math.max(1, count);
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const norm = raw / mag;
+    const step = (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10) * mag;
+    const start = Math.floor(lo / step) * step;
+    const end = Math.ceil(hi / step) * step;
+    const ticks = [];
+    for (let v = start; v <= end + step / 2; v += step) ticks.push(Math.round(v / step) * step);
+    return ticks;
+  }
+
+  /** Time-axis ticks at local hour/day/week/month boundaries, at most one per ~70 px. */
+  function timeTicks(fromMs, toMs, width) {
+    const span = toMs - fromMs;
+    const room = Math.max(2, Math.floor(width / 72));
+    const hourSteps = [1, 2, 3, 6, 12];
+    for (let i = 0; i < hourSteps.length; i++) {
+      if (span / (hourSteps[i] * HOUR) <= room) {
+        const ticks = [];
+        const t = new Date(fromMs);
+        t.setMinutes(0, 0, 0);
+        for (; t.getTime() < toMs; t.setTime(t.getTime() + HOUR)) {
+          if (t.getTime() >= fromMs && t.getHours() % hourSteps[i] === 0) {
+            const midnight = t.getHours() === 0;
+            ticks.push({
+              t: t.getTime(), major: midnight,
+              label: midnight
+                ? t.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric' })
+                : pad(t.getHours()) + ':00',
+            });
+          }
+        }
+        return ticks;
+      }
+    }
+    const daySteps = [1, 2, 7, 14];
+    for (let i = 0; i < daySteps.length; i++) {
+      if (span / (daySteps[i] * DAY) <= room) {
+        const ticks = [];
+        const n = daySteps[i];
+        let d = localDay(new Date(fromMs));
+        if (d.getTime() < fromMs) d = addDays(d, 1);
+        let k = 0;
+        for (; d.getTime() < toMs; d = addDays(d, 1)) {
+          const keep = n >= 7 ? d.getDay() === 1 && (n === 7 || k++ % 2 === 0)
+            : Math.round(d.getTime() / DAY) % n === 0;
+          if (keep) {
+            ticks.push({
+              t: d.getTime(), major: d.getDate() === 1 || n === 1,
+              label: span <= 8 * DAY
+                ? d.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric' })
+                : d.toLocaleDateString(undefined, { day: 'numeric', month: 'short' }),
+            });
+          }
+        }
+        return ticks;
+      }
+    }
+    const monthStep = span / (30.4 * DAY) <= room ? 1 : span / (91 * DAY) <= room ? 3 : 12;
+    const ticks = [];
+    const first = new Date(fromMs);
+    let m = new Date(first.getFullYear(), first.getMonth() + (first.getDate() > 1 ? 1 : 0), 1);
+    for (; m.getTime() < toMs; m = new Date(m.getFullYear(), m.getMonth() + 1, 1)) {
+      if (m.getMonth() % monthStep !== 0) continue;
+      ticks.push({
+        t: m.getTime(), major: m.getMonth() === 0,
+        label: m.getMonth() === 0 ? String(m.getFullYear())
+          : m.toLocaleDateString(undefined, { month: 'short' }),
+      });
+    }
+    return ticks;
+  }
+
+  /** A line through the bucket centres; gaps break it, except for totals, where a bucket
+   *  with no points between two with points counts as zero. */
+  function linePath(values, x, y, step, fill) {
+    let d = '';
+    let prev = null;
+    values.forEach(function (p) {
+      if (prev !== null && p.t - prev.t > step * 1.5) {
+        if (fill) {
+          d += ' L' + x(prev.t + step * 1.5).toFixed(1) + ' ' + y(0).toFixed(1) +
+            ' L' + x(p.t - step / 2).toFixed(1) + ' ' + y(0).toFixed(1);
+        } else {
+          prev = null;
+        }
+      }
+      const cmd = prev === null ? (d ? ' M' : 'M') : ' L';
+      const px = x(p.t + step / 2);
+      d += cmd + px.toFixed(1) + ' ' + y(p.v).toFixed(1);
+      if (prev === null && !fill) {
+        // a lone bucket still shows as a dot (round line caps)
+        d += ' L' + (px + 0.01).toFixed(2) + ' ' + y(p.v).toFixed(1);
+      }
+      prev = p;
+    });
+    return d;
+  }
+
+  /** The min-max band: one closed shape per stretch of consecutive buckets. */
+  function bandPath(values, x, y, step) {
+    const pieces = [];
+    let piece = [];
+    values.forEach(function (p, i) {
+      if (i && p.t - values[i - 1].t > step * 1.5) {
+        pieces.push(piece);
+        piece = [];
+      }
+      piece.push(p);
+    });
+    if (piece.length) pieces.push(piece);
+    return pieces.map(function (ps) {
+      const top = ps.map(function (p, i) {
+        return (i ? 'L' : 'M') + x(p.t + step / 2).toFixed(1) + ' ' + y(p.hi).toFixed(1);
+      });
+      const bottom = ps.slice().reverse().map(function (p) {
+        return 'L' + x(p.t + step / 2).toFixed(1) + ' ' + y(p.lo).toFixed(1);
+      });
+      if (ps.length === 1) {
+        // a single bucket: a thin vertical bar
+        const cx = x(ps[0].t + step / 2);
+        return 'M' + (cx - 1.5).toFixed(1) + ' ' + y(ps[0].hi).toFixed(1) + ' H' +
+          (cx + 1.5).toFixed(1) + ' V' + y(ps[0].lo).toFixed(1) +
+          ' H' + (cx - 1.5).toFixed(1) + ' Z';
+      }
+      return top.concat(bottom).join(' ') + ' Z';
+    }).join(' ');
+  }
+
+  function drawPanel(view, group, several) {
+    const layers = buildLayers(view, group);
+    const chart = $('chart');
+    const width = Math.max(280, Math.round(chart.clientWidth || 600));
+    const height = width < 520 ? 220 : 280;
+    const margin = { top: 12, right: 12, bottom: 26, left: 46 };
+    const plotH = height - margin.top - margin.bottom;
+    const fromMs = view.from.getTime();
+    const toMs = view.to.getTime();
+    const step = BUCKET_MS[view.bucket];
+
+    // y domain
+    let lo = Infinity;
+    let hi = -Infinity;
+    function see(v) {
+      if (isNumber(v)) {
+        lo = Math.min(lo, v);
+        hi = Math.max(hi, v);
+      }
+    }
+    layers.lines.forEach(function (s) { s.values.forEach(function (p) { see(p.v); }); });
+    layers.bands.forEach(function (b) {
+      b.values.forEach(function (p) { see(p.lo); see(p.hi); });
+    });
+    layers.bars.forEach(function (b) { see(b.value); });
+    layers.stacks.forEach(function (s) {
+      let sum = 0;
+      s.parts.forEach(function (p) { sum += p.value; });
+      see(sum);
+      see(s.inBed);
+    });
+    if (layers.zeroBase) see(0);
+    if (!isFinite(lo)) {
+      lo = 0;
+      hi = 1;
+    }
+    const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
+    const y0 = ticks[0];
+    const y1 = ticks[ticks.length - 1];
+    // room for the longest y label (11 px digits are about 6.5 px wide)
+    const longest = Math.max.apply(null, ticks.map(function (v) {
+      return formatNumber(v).length;
+    }));
+    margin.left = Math.max(30, Math.ceil(10 + 6.5 * longest));
+    const plotW = width - margin.left - margin.right;
+    const x = function (t) { return margin.left + (t - fromMs) / (toMs - fromMs) * plotW; };
+    const y = function (v) { return margin.top + plotH - (v - y0) / (y1 - y0) * plotH; };
+
+    const panel = el('div', 'chart-panel');
+    const head = el('div', 'chart-head');
+    head.appendChild(el('span', 'units', group.units ? group.units
+      : layers.bars.length ? layers.barLabel : 'no units'));
+    if (several) head.appendChild(el('span', 'note', '(the units changed in this range)'));
+    const legend = el('span', 'legend');
+    function legendItem(cls, text) {
+      const item = el('span', 'legend-item');
+      item.appendChild(el('span', 'swatch ' + cls));
+      item.appendChild(document.createTextNode(text));
+      legend.appendChild(item);
+    }
+    const seenFields = [];
+    layers.lines.forEach(function (s) {
+      if (seenFields.indexOf(s.field) >= 0) return;
+      seenFields.push(s.field);
+      legendItem('s' + s.color, s.field + ' (' + s.stat + ')');
+    });
+    if (layers.bands.length) legendItem('band-swatch', 'Min–Max');
+    if (layers.bars.length) legendItem('bar-swatch', layers.barLabel);
+    layers.stageLabels.forEach(function (s) { legendItem('stage-' + s.key, s.label); });
+    if (layers.stacks.some(function (s) { return s.inBed !== null; })) {
+      legendItem('inbed-swatch', 'In bed');
+    }
+    head.appendChild(legend);
+    panel.appendChild(head);
+
+    const root = svg('svg', {
+      viewBox: '0 0 ' + width + ' ' + height, width: '100%',
+      preserveAspectRatio: 'xMidYMid meet', role: 'img',
+      'aria-label': metricLabel(view.entry.metric) + ' in ' + (group.units || 'no units'),
+    });
+
+    // grid and axes
+    const grid = svg('g', { class: 'grid' });
+    ticks.forEach(function (v) {
+      grid.appendChild(svg('line',
+        { x1: margin.left, x2: width - margin.right, y1: y(v), y2: y(v) }));
+      grid.appendChild(svg('text', { x: margin.left - 6, y: y(v) + 4, class: 'ylabel' },
+        formatNumber(v)));
+    });
+    timeTicks(fromMs, toMs, plotW).forEach(function (tick) {
+      const tx = x(tick.t);
+      grid.appendChild(svg('line', {
+        x1: tx, x2: tx, y1: margin.top, y2: margin.top + plotH, class: tick.major ? 'major' : '',
+      }));
+      grid.appendChild(svg('text', { x: tx, y: height - 8, class: 'xlabel' }, tick.label));
+    });
+    root.appendChild(grid);
+
+    // data
+    const data = svg('g', { class: 'data' });
+    layers.bands.forEach(function (b) {
+      data.appendChild(svg('path', { class: 'band', d: bandPath(b.values, x, y, step) }));
+    });
+    const barW = Math.max(1, (plotW * step / (toMs - fromMs)) * 0.72);
+    layers.bars.forEach(function (b) {
+      const top = y(b.value);
+      data.appendChild(svg('rect', {
+        class: 'bar', x: (x(b.t + step / 2) - barW / 2).toFixed(1), y: top.toFixed(1),
+        width: barW.toFixed(1), height: Math.max(0, y(0) - top).toFixed(1),
+      }));
+    });
+    layers.stacks.forEach(function (s) {
+      const cx = x(s.t + step / 2);
+      if (s.inBed !== null) {
+        data.appendChild(svg('rect', {
+          class: 'stage stage-inbed', x: (cx - barW / 2 - 1).toFixed(1), y: y(s.inBed).toFixed(1),
+          width: (barW + 2).toFixed(1), height: Math.max(0, y(0) - y(s.inBed)).toFixed(1),
+        }));
+      }
+      let base = 0;
+      s.parts.forEach(function (p) {
+        const top = y(base + p.value);
+        const bottom = y(base);
+        data.appendChild(svg('rect', {
+          class: 'stage stage-' + p.key, x: (cx - barW / 2).toFixed(1), y: top.toFixed(1),
+          width: barW.toFixed(1), height: Math.max(0, bottom - top).toFixed(1),
+        }));
+        base += p.value;
+      });
+    });
+    layers.lines.forEach(function (s) {
+      const path = svg('path', {
+        class: 'series s' + s.color, d: linePath(s.values, x, y, step, s.fill),
+      });
+      path.dataset.field = s.field;
+      data.appendChild(path);
+    });
+    root.appendChild(data);
+
+    // hover / tap readout
+    const cursor = svg('line', {
+      class: 'cursor', x1: margin.left, x2: margin.left, y1: margin.top, y2: margin.top + plotH,
+      visibility: 'hidden',
+    });
+    root.appendChild(cursor);
+    const hit = svg('rect', {
+      class: 'hit', x: margin.left, y: margin.top, width: plotW, height: plotH,
+    });
+    root.appendChild(hit);
+    const readAt = function (event) {
+      const box = root.getBoundingClientRect();
+      if (!box.width) return;
+      const px = (event.clientX - box.left) * width / box.width;
+      const t = fromMs + (px - margin.left) / plotW * (toMs - fromMs);
+      const bucketStart = describeAt(layers, t, step);
+      if (bucketStart === null) return;
+      const cx = x(bucketStart + step / 2);
+      cursor.setAttribute('x1', cx);
+      cursor.setAttribute('x2', cx);
+      cursor.setAttribute('visibility', 'visible');
+    };
+    hit.addEventListener('pointermove', readAt);
+    hit.addEventListener('click', readAt);
+    panel.appendChild(root);
+    return panel;
+  }
+
+  /** Write what the panel shows at time t into #readout; the bucket's start, or null. */
+  function describeAt(layers, t, step) {
+    const inBucket = function (p) { return p.t <= t && t < p.t + step; };
+    const parts = [];
+    let start = null;
+    layers.lines.forEach(function (s) {
+      const p = s.values.find(inBucket);
+      if (!p) return;
+      start = p.t;
+      let text = s.field + ' ' + formatNumber(p.v);
+      if (s.stat === 'avg' && p.s.count > 1) {
+        text += ' (' + formatNumber(p.s.min) + '–' + formatNumber(p.s.max) + ')';
+      }
+      parts.push(text);
+    });
+    layers.bands.forEach(function (b) {
+      const p = b.values.find(inBucket);
+      if (p) parts.push('range ' + formatNumber(p.lo) + '–' + formatNumber(p.hi));
+    });
+    const bar = layers.bars.find(inBucket);
+    if (bar) {
+      start = bar.t;
+      parts.push(bar.count + (bar.count === 1 ? ' record' : ' records') +
+        (bar.minutes !== null ? ', ' + formatNumber(bar.minutes) + ' min' : ''));
+    }
+    const stack = layers.stacks.find(inBucket);
+    if (stack) {
+      start = stack.t;
+      stack.parts.forEach(function (p) {
+        parts.push(p.label + ' ' + formatNumber(p.value) + ' h');
+      });
+      if (stack.inBed !== null) parts.push('in bed ' + formatNumber(stack.inBed) + ' h');
+    }
+    if (start === null) return null;
+    const when = step >= DAY ? formatDate(new Date(start), step >= WEEK)
+      : formatDateTime(new Date(start));
+    $('readout').textContent = (step === WEEK ? 'Week of ' : '') + when + ': ' + parts.join(', ');
+    return start;
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Workouts
+  // ---------------------------------------------------------------------------------
+
+  /** {qty, units} of a summary field, or null (v2's activeEnergy is a per-minute series). */
+  function quantity(value) {
+    if (value && !Array.isArray(value) && typeof value === 'object' && isNumber(value.qty)) {
+      return value;
+    }
+    return null;
+  }
+
+  function formatQuantity(q) {
+    return q ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '') : '–';
+  }
+
+  async function loadWorkouts() {
+    const box = $('workouts');
+    const meta = $('workouts-meta');
+    const entry = state.catalog.find(function (e) { return e.metric === 'workouts'; });
+    clear(box);
+    if (!entry) {
+      meta.textContent = 'No workouts stored.';
+      return;
+    }
+    const range = currentRange();
+    // Workouts are sent verbatim with their routes (one point per second outdoors), so the
+    // list never asks for more than the newest 31 days of the range.
+    let from = range.from;
+    let clipped = false;
+    if (range.to - from > 31 * DAY) {
+      from = addDays(range.to, -31);
+      clipped = true;
+    }
+    const params = new URLSearchParams();
+    params.set('metric', 'workouts');
+    params.set('layer', entry.layer);
+    params.set('from', iso(from));
+    params.set('to', iso(range.to));
+    meta.textContent = 'Loading…';
+    let data;
+    try {
+      data = await getJSON('/api/points?' + params.toString());
+    } catch (err) {
+      meta.textContent = 'Could not load the workouts: ' + err.message;
+      return;
+    }
+    const rows = [];
+    ((data && data.runs) || []).forEach(function (run) {
+      (run.points || []).forEach(function (w) { rows.push(w); });
+    });
+    rows.sort(function (a, b) {
+      const ta = parseTime(a.start);
+      const tb = parseTime(b.start);
+      return (tb ? tb.getTime() : 0) - (ta ? ta.getTime() : 0);
+    });
+    meta.textContent = rows.length + (rows.length === 1 ? ' workout' : ' workouts') +
+      (clipped ? ' in the last 31 days of the range' : ' in this range');
+    if (!rows.length) return;
+    const table = el('table', 'list');
+    const head = el('tr');
+    ['When', 'Workout', 'Duration', 'Energy', 'Distance'].forEach(function (h) {
+      head.appendChild(el('th', null, h));
+    });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = el('tbody');
+    rows.forEach(function (w) {
+      const start = parseTime(w.start);
+      const end = parseTime(w.end);
+      let seconds = isNumber(w.duration) ? w.duration : null;
+      if (seconds === null && start && end) seconds = (end - start) / 1000;
+      const energy = quantity(w.activeEnergyBurned) || quantity(w.activeEnergy) ||
+        quantity(w.totalEnergy);
+      const tr = el('tr');
+      tr.appendChild(el('td', null, start ? formatStamp(start) : String(w.start || '–')));
+      tr.appendChild(el('td', null, w.name || 'Workout'));
+      tr.appendChild(el('td', 'num', formatDuration(seconds)));
+      tr.appendChild(el('td', 'num', formatQuantity(energy)));
+      tr.appendChild(el('td', 'num', formatQuantity(quantity(w.distance))));
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    box.appendChild(table);
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Journal and service state
+  // ---------------------------------------------------------------------------------
+
+  async function loadJournal() {
+    const box = $('journal');
+    const health = $('health');
+    let deliveries = [];
+    try {
+      const data = await getJSON('/api/deliveries?limit=20');
+      deliveries = (data && data.deliveries) || [];
+    } catch (err) {
+      clear(box);
+      box.appendChild(el('p', 'empty', 'Could not load the journal: ' + err.message));
+    }
+    let status = null;
+    try {
+      status = await getJSON('/healthz');
+    } catch (err) {
+      status = null;
+    }
+    let lastFold = null;
+    deliveries.forEach(function (d) {
+      const t = d.folded_at ? Date.parse(d.folded_at) : NaN;
+      if (!isNaN(t) && (lastFold === null || t > lastFold)) lastFold = t;
+    });
+    const parts = [];
+    if (status) {
+      parts.push('Backlog ' + status.backlog);
+      parts.push('worker ' + status.worker);
+      if (status.status && status.status !== 'ok') parts.push(status.status);
+      if (status.version) parts.push('version ' + status.version);
+    } else {
+      parts.push('Service state unavailable');
+    }
+    parts.push(lastFold === null ? 'no fold yet'
+      : 'last fold ' + formatDateTime(new Date(lastFold)));
+    health.textContent = parts.join(' · ');
+    if (!deliveries.length) {
+      if (!box.firstChild) box.appendChild(el('p', 'empty', 'No deliveries yet.'));
+      return;
+    }
+    clear(box);
+    const table = el('table', 'list');
+    const head = el('tr');
+    // "opt" columns give way on a phone screen
+    [['ID'], ['Received'], ['Automation'], ['Status'], ['Layer', 'opt'], ['Points'],
+      ['Objects written', 'opt'], ['Error']]
+      .forEach(function (h) { head.appendChild(el('th', h[1], h[0])); });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = el('tbody');
+    deliveries.forEach(function (d) {
+      const tr = el('tr');
+      const received = d.received_at ? new Date(Date.parse(d.received_at)) : null;
+      tr.appendChild(el('td', 'num', d.id));
+      tr.appendChild(el('td', null, received && !isNaN(received) ? formatStamp(received) : '–'));
+      tr.appendChild(el('td', null, d.automation_name || d.path_name || '–'));
+      const st = el('td');
+      st.appendChild(el('span', 'status status-' + String(d.status).replace(/[^a-z]/g, ''),
+        d.status));
+      tr.appendChild(st);
+      tr.appendChild(el('td', 'opt', d.layer || '–'));
+      tr.appendChild(el('td', 'num', isNumber(d.points) ? formatNumber(d.points) : '–'));
+      tr.appendChild(el('td', 'num opt', isNumber(d.objects_written) ? d.objects_written : '–'));
+      tr.appendChild(el('td', 'error', d.error || ''));
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    box.appendChild(table);
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Wiring
+  // ---------------------------------------------------------------------------------
+
+  function init() {
+    $('catalog').addEventListener('change', function (event) {
+      const entry = state.catalog[Number(event.target.value)];
+      if (!entry) return;
+      state.entry = entry;
+      loadChart();
+    });
+    Array.prototype.forEach.call(document.querySelectorAll('#range button'), function (button) {
+      button.addEventListener('click', function () {
+        const key = button.dataset.range;
+        if (key === 'custom' && !state.custom) {
+          const r = currentRange();
+          state.custom = { from: localDay(r.from), to: addDays(localDay(new Date(r.to - 1)), 1) };
+          $('from').value = dateInputValue(state.custom.from);
+          $('to').value = dateInputValue(addDays(state.custom.to, -1));
+        }
+        state.range = key;
+        markRange();
+        loadChart();
+        loadWorkouts();
+      });
+    });
+    const onDates = function () {
+      const from = parseDateInput($('from').value);
+      const last = parseDateInput($('to').value);
+      if (!from || !last || last < from) return;
+      state.custom = { from: from, to: addDays(last, 1) };
+      state.range = 'custom';
+      markRange();
+      loadChart();
+      loadWorkouts();
+    };
+    $('from').addEventListener('change', onDates);
+    $('to').addEventListener('change', onDates);
+    $('refresh').addEventListener('click', function () {
+      loadJournal();
+      loadChart();
+      loadWorkouts();
+    });
+    let resizeTimer = null;
+    let lastWidth = $('chart').clientWidth;
+    window.addEventListener('resize', function () {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(function () {
+        const w = $('chart').clientWidth;
+        if (w !== lastWidth) {
+          lastWidth = w;
+          drawChart();
+        }
+      }, 150);
+    });
+    markRange();
+    loadCatalog();
+    loadJournal();
+  }
+
+  if (document.readyState === 'loading') {
+    document.addEventListener('DOMContentLoaded', init);
+  } else {
+    init();
+  }
+})();
+"""
+
+STATIC_FILES = {
+    "app.css": ("text/css; charset=utf-8", APP_CSS),
+    "app.js": ("text/javascript; charset=utf-8", APP_JS),
+}
 
 
 if __name__ == "__main__":

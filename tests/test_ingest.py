@@ -309,7 +309,7 @@ def test_ingest_6_1_415_for_csv_or_multipart_writes_nothing(service, client, dat
 
 
 def test_ingest_12_1_503_while_stopping_writes_nothing(service, client, data_dir):
-    service.stopping = True  # the flag stop() raises before closing the listener
+    service.stopping.set()  # the flag stop() raises before closing the listener
     status, payload = client.ingest(hae_body())
     assert status == 503
     assert_error_shape(payload, 503, "stopping")

@@ -1,0 +1,1451 @@
+"""The read side: /api/catalog, /api/points, /api/deliveries, /metrics, the page and its
+session, and ``healthlog export``, end to end.
+
+One known corpus (`CORPUS`: HAE-shaped bodies built here, every posted point remembered) is
+posted over HTTP to a real ``healthlog.py serve`` subprocess on 127.0.0.1:0 and folded by
+its live worker into a real SQLite file, once per JSON mode (`store`). A subprocess, not an
+in-process Service, because the module's server outlives single tests and an in-process one
+opens a database connection per HTTP thread on first use, which the suite's leak check
+(conftest.nothing_left_running) would pin on whichever test came first. Tests that need a
+state of their own (counters that move) start their own in-process Service.
+
+Every expectation is computed in the test: from what was posted (the points are stored
+verbatim, so raw reads give them back), from the ``object`` table, and from the test's own
+aggregation of the posted points; none from healthlog's read code.
+
+Names carry the scenario IDs READ-n.m: READ-1 catalog, READ-2 raw points, READ-3 buckets,
+READ-4 CSV, READ-5 deliveries, READ-6 /metrics, READ-7 page, session and security headers,
+READ-8 the export CLI.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+import hashlib
+import hmac
+import http.client
+import io
+import json
+import math
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import pytest
+
+import hae_factory as hf
+import healthlog
+from conftest import ROOT, TOKEN, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
+
+pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+
+US = 1_000_000
+HOUR_US = 3600 * US
+DAY0 = 1709856000  # 2024-03-08T00:00:00Z (a Friday; the US DST change is on the 10th)
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SESSION_MAX_AGE = 2592000
+#: Strings of the posted bodies that no journal or monitoring answer may carry.
+BODY_STRINGS = (hf.CANARY_SOURCE, "Zebulon", "72.123456789", hf.OWNER_WATCH, "Anton",
+                "Ibuprofen", "Headache")
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus: bodies built here, every posted point remembered with its units.
+
+def hae(t: float, zone: hf.Zone = hf.PACIFIC) -> str:
+    """HAE's ``yyyy-MM-dd HH:mm:ss ±hhmm`` of epoch second ``t`` as a phone in ``zone``."""
+    return hf.hae_time(t, zone)
+
+
+class Corpus:
+    """The deliveries to post, in order, and the points each (metric, layer) must hold."""
+
+    def __init__(self):
+        self.deliveries: list = []  # (automation name, headers, body bytes)
+        self.posted: dict = {}  # (metric, layer) -> [(point, units)] in posting order
+
+    def add(self, automation: hf.Automation, data: dict, layer: Optional[str],
+            stored: bool = True) -> None:
+        """One delivery; ``layer`` is where its time-grouped metrics go (header)."""
+        headers = hf.headers_for(automation, hf.new_uuid(random.Random(automation.name)))
+        self.deliveries.append((automation.name, headers, hf.dumps_hae({"data": data})))
+        if not stored:
+            return
+        for element in data.get("metrics", []):
+            name = element["name"]
+            target = "record" if name == "sleep_analysis" else layer
+            self._keep(name, target, element["data"], element["units"])
+        named = {"workouts": lambda p: "workouts", "stateOfMind": lambda p: "state_of_mind",
+                 "symptoms": lambda p: "symptoms/" + p["name"],
+                 "medications": lambda p: "medications/" + p["displayText"]}
+        for section, name_of in named.items():
+            for point in data.get(section, []):
+                self._keep(name_of(point), "record", [point], None)
+
+    def _keep(self, metric: str, layer: str, points: list, units: Optional[str]) -> None:
+        self.posted.setdefault((metric, layer), []).extend((p, units) for p in points)
+
+    def points(self, metric: str, layer: str) -> list:
+        """(point, units) of a metric and layer in the order reads must give them."""
+        return sorted(self.posted[(metric, layer)], key=lambda item: coordinate(item[0]))
+
+
+def coordinate(point: dict) -> tuple:
+    """(start µs, end µs, category) as the storage spec defines it, read here."""
+    start = point.get("start", point.get("startDate", point.get("date")))
+    end = point.get("end", point.get("endDate", start))
+    category = point.get("value")
+    if not isinstance(category, str):
+        category = point.get("kind")
+    return (healthlog.parse_time(start), healthlog.parse_time(end),
+            category if isinstance(category, str) else "")
+
+
+def build_corpus() -> Corpus:
+    rng = random.Random(20240308)
+    corpus = Corpus()
+    sources = (hf.OWNER_WATCH, hf.PIPED_SOURCE, None, hf.OWNER_PHONE)
+
+    def with_source(point: dict, k: int) -> dict:
+        if sources[k % 4] is not None:
+            point["source"] = sources[k % 4]
+        return point
+
+    # 1. Minutes: two hours of steps (18:00-19:59Z) and five days of heart rate every 7 min
+    #    (Min/Avg/Max; every tenth point without Max; one canary value and device name).
+    steps = [with_source({"date": hae(DAY0 + 18 * 3600 + 60 * k),
+                          "qty": k + 1 if k % 2 else 10.25 + rng.random() * 50}, k)
+             for k in range(120)]
+    heart = []
+    for k in range(5 * 1440 // 7):
+        low = rng.randint(48, 70)
+        point = {"date": hae(DAY0 + 420 * k), "Min": low, "Avg": low + rng.uniform(0.5, 20),
+                 "Max": low + rng.randint(21, 60)}
+        if k % 10 == 3:
+            del point["Max"]
+        heart.append(with_source(point, k))
+    heart[77]["Avg"], heart[77]["source"] = hf.CANARY_QTY, hf.CANARY_SOURCE
+    corpus.add(hf.Automation("Read minutes", "Minutes"),
+               {"metrics": [hf.metric("step_count", steps, "count"),
+                            hf.metric("heart_rate", heart, "count/min")]}, "minutes")
+    # 2. Hours: a day of hourly steps (so step_count has two layers; minutes is the finer).
+    corpus.add(hf.Automation("Read hours", "Hours", "Today"),
+               {"metrics": [hf.metric("step_count", [
+                   {"date": hae(DAY0 + 3600 * h), "qty": 100 + 7 * h, "source": hf.OWNER_WATCH}
+                   for h in range(24)], "count")]}, "hours")
+    # 3-5. Active energy in kcal for two hours, then NEW hours in kJ, then kcal again.
+    for name, units, first_hour, hours in (("Read energy kcal", "kcal", 10, 2),
+                                           ("Read energy kJ", "kJ", 12, 2),
+                                           ("Read energy kcal again", "kcal", 14, 1)):
+        energy = [{"date": hae(DAY0 + first_hour * 3600 + 180 * k),
+                   "qty": rng.uniform(0.1, 9.0), "source": hf.OWNER_WATCH}
+                  for k in range(hours * 20)]
+        corpus.add(hf.Automation(name, "Minutes"),
+                   {"metrics": [hf.metric("active_energy", energy, units)]}, "minutes")
+    # 6. Sleep stage records (unaggregated) of four nights.
+    segments = hf.sleep_segments(11, dt.date(2024, 3, 9), dt.date(2024, 3, 13),
+                                 phone=hf.Phone(sources="single"), rng=rng)
+    corpus.add(hf.Automation("Read sleep", "Default", "Previous 7 Days"),
+               {"metrics": [hf.metric("sleep_analysis", segments, "hr")]}, None)
+    # 7. Record sections: a workout, a mood, symptoms and medications (named by value).
+    noon = dt.datetime(2024, 3, 9, 12, 0)
+    medications = hf.medications(rng, noon)
+    assert medications[0]["displayText"].startswith("Ibuprofen")
+    corpus.add(hf.Automation("Read journal", "Default"), {
+        "workouts": [hf.workout_v2(3, dt.datetime(2024, 3, 9, 17, 30), minutes=20,
+                                   route_points=5, rng=rng)],
+        "stateOfMind": [hf.state_of_mind(rng, DAY0 + 86400 + 30000)],
+        "symptoms": hf.symptoms(rng, dt.datetime(2024, 3, 9, 9, 15)),
+        "medications": medications}, None)
+    # 8. Days: a body metric, a nutrition metric and one no group knows.
+    days = [hae(hf.local_midnight(hf.PACIFIC, dt.date(2024, 3, 8 + d))) for d in range(3)]
+    corpus.add(hf.Automation("Read days", "Days", "Today"), {"metrics": [
+        hf.metric("weight_body_mass", [{"date": d, "qty": 74.1 + i / 10, "source": hf.OWNER_PHONE}
+                                       for i, d in enumerate(days)], "kg"),
+        hf.metric("dietary_water", [{"date": d, "qty": 1500 + i} for i, d in enumerate(days)],
+                  "mL"),
+        hf.metric("zz_future_metric", [{"date": d, "qty": i} for i, d in enumerate(days[:2])],
+                  "count")]}, "days")
+    # 9. No readable time at all: failed, nothing stored.
+    corpus.add(hf.Automation("Read broken", "Minutes"), {"metrics": [hf.metric(
+        "step_count", [{"date": "yesterday", "qty": 3, "source": hf.CANARY_SOURCE}], "count")]},
+        "minutes", stored=False)
+    # 10. A section this version does not know: partial, its step points stored.
+    late = [{"date": "2024-03-20 09:0%d:00 +0000" % m, "qty": m} for m in (1, 2, 3)]
+    corpus.add(hf.Automation("Read partial", "Minutes"),
+               {"metrics": [hf.metric("step_count", late, "count")],
+                "futureSection": [{"date": "2024-03-20 09:00:00 +0000", "mood": "ok"}]},
+               "minutes")
+    return corpus
+
+
+CORPUS = build_corpus()
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP with headers, and the module store.
+
+class Reply(NamedTuple):
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+
+def call(address: tuple, method: str, path: str, body: bytes = None, headers: dict = None,
+         auth: bool = True) -> Reply:
+    """One request on a fresh connection; Bearer token unless ``auth`` is false."""
+    conn = http.client.HTTPConnection(address[0], address[1], timeout=60)
+    try:
+        sent = {"Authorization": "Bearer " + TOKEN} if auth else {}
+        sent.update(headers or {})
+        conn.request(method, path, body=body, headers=sent)
+        response = conn.getresponse()
+        return Reply(response.status, response.headers, response.read())
+    finally:
+        conn.close()
+
+
+def url(path: str, **query) -> str:
+    """``path?query``; ``from_`` stands for ``from``; None values are left out."""
+    pairs = [(k.rstrip("_"), v) for k, v in query.items() if v is not None]
+    return path + ("?" + urllib.parse.urlencode(pairs) if pairs else "")
+
+
+def get(address: tuple, path: str, **query) -> Reply:
+    return call(address, "GET", url(path, **query))
+
+
+def get_json(address: tuple, path: str, **query):
+    reply = get(address, path, **query)
+    assert reply.status == 200, (path, query, reply.status, reply.body[:500])
+    return reply.json()
+
+
+def assert_error(reply: Reply, status: int, code: str) -> dict:
+    """The one JSON error shape."""
+    assert reply.status == status, (reply.status, reply.body[:500])
+    assert reply.headers.get_content_type() == "application/json"
+    error = reply.json()["error"]
+    assert error["status"] == status and error["code"] == code, error
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+class Store(NamedTuple):
+    data_dir: Path
+    address: tuple
+    corpus: Corpus
+
+
+def pending(data_dir: Path) -> int:
+    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
+                             " WHERE parse_status = 'pending'")[0]["n"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, json_mode) -> Store:
+    """The corpus posted to a serve subprocess and folded by its worker; the server keeps
+    running for the module (READ-8 runs the CLI beside it)."""
+    base = tmp_path_factory.mktemp("read")
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    try:
+        client = proc.client
+        for _, headers, body in CORPUS.deliveries:
+            status, answer = client.ingest(body, headers=dict(headers))
+            assert status == 200, answer
+        wait_for(lambda: pending(data_dir) == 0, timeout=60)
+        yield Store(data_dir, ("127.0.0.1", proc.port), CORPUS)
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines())
+
+
+def objects(data_dir: Path, metric: str = None) -> list:
+    where, args = ("WHERE metric = ?", (metric,)) if metric else ("", ())
+    return db_rows(data_dir, "SELECT metric, layer, hour, units, first_at, last_at, points, blob"
+                             " FROM object %s ORDER BY metric, layer, hour" % where, args)
+
+
+def iso(instant_us: int) -> str:
+    """The contract's reply time: healthlog.format_instant (seconds, fraction if non-zero)."""
+    return healthlog.format_instant(instant_us)
+
+
+# ---------------------------------------------------------------------------------------------
+# The test's own reading of the points: runs and bucket aggregates.
+
+def runs_of(items: list) -> list:
+    """[(units, [point, …])]: a new run whenever the units change between consecutive
+    hourly objects (all points of one hour share their object's units)."""
+    runs: list = []
+    last_hour = None
+    for point, units in items:
+        hour = coordinate(point)[0] // HOUR_US
+        if not runs or (hour != last_hour and units != runs[-1][0]):
+            runs.append((units, []))
+        runs[-1][1].append(point)
+        last_hour = hour
+    return runs
+
+
+def in_range(items: list, start: Optional[int], end: Optional[int]) -> list:
+    return [(p, u) for p, u in items if (start is None or coordinate(p)[0] >= start)
+            and (end is None or coordinate(p)[0] < end)]
+
+
+def parse_offset(tz: str) -> int:
+    sign = -1 if tz[0] == "-" else 1
+    return sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+
+
+def bucket_start_us(instant_us: int, bucket: str, offset_s: int) -> int:
+    """Start (UTC µs) of the hour/day/week holding an instant, aligned in the offset;
+    weeks start on Monday 00:00 local (epoch day 4 was a Monday)."""
+    local = instant_us // US + offset_s
+    if bucket == "hour":
+        start = local - local % 3600
+    elif bucket == "day":
+        start = local - local % 86400
+    else:
+        day = local // 86400
+        start = (day - (day - 4) % 7) * 86400
+    return (start - offset_s) * US
+
+
+def numeric(value) -> bool:
+    return type(value) in (int, float)
+
+
+def aggregate(items: list, bucket: str, tz: str = "+00:00") -> list:
+    """The test's own bucket aggregates, as the contract's ``runs``."""
+    offset = parse_offset(tz)
+    out = []
+    for units, points in runs_of(items):
+        buckets: dict = {}
+        for point in points:
+            key = bucket_start_us(coordinate(point)[0], bucket, offset)
+            entry = buckets.setdefault(key, {"count": 0, "fields": {}})
+            entry["count"] += 1
+            for name, value in point.items():
+                if numeric(value):
+                    entry["fields"].setdefault(name, []).append(value)
+        out.append({"units": units, "buckets": [
+            {"start": iso(key), "count": entry["count"],
+             "fields": {name: {"count": len(values), "min": min(values), "max": max(values),
+                               "avg": math.fsum(values) / len(values), "sum": math.fsum(values)}
+                        for name, values in entry["fields"].items()}}
+            for key, entry in sorted(buckets.items())]})
+    return out
+
+
+def sleep_stages(items: list, bucket: str, tz: str) -> list:
+    """Hours per stage, bucketed by the night each record ends: the local date (or week)
+    of its END plus 6 hours (hour buckets: of its end)."""
+    offset = parse_offset(tz)
+    out = []
+    for units, points in runs_of(items):
+        buckets: dict = {}
+        for point in points:
+            start, end, stage = coordinate(point)
+            night = end + (6 * 3600 * US if bucket != "hour" else 0)
+            entry = buckets.setdefault(bucket_start_us(night, bucket, offset),
+                                       {"count": 0, "stages": {}})
+            entry["count"] += 1
+            entry["stages"][stage] = entry["stages"].get(stage, 0.0) + (end - start) / 3600e6
+        out.append({"units": units, "buckets": [
+            dict(entry, start=iso(key)) for key, entry in sorted(buckets.items())]})
+    return out
+
+
+def close(a, b) -> bool:
+    return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
+
+
+def assert_buckets_equal(got: list, want: list) -> None:
+    """Bucket runs equal: counts, min and max exactly; avg, sum and stage hours to 1e-9."""
+    assert [r["units"] for r in got] == [r["units"] for r in want]
+    for got_run, want_run in zip(got, want):
+        assert [b["start"] for b in got_run["buckets"]] == [
+            b["start"] for b in want_run["buckets"]], want_run["units"]
+        for g, w in zip(got_run["buckets"], want_run["buckets"]):
+            assert g["count"] == w["count"], w["start"]
+            if "stages" in w:
+                assert set(g["stages"]) == set(w["stages"]), w["start"]
+                for stage, hours in w["stages"].items():
+                    assert close(g["stages"][stage], hours), (w["start"], stage)
+                continue
+            assert set(g["fields"]) == set(w["fields"]), w["start"]
+            for name, stats in w["fields"].items():
+                mine = g["fields"][name]
+                assert set(mine) == {"count", "min", "max", "avg", "sum"}, mine
+                assert (mine["count"], mine["min"], mine["max"]) == (
+                    stats["count"], stats["min"], stats["max"]), (w["start"], name)
+                assert close(mine["avg"], stats["avg"]) and close(mine["sum"], stats["sum"]), (
+                    w["start"], name, mine, stats)
+
+
+def raw_runs(items: list) -> list:
+    return [{"units": units, "points": points} for units, points in runs_of(items)]
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-1: /api/catalog
+
+def expected_catalog(data_dir: Path) -> list:
+    """One entry per (metric, layer), from the object table (groups left out)."""
+    entries: dict = {}
+    for row in objects(data_dir):
+        entry = entries.setdefault((row["metric"], row["layer"]), {
+            "metric": row["metric"], "layer": row["layer"], "units": set(),
+            "first": row["first_at"], "last": row["last_at"], "objects": 0, "points": 0})
+        if row["units"] is not None:
+            entry["units"].add(row["units"])
+        entry["first"] = min(entry["first"], row["first_at"])
+        entry["last"] = max(entry["last"], row["last_at"])
+        entry["objects"] += 1
+        entry["points"] += row["points"]
+    return [dict(e, units=sorted(e["units"]), first=iso(e["first"] * US),
+                 last=iso(e["last"] * US)) for _, e in sorted(entries.items())]
+
+
+def test_read_1_1_catalog_lists_every_metric_and_layer_with_exact_counts_and_span(store):
+    catalog = get_json(store.address, "/api/catalog")["metrics"]
+    want = expected_catalog(store.data_dir)
+    assert [{k: v for k, v in e.items() if k != "group"} for e in catalog] == want
+    # … and the object table holds exactly what was posted (stored verbatim, nothing lost).
+    assert {(e["metric"], e["layer"]) for e in want} == set(store.corpus.posted)
+    for entry in catalog:
+        items = store.corpus.points(entry["metric"], entry["layer"])
+        starts = [coordinate(p)[0] for p, _ in items]
+        assert entry["points"] == len(items), entry
+        assert entry["first"] == iso(min(starts) // US * US), entry
+        assert entry["last"] == iso(max(starts) // US * US), entry
+        assert entry["units"] == sorted({u for _, u in items if u is not None}), entry
+        assert entry["objects"] == len({s // HOUR_US for s in starts}), entry
+    energy = next(e for e in catalog if e["metric"] == "active_energy")
+    assert energy["units"] == ["kJ", "kcal"] and energy["objects"] == 5
+
+
+def test_read_1_2_catalog_groups_metrics_by_name(store):
+    groups = {(e["metric"], e["layer"]): e["group"]
+              for e in get_json(store.address, "/api/catalog")["metrics"]}
+    assert groups[("step_count", "minutes")] == groups[("step_count", "hours")] == "activity"
+    assert groups[("active_energy", "minutes")] == "activity"
+    assert groups[("heart_rate", "minutes")] == "heart"
+    assert groups[("sleep_analysis", "record")] == "sleep"
+    assert groups[("weight_body_mass", "days")] == "body"
+    assert groups[("dietary_water", "days")] == "nutrition"
+    assert groups[("workouts", "record")] == "workouts"
+    assert groups[("state_of_mind", "record")] == "mindfulness"
+    assert groups[("zz_future_metric", "days")] == "other"
+    assert set(groups.values()) <= {"activity", "heart", "sleep", "body", "nutrition",
+                                    "workouts", "mindfulness", "other"}
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-2: /api/points, raw
+
+def test_read_2_1_raw_points_are_the_posted_points_verbatim_in_time_order(store):
+    for metric, layer in sorted(store.corpus.posted):
+        reply = get_json(store.address, "/api/points", metric=metric, layer=layer)
+        items = store.corpus.points(metric, layer)
+        assert reply["metric"] == metric and reply["layer"] == layer
+        assert reply["from"] is None and reply["to"] is None
+        assert reply["runs"] == raw_runs(items), (metric, layer)
+        assert "bucket" not in reply or reply["bucket"] is None
+    # one step per minute, in time order, the canary heart-rate point among them
+    steps = get_json(store.address, "/api/points", metric="step_count")["runs"][0]["points"]
+    starts = [coordinate(p)[0] for p in steps]
+    assert starts == sorted(starts) and len(steps) == 123
+    heart = get_json(store.address, "/api/points", metric="heart_rate")["runs"][0]["points"]
+    assert {"date": hae(DAY0 + 420 * 77), "Min": heart[77]["Min"], "Avg": hf.CANARY_QTY,
+            "Max": heart[77]["Max"], "source": hf.CANARY_SOURCE} == heart[77]
+
+
+def test_read_2_2_without_a_layer_the_finest_is_read_and_named(store):
+    minutes = get_json(store.address, "/api/points", metric="step_count")
+    assert minutes["layer"] == "minutes"  # has minutes and hours; not the alphabetical first
+    hours = get_json(store.address, "/api/points", metric="step_count", layer="hours")
+    assert hours["layer"] == "hours"
+    assert hours["runs"] == raw_runs(store.corpus.points("step_count", "hours"))
+    assert get_json(store.address, "/api/points", metric="workouts")["layer"] == "record"
+    for layer in ("days", "record", "seconds", "no-such-layer"):
+        assert_error(get(store.address, "/api/points", metric="step_count", layer=layer),
+                     404, "unknown_layer")
+
+
+def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling(store):
+    items = store.corpus.points("step_count", "minutes")
+    t1830, t1945 = (DAY0 + 18 * 3600 + 1800) * US, (DAY0 + 19 * 3600 + 2700) * US
+    spellings = [
+        ("2024-03-08T18:30:00Z", "2024-03-08T19:45:00Z"),
+        ("2024-03-08T10:30:00-08:00", "2024-03-08T20:45:00+01:00"),
+        ("2024-03-08 10:30:00 -0800", "2024-03-08 19:45:00 +0000"),
+        (str(DAY0 + 18 * 3600 + 1800), str((DAY0 + 19 * 3600 + 2700) * 1000)),  # s and ms
+    ]
+    want = raw_runs(in_range(items, t1830, t1945))
+    assert len(want[0]["points"]) == 75  # 18:30 included, 19:45 excluded
+    for start, end in spellings:
+        reply = get_json(store.address, "/api/points", metric="step_count", from_=start, to=end)
+        assert (reply["from"], reply["to"]) == ("2024-03-08T18:30:00Z", "2024-03-08T19:45:00Z")
+        assert reply["runs"] == want, (start, end)
+    # the same half-open range in buckets and in CSV (a point starts exactly at `to`)
+    buckets = get_json(store.address, "/api/points", metric="step_count", bucket="hour",
+                       from_=spellings[0][0], to=spellings[0][1])
+    assert_buckets_equal(buckets["runs"], aggregate(in_range(items, t1830, t1945), "hour"))
+    assert [b["count"] for b in buckets["runs"][0]["buckets"]] == [30, 45]
+    rows = read_csv(get(store.address, "/api/points", metric="step_count", format="csv",
+                        from_=spellings[3][0], to=spellings[3][1]))
+    assert [row[0] for row in rows[1:]] == [iso(coordinate(p)[0]) for p in want[0]["points"]]
+    # date-only bounds are UTC midnight; either bound may be left open
+    heart = store.corpus.points("heart_rate", "minutes")
+    day9, day10 = (DAY0 + 86400) * US, (DAY0 + 2 * 86400) * US
+    reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-09",
+                     to="2024-03-10")
+    assert (reply["from"], reply["to"]) == ("2024-03-09T00:00:00Z", "2024-03-10T00:00:00Z")
+    assert reply["runs"] == raw_runs(in_range(heart, day9, day10))
+    reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-10")
+    assert reply["to"] is None and reply["runs"] == raw_runs(in_range(heart, day10, None))
+    reply = get_json(store.address, "/api/points", metric="heart_rate", to="2024-03-09")
+    assert reply["from"] is None and reply["runs"] == raw_runs(in_range(heart, None, day9))
+    empty = get_json(store.address, "/api/points", metric="heart_rate", from_="2030-01-01")
+    assert empty["runs"] == []
+
+
+def test_read_2_4_a_change_of_units_starts_a_new_run(store):
+    reply = get_json(store.address, "/api/points", metric="active_energy")
+    assert [run["units"] for run in reply["runs"]] == ["kcal", "kJ", "kcal"]
+    assert [len(run["points"]) for run in reply["runs"]] == [40, 40, 20]
+    assert reply["runs"] == raw_runs(store.corpus.points("active_energy", "minutes"))
+    for run in reply["runs"]:  # each run holds only the points posted in its units
+        posted = [p for p, u in store.corpus.points("active_energy", "minutes")
+                  if u == run["units"]]
+        assert all(p in posted for p in run["points"])
+    inside = get_json(store.address, "/api/points", metric="active_energy",
+                      from_="2024-03-08T12:30:00Z", to="2024-03-08T14:30:00Z")
+    assert [(r["units"], len(r["points"])) for r in inside["runs"]] == [("kJ", 30), ("kcal", 10)]
+
+
+@pytest.mark.parametrize("query", [
+    {},  # no metric
+    {"metric": ""},
+    {"metric": "step_count", "from_": "yesterday"},
+    {"metric": "step_count", "to": "2024-13-45"},
+    {"metric": "step_count", "from_": "2024-03-08T19:00:00Z", "to": "2024-03-08T19:00:00Z"},
+    {"metric": "step_count", "from_": "2024-03-09", "to": "2024-03-08"},
+    {"metric": "step_count", "bucket": "month"},
+    {"metric": "step_count", "bucket": "hour", "tz": "+25:00"},
+    {"metric": "step_count", "bucket": "day", "tz": "PST"},
+    {"metric": "step_count", "tz": "Europe/Berlin"},
+    {"metric": "step_count", "format": "xml"},
+    {"metric": "step_count", "bucket": "day", "format": "sqlite"},
+], ids=["no-metric", "empty-metric", "bad-from", "bad-to", "from-equals-to", "from-after-to",
+        "bad-bucket", "tz-out-of-range", "tz-name", "tz-zone-id", "bad-format",
+        "sqlite-over-http"])
+def test_read_2_5_unreadable_parameters_are_400(store, query):
+    assert_error(get(store.address, "/api/points", **query), 400, "bad_request")
+
+
+def test_read_2_6_an_unknown_metric_is_404_listing_names_with_entered_values_masked(store):
+    error = assert_error(get(store.address, "/api/points", metric="steps"), 404,
+                         "unknown_metric")
+    names = {e["metric"] for e in get_json(store.address, "/api/catalog")["metrics"]}
+    masked = set()
+    for name in names:
+        prefix = next((p for p in ("symptoms/", "cycle_tracking/", "medications/")
+                       if name.startswith(p)), None)
+        masked.add(prefix + "…" if prefix else name)
+    assert len(error["metrics"]) == len(set(error["metrics"]))  # deduplicated
+    assert set(error["metrics"]) == masked
+    assert {"medications/…", "symptoms/…", "step_count"} <= masked
+    reply = get(store.address, "/api/points", metric="steps")
+    for secret in ("Ibuprofen", "Cetirizine", "Vitamin", "Headache", "Fatigue", "Coughing",
+                   "Runny", "Sore", "Nausea"):
+        assert secret not in reply.text and secret not in json.dumps(error, ensure_ascii=False)
+    # a value-derived metric is still read by its full name
+    medication = next(n for n in names if n.startswith("medications/Ibuprofen"))
+    reply = get_json(store.address, "/api/points", metric=medication)
+    assert reply["runs"] == raw_runs(store.corpus.points(medication, "record"))
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-3: /api/points with a bucket
+
+@pytest.mark.parametrize("metric,bucket", [("heart_rate", "hour"), ("heart_rate", "day"),
+                                           ("heart_rate", "week"), ("step_count", "hour"),
+                                           ("active_energy", "day")])
+def test_read_3_1_bucket_aggregates_equal_the_tests_own(store, metric, bucket):
+    reply = get_json(store.address, "/api/points", metric=metric, bucket=bucket)
+    assert (reply["metric"], reply["layer"], reply["bucket"], reply["tz"]) == (
+        metric, "minutes", bucket, "+00:00")
+    assert (reply["from"], reply["to"]) == (None, None)
+    want = aggregate(store.corpus.points(metric, "minutes"), bucket)
+    assert_buckets_equal(reply["runs"], want)
+    if metric == "heart_rate":  # per-field counts differ: every tenth point lacks Max
+        fields = reply["runs"][0]["buckets"][0]["fields"]
+        assert set(fields) == {"Min", "Avg", "Max"}
+        if bucket != "hour":
+            assert fields["Max"]["count"] < fields["Avg"]["count"] == reply["runs"][0][
+                "buckets"][0]["count"]
+
+
+def test_read_3_2_buckets_are_aligned_in_the_requested_offset(store):
+    heart = store.corpus.points("heart_rate", "minutes")
+    for bucket, tz in (("day", "-07:00"), ("day", "+05:30"), ("hour", "+05:30"),
+                       ("week", "-08:00"), ("week", "+14:00")):
+        reply = get_json(store.address, "/api/points", metric="heart_rate", bucket=bucket, tz=tz)
+        assert reply["tz"] == tz
+        assert_buckets_equal(reply["runs"], aggregate(heart, bucket, tz))
+    shifted = get_json(store.address, "/api/points", metric="heart_rate", bucket="day",
+                       tz="-07:00")["runs"][0]["buckets"]
+    assert shifted[0]["start"] == "2024-03-07T07:00:00Z"  # 2024-03-08 00:00Z is the 7th at -7
+    half = get_json(store.address, "/api/points", metric="heart_rate", bucket="hour",
+                    tz="+05:30")["runs"][0]["buckets"]
+    assert all(b["start"].endswith(":30:00Z") for b in half)
+    ranged = get_json(store.address, "/api/points", metric="heart_rate", bucket="day",
+                      tz="-07:00", from_="2024-03-09T07:00:00Z", to="2024-03-11T07:00:00Z")
+    assert_buckets_equal(ranged["runs"], aggregate(
+        in_range(heart, (DAY0 + 86400 + 25200) * US, (DAY0 + 3 * 86400 + 25200) * US),
+        "day", "-07:00"))
+    assert [b["start"] for b in ranged["runs"][0]["buckets"]] == [
+        "2024-03-09T07:00:00Z", "2024-03-10T07:00:00Z"]
+
+
+def test_read_3_3_a_bucket_never_mixes_units(store):
+    for bucket in ("day", "week"):
+        reply = get_json(store.address, "/api/points", metric="active_energy", bucket=bucket)
+        assert [run["units"] for run in reply["runs"]] == ["kcal", "kJ", "kcal"]
+        assert [[b["count"] for b in run["buckets"]] for run in reply["runs"]] == [
+            [40], [40], [20]]
+        assert_buckets_equal(reply["runs"],
+                             aggregate(store.corpus.points("active_energy", "minutes"), bucket))
+
+
+@pytest.mark.parametrize("bucket,tz", [("day", "-08:00"), ("day", "+00:00"), ("week", "-07:00")])
+def test_read_3_4_sleep_stage_records_give_hours_per_stage_by_the_night_they_end(store,
+                                                                                 bucket, tz):
+    reply = get_json(store.address, "/api/points", metric="sleep_analysis", bucket=bucket,
+                     tz=tz)
+    assert reply["layer"] == "record"
+    want = sleep_stages(store.corpus.points("sleep_analysis", "record"), bucket, tz)
+    assert_buckets_equal(reply["runs"], want)
+    for run in reply["runs"]:
+        for entry in run["buckets"]:
+            assert "fields" not in entry
+            assert set(entry["stages"]) <= {"Core", "Deep", "REM", "Awake", "In Bed"}
+    if bucket == "day" and tz == "-08:00":  # four nights, each whole on the day it ends
+        starts = [b["start"] for b in reply["runs"][0]["buckets"]]
+        assert starts == ["2024-03-%02dT08:00:00Z" % d for d in (9, 10, 11, 12)]
+        assert all(sum(b["stages"].values()) > 5 for b in reply["runs"][0]["buckets"])
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-4: CSV
+
+def read_csv(reply: Reply) -> list:
+    assert reply.status == 200, reply.body[:500]
+    assert reply.headers["Content-Type"].replace(" ", "").lower() == "text/csv;charset=utf-8"
+    return list(csv.reader(io.StringIO(reply.text, newline="")))
+
+
+def assert_cell(cell: str, value) -> None:
+    """A CSV cell against a stored value: numbers as floats, objects/arrays as JSON text,
+    strings verbatim, booleans as JSON literals, a missing key as an empty cell."""
+    if isinstance(value, bool):
+        assert cell.lower() == json.dumps(value), (cell, value)
+    elif numeric(value):
+        assert float(cell) == float(value), (cell, value)
+    elif isinstance(value, (dict, list)):
+        assert json.loads(cell) == value, (cell, value)
+    else:
+        assert cell == value, (cell, value)
+
+
+@pytest.mark.parametrize("metric,layer", [("step_count", "minutes"), ("heart_rate", "minutes"),
+                                          ("active_energy", "minutes"), ("workouts", "record"),
+                                          ("sleep_analysis", "record"),
+                                          ("state_of_mind", "record")])
+def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer):
+    reply = get(store.address, "/api/points", metric=metric, layer=layer, format="csv")
+    rows = read_csv(reply)
+    assert reply.headers["X-Healthlog-Layer"] == layer
+    items = store.corpus.points(metric, layer)
+    keys: list = []
+    for point, _ in items:
+        keys += [k for k in point if k not in keys]
+    assert rows[0] == ["start", "end", "units"] + keys
+    assert len(rows) == 1 + len(items)
+    for row, (point, units) in zip(rows[1:], items):
+        start, end, _ = coordinate(point)
+        assert row[:3] == [iso(start), iso(end), units or ""]
+        for key, cell in zip(keys, row[3:]):
+            if key in point:
+                assert_cell(cell, point[key])
+            else:
+                assert cell == "", (key, row)
+
+
+def test_read_4_2_bucket_csv_has_five_columns_per_field_equal_to_the_json(store):
+    query = dict(metric="heart_rate", bucket="day", tz="-07:00")
+    want = get_json(store.address, "/api/points", **query)
+    rows = read_csv(get(store.address, "/api/points", format="csv", **query))
+    header = rows[0]
+    assert header[:3] == ["start", "units", "count"]
+    fields = [column[:-len("_count")] for column in header[3::5]]
+    assert sorted(fields) == ["Avg", "Max", "Min"]
+    stats = ("count", "min", "max", "avg", "sum")
+    assert header[3:] == ["%s_%s" % (f, s) for f in fields for s in stats]
+    flat = [(run["units"], b) for run in want["runs"] for b in run["buckets"]]
+    assert len(rows) == 1 + len(flat)
+    for row, (units, entry) in zip(rows[1:], flat):
+        assert row[:3] == [entry["start"], units, str(entry["count"])]
+        for i, field in enumerate(fields):
+            cells = row[3 + 5 * i: 8 + 5 * i]
+            for stat, cell in zip(stats, cells):
+                assert_cell(cell, entry["fields"][field][stat])
+    energy = read_csv(get(store.address, "/api/points", metric="active_energy", bucket="day",
+                          format="csv"))
+    assert [row[1] for row in energy[1:]] == ["kcal", "kJ", "kcal"]
+
+
+def test_read_4_3_sleep_bucket_csv_has_one_hours_column_per_stage(store):
+    query = dict(metric="sleep_analysis", bucket="day", tz="-08:00")
+    want = get_json(store.address, "/api/points", **query)
+    rows = read_csv(get(store.address, "/api/points", format="csv", **query))
+    assert rows[0][:3] == ["start", "units", "count"]
+    stages = rows[0][3:]
+    assert sorted(stages) == sorted({s for run in want["runs"] for b in run["buckets"]
+                                     for s in b["stages"]})
+    flat = [(run["units"], b) for run in want["runs"] for b in run["buckets"]]
+    assert len(rows) == 1 + len(flat)
+    for row, (units, entry) in zip(rows[1:], flat):
+        assert row[:3] == [entry["start"], units, str(entry["count"])]
+        for stage, cell in zip(stages, row[3:]):
+            if stage in entry["stages"]:
+                assert close(float(cell), entry["stages"][stage])
+            else:
+                assert cell in ("", "0", "0.0"), (stage, cell)
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-5: /api/deliveries
+
+DELIVERY_KEYS = {"id", "received_at", "body_bytes", "automation_name", "automation_id",
+                 "automation_aggregation", "path_name", "status", "layer", "error",
+                 "uncovered_keys", "folded_at", "metrics", "points", "bad_points",
+                 "objects_written", "overwrites", "incomparable", "unit_conflicts",
+                 "sealed_changes"}
+
+
+def journal_newest_first(data_dir: Path) -> list:
+    return db_rows(data_dir, "SELECT * FROM delivery ORDER BY received_at DESC, id DESC")
+
+
+def expected_delivery(row: dict) -> dict:
+    """A journal row as the contract shows it; times as instants (µs) for comparison."""
+    out = {k: row[k] for k in DELIVERY_KEYS - {"status", "uncovered_keys"}}
+    out["status"] = row["parse_status"]
+    out["uncovered_keys"] = json.loads(row["uncovered_keys"])
+    for key in ("received_at", "folded_at"):
+        out[key] = row[key] and healthlog.parse_time(row[key])
+    return out
+
+
+def test_read_5_1_deliveries_are_the_journal_newest_first(store):
+    reply = get_json(store.address, "/api/deliveries")
+    rows = journal_newest_first(store.data_dir)
+    assert len(rows) == len(store.corpus.deliveries)
+    assert [set(d) for d in reply["deliveries"]] == [DELIVERY_KEYS] * len(rows)
+    instants = [dict(d, received_at=healthlog.parse_time(d["received_at"]),
+                     folded_at=d["folded_at"] and healthlog.parse_time(d["folded_at"]))
+                for d in reply["deliveries"]]
+    assert instants == [expected_delivery(row) for row in rows]
+    assert reply["next_before"] is None
+    assert [d["automation_name"] for d in reply["deliveries"]] == [
+        name for name, _, _ in reversed(store.corpus.deliveries)]
+    # times are spelled as every reply spells them: format_instant (no trailing zeros)
+    spelled = [d[k] for d in reply["deliveries"] for k in ("received_at", "folded_at") if d[k]]
+    assert [t for t in spelled if t != iso(healthlog.parse_time(t))] == []
+
+
+def test_read_5_2_limit_and_before_page_through_the_journal(store):
+    ids = [row["id"] for row in journal_newest_first(store.data_dir)]
+    seen, before = [], None
+    for _ in range(len(ids)):
+        page = get_json(store.address, "/api/deliveries", limit=3, before=before)
+        got = [d["id"] for d in page["deliveries"]]
+        seen += got
+        if len(got) < 3:
+            assert page["next_before"] is None
+            break
+        assert page["next_before"] == got[-1]
+        before = page["next_before"]
+    assert seen == ids
+    assert [d["id"] for d in get_json(store.address, "/api/deliveries", limit=500)[
+        "deliveries"]] == ids
+    one = get_json(store.address, "/api/deliveries", limit=1, before=ids[4])
+    assert [d["id"] for d in one["deliveries"]] == [ids[5]] and one["next_before"] == ids[5]
+
+
+def test_read_5_3_status_selects_deliveries_by_outcome(store):
+    rows = journal_newest_first(store.data_dir)
+    for status in healthlog.STATUSES:
+        reply = get_json(store.address, "/api/deliveries", status=status)
+        assert [d["id"] for d in reply["deliveries"]] == [
+            row["id"] for row in rows if row["parse_status"] == status], status
+    failed = get_json(store.address, "/api/deliveries", status="failed")["deliveries"]
+    partial = get_json(store.address, "/api/deliveries", status="partial")["deliveries"]
+    assert [d["automation_name"] for d in failed] == ["Read broken"]
+    assert [(d["automation_name"], d["uncovered_keys"]) for d in partial] == [
+        ("Read partial", ["futureSection"])]
+    assert failed[0]["error"] and failed[0]["points"] is None
+
+
+@pytest.mark.parametrize("query", [{"limit": "0"}, {"limit": "501"}, {"limit": "-1"},
+                                   {"limit": "ten"}, {"status": "done"}, {"status": "PARSED"},
+                                   {"before": "latest"}, {"before": "1.5"}])
+def test_read_5_4_unreadable_deliveries_parameters_are_400(store, query):
+    assert_error(get(store.address, "/api/deliveries", **query), 400, "bad_request")
+
+
+def test_read_5_5_deliveries_never_carry_body_content(store):
+    text = get(store.address, "/api/deliveries", limit=500).text
+    for secret in BODY_STRINGS + ("Core", "count/min", "2024-03-08 1", "-0800"):
+        assert secret not in text, secret
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-6: /metrics
+
+class Family(NamedTuple):
+    type: str
+    help: Optional[str]
+    samples: list  # (name, labels dict, value)
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(r"(%s)(\{[^\n]*\})? (\S+)(?: (-?\d+))?" % _NAME)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,?)')
+_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+
+
+def parse_labels(text: str) -> dict:
+    assert text.startswith("{") and text.endswith("}"), text
+    body, labels, pos = text[1:-1], {}, 0
+    while pos < len(body):
+        match = _LABEL.match(body, pos)
+        assert match, "bad label set %r" % text
+        name, value, comma = match.groups()
+        assert name not in labels, "label repeated: %r" % text
+        labels[name] = value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+        pos = match.end()
+        assert comma or pos == len(body), text
+    return labels
+
+
+def parse_prometheus(text: str) -> dict:
+    """A strict reader of the text format 0.0.4: {family: Family}.
+
+    Every sample belongs to a family declared by ``# TYPE`` before it (histogram and
+    summary samples by their ``_bucket``/``_sum``/``_count`` suffix), HELP and TYPE come at
+    most once per family, a family's samples are contiguous, label sets are well formed and
+    not repeated, values are Go floats; histograms are checked with check_histogram."""
+    assert text.endswith("\n"), "the exposition must end with a newline"
+    families: dict = {}
+    helps: dict = {}
+    finished, current = set(), None
+    for line in text.split("\n")[:-1]:
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                assert re.fullmatch(_NAME, parts[2]), line
+                if parts[1] == "HELP":
+                    assert parts[2] not in helps, "HELP twice: " + line
+                    helps[parts[2]] = parts[3] if len(parts) > 3 else ""
+                else:
+                    assert len(parts) == 4 and parts[3] in _TYPES, line
+                    assert parts[2] not in families, "TYPE twice or after samples: " + line
+                    families[parts[2]] = Family(parts[3], None, [])
+            continue
+        match = _SAMPLE.fullmatch(line)
+        assert match, "not a sample line: %r" % line
+        name, labels, value, _ = match.groups()
+        family = name if name in families else None
+        for suffix in ("_bucket", "_sum", "_count"):
+            base = name[:-len(suffix)]
+            if family is None and name.endswith(suffix) and base in families and (
+                    families[base].type == "histogram"
+                    or (families[base].type == "summary" and suffix != "_bucket")):
+                family = base
+        assert family is not None, "sample without a TYPE: %r" % line
+        assert family not in finished, "samples of %s are not contiguous" % family
+        if current not in (None, family):
+            finished.add(current)
+        current = family
+        number = float(value)  # accepts NaN, +Inf, -Inf, exponents
+        parsed = parse_labels(labels) if labels else {}
+        key = (name, tuple(sorted(parsed.items())))
+        assert key not in {(n, tuple(sorted(lb.items()))) for n, lb, _ in
+                           families[family].samples}, "sample repeated: %r" % line
+        families[family].samples.append((name, parsed, number))
+    for name in helps:
+        assert name in families, "HELP without TYPE: " + name
+    out = {name: fam._replace(help=helps.get(name)) for name, fam in families.items()}
+    for name, fam in out.items():
+        if fam.type == "histogram":
+            check_histogram(name, fam)
+        if fam.type == "counter":
+            assert all(v >= 0 for _, _, v in fam.samples), name
+    return out
+
+
+def check_histogram(name: str, family: Family) -> None:
+    """Per label set: buckets in rising ``le``, cumulative, ending at +Inf == _count."""
+    series: dict = {}
+    for sample, labels, value in family.samples:
+        rest = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+        entry = series.setdefault(rest, {"buckets": [], "sum": None, "count": None})
+        if sample == name + "_bucket":
+            entry["buckets"].append((float(labels["le"]), labels["le"], value))
+        else:
+            assert "le" not in labels, sample
+            entry[sample[len(name) + 1:]] = value
+    assert series, "histogram %s has no samples" % name
+    for rest, entry in series.items():
+        bounds = [b for b, _, _ in entry["buckets"]]
+        counts = [c for _, _, c in entry["buckets"]]
+        assert bounds and bounds == sorted(bounds) and len(set(bounds)) == len(bounds), name
+        assert counts == sorted(counts), "%s%s buckets are not cumulative" % (name, rest)
+        assert entry["buckets"][-1][1] == "+Inf", "%s%s has no +Inf bucket" % (name, rest)
+        assert entry["count"] is not None and entry["sum"] is not None, (name, rest)
+        assert entry["buckets"][-1][2] == entry["count"], (name, rest)
+        assert all(c == int(c) for c in counts), (name, rest)
+
+
+def scrape(address: tuple) -> dict:
+    reply = call(address, "GET", "/metrics")
+    assert reply.status == 200, reply.body[:300]
+    content_type = reply.headers["Content-Type"].replace(" ", "")
+    assert content_type.startswith("text/plain;") and "version=0.0.4" in content_type
+    return parse_prometheus(reply.text)
+
+
+def value(families: dict, name: str, **labels) -> float:
+    family = name
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name not in families and name.endswith(suffix) and name[:-len(suffix)] in families:
+            family = name[:-len(suffix)]
+    found = [v for n, lb, v in families[family].samples if n == name and lb == labels]
+    assert len(found) == 1, (name, labels, families[family].samples)
+    return found[0]
+
+
+def histogram_count(families: dict, name: str) -> float:
+    """The observations of a histogram over all its label sets."""
+    return sum(v for n, _, v in families[name].samples if n == name + "_count")
+
+
+def series_sum(families: dict, name: str) -> float:
+    return sum(v for n, _, v in families[name].samples if n == name + "_sum")
+
+
+def test_read_6_1_metrics_are_valid_text_format_with_the_journals_figures(store):
+    families = scrape(store.address)
+    journal = db_rows(store.data_dir)
+    store_rows = objects(store.data_dir)
+    for status in healthlog.STATUSES:
+        count = sum(row["parse_status"] == status for row in journal)
+        if count or any(lb == {"status": status}
+                        for _, lb, _ in families["healthlog_deliveries"].samples):
+            assert value(families, "healthlog_deliveries", status=status) == count, status
+    expected = {
+        "healthlog_backlog": 0,
+        "healthlog_received_deliveries_total": len(journal),
+        "healthlog_received_bytes_total": sum(row["body_bytes"] for row in journal),
+        "healthlog_objects": len(store_rows),
+        "healthlog_points": sum(row["points"] for row in store_rows),
+        "healthlog_overwrites_total": sum(row["overwrites"] or 0 for row in journal),
+        "healthlog_unit_conflicts_total": sum(row["unit_conflicts"] or 0 for row in journal),
+        "healthlog_worker_up": 1,
+    }
+    for name, want in expected.items():
+        assert value(families, name) == want, name
+    assert families["healthlog_received_deliveries_total"].type == "counter"
+    assert families["healthlog_received_bytes_total"].type == "counter"
+    assert families["healthlog_deliveries"].type == "gauge"
+    assert families["healthlog_ingest_seconds"].type == "histogram"
+    assert families["healthlog_fold_seconds"].type == "histogram"
+    assert value(families, "healthlog_oldest_pending_age_seconds") >= 0
+    states = families["healthlog_worker_state"].samples
+    assert sorted(v for _, _, v in states)[-1] == 1 and sum(v for _, _, v in states) == 1
+    assert all(set(lb) == {"state"} for _, lb, _ in states)
+    assert value(families, "healthlog_info", version=healthlog.__version__) == 1
+    assert all(f.help for f in families.values()), "every family has a HELP line"
+    outcomes = {lb.get("outcome") for _, lb, _ in families["healthlog_fold_seconds"].samples}
+    assert outcomes <= {"parsed", "partial", "failed"}
+    assert histogram_count(families, "healthlog_ingest_seconds") >= 0
+
+
+def test_read_6_2_counters_move_when_a_delivery_arrives_and_is_folded(start_service):
+    service = start_service(paused=True)
+    address = service.address
+    client = Client(*address)
+    data_dir = service.config.data_dir
+    minutes = {"automation-aggregation": "Minutes"}
+    first = hf.dumps_hae({"data": {"metrics": [hf.metric("step_count", [
+        {"date": hae(DAY0 + 60 * k), "qty": k} for k in range(5)], "count")]}})
+    assert client.ingest(first, headers=minutes)[0] == 200
+    service.worker.gate.set()
+    wait_for(lambda: pending(data_dir) == 0 and service.worker.state == "idle")
+    service.worker.gate.clear()
+    before = scrape(address)
+    body = hf.dumps_hae({"data": {"metrics": [hf.metric("step_count", [
+        {"date": hae(DAY0 + 3600 + 60 * k), "qty": k, "source": hf.CANARY_SOURCE}
+        for k in range(7)], "count")]}})
+    assert client.ingest(body, headers=minutes)[0] == 200
+    time.sleep(0.3)  # a little age for the pending delivery
+    arrived = scrape(address)  # journaled, not folded yet (the worker waits at its gate)
+    folded_moved = {"healthlog_objects": 1, "healthlog_points": 7}
+    assert {name: value(arrived, name) - value(before, name) for name in (
+        "healthlog_received_deliveries_total", "healthlog_received_bytes_total",
+        "healthlog_backlog", "healthlog_objects", "healthlog_points")} == {
+        "healthlog_received_deliveries_total": 1, "healthlog_received_bytes_total": len(body),
+        "healthlog_backlog": 1, "healthlog_objects": 0, "healthlog_points": 0}
+    assert value(arrived, "healthlog_deliveries", status="pending") == 1
+    assert value(arrived, "healthlog_oldest_pending_age_seconds") >= 0.3
+    assert histogram_count(arrived, "healthlog_ingest_seconds") - histogram_count(
+        before, "healthlog_ingest_seconds") == 1
+    assert series_sum(arrived, "healthlog_ingest_seconds") > series_sum(
+        before, "healthlog_ingest_seconds")
+    assert histogram_count(arrived, "healthlog_fold_seconds") == histogram_count(
+        before, "healthlog_fold_seconds")
+    service.worker.gate.set()
+    wait_for(lambda: pending(data_dir) == 0 and service.worker.state == "idle")
+    after = scrape(address)
+    assert {name: value(after, name) - value(arrived, name) for name in folded_moved} == (
+        folded_moved)
+    assert (value(after, "healthlog_backlog"), value(
+        after, "healthlog_oldest_pending_age_seconds")) == (0, 0)
+    assert histogram_count(after, "healthlog_fold_seconds") - histogram_count(
+        arrived, "healthlog_fold_seconds") == 1
+    assert value(after, "healthlog_fold_seconds_count", outcome="parsed") - value(
+        before, "healthlog_fold_seconds_count", outcome="parsed") == 1
+    assert value(after, "healthlog_deliveries", status="parsed") == 2
+    assert value(after, "healthlog_received_deliveries_total") == value(
+        arrived, "healthlog_received_deliveries_total")
+    assert hf.CANARY_SOURCE not in call(address, "GET", "/metrics").text
+
+
+def test_read_6_3_metrics_carry_no_health_values_or_names_of_the_users_data(store):
+    text = call(store.address, "GET", "/metrics").text
+    names = {metric for metric, _ in store.corpus.posted}
+    for secret in BODY_STRINGS + tuple(names) + ("step_count", "heart_rate", "sleep",
+                                                 "medications", "symptoms"):
+        assert secret not in text, secret
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-7: page, session and security headers
+
+READ_ROUTES = ("/api/catalog", "/api/points?metric=step_count", "/api/deliveries", "/metrics")
+
+
+def form(token: str) -> bytes:
+    return urllib.parse.urlencode({"token": token}).encode()
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def login(address: tuple, token: str = TOKEN, headers: dict = None) -> Reply:
+    return call(address, "POST", "/login", body=form(token), headers=dict(FORM, **(headers or {})),
+                auth=False)
+
+
+def cookie_parts(reply: Reply) -> tuple:
+    """(name, value, {attribute lower-case: value}) of the one Set-Cookie."""
+    [header] = reply.headers.get_all("Set-Cookie")
+    first, *attributes = [part.strip() for part in header.split(";")]
+    name, _, cookie = first.partition("=")
+    attrs = {}
+    for attribute in attributes:
+        key, _, val = attribute.partition("=")
+        attrs[key.lower()] = val
+    return name, cookie, attrs
+
+
+def session_cookie(expiry: int, token: str = TOKEN) -> str:
+    mac = hmac.new(token.encode(), ("session:%d" % expiry).encode(), hashlib.sha256).hexdigest()
+    return "healthlog_session=%d.%s" % (expiry, mac)
+
+
+def assert_security_headers(reply: Reply) -> None:
+    assert reply.headers["Content-Security-Policy"] == CSP
+    assert reply.headers["X-Content-Type-Options"] == "nosniff"
+    assert reply.headers["Referrer-Policy"] == "no-referrer"
+    assert reply.headers["X-Frame-Options"] == "DENY"
+
+
+def assert_page(reply: Reply, script: bool = True) -> str:
+    """HTML that loads nothing but /static/app.css (and /static/app.js when ``script``):
+    no inline code or style, nothing from elsewhere."""
+    assert reply.status == 200, reply.body[:300]
+    assert reply.headers.get_content_type() == "text/html"
+    page = reply.text
+    assert re.search(r'<link[^>]+href="/static/app\.css"', page)
+    assert bool(re.search(r'<script[^>]+src="/static/app\.js"', page)) == script
+    loaded = set(re.findall(r'<(?:script|img|iframe)[^>]*\ssrc="([^"]*)"', page, re.I))
+    loaded |= set(re.findall(r'<link[^>]*\shref="([^"]*)"', page, re.I))
+    loaded.discard("data:,")  # the empty icon: it stops the browser asking for /favicon.ico
+    assert loaded <= {"/static/app.css", "/static/app.js"}, loaded
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", page), "inline script"
+    assert not re.search(r"<style|\sstyle=|\son[a-z]+=", page, re.I), "inline style or handler"
+    return page
+
+
+def test_read_7_1_every_read_route_needs_the_token_or_the_session(store):
+    for path in READ_ROUTES:
+        assert_error(call(store.address, "GET", path, auth=False), 401, "unauthorized")
+        assert_error(call(store.address, "GET", path, headers={
+            "Authorization": "Bearer wrong-" + TOKEN}), 401, "unauthorized")
+        assert_error(call(store.address, "GET", path, auth=False, headers={
+            "X-API-Key": TOKEN[:-1]}), 401, "unauthorized")
+        assert call(store.address, "GET", path).status == 200, path
+        assert call(store.address, "GET", path, auth=False,
+                    headers={"X-API-Key": TOKEN}).status == 200, path
+    assert call(store.address, "GET", "/healthz", auth=False).status == 200
+
+
+def test_read_7_2_without_a_session_the_page_is_the_login_form(store):
+    page = assert_page(call(store.address, "GET", "/", auth=False), script=False)
+    assert re.search(r'<form[^>]+method="post"', page, re.I)
+    assert re.search(r'<form[^>]+action="/login"', page)
+    assert re.search(r'<input[^>]+name="token"', page)
+    # a Bearer header is no session: the page still asks to log in
+    assert re.search(r'name="token"', call(store.address, "GET", "/").text)
+
+
+def test_read_7_3_a_wrong_token_is_401_with_the_login_page(store):
+    reply = login(store.address, "wrong-token")
+    assert reply.status == 401
+    assert reply.headers.get_content_type() == "text/html"
+    assert re.search(r'<input[^>]+name="token"', reply.text)
+    assert "wrong-token" not in reply.text and TOKEN not in reply.text
+    assert not reply.headers.get_all("Set-Cookie")
+
+
+def test_read_7_4_the_right_token_sets_a_strict_http_only_session_cookie(store):
+    now = int(time.time())
+    reply = login(store.address)
+    assert reply.status == 303
+    assert urllib.parse.urlsplit(reply.headers["Location"]).path == "/"
+    name, cookie, attrs = cookie_parts(reply)
+    assert name == "healthlog_session"
+    assert attrs.get("path") == "/" and "httponly" in attrs
+    assert attrs.get("samesite", "").lower() == "strict"
+    assert attrs.get("max-age") == str(SESSION_MAX_AGE)
+    assert "secure" not in attrs
+    expiry, _, mac = cookie.partition(".")
+    assert now + SESSION_MAX_AGE - 5 <= int(expiry) <= int(time.time()) + SESSION_MAX_AGE + 5
+    assert "healthlog_session=" + cookie == session_cookie(int(expiry))
+    jar = {"Cookie": "healthlog_session=" + cookie}
+    catalog = call(store.address, "GET", "/api/catalog", headers=jar, auth=False)
+    assert catalog.status == 200 and catalog.json()["metrics"]
+    for path in READ_ROUTES:
+        assert call(store.address, "GET", path, headers=jar, auth=False).status == 200, path
+    dashboard = assert_page(call(store.address, "GET", "/", headers=jar, auth=False))
+    assert not re.search(r'name="token"', dashboard)
+    # among other cookies of the same host too
+    other = {"Cookie": "theme=dark; healthlog_session=%s; x=1" % cookie}
+    assert call(store.address, "GET", "/api/catalog", headers=other, auth=False).status == 200
+
+
+def test_read_7_5_the_cookie_is_secure_behind_an_https_proxy(store):
+    _, _, attrs = cookie_parts(login(store.address, headers={"X-Forwarded-Proto": "https"}))
+    assert "secure" in attrs and "httponly" in attrs
+    _, _, attrs = cookie_parts(login(store.address, headers={"X-Forwarded-Proto": "http"}))
+    assert "secure" not in attrs
+
+
+def test_read_7_6_the_session_cookie_does_not_authorise_ingest(store):
+    _, cookie, _ = cookie_parts(login(store.address))
+    body = hf.dumps_hae({"data": {"metrics": []}})
+    reply = call(store.address, "POST", "/api/ingest", body=body, auth=False,
+                 headers={"Content-Type": "application/json",
+                          "Cookie": "healthlog_session=" + cookie})
+    assert_error(reply, 401, "unauthorized")
+    assert len(db_rows(store.data_dir)) == len(store.corpus.deliveries)
+
+
+def test_read_7_7_forged_expired_and_foreign_cookies_are_refused(store):
+    now = int(time.time())
+    forged = [
+        session_cookie(now - 10),  # expired, correctly signed
+        session_cookie(now + 3600, token="another-token-0123456789"),  # signed by another token
+        session_cookie(now + 3600)[:-4] + "0000",  # signature altered
+        "healthlog_session=%d.%s" % (now + 3600, "0" * 64),
+        "healthlog_session=%d" % (now + 3600),
+        "healthlog_session=" + session_cookie(now + 3600).split("=", 1)[1].replace(".", ":"),
+        "healthlog_session=" + TOKEN,
+    ]
+    good = session_cookie(now + 3600)
+    assert call(store.address, "GET", "/api/catalog", headers={"Cookie": good},
+                auth=False).status == 200  # the test signs as the contract says
+    for cookie in forged:
+        reply = call(store.address, "GET", "/api/catalog", headers={"Cookie": cookie}, auth=False)
+        assert_error(reply, 401, "unauthorized")
+        page = call(store.address, "GET", "/", headers={"Cookie": cookie}, auth=False)
+        assert page.status == 200 and re.search(r'name="token"', page.text), cookie
+
+
+def test_read_7_8_cross_site_login_and_logout_are_403(store):
+    here = "http://%s:%d" % store.address
+    for path in ("/login", "/logout"):
+        for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"},
+                        {"Origin": "http://evil.example:%d" % store.address[1]}):
+            reply = call(store.address, "POST", path, body=form(TOKEN),
+                         headers=dict(FORM, **headers), auth=False)
+            assert reply.status == 403, (path, headers, reply.status)
+            assert not reply.headers.get_all("Set-Cookie"), (path, headers)
+    for headers in ({"Origin": here}, {"Sec-Fetch-Site": "same-origin", "Origin": here}):
+        assert login(store.address, headers=headers).status == 303, headers
+
+
+def test_read_7_9_logout_clears_the_cookie(store):
+    _, cookie, _ = cookie_parts(login(store.address))
+    reply = call(store.address, "POST", "/logout", body=b"", auth=False,
+                 headers=dict(FORM, Cookie="healthlog_session=" + cookie))
+    assert reply.status == 303
+    assert urllib.parse.urlsplit(reply.headers["Location"]).path == "/"
+    name, value_, attrs = cookie_parts(reply)
+    assert name == "healthlog_session" and attrs.get("max-age") == "0"
+    assert attrs.get("path") == "/" and value_ != cookie
+
+
+def test_read_7_10_every_response_carries_the_security_headers(store):
+    jar = {"Cookie": session_cookie(int(time.time()) + 600)}
+    replies = [
+        call(store.address, "GET", "/", auth=False),  # login page
+        call(store.address, "GET", "/", headers=jar, auth=False),  # dashboard
+        call(store.address, "GET", "/api/catalog"),
+        call(store.address, "GET", "/api/points?metric=step_count&format=csv"),
+        call(store.address, "GET", "/api/catalog", auth=False),  # 401
+        call(store.address, "GET", "/api/points?metric=nope"),  # 404
+        call(store.address, "GET", "/api/points?metric=step_count&bucket=year"),  # 400
+        call(store.address, "GET", "/no/such/route"),
+        call(store.address, "GET", "/static/app.js", auth=False),
+        call(store.address, "GET", "/metrics"),
+        login(store.address, "wrong"),
+        login(store.address),
+    ]
+    assert [r.status for r in replies] == [200, 200, 200, 200, 401, 404, 400, 404, 200, 200,
+                                           401, 303]
+    for reply in replies:
+        assert_security_headers(reply)
+
+
+def test_read_7_11_static_assets_are_served_without_auth(store):
+    js = call(store.address, "GET", "/static/app.js", auth=False)
+    css = call(store.address, "GET", "/static/app.css", auth=False)
+    assert js.status == css.status == 200
+    assert js.headers.get_content_type() in ("text/javascript", "application/javascript")
+    assert css.headers.get_content_type() == "text/css"
+    assert js.body.strip() and css.body.strip()
+    assert call(store.address, "GET", "/static/nope.js", auth=False).status == 404
+    assert call(store.address, "GET", "/static/../healthlog.py", auth=False).status in (400, 404)
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-8: healthlog export
+
+def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export"]
+                            + [str(a) for a in args], capture_output=True, timeout=timeout)
+    assert_no_leaks(result.stderr.decode(errors="replace").splitlines())
+    return result
+
+
+@pytest.mark.parametrize("query", [
+    dict(metric="step_count", format="csv"),
+    dict(metric="heart_rate", format="json", from_="2024-03-09", to="2024-03-10T06:00:00-08:00"),
+    dict(metric="active_energy"),
+    dict(metric="heart_rate", bucket="day", tz="-07:00"),
+    dict(metric="heart_rate", bucket="week", format="csv"),
+    dict(metric="sleep_analysis", layer="record", bucket="day", tz="-08:00", format="csv"),
+    dict(metric="workouts", format="csv"),
+], ids=["raw-csv", "raw-json-range", "runs", "bucket-json-tz", "bucket-csv", "sleep-csv",
+        "nested-csv"])
+def test_read_8_1_export_prints_the_bytes_the_route_answers(store, query):
+    route = get(store.address, "/api/points", **query)
+    assert route.status == 200, route.body[:300]
+    # --tz=-07:00: a separate "-07:00" reads as an option to argparse
+    args = ["--%s=%s" % (key.rstrip("_"), val) for key, val in query.items()]
+    result = export("--data", store.data_dir, *args)  # beside the running serve
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == route.body
+
+
+def test_read_8_2_export_of_an_unknown_metric_exits_2_with_one_line(store):
+    result = export("--data", store.data_dir, "--metric", "steps")
+    assert result.returncode == 2
+    assert result.stdout == b""
+    lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert "healthlog status" in lines[0] or "catalog" in lines[0], lines
+
+
+POINTS_COLUMNS = [("metric", "TEXT"), ("layer", "TEXT"), ("start", "TEXT"), ("end", "TEXT"),
+                  ("units", "TEXT"), ("qty", "REAL"), ("value", "TEXT"), ("min", "REAL"),
+                  ("avg", "REAL"), ("max", "REAL"), ("source", "TEXT"), ("extra", "TEXT")]
+COLUMN_KEYS = {"qty", "value", "min", "avg", "max", "source", "Min", "Avg", "Max"}
+TIME_KEYS = {"date", "start", "end", "startDate", "endDate"}
+
+
+def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_path):
+    out = tmp_path / "export.db"
+    result = export("--data", store.data_dir, "--format", "sqlite", out)
+    assert result.returncode == 0, result.stderr
+    conn = sqlite3.connect(str(out))
+    conn.row_factory = sqlite3.Row
+    try:
+        columns = [(r["name"], r["type"].upper()) for r in conn.execute(
+            "PRAGMA table_info(points)")]
+        assert columns == POINTS_COLUMNS
+        assert [r["name"] for r in conn.execute("PRAGMA table_info(metrics)")] == [
+            "metric", "layer", "units", "points", "first", "last"]
+        indexed = [[c["name"] for c in conn.execute("PRAGMA index_info(%s)" % i["name"])]
+                   for i in conn.execute("PRAGMA index_list(points)")]
+        assert ["metric", "layer", "start"] in indexed and ["start"] in indexed
+        store_rows = objects(store.data_dir)
+        total = conn.execute("SELECT count(*) FROM points").fetchone()[0]
+        assert total == sum(row["points"] for row in store_rows)
+        counts = {(r[0], r[1]): r[2] for r in conn.execute(
+            "SELECT metric, layer, count(*) FROM points GROUP BY metric, layer")}
+        catalog = get_json(store.address, "/api/catalog")["metrics"]
+        assert counts == {(e["metric"], e["layer"]): e["points"] for e in catalog}
+        metrics = {(r["metric"], r["layer"]): r for r in conn.execute("SELECT * FROM metrics")}
+        assert set(metrics) == set(counts)
+        for entry in catalog:
+            row = metrics[(entry["metric"], entry["layer"])]
+            assert row["points"] == entry["points"]
+            assert (row["first"], row["last"]) == (entry["first"], entry["last"])
+            assert all(u in (row["units"] or "") for u in entry["units"])
+        for metric, layer in (("step_count", "minutes"), ("heart_rate", "minutes"),
+                              ("sleep_analysis", "record"), ("workouts", "record")):
+            rows = conn.execute("SELECT * FROM points WHERE metric = ? AND layer = ?"
+                                " ORDER BY start, rowid", (metric, layer)).fetchall()
+            items = store.corpus.points(metric, layer)
+            assert len(rows) == len(items)
+            for row, (point, units) in list(zip(rows, items))[:40]:
+                assert_export_row(row, point, units)
+    finally:
+        conn.close()
+
+
+def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str]) -> None:
+    start, end, _ = coordinate(point)
+    assert (row["start"], row["end"], row["units"]) == (iso(start), iso(end), units), dict(row)
+    for column, keys in (("qty", ("qty",)), ("min", ("min", "Min")), ("avg", ("avg", "Avg")),
+                         ("max", ("max", "Max"))):
+        given = [point[k] for k in keys if numeric(point.get(k))]
+        assert row[column] == (given[0] if given else None), (column, dict(row), point)
+    assert row["value"] == (point["value"] if isinstance(point.get("value"), str) else None)
+    source = point.get("source")
+    assert row["source"] == (source if isinstance(source, str) else None), (dict(row), point)
+    rest = {k: v for k, v in point.items() if k not in COLUMN_KEYS | TIME_KEYS}
+    extra = json.loads(row["extra"]) if row["extra"] is not None else {}
+    assert {k: v for k, v in extra.items() if k not in TIME_KEYS} == rest, (dict(row), point)
+
+
+def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
+    out = tmp_path / "taken.db"
+    out.write_bytes(b"mine")
+    result = export("--data", store.data_dir, "--format", "sqlite", out)
+    assert result.returncode == 2
+    assert out.read_bytes() == b"mine"
+    lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+
+
+def test_read_2_7_the_object_table_holds_exactly_the_posted_points(store):
+    """The oracle's premise, read from the blobs: a wrong corpus would make the tests above
+    pass or fail for nothing."""
+    for metric, layer in store.corpus.posted:
+        stored = []
+        for row in objects(store.data_dir, metric):
+            if row["layer"] == layer:
+                stored += json.loads(gzip.decompress(row["blob"]))
+        assert stored == [p for p, _ in store.corpus.points(metric, layer)], (metric, layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-9: the Grafana dashboard in contrib/ asks what the API answers
+
+DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
+_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(\[\])?")
+
+
+def select(document, path: str) -> list:
+    """A dotted path as JSONata reads it (arrays on the way are mapped and flattened), the
+    only selector syntax the dashboard may use; a trailing ``[]`` keeps a list."""
+    assert _PATH.fullmatch(path), "selector outside the tested subset: %r" % path
+    values = [document]
+    for step in path.rstrip("[]").split("."):
+        found = []
+        for item in values:
+            value = item.get(step) if isinstance(item, dict) else None
+            found += value if isinstance(value, list) else [] if value is None else [value]
+        values = found
+    return values
+
+
+def test_read_9_1_the_grafana_dashboard_asks_what_the_api_answers(store):
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    assert dashboard["schemaVersion"] >= 39
+    targets = [t for p in dashboard["panels"] for t in p.get("targets", [])]
+    targets += [v["query"]["infinityQuery"] for v in dashboard["templating"]["list"]
+                if v["type"] == "query"]
+    grafana = {"${__from}": str((DAY0 - 86400) * 1000), "${__to}": str((DAY0 + 6 * 86400) * 1000),
+               "${metric}": "step_count", "${tz}": "-08:00"}
+    seen_paths = set()
+    for target in targets:
+        assert (target["type"], target["source"], target["parser"]) == ("json", "url", "backend")
+        assert target["url_options"]["method"] == "GET"
+        query = {}
+        for param in target["url_options"]["params"]:
+            query[param["key"] + ("_" if param["key"] == "from" else "")] = grafana.get(
+                param["value"], param["value"])
+        assert not [v for v in query.values() if "$" in v], query
+        reply = get_json(store.address, target["url"], **query)
+        rows = select(reply, target["root_selector"])
+        assert rows and all(isinstance(r, dict) for r in rows), target["root_selector"]
+        for column in target["columns"]:
+            cells = [select(row, column["selector"]) for row in rows]
+            assert any(cells), (target["url"], query, column)
+            for cell in cells:
+                assert len(cell) <= 1, column
+                if cell and column["type"] == "timestamp":
+                    assert healthlog.parse_time(cell[0]) is not None, cell
+                if cell and column["type"] == "number":
+                    assert numeric(cell[0]), (column, cell)
+        seen_paths.add(target["url"])
+    assert seen_paths == {"/api/points", "/api/catalog", "/api/deliveries"}
