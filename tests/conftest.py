@@ -143,6 +143,19 @@ def nothing_left_running():
         time.sleep(0.05)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``json_agnostic`` runs in the orjson mode only: crash, lock and
+    interrupt tests, where no JSON library plays a part and a second run costs the most."""
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        agnostic = item.get_closest_marker("json_agnostic") is not None
+        (dropped if agnostic and params.get("json_mode") == "stdlib" else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="module", params=["orjson", "stdlib"])
 def json_mode(request, tmp_path_factory):
     """Run a whole module once with orjson and once with the standard json module

@@ -660,6 +660,7 @@ def test_fold_7_1_start_requeues_rows_this_version_would_fold_differently(start_
 # Requirement 8: a stop or a crash leaves no half-folded delivery.
 
 
+@pytest.mark.json_agnostic
 def test_ing_6_1_a_stop_during_a_fold_lets_it_finish_whole_and_leaves_the_rest_pending(
         start_service, logs):
     service = start_service(paused=True, stop_budget_s=30.0)
@@ -703,6 +704,7 @@ def _assert_pending_and_untouched(data_dir, delivery_id: int) -> None:
         conn.close()
 
 
+@pytest.mark.json_agnostic
 def test_ing_2_2_ing_6_1_sigkill_in_the_middle_of_a_fold_leaves_it_pending_without_objects(
         serve_process, data_dir):
     body = hf.big_metrics_body(48 << 20, seed=2)  # ~300k points, ~1.5 s of fold here

@@ -549,6 +549,48 @@ def test_sto_3_4_adding_to_an_existing_hour_keeps_its_points(store):
     assert row["points"] == 60 and row["decoded"][7]["qty"] == 99.5
 
 
+def test_storage_3_2_each_object_carries_the_summary_of_its_points(store):
+    points = [pt(at(10, m), qty=100 + m + 0.25) for m in range(5)]
+    points[2]["flag"] = True  # a boolean is no number
+    points[3]["Min"] = 4
+    store.fold(body(("step_count", "count", points)))
+    more = [pt(at(10, 7), qty=-3.5)]
+    store.fold(body(("step_count", "count", more)))  # the object is written again
+    row = store.object("step_count", at(10))
+    stored = row["decoded"]
+    qty = [p["qty"] for p in stored]
+    assert json.loads(row["summary"]) == {
+        "n": len(stored), "f": {"qty": [len(qty), min(qty), max(qty), sum(qty)],
+                                "Min": [1, 4, 4, 4]}}
+
+
+def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_service):
+    healthlog.ensure_data_dir(data_dir)
+    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
+    for statement in healthlog.schema_statements():
+        conn.execute(statement.replace("    summary          TEXT,\n", ""))
+    conn.execute("INSERT INTO object (metric, layer, hour, units, first_at, last_at, points,"
+                 " delivery_id, updated_by, hash, sealed, blob, point_deliveries) VALUES"
+                 " ('step_count', 'minutes', 474000, 'count', 1706400000, 1706400000, 1, 1, 1,"
+                 " 'h', 0, ?, '[1]')",
+                 (gzip.compress(b'[{"date":"2024-01-28 00:00:00 +0000","qty":5}]'),))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    assert "summary" not in [c[1] for c in conn.execute("PRAGMA table_info(object)")]
+    conn.close()
+
+    service = start_service()
+
+    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 2
+    [row] = db_rows(data_dir, "SELECT metric, summary FROM object")
+    assert row == {"metric": "step_count", "summary": None}  # kept, computed when read
+    reply = Client(*service.address).request(
+        "GET", "/api/points?metric=step_count&bucket=day")[1]
+    assert reply["runs"][0]["buckets"] == [{"start": "2024-01-28T00:00:00Z", "count": 1,
+                                            "fields": {"qty": {"count": 1, "min": 5, "max": 5,
+                                                               "avg": 5.0, "sum": 5}}}]
+
+
 def test_storage_3_1_points_are_stored_verbatim(store):
     point = {"qty": hf.RawNumber("61.999999999999993"), "date": at(10, 0),
              "context": "AT&T <b>run</b> – Zebulon’s", "Min": hf.RawNumber("1E-7"),
