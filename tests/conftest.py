@@ -2,6 +2,7 @@
 server on 127.0.0.1:0, real serve subprocesses, the .pyz, log capture with a leak check
 on every test, and a check that no test leaves threads or connections behind."""
 
+import dataclasses
 import fcntl
 import http.client
 import io
@@ -256,6 +257,37 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
             return value
         time.sleep(interval)
     raise AssertionError("condition not met within %.1f s" % timeout)
+
+
+class Passes:
+    """Fold passes driven by the test: the real ``FoldWorker.run_pass`` over the real
+    ``FoldEngine``, on a connection of the test's own, so nothing races the test."""
+
+    def __init__(self, config: healthlog.Config, **overrides):
+        self.config = dataclasses.replace(config, **overrides)
+        self.worker = healthlog.FoldWorker(self.config)
+        self.conn = healthlog.connect(self.config.db_path,
+                                      busy_timeout_s=self.config.busy_timeout_s,
+                                      synchronous="NORMAL")
+        self.engine = healthlog.FoldEngine(self.conn, self.config)
+
+    def run(self, timeout: float = 60.0) -> int:
+        """One pass; a pass that does not end within ``timeout`` fails the test (rather
+        than hanging it: ING-4.4 is about passes that must end)."""
+        result = {}
+
+        def run_pass() -> None:
+            result["folded"] = self.worker.run_pass(self.engine)
+
+        thread = threading.Thread(target=run_pass, name="test-fold-pass", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        assert not thread.is_alive(), "the fold pass did not end within %.0f s" % timeout
+        assert "folded" in result, "the fold pass raised"
+        return result["folded"]
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class Client:

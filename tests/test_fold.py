@@ -21,7 +21,6 @@ openspec/README.md) and this project's FOLD-n.m from openspec/specs/fold/spec.md
 
 import contextlib
 import copy
-import dataclasses
 import datetime as dt
 import gzip
 import json
@@ -30,14 +29,13 @@ import random
 import re
 import signal
 import sqlite3
-import threading
 import time
 
 import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for, without_source
+from conftest import Client, Passes, db_rows, wait_for, without_source
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -158,37 +156,6 @@ class Journal:
             " point_deliveries FROM object")
             if delivery_id in (o["delivery_id"], o["updated_by"])
             or delivery_id in json.loads(o["point_deliveries"])]
-
-
-class Passes:
-    """Fold passes driven by the test: the real ``FoldWorker.run_pass`` over the real
-    ``FoldEngine``, on a connection of the test's own, so nothing races the test."""
-
-    def __init__(self, config: healthlog.Config, **overrides):
-        self.config = dataclasses.replace(config, **overrides)
-        self.worker = healthlog.FoldWorker(self.config)
-        self.conn = healthlog.connect(self.config.db_path,
-                                      busy_timeout_s=self.config.busy_timeout_s,
-                                      synchronous="NORMAL")
-        self.engine = healthlog.FoldEngine(self.conn, self.config)
-
-    def run(self, timeout: float = 60.0) -> int:
-        """One pass; a pass that does not end within ``timeout`` fails the test (rather
-        than hanging it: ING-4.4 is about passes that must end)."""
-        result = {}
-
-        def run_pass() -> None:
-            result["folded"] = self.worker.run_pass(self.engine)
-
-        thread = threading.Thread(target=run_pass, name="test-fold-pass", daemon=True)
-        thread.start()
-        thread.join(timeout)
-        assert not thread.is_alive(), "the fold pass did not end within %.0f s" % timeout
-        assert "folded" in result, "the fold pass raised"
-        return result["folded"]
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 @pytest.fixture

@@ -269,8 +269,15 @@ def test_ingest_4_3_400_for_a_bad_ingest_name(service, client, data_dir):
 
 def test_ingest_5_1_413_by_content_length_writes_nothing(start_service, data_dir):
     service = start_service(max_body_bytes=1 << 20)
-    client = Client(*service.address)
-    status, payload = client.ingest(b"{" + b" " * (1 << 20) + b"}")
+    host, port = service.address
+    # Only the head: the answer must come from Content-Length alone, before any body byte
+    # (sending the body too raced the server's early answer and close: a broken pipe).
+    head = ("POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (TOKEN, (1 << 20) + 2)).encode()
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(head)
+        status, payload = read_response(sock)
     assert status == 413
     assert_error_shape(payload, 413, "payload_too_large")
     assert_nothing_written(data_dir)

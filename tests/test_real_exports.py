@@ -30,7 +30,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, Client, archive_files, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, Client, Passes, archive_files, assert_no_leaks, db_rows, wait_for
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -229,33 +228,6 @@ class Journal:
     def row(self, delivery_id: int) -> dict:
         [row] = db_rows(self.data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
         return row
-
-
-class Passes:
-    """The real ``FoldWorker.run_pass`` over the real ``FoldEngine`` on the test's own
-    connection: nothing races the test."""
-
-    def __init__(self, config: healthlog.Config):
-        self.worker = healthlog.FoldWorker(config)
-        self.conn = healthlog.connect(config.db_path, busy_timeout_s=config.busy_timeout_s,
-                                      synchronous="NORMAL")
-        self.engine = healthlog.FoldEngine(self.conn, config)
-
-    def run(self, timeout: float = 60.0) -> int:
-        result = {}
-
-        def run_pass() -> None:
-            result["folded"] = self.worker.run_pass(self.engine)
-
-        thread = threading.Thread(target=run_pass, name="test-fold-pass", daemon=True)
-        thread.start()
-        thread.join(timeout)
-        assert not thread.is_alive(), "the fold pass did not end within %.0f s" % timeout
-        assert "folded" in result, "the fold pass raised"
-        return result["folded"]
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 class FoldNow:
