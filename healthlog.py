@@ -1085,6 +1085,7 @@ class Extraction:
 
     metrics: dict = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
     points: int = 0
+    mixed_units: set = field(default_factory=set)  # metrics sent in two units: 2nd left out
     bad_points: int = 0
     bad_metrics: set = field(default_factory=set)
     uncovered: list = field(default_factory=list)
@@ -1171,8 +1172,11 @@ def _extract_metric(out: Extraction, element: Any) -> None:
         return
     bucket = _metric_bucket(out, name != SLEEP_METRIC, name)
     units = element.get("units")
-    if bucket.units is None and type(units) is str:
-        bucket.units = units
+    units = units if type(units) is str else None
+    if bucket.coords and units != bucket.units:
+        out.mixed_units.add(name)  # never stored under the other units: archive only
+        return
+    bucket.units = units
     starts = bucket.starts
     for point in points:
         coord = point_coordinate(point) if type(point) is dict else None
@@ -1213,15 +1217,18 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
 
     Bucket points: points of time-grouped metrics (not sleep) without a distinct end.
     Each dense metric (at least :data:`DENSE_MIN_POINTS` points) votes for the coarsest
-    grouping all its starts are aligned to, and the grouping with most votes wins (ties:
-    the finer), so a Minutes export whose heart rate is kept at the second is still
-    ``minutes``.  Without a dense metric, the starts of all metrics are pooled (a one-day
-    Days export: one point at local midnight per metric), when there are at least
-    :data:`POOLED_MIN_POINTS`.  ``weeks``/``months``/``years`` are told from the spacing
-    of day starts.  ``sample`` limits the starts looked at per metric (enough to see a
-    contradiction of a header; the full set when the layer depends on it).
+    alignment all its starts share (the second, minute, hour or day), and the alignment
+    with most votes wins (ties: the finer), so a Minutes export whose heart rate is kept
+    at the second is still ``minutes``.  Without a dense metric, the starts of all
+    metrics are pooled (a one-day Days export: one point at local midnight per metric),
+    when there are at least :data:`POOLED_MIN_POINTS`.  At the day alignment,
+    ``days``/``weeks``/``months``/``years`` are told from the spacing of the dates of all
+    the metrics that share it (a weekly weight beside daily steps is still ``days``).
+    ``sample`` limits the starts looked at per metric (enough to see a contradiction of
+    a header; the full set when the layer depends on it).
     """
-    votes: dict = {}
+    votes = [0, 0, 0, 0]
+    voted_days: set = set()
     pooled_level, pooled_days, pooled_points = 3, set(), 0
     for bucket in extraction.metrics.values():
         if not bucket.is_metric or bucket.has_interval or not bucket.starts:
@@ -1231,13 +1238,14 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
             continue
         level, days = alignment
         if len(bucket.coords) >= DENSE_MIN_POINTS:
-            grouping = _grouping(level, days)
-            votes[grouping] = votes.get(grouping, 0) + 1
+            votes[level] += 1
+            voted_days |= days
         pooled_level = min(pooled_level, level)
         pooled_days |= days
         pooled_points += len(bucket.coords)
-    if votes:
-        return max(votes, key=lambda grouping: (votes[grouping], -GROUPINGS.index(grouping)))
+    if any(votes):
+        level = max(range(4), key=lambda lvl: (votes[lvl], -lvl))
+        return _grouping(level, voted_days)
     if pooled_points >= POOLED_MIN_POINTS:
         return _grouping(pooled_level, pooled_days)
     return None
@@ -1279,6 +1287,7 @@ def _alignment(starts: list) -> Optional[tuple]:
 
 def _grouping(level: int, days: set) -> str:
     return ("seconds", "minutes", "hours")[level] if level < 3 else _day_grouping(days)
+
 
 
 def _day_grouping(days: set) -> str:
@@ -1942,28 +1951,37 @@ def dumps_points(points: list) -> bytes:
                       allow_nan=False).encode()
 
 
+def accumulate(fields: dict, point: dict) -> None:
+    """Add a point's numeric top-level fields to ``fields``: name -> [count, min, max,
+    sum] (``bool`` is no number; a sum that overflows a double becomes None)."""
+    for name, value in point.items():
+        kind = type(value)
+        if kind is not int and kind is not float:
+            continue
+        stats = fields.get(name)
+        if stats is None:
+            fields[name] = [1, value, value, value]
+            continue
+        stats[0] += 1
+        if value < stats[1]:
+            stats[1] = value
+        if value > stats[2]:
+            stats[2] = value
+        if stats[3] is not None:
+            total = stats[3] + value
+            stats[3] = total if -math.inf < total < math.inf else None
+
+
 def hour_summary(points: list) -> dict:
     """An object's aggregates, kept beside it for bucketed reads: the number of points
-    and, per numeric top-level field, [count, min, max, sum] (``bool`` is no number)."""
+    and, per numeric top-level field, [count, min, max, sum] (:func:`accumulate`)."""
     fields: dict = {}
+    count = 0
     for point in points:
-        if type(point) is not dict:
-            continue
-        for name, value in point.items():
-            kind = type(value)
-            if kind is not int and kind is not float:
-                continue
-            stats = fields.get(name)
-            if stats is None:
-                fields[name] = [1, value, value, value]
-            else:
-                stats[0] += 1
-                if value < stats[1]:
-                    stats[1] = value
-                if value > stats[2]:
-                    stats[2] = value
-                stats[3] += value
-    return {"n": sum(1 for point in points if type(point) is dict), "f": fields}
+        if type(point) is dict:
+            count += 1
+            accumulate(fields, point)
+    return {"n": count, "f": fields}
 
 
 def object_hash(points: list) -> str:
@@ -2035,7 +2053,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
             warnings.append(("incomparable points at one coordinate",
                              dict(where, overwrites=0, incomparable=dropped)))
         return HourMerge(written, counters, warnings)
-    if stored.units is not None and units is not None and units != stored.units:
+    if units != stored.units:  # no units is a label too: never mixed with one
         counters["unit_conflicts"] = 1
         warnings.append(("units differ from the stored object's: the arriving points of"
                          " this hour were not stored (they stay in the archive)",
@@ -2076,9 +2094,8 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         counters["sealed_changes"] = 1
         warnings.append(("a sealed hour changed; the data is stored anyway", where))
     counters["objects_written"] = 1
-    written = HourObject(metric, layer, hour, stored.units if stored.units is not None else units,
-                         coords, points, deliveries, stored.created_by, delivery_id,
-                         stored.sealed)
+    written = HourObject(metric, layer, hour, stored.units, coords, points, deliveries,
+                         stored.created_by, delivery_id, stored.sealed)
     return HourMerge(written, counters, warnings)
 
 
@@ -2281,6 +2298,7 @@ class FoldEngine:
         counters["metrics"] = len({m.name for m in extraction.metrics.values()})
         counters["points"] = extraction.points
         counters["bad_points"] = extraction.bad_points
+        counters["unit_conflicts"] = len(extraction.mixed_units)
         here = (row["received_at"], row["id"])
         for bucket in extraction.metrics.values():
             object_layer = layer if bucket.is_metric else RECORD_LAYER
@@ -2325,6 +2343,12 @@ class FoldEngine:
                                      " counted, not stored",
                                      {"delivery_id": plan.delivery_id,
                                       "bad_points": extraction.bad_points,
+                                      "metrics": names[:WARN_NAMES_MAX]}))
+        if extraction.mixed_units:
+            names = sorted({loggable_metric(n) for n in extraction.mixed_units})
+            plan.warnings.insert(0, ("a metric came in two units in one body; the points in"
+                                     " the second stay in the archive only",
+                                     {"delivery_id": plan.delivery_id,
                                       "metrics": names[:WARN_NAMES_MAX]}))
         if extraction.uncovered_dropped or extraction.uncovered_cut:
             plan.warnings.insert(0, ("the list of uncovered keys hit its bounds",
@@ -2736,11 +2760,18 @@ class PointQuery:
         return self.metric == SLEEP_METRIC and self.layer == RECORD_LAYER
 
 
+_LOST_PLUS = re.compile(r"(?<=[0-9]) ( ?)([0-9]{2}:?[0-9]{2})$")
+"""An offset whose ``+`` a query string turned into a space (``tz=+02:00`` or
+``…T10:00:00+01:00`` typed into curl unencoded): the plus is put back."""
+
+
 def _query_time(name: str, text: Optional[str]) -> Optional[int]:
     if text is None or text == "":
         return None
+    if parse_time(text) is None:
+        text = _LOST_PLUS.sub(r"\1+\2", text)
     value: Any = text
-    if re.fullmatch(r"-?\d+(\.\d+)?", text.strip()):
+    if re.fullmatch(r"-?[0-9]{1,20}(\.[0-9]{1,20})?", text.strip()):
         value = float(text) if "." in text else int(text)
     instant = parse_time(value)
     if instant is None:
@@ -2752,7 +2783,9 @@ def _query_time(name: str, text: Optional[str]) -> Optional[int]:
 def _query_offset(text: Optional[str]) -> int:
     if not text:
         return 0
-    match = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", text.strip())
+    if text.startswith(" "):
+        text = "+" + text[1:]  # tz=+02:00 unencoded: the query string made it a space
+    match = re.fullmatch(r"([+-])([0-9]{2}):?([0-9]{2})", text.strip())
     offset = _offset_seconds(*match.groups()) if match else None
     if offset is None:
         raise BadRequest("tz must be an offset such as +02:00 or -0700")
@@ -2787,17 +2820,23 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     return PointQuery(metric, layer, start, end, bucket, offset, fmt)
 
 
-def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
-    """(units, raw points array bytes, whole) of each object that may hold points of the
-    range, in time order; ``whole``: every point of it is in the range."""
+def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:
+    """(hour, units, whole, ``column``) of each object that may hold points of the range,
+    in time order; ``whole``: every point of it is in the range."""
     low = -(1 << 62) if query.start is None else query.start // HOUR_US
     high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
-    for units, first_at, last_at, blob in conn.execute(
-            "SELECT units, first_at, last_at, blob FROM object WHERE metric = ?"
-            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
+    for hour, units, first_at, last_at, value in conn.execute(
+            "SELECT hour, units, first_at, last_at, %s FROM object WHERE metric = ?"
+            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % column,
             (query.metric, query.layer, low, high)):
         whole = ((query.start is None or first_at * US >= query.start)
                  and (query.end is None or (last_at + 1) * US <= query.end))
+        yield hour, units, whole, value
+
+
+def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """(units, raw points array bytes, whole) of each object of the range."""
+    for _, units, whole, blob in _in_range_rows(conn, query, "blob"):
         yield units, gzip.decompress(blob), whole
 
 
@@ -2806,11 +2845,14 @@ def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
     for units, raw, _ in _objects(conn, query):
         for point in loads_body(raw):
             coord = point_coordinate(point) if type(point) is dict else None
-            if coord is None:
-                continue
-            if ((query.start is None or coord[0] >= query.start)
-                    and (query.end is None or coord[0] < query.end)):
+            if _coord_in_range(coord, query):
                 yield units, coord, point
+
+
+def _coord_in_range(coord: Optional[tuple], query: PointQuery) -> bool:
+    """Is the point's start in the query's ``[from, to)``?"""
+    return coord is not None and (query.start is None or coord[0] >= query.start) and (
+        query.end is None or coord[0] < query.end)
 
 
 def _instant_or_null(instant: Optional[int]) -> Any:
@@ -2879,9 +2921,7 @@ def _raw_json(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 
 
 def _in_range(point: Any, query: PointQuery) -> bool:
-    coord = point_coordinate(point) if type(point) is dict else None
-    return coord is not None and (query.start is None or coord[0] >= query.start) and (
-        query.end is None or coord[0] < query.end)
+    return _coord_in_range(point_coordinate(point) if type(point) is dict else None, query)
 
 
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
@@ -2969,7 +3009,7 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
     """
     runs: list = []
     by_summary = not query.sleep_stages and query.offset_s % 3600 == 0
-    for hour, units, whole, summary in _object_heads(conn, query):
+    for hour, units, whole, summary in _in_range_rows(conn, query, "summary"):
         if not runs or runs[-1].units != units:
             runs.append(_Run(units))
         buckets = runs[-1].buckets
@@ -2979,25 +3019,9 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
             continue
         for point in loads_body(_object_blob(conn, query, hour)):
             coord = point_coordinate(point) if type(point) is dict else None
-            if coord is None or not ((query.start is None or coord[0] >= query.start)
-                                     and (query.end is None or coord[0] < query.end)):
-                continue
-            _add_point_to_bucket(buckets, query, coord, point)
+            if _coord_in_range(coord, query):
+                _add_point_to_bucket(buckets, query, coord, point)
     return runs
-
-
-def _object_heads(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
-    """(hour, units, whole, summary) of each object that may hold points of the range,
-    in time order, without its blob."""
-    low = -(1 << 62) if query.start is None else query.start // HOUR_US
-    high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
-    for hour, units, first_at, last_at, summary in conn.execute(
-            "SELECT hour, units, first_at, last_at, summary FROM object WHERE metric = ?"
-            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
-            (query.metric, query.layer, low, high)):
-        whole = ((query.start is None or first_at * US >= query.start)
-                 and (query.end is None or (last_at + 1) * US <= query.end))
-        yield hour, units, whole, summary
 
 
 def _object_blob(conn: sqlite3.Connection, query: PointQuery, hour: int) -> bytes:
@@ -3016,7 +3040,8 @@ def _add_summary(target: _Bucket, summary: dict) -> None:
             stats[0] += count
             stats[1] = min(stats[1], low)
             stats[2] = max(stats[2], high)
-            stats[3] += total
+            both = None if stats[3] is None or total is None else stats[3] + total
+            stats[3] = both if both is not None and -math.inf < both < math.inf else None
 
 
 def _add_point_to_bucket(buckets: dict, query: PointQuery, coord: tuple, point: dict) -> None:
@@ -3031,23 +3056,15 @@ def _add_point_to_bucket(buckets: dict, query: PointQuery, coord: tuple, point: 
     target = buckets.setdefault(bucket_start(coord[0], query.bucket, query.offset_s),
                                 _Bucket())
     target.count += 1
-    for name, value in point.items():
-        kind = type(value)
-        if kind is not int and kind is not float:
-            continue
-        stats = target.fields.get(name)
-        if stats is None:
-            target.fields[name] = [1, value, value, value]
-        else:
-            stats[0] += 1
-            stats[1] = min(stats[1], value)
-            stats[2] = max(stats[2], value)
-            stats[3] += value
+    accumulate(target.fields, point)
 
 
 def _field_stats(stats: list) -> dict:
+    """A field's aggregates as replied; sum and average are null when the sum overflows
+    a double (JSON has no Infinity)."""
     count, low, high, total = stats
-    return {"count": count, "min": low, "max": high, "avg": total / count, "sum": total}
+    return {"count": count, "min": low, "max": high,
+            "avg": None if total is None else total / count, "sum": total}
 
 
 def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
@@ -3143,7 +3160,7 @@ def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> d
 def _whole_number(name: str, text: Optional[str], default: int, high: int) -> int:
     if text is None or text == "":
         return default
-    if not re.fullmatch(r"\d{1,18}", text):
+    if not re.fullmatch(r"[0-9]{1,18}", text):
         raise BadRequest("%s must be a whole number" % name)
     value = int(text)
     if not 1 <= value <= high:
@@ -3260,7 +3277,7 @@ def session_value(token: bytes, expiry: int) -> str:
 
 def session_valid(token: bytes, value: str, now: float) -> bool:
     expiry_text, _, _ = value.partition(".")
-    if not token or not expiry_text.isdigit() or int(expiry_text) < now:
+    if not token or not re.fullmatch(r"[0-9]{1,12}", expiry_text) or int(expiry_text) < now:
         return False
     return hmac.compare_digest(session_value(token, int(expiry_text)).encode(),
                                value.encode("latin-1", "replace"))
@@ -3634,7 +3651,7 @@ class App:
         """POST /login: the token from the sign-in form sets the session cookie."""
         _refuse_cross_site(environ)
         length = environ.get("CONTENT_LENGTH") or ""
-        if not length.isdigit() or int(length) > LOGIN_FORM_MAX:
+        if not re.fullmatch(r"[0-9]{1,6}", length) or int(length) > LOGIN_FORM_MAX:
             raise BadRequest("a sign-in form has one short field")
         form = urllib.parse.parse_qs(environ["wsgi.input"].read(int(length)).decode(
             "utf-8", "replace"))
@@ -4353,7 +4370,10 @@ def _refuse_undecidable_layer(conn: sqlite3.Connection, body: Path, headers: dic
         return
     position = {"automation_id": None, "automation_name": None, "path_name": name,
                 "received_at": format_received_at(received_at), "id": 1 << 62}
-    if inherited_layer(conn, position) is None:
+    earlier = name is not None and conn.execute(
+        "SELECT 1 FROM delivery WHERE path_name = ? AND parse_status = 'pending'"
+        " LIMIT 1", (name,)).fetchone() is not None  # its fold may yet give a layer
+    if not earlier and inherited_layer(conn, position) is None:
         raise BadRequest("the time grouping of its metrics cannot be told from the file;"
                          " pass --aggregation with the grouping the export used (%s)"
                          % ", ".join(g.title() for g in GROUPINGS))

@@ -543,6 +543,36 @@ def test_read_2_4_a_change_of_units_starts_a_new_run(store):
     assert [(r["units"], len(r["points"])) for r in inside["runs"]] == [("kJ", 30), ("kcal", 10)]
 
 
+def test_read_2_5_a_plus_in_the_query_is_a_plus_and_long_numbers_are_400(store):
+    # As typed into curl: "+" unencoded in an offset or a time is a plus, not a space.
+    plain = get_json(store.address, "/api/points", metric="heart_rate", bucket="day",
+                     tz="+02:00")
+    raw = call(store.address, "GET", "/api/points?metric=heart_rate&bucket=day&tz=+02:00")
+    assert raw.status == 200 and raw.json() == plain
+    ranged = call(store.address, "GET", "/api/points?metric=heart_rate"
+                  "&from=2024-03-09T00:00:00+00:00&to=2024-03-10T00:00:00+00:00")
+    assert ranged.status == 200 and ranged.json()["from"] == "2024-03-09T00:00:00Z"
+    assert_error(get(store.address, "/api/points", metric="heart_rate", from_="9" * 5000),
+                 400, "bad_request")
+
+
+def test_read_3_1_a_sum_beyond_a_double_is_null(start_service):
+    service = start_service()
+    huge = [{"date": "2024-03-08 10:%02d:00 -0800" % m, "qty": 1e308} for m in range(3)]
+    body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", huge, "count")]))
+    client = Client(*service.address)
+    assert client.ingest(body, headers={"automation-aggregation": "Minutes"})[0] == 200
+    wait_for(lambda: db_rows(service.config.data_dir, "SELECT parse_status FROM delivery")
+             [0]["parse_status"] == "parsed")
+    reply = call(service.address, "GET", "/api/points?metric=step_count&bucket=hour")
+    def no_constants(name):
+        raise AssertionError("not JSON: " + name)
+
+    [bucket] = json.loads(reply.body, parse_constant=no_constants)["runs"][0]["buckets"]
+    assert bucket["fields"]["qty"] == {"count": 3, "min": 1e308, "max": 1e308, "avg": None,
+                                       "sum": None}
+
+
 @pytest.mark.parametrize("query", [
     {},  # no metric
     {"metric": ""},
@@ -1206,6 +1236,7 @@ def test_read_7_7_forged_expired_and_foreign_cookies_are_refused(store):
         "healthlog_session=%d" % (now + 3600),
         "healthlog_session=" + session_cookie(now + 3600).split("=", 1)[1].replace(".", ":"),
         "healthlog_session=" + TOKEN,
+        "healthlog_session=\u00b2.%s" % ("0" * 64),  # a digit to str.isdigit, not to int()
     ]
     good = session_cookie(now + 3600)
     assert call(store.address, "GET", "/api/catalog", headers={"Cookie": good},
@@ -1226,7 +1257,8 @@ def test_read_7_8_cross_site_login_and_logout_are_403(store):
                          headers=dict(FORM, **headers), auth=False)
             assert reply.status == 403, (path, headers, reply.status)
             assert not reply.headers.get_all("Set-Cookie"), (path, headers)
-    for headers in ({"Origin": here}, {"Sec-Fetch-Site": "same-origin", "Origin": here}):
+    for headers in ({"Origin": here}, {"Sec-Fetch-Site": "same-origin", "Origin": here},
+                    {"Origin": "https://health.example", "X-Forwarded-Host": "health.example"}):
         assert login(store.address, headers=headers).status == 303, headers
 
 

@@ -770,6 +770,31 @@ def test_storage_8_8_property_stored_points_keep_the_units_they_came_in(deliveri
 # STORAGE-8.9: an unknown header value, a literal Z, problems in `status`.
 # =============================================================================================
 
+def test_storage_8_8_one_metric_in_two_units_in_one_body_keeps_the_first(fold, logs):
+    kg = hf.metric("weight_body_mass", [{"date": "2024-03-08 07:00:00 -0800", "qty": 70.5}],
+                   "kg")
+    lb = hf.metric("weight_body_mass", [{"date": "2024-03-08 07:05:00 -0800", "qty": 155.4}],
+                   "lb")
+    steps = hf.metric("step_count", [{"date": "2024-03-08 07:%02d:00 -0800" % m, "qty": m}
+                                     for m in range(3)], "count")
+
+    row = fold(body_of(kg, lb, steps), automation("Two units", "Minutes"))
+
+    assert (row["parse_status"], row["unit_conflicts"]) == ("parsed", 1)
+    weight = [o for o in objects(fold.data_dir, "weight_body_mass")]
+    assert [(o["units"], [p["qty"] for p in o["decoded"]]) for o in weight] == [("kg", [70.5])]
+    assert warns(logs, "came in two units")
+
+
+def test_storage_8_8_no_units_is_a_label_of_its_own():
+    unlabelled = healthlog.HourObject("step_count", "minutes", 10, None, [(1, 1, "")],
+                                      [{"date": "x", "qty": 1}], [1], 1, 1, False)
+    merged = healthlog.merge_hour(unlabelled, "step_count", "minutes", 10, "count",
+                                  [((2, 2, ""), {"date": "y", "qty": 2})], 2, ("b", 2),
+                                  {1: ("a", 1)})
+    assert merged.written is None and merged.counters["unit_conflicts"] == 1
+
+
 def test_storage_8_9_an_unknown_aggregation_header_is_warned_and_the_layer_inferred(fold, logs):
     steps = hf.metric("step_count", [
         {"date": "2024-03-08 %02d:00:00 -0800" % h, "qty": 310.5 + h, "source": hf.OWNER_WATCH}
@@ -874,6 +899,15 @@ def test_reindex_9_5_import_refuses_an_undecidable_file_and_accepts_it_with_aggr
     # Once a delivery of the same --name has a layer, a single point inherits it.
     inherited = run_cli("import", "--data", data_dir, "--name", "manual", later)
     assert inherited.returncode == 0, inherited.stdout
+    # An earlier one of the name still pending (nothing folded it yet) is enough too: its
+    # fold decides the layer the single point then inherits.
+    first, second = export("first.json", 20, 900), export("second.json", 30, 600)
+    first.write_bytes(body_of(hf.metric("step_count", [
+        {"date": "2024-03-08 11:%02d:00 -0800" % m, "qty": m + 0.5} for m in range(5)],
+        "count")))
+    os.utime(str(first), (time.time() - 900, time.time() - 900))
+    both = run_cli("import", "--data", data_dir, "--name", "batch", first, second)
+    assert both.returncode == 0, both.stdout
 
     reindexed = run_cli("reindex", "--data", data_dir)
     verified = run_cli("verify", "--data", data_dir)
@@ -884,7 +918,9 @@ def test_reindex_9_5_import_refuses_an_undecidable_file_and_accepts_it_with_aggr
     assert [(r["parse_status"], r["layer"], r["path_name"], r["automation_aggregation"])
             for r in rows] == [("parsed", "minutes", "manual", "Minutes"),
                                ("parsed", "record", None, None),
-                               ("parsed", "minutes", "manual", None)]
+                               ("parsed", "minutes", "manual", None),
+                               ("parsed", "minutes", "batch", None),
+                               ("parsed", "minutes", "batch", None)]
 
 
 # =============================================================================================

@@ -524,6 +524,26 @@ def test_infer_layer_a_sparse_metric_has_no_vote_and_sparse_bodies_pool_their_po
     assert infer(minutes) == "minutes"
 
 
+def test_storage_8_5_weekly_metrics_beside_daily_ones_are_still_days():
+    # Two weeks of a Days export: daily steps, a weight on Mondays, a blood pressure on
+    # Sundays. Each weekly metric alone is spaced by weeks; the delivery is days.
+    days = [dt.date(2024, 3, 4) + dt.timedelta(days=i) for i in range(14)]
+
+    def at(day) -> str:
+        return "%s 00:00:00 -0800" % day.isoformat()
+
+    payload = hf.envelope(metrics=[
+        hf.metric("step_count", [{"date": at(d), "qty": 1000 + i} for i, d in enumerate(days)],
+                  "count"),
+        hf.metric("weight_body_mass", [{"date": at(d), "qty": 70.5} for d in days[0::7]] * 1
+                  + [{"date": at(days[0] + dt.timedelta(days=14)), "qty": 70.1}], "kg"),
+        hf.metric("blood_pressure", [{"date": at(d), "systolic": 120, "diastolic": 80}
+                                     for d in days[6::7]]
+                  + [{"date": at(days[6] + dt.timedelta(days=14)), "systolic": 118,
+                      "diastolic": 79}], "mmHg")])
+    assert infer(payload) == "days"
+
+
 def test_infer_layer_ignores_record_sections():
     assert infer(hf.envelope(**hf.records_sections(0, *TWO_WEEKS, ecg_samples=2))) is None
     assert infer_layer(extract_points({"data": {}})) is None
