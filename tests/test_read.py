@@ -284,7 +284,7 @@ def objects(data_dir: Path, metric: str = None) -> list:
 
 
 def iso(instant_us: int) -> str:
-    """The contract's reply time: healthlog.format_instant (seconds, fraction if non-zero)."""
+    """The read spec's reply time: healthlog.format_instant (seconds, fraction if non-zero)."""
     return healthlog.format_instant(instant_us)
 
 
@@ -334,7 +334,7 @@ def numeric(value) -> bool:
 
 
 def aggregate(items: list, bucket: str, tz: str = "+00:00") -> list:
-    """The test's own bucket aggregates, as the contract's ``runs``."""
+    """The test's own bucket aggregates, shaped as the reply's ``runs``."""
     offset = parse_offset(tz)
     out = []
     for units, points in runs_of(items):
@@ -789,7 +789,7 @@ def journal_newest_first(data_dir: Path) -> list:
 
 
 def expected_delivery(row: dict) -> dict:
-    """A journal row as the contract shows it; times as instants (µs) for comparison."""
+    """A journal row as the read spec shows it; times as instants (µs) for comparison."""
     out = {k: row[k] for k in DELIVERY_KEYS - {"status", "uncovered_keys"}}
     out["status"] = row["parse_status"]
     out["uncovered_keys"] = json.loads(row["uncovered_keys"])
@@ -1240,7 +1240,7 @@ def test_read_7_7_forged_expired_and_foreign_cookies_are_refused(store):
     ]
     good = session_cookie(now + 3600)
     assert call(store.address, "GET", "/api/catalog", headers={"Cookie": good},
-                auth=False).status == 200  # the test signs as the contract says
+                auth=False).status == 200  # the test signs as the read spec says
     for cookie in forged:
         reply = call(store.address, "GET", "/api/catalog", headers={"Cookie": cookie}, auth=False)
         assert_error(reply, 401, "unauthorized")

@@ -2,10 +2,10 @@
 they called for (openspec/specs/storage/spec.md, STORAGE-8.n; one import scenario of the
 reindex spec, REINDEX-9.5).
 
-What real exports showed (the format notes' section "Seen in real exports"): sleep records
-of different stages sharing one exact span, a Minutes export whose heart rate carries
-seconds, one-day Days exports with one point per metric, metrics with ``"data": null``,
-old and new aggregated sleep, and the same days re-sent in other units after a change of
+What real exports showed (bodies people published, folded while building this
+version): sleep records of different stages sharing one exact span, a Minutes export
+whose heart rate carries seconds, one-day Days exports with one point per metric,
+metrics with ``"data": null``, old and new aggregated sleep, and the same days re-sent in other units after a change of
 the phone's unit setting.  The bodies here are built in those shapes, with the device
 names of tests/hae_factory.py, so that the autouse leak check of conftest fails a test
 whose WARN or INFO records carry a value or a device name.
