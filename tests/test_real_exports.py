@@ -2,13 +2,13 @@
 they called for (openspec/specs/storage/spec.md, STORAGE-8.n; one import scenario of the
 reindex spec, REINDEX-9.5).
 
-What real exports showed (bodies people published, folded while building this
-version): sleep records of different stages sharing one exact span, a Minutes export
-whose heart rate carries seconds, one-day Days exports with one point per metric,
-metrics with ``"data": null``, old and new aggregated sleep, and the same days re-sent in other units after a change of
-the phone's unit setting.  The bodies here are built in those shapes, with the device
-names of tests/hae_factory.py, so that the autouse leak check of conftest fails a test
-whose WARN or INFO records carry a value or a device name.
+What real exports showed (bodies people published, folded while building this version):
+sleep records of different stages sharing one exact span, a Minutes export whose heart
+rate carries seconds, one-day Days exports with one point per metric, metrics with
+``"data": null``, old and new aggregated sleep, and the same days re-sent in other units
+after a change of the phone's unit setting. The bodies here are built in those shapes,
+with the device names of tests/hae_factory.py, so that the autouse leak check of conftest
+fails a test whose WARN or INFO records carry a value or a device name.
 
 Most deliveries are journaled by really posting them to a paused Cheroot server on
 127.0.0.1:0 and folded by the real ``FoldWorker.run_pass``/``FoldEngine`` on a
