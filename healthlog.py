@@ -893,8 +893,8 @@ class _Cells:
 
     def __init__(self, value: Any):
         self.near_edge: list = []  # (ordinal of the number, its other cell)
-        self._count, self._flip = 0, {}
-        self.key = self._cell(value)
+        self._count, self._flip, self._value = 0, {}, value
+        self.key = self._walk(value, record=True)
 
     def keys(self) -> Iterator[tuple]:
         yield self.key
@@ -902,14 +902,7 @@ class _Cells:
         for mask in range(1, 1 << len(edges)):
             self._count = 0
             self._flip = {edges[i][0]: edges[i][1] for i in range(len(edges)) if mask >> i & 1}
-            yield self._cell_again(self._value)
-
-    def _cell(self, value: Any) -> Any:
-        self._value = value
-        return self._walk(value, record=True)
-
-    def _cell_again(self, value: Any) -> Any:
-        return self._walk(value, record=False)
+            yield self._walk(self._value, record=False)
 
     def _walk_field(self, key: str, value: Any, record: bool) -> Any:
         if key in TIME_KEYS:
@@ -2140,6 +2133,17 @@ class FoldPlan:
     warnings: list = field(default_factory=list)  # (message, fields) logged after commit
 
 
+class _Positions:
+    """Journal positions by delivery id, asked of the journal only when a merge meets a
+    stored point with a different value (a re-send of the same values asks nothing)."""
+
+    def __init__(self, lookup: Callable[[int], tuple]):
+        self._lookup = lookup
+
+    def __getitem__(self, delivery_id: int) -> tuple:
+        return self._lookup(delivery_id)
+
+
 def inherited_layer(conn: sqlite3.Connection, row: Mapping[str, Any],
                     journal: str = "delivery") -> Optional[str]:
     """The metric layer of the latest folded delivery before ``row`` in journal order
@@ -2313,10 +2317,8 @@ class FoldEngine:
             for hour, items in hours.items():
                 check_deadline()
                 stored = self.load_object(bucket.name, object_layer, hour)
-                positions = {} if stored is None else {
-                    d: self.position(d) for d in set(stored.deliveries)}
                 merged = merge_hour(stored, bucket.name, object_layer, hour, bucket.units,
-                                    items, plan.delivery_id, here, positions,
+                                    items, plan.delivery_id, here, _Positions(self.position),
                                     dropped.get(hour, 0))
                 for name, count in merged.counters.items():
                     counters[name] += count
@@ -3209,23 +3211,31 @@ TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 WORKER_STATES = ("starting", "idle", "folding", "stopped")
 
 
+def store_figures(conn: sqlite3.Connection) -> tuple:
+    """(deliveries per status, oldest pending received_at or None, its age in seconds or
+    None, objects, points): what ``status`` and ``/metrics`` both report."""
+    counts = _status_counts(conn)
+    oldest = conn.execute("SELECT min(received_at) FROM delivery"
+                          " WHERE parse_status = 'pending'").fetchone()[0]
+    age = None if oldest is None else (utc_now() - parse_received_at(oldest)).total_seconds()
+    objects, points = conn.execute(
+        "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
+    return counts, oldest, age, objects, points
+
+
 def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_seconds: Histogram,
                    worker_state: str) -> bytes:
     """Prometheus text format: the journal, the store and this process's timings; never a
     health value or a name from the user's data."""
     conn.execute("BEGIN")  # one snapshot
     try:
-        counts = _status_counts(conn)
-        oldest = conn.execute("SELECT min(received_at) FROM delivery"
-                              " WHERE parse_status = 'pending'").fetchone()[0]
+        counts, _, age, objects, points = store_figures(conn)
         received, received_bytes, overwrites, conflicts = conn.execute(
             "SELECT count(*), coalesce(sum(body_bytes), 0), coalesce(sum(overwrites), 0),"
             " coalesce(sum(unit_conflicts), 0) FROM delivery").fetchone()
-        objects, points = conn.execute(
-            "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
     finally:
         conn.execute("COMMIT")
-    age = 0.0 if oldest is None else (utc_now() - parse_received_at(oldest)).total_seconds()
+    age = age or 0.0
     lines = []
 
     def family(name: str, kind: str, help_text: str, samples: list) -> None:
@@ -4466,12 +4476,8 @@ def collect_status(config: Config) -> dict:
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
         conn.execute("BEGIN")  # one snapshot: the counts and the fingerprint agree
-        counts = _status_counts(conn)
-        oldest = conn.execute("SELECT min(received_at) FROM delivery"
-                              " WHERE parse_status = 'pending'").fetchone()[0]
+        counts, oldest, age, objects, points = store_figures(conn)
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
-        objects, points = conn.execute(
-            "SELECT count(*), coalesce(sum(points), 0) FROM object").fetchone()
         problems = _recent_problems(conn)
         older = count_folded_by_older_parser(conn)
         fp = fingerprint(conn)
@@ -4484,9 +4490,7 @@ def collect_status(config: Config) -> dict:
         with contextlib.suppress(OSError):
             archive_bytes += (config.data_dir / relative).stat().st_size
     db_bytes = sum(p.stat().st_size for p in config.data_dir.glob(DB_NAME + "*") if p.is_file())
-    oldest_age = None
-    if oldest:
-        oldest_age = round((utc_now() - parse_received_at(oldest)).total_seconds(), 1)
+    oldest_age = None if age is None else round(age, 1)
     return {
         "data": str(config.data_dir),
         "deliveries": counts,
