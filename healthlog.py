@@ -34,6 +34,7 @@ Requirements live in ``openspec/specs/*/spec.md``; decisions in
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import csv
 import datetime as _dt
@@ -49,8 +50,10 @@ import math
 import os
 import re
 import secrets
+import selectors
 import shutil
 import signal
+import socket
 import sqlite3
 import sys
 import tempfile
@@ -99,6 +102,10 @@ INGEST_BUDGET_S = 900.0
 """The ingest route's own deadline for reading the body and sending the answer: a
 256 MiB body over a 1 MB/s Wi-Fi link still fits."""
 
+INGEST_STALL_S = 60.0
+"""Within that budget, the longest pause in a body: a phone switching networks resumes
+within it; a client that stopped sending gets 408 and frees its thread."""
+
 BUSY_TIMEOUT_S = 10.0
 """How long a writer waits for SQLite's write lock before it counts as busy."""
 
@@ -115,6 +122,34 @@ STOP_BUDGET_S = 10.0
 
 READ_CHUNK = 1 << 20
 """Upload read size: 1 MiB reads run at ~540 MB/s over loopback (stack-notes §1.6)."""
+
+HEAD_DEADLINE_S = 10.0
+"""A request's line and headers must arrive within this (or the server-wide timeout,
+when shorter), counted from the first moment the server waits for them.  A connection
+is given a worker thread only once they have: a client that dribbles its headers holds
+a file descriptor, never a thread."""
+
+HEAD_GATE_MAX = 512
+"""Connections waiting for their request head at once; more are closed (a file
+descriptor each, under the usual limit of 1024)."""
+
+LISTEN_BACKLOG = 128
+"""Connections the kernel queues before they are accepted (Cheroot's default is 5:
+a burst of clients would wait for TCP's SYN retries, seconds each)."""
+
+HTTP_RESERVED_THREADS = 4
+"""Worker threads an upload never takes: the read routes and /healthz keep these even
+when every other thread is reading a slow body."""
+
+VALIDATION_CEILING_BYTES = 64 << 20
+"""Body bytes validated at once (validation holds ~2-3x a body in memory).  A body
+larger than this is validated alone, once nothing else is."""
+
+VALIDATION_WAIT_S = 30.0
+"""How long an upload waits for its turn to be validated before the answer is 503 with
+Retry-After (the body is not kept: the phone sends it again)."""
+
+RETRY_AFTER_S = 30
 
 HEADER_LIMIT = 64 * 1024
 HEADER_VALUE_MAX = 256
@@ -233,6 +268,13 @@ class ServiceStopping(HTTPFailure):
     status, code = 503, "stopping"
 
 
+class ServiceBusy(HTTPFailure):
+    """Too many uploads at once: the body was not kept; send it again after Retry-After."""
+
+    status, code = 503, "busy"
+    headers = (("Retry-After", str(RETRY_AFTER_S)),)
+
+
 class FoldFailure(HealthlogError):
     """The delivery cannot be folded; retrying will not change that (ING-3)."""
 
@@ -306,6 +348,7 @@ class Config:
     http_threads: int = HTTP_THREADS
     http_timeout_s: float = HTTP_TIMEOUT_S
     ingest_budget_s: float = INGEST_BUDGET_S
+    ingest_stall_s: float = INGEST_STALL_S
     busy_timeout_s: float = BUSY_TIMEOUT_S
     fold_wake_s: float = FOLD_WAKE_S
     fold_deadline_s: float = FOLD_DEADLINE_S
@@ -1403,6 +1446,20 @@ def is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
 
 
+_STORAGE_CODES = (7, 8, 10, 13, 14)  # SQLITE_NOMEM, READONLY, IOERR, FULL, CANTOPEN
+_STORAGE_TEXTS = ("out of memory", "readonly database", "disk I/O error", "disk is full",
+                  "unable to open database")
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """True when SQLite could not write for a reason of the machine (disk full, a
+    read-only or failing disk), which no delivery causes and waiting may cure."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (code & 0xFF) in _STORAGE_CODES
+    return isinstance(exc, sqlite3.Error) and any(text in str(exc) for text in _STORAGE_TEXTS)
+
+
 @contextlib.contextmanager
 def write_txn(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` … ``COMMIT``; rolled back on any exception.
@@ -1546,8 +1603,17 @@ def ensure_data_dir(path: Path) -> None:
     try:
         makedirs_durable(path / ARCHIVE_DIR)
         makedirs_durable(path / TMP_DIR)
-    except OSError as exc:
-        raise ConfigError("cannot create data directory %s: %s" % (path, exc.strerror)) from None
+    except OSError as exc:  # name what failed: the folder itself, or a path inside it
+        failed = Path(exc.filename) if exc.filename else path
+        reason = exc.strerror or type(exc).__name__
+        if failed == path:
+            message = "cannot create data directory %s: %s" % (path, reason)
+        elif path.is_dir():
+            message = ("data directory %s is not usable: cannot create %s: %s (is it"
+                       " writable by the user healthlog runs as?)" % (path, failed, reason))
+        else:
+            message = "cannot create data directory %s: %s: %s" % (path, failed, reason)
+        raise ConfigError(message) from None
     if not os.access(str(path), os.W_OK):
         raise ConfigError("data directory %s is not writable" % path)
 
@@ -1834,19 +1900,31 @@ def check_delivery_shape(path: Path) -> None:
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
                          parse_float=_finite_float, parse_int=_int64)
-        if "\\ud" in text or "\\uD" in text:  # rare: is every surrogate escape paired?
-            json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:  # (a ValueError: caught first) no UTF-8 for a lone surrogate
-        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape") from None
+        lone = ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text)
     except (ValueError, RecursionError):
         raise BadRequest("the body is not valid JSON, or holds a number out of range") from None
     finally:
         del text
+    if lone:  # no UTF-8 spelling exists for it, so no store could hold it
+        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape")
     if top is not _VALID_OBJECT or not last_pairs:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
     data = [value for key, value in last_pairs[0] if key == "data"]
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
+
+
+_SURROGATE_ESCAPES = re.compile(
+    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    r"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
+"""In valid JSON every backslash opens an escape; read left to right, an escaped
+backslash and a paired surrogate are skipped whole, so group 1 is a lone surrogate."""
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Does valid JSON text escape a UTF-16 surrogate without its pair?  A scan, not a
+    parse: memory stays flat however large the body."""
+    return any(match.group(1) for match in _SURROGATE_ESCAPES.finditer(text))
 
 
 _INSERT_DELIVERY = (
@@ -2115,7 +2193,9 @@ def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outc
     if isinstance(exc, FoldFailure):
         return Outcome("failed", "failed", exc.error_class)
     if isinstance(exc, sqlite3.Error) and is_busy(exc):
-        return Outcome("deferred")
+        return Outcome("deferred", error="busy")
+    if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
+        return Outcome("deferred", error="storage")  # the machine's fault, not the body's
     return Outcome("failed", "failed", "unexpected:" + type(exc).__name__)
 
 
@@ -2431,6 +2511,10 @@ class FoldEngine:
                 outcome = self._record_failure(delivery_id, outcome, uncovered)
         if outcome.kind == "folded":
             self._log_folded(plan, time.monotonic() - started, self.verbose)
+        elif outcome.error == "storage":
+            log_event(logging.ERROR, "fold deferred: the database cannot be written (disk full,"
+                      " read-only or failing); the delivery stays pending",
+                      delivery_id=delivery_id)
         elif outcome.kind == "deferred":
             log_event(logging.INFO, "fold deferred: the database is busy; the delivery stays"
                       " pending", delivery_id=delivery_id)
@@ -2441,8 +2525,8 @@ class FoldEngine:
         try:
             self.record_failed(delivery_id, outcome.error, uncovered)
         except sqlite3.Error as exc:
-            if is_busy(exc):
-                return Outcome("deferred")
+            if is_busy(exc) or is_storage_failure(exc):
+                return classify(exc)
             log_event(logging.ERROR, "fold outcome not written; the delivery stays pending",
                       delivery_id=delivery_id, error=type(exc).__name__)
             return Outcome("unrecorded", error=outcome.error)
@@ -2490,14 +2574,21 @@ instead of draining (ING-7)."""
 
 PASS_BATCH = 64
 
+FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
+"""Pauses before the fold loop starts again after consecutive failures (the last one
+repeats): a broken database is retried every minute, never given up on."""
+
 
 class FoldWorker:
     """Owns the fold thread: ``start()``, ``wake()``, idempotent ``stop(timeout)``.
 
     A pass selects ``pending`` deliveries after a strictly increasing cursor, in
     journal order ``(received_at, id)``, and folds them one by one; the stop flag is
-    looked at between deliveries, never inside a fold (ING-4, ING-6).
+    looked at between deliveries, never inside a fold (ING-4, ING-6).  A pass that
+    raises (a database that cannot be read, say) restarts the loop after a pause.
     """
+
+    restart_pauses_s = FOLD_RESTART_PAUSES_S
 
     def __init__(self, config: Config):
         self._config = config
@@ -2508,11 +2599,17 @@ class FoldWorker:
         self._first_pass_done = False
         self.state = "starting"
         self.fold_seconds = Histogram(TIMING_BOUNDS)  # for /metrics, by outcome
+        self.died = threading.Event()  # the thread ended without a stop request
+        self._passed = False
 
     def start(self) -> None:
         self._started_at = format_received_at(utc_now())
         self._thread = threading.Thread(target=self._run, name="healthlog-fold", daemon=True)
         self._thread.start()
+
+    @property
+    def thread(self) -> Optional[threading.Thread]:
+        return self._thread
 
     def wake(self) -> None:
         """Ask for a pass soon; losing a wake-up loses nothing (the row is pending)."""
@@ -2528,31 +2625,52 @@ class FoldWorker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        conn = None
+        """The supervisor: any exception ends the loop, which starts again on a fresh
+        connection after a growing pause (RELY-8.1); ``/healthz`` answers 503 meanwhile."""
+        failures = 0
         try:
-            conn = connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
-                           synchronous="NORMAL")
+            while not self._stop.is_set():
+                try:
+                    self._loop()
+                    return  # stop requested
+                except Exception as exc:
+                    failures = 0 if self._passed else failures + 1
+                    self._passed = False
+                    pause = self.restart_pauses_s[min(failures, len(self.restart_pauses_s)) - 1]
+                    self.state = "restarting"
+                    log_event(logging.ERROR, "fold thread failed; starting it again",
+                              error=type(exc).__name__, restart_in_s=pause)
+                    log_event(logging.DEBUG, "fold thread failure detail", detail=repr(exc))
+                    self._stop.wait(pause)
+        except BaseException as exc:  # not an Exception: nothing to restart in-thread
+            log_event(logging.ERROR, "fold thread ended unexpectedly", error=type(exc).__name__)
+            self.died.set()
+        finally:
+            self.state = "stopped"
+            log_event(logging.INFO, "fold thread stopped")
+
+    def _loop(self) -> None:
+        conn = connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
+                       synchronous="NORMAL")
+        try:
             engine = FoldEngine(conn, self._config)
             backlog = count_pending(conn)
             if backlog:
                 log_event(logging.INFO, "deliveries waiting to be folded", backlog=backlog)
             while not self._stop.is_set():
                 self.state = "folding"
-                try:
-                    self.run_pass(engine)
-                except Exception as exc:  # the loop survives a failed pass (ING-4)
-                    log_event(logging.ERROR, "fold pass failed", error=type(exc).__name__)
-                    log_event(logging.DEBUG, "fold pass failure detail", detail=repr(exc))
+                self.run_pass(engine)
+                self._passed = True
                 self.state = "idle"
                 self._wake.wait(self._config.fold_wake_s)
                 self._wake.clear()
-        except Exception as exc:
-            log_event(logging.ERROR, "fold thread cannot run", error=type(exc).__name__)
         finally:
-            self.state = "stopped"
-            if conn is not None:
-                conn.close()
-            log_event(logging.INFO, "fold thread stopped")
+            conn.close()
+
+    @property
+    def running(self) -> bool:
+        """Is the loop up (folding or waiting), rather than restarting or ended?"""
+        return self.state in ("starting", "folding", "idle") and not self.died.is_set()
 
     def run_pass(self, engine: FoldEngine) -> int:
         """One pass: fold every visible pending delivery after the cursor, in journal
@@ -3208,7 +3326,7 @@ TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 """Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
 
 
-WORKER_STATES = ("starting", "idle", "folding", "stopped")
+WORKER_STATES = ("starting", "idle", "folding", "restarting", "stopped")
 
 
 def store_figures(conn: sqlite3.Connection) -> tuple:
@@ -3417,6 +3535,44 @@ LOGIN_FORM_MAX = 4096
 """A sign-in form is one field: a body larger than this is no sign-in."""
 
 
+class ByteBudget:
+    """Admission by size, first come first served: what holders hold together stays
+    under ``ceiling``, except that a holder alone may exceed it (a body larger than the
+    ceiling waits until nothing else is held)."""
+
+    def __init__(self, ceiling: int):
+        self.ceiling = ceiling
+        self.held = 0
+        self._line: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, size: int, timeout: float) -> Iterator[None]:
+        """Hold ``size`` bytes for the block; ServiceBusy after ``timeout`` s of waiting."""
+        deadline = time.monotonic() + timeout
+        me = object()
+        with self._changed:
+            self._line.append(me)
+            try:
+                while self._line[0] is not me or (self.held and
+                                                  self.held + size > self.ceiling):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ServiceBusy("too many uploads are being checked at once;"
+                                          " send the body again after %d s" % RETRY_AFTER_S)
+                    self._changed.wait(remaining)
+                self.held += size
+            finally:
+                self._line.remove(me)
+                self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= size
+                self._changed.notify_all()
+
+
 class App:
     """The WSGI application: bottle routes inside an access-log and error boundary.
 
@@ -3432,6 +3588,10 @@ class App:
         self.config, self.archive, self.pool = config, archive, pool
         self.worker, self.stopping = worker, stopping
         self.ingest_seconds = Histogram(TIMING_BOUNDS)
+        # Uploads never take the last threads; bodies under validation share a ceiling.
+        self.upload_slots = threading.BoundedSemaphore(
+            max(1, config.http_threads - HTTP_RESERVED_THREADS))
+        self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
         self._token = b""
         self.bottle = bottle.Bottle()
         self.bottle.config["catchall"] = False
@@ -3502,8 +3662,8 @@ class App:
             _close_connection(environ)
         body = error_body(exc.status, exc.code, exc.message, getattr(exc, "extra", None))
         return ("%d %s" % (exc.status, _REASONS.get(exc.status, "Error")),
-                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
-                body)
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+                + list(getattr(exc, "headers", ())), body)
 
     def _ok(self, obj: Any) -> tuple:
         body = _json_bytes(obj)
@@ -3537,13 +3697,27 @@ class App:
     # -- routes: ingest and health ------------------------------------------
 
     def healthz(self, environ: dict) -> tuple:
-        """GET /healthz: liveness, backlog size and worker state; no token, no health data."""
-        return self._ok({
-            "status": "stopping" if self.stopping.is_set() else "ok",
-            "version": __version__,
-            "backlog": count_pending(self.pool.get()),
-            "worker": self.worker.state,
-        })
+        """GET /healthz: liveness, backlog size and worker state; no token, no health data.
+
+        503 with ``"status": "failing"`` while the fold loop is not running (restarting
+        after a failure, or ended) or the database cannot be read, unless the service
+        is stopping (RELY-8.1).
+        """
+        try:
+            backlog: Optional[int] = count_pending(self.pool.get())
+        except sqlite3.Error as exc:
+            log_event(logging.WARNING, "health check cannot read the journal",
+                      error=type(exc).__name__)
+            backlog = None
+        if self.stopping.is_set():
+            status = "stopping"
+        else:
+            status = "ok" if self.worker.running and backlog is not None else "failing"
+        answer = self._ok({"status": status, "version": __version__, "backlog": backlog,
+                           "worker": self.worker.state})
+        if status == "failing":
+            return ("503 Service Unavailable",) + answer[1:]
+        return answer
 
     def ingest(self, environ: dict, name: Optional[str] = None) -> tuple:
         """POST /api/ingest[/<name>]: archive durably, journal as pending, answer 200."""
@@ -3559,10 +3733,27 @@ class App:
             raise UnsupportedMediaType()
         length = self._content_length(environ)
         conn = self.pool.get()  # before the body: a failure here leaves no upload
-        upload = self._receive(environ, length)
-        headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
-        delivery_id = accept_delivery(self.archive, conn, upload, received_at, headers, name,
-                                      {"content_type": environ.get("CONTENT_TYPE") or None})
+        if not self.upload_slots.acquire(blocking=False):
+            log_event(logging.WARNING, "upload refused: every upload slot is in use",
+                      retry_after_s=RETRY_AFTER_S)
+            raise ServiceBusy("every upload slot is in use; send the body again after %d s"
+                              % RETRY_AFTER_S)
+        try:
+            upload = self._receive(environ, length)
+            try:
+                with self.validation.hold(upload.size, VALIDATION_WAIT_S):
+                    headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
+                    delivery_id = accept_delivery(
+                        self.archive, conn, upload, received_at, headers, name,
+                        {"content_type": environ.get("CONTENT_TYPE") or None})
+            except ServiceBusy:
+                log_event(logging.WARNING, "upload refused: the validation ceiling was not"
+                          " free in time", body_bytes=upload.size, retry_after_s=RETRY_AFTER_S)
+                raise
+            finally:
+                upload.discard()  # a no-op once the body is in the archive
+        finally:
+            self.upload_slots.release()
         self.worker.wake()
         return self._ok({"delivery_id": delivery_id, "status": "pending"})
 
@@ -3584,7 +3775,8 @@ class App:
         return length
 
     def _receive(self, environ: dict, length: Optional[int]) -> Upload:
-        """Read the body under the route's own deadline (ING-8)."""
+        """Read the body under the route's own deadline (ING-8); a pause longer than
+        ``ingest_stall_s`` ends it too (RELY-5.4)."""
         deadline = time.monotonic() + self.config.ingest_budget_s
         sock = _request_socket(environ)
 
@@ -3594,7 +3786,7 @@ class App:
                 raise RequestTimeout()
             if sock is not None:
                 try:
-                    sock.settimeout(remaining)
+                    sock.settimeout(min(remaining, self.config.ingest_stall_s))
                 except OSError as exc:  # a transport without deadlines is no failure
                     log_event(logging.DEBUG, "cannot set the ingest deadline",
                               error=type(exc).__name__)
@@ -3788,9 +3980,206 @@ def _request_socket(environ: Mapping[str, Any]) -> Any:
 # ==============================================================================
 
 
+_HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+_HEAD_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class _Waiting:
+    """A connection in the head gate: what has arrived of its head, and its deadline."""
+
+    __slots__ = ("conn", "head", "deadline")
+
+    def __init__(self, conn: Any, deadline: float):
+        self.conn, self.head, self.deadline = conn, bytearray(), deadline
+
+
+class HeadGate:
+    """Holds each connection until its request line and headers have arrived, then
+    hands it to Cheroot's worker threads with those bytes (RELY-5).
+
+    Cheroot gives a connection a worker thread as soon as it is accepted (or, kept
+    alive, as soon as a byte arrives) and reads the head in that thread under an
+    inactivity timeout only, so 16 clients dribbling header bytes take every thread.
+    Here one thread reads the heads of all waiting connections without blocking, under
+    one total deadline per head (HEAD_DEADLINE_S); a thread is taken only by a request
+    ready to be served.
+    """
+
+    def __init__(self, dispatch: Callable[[Any, bytes], None], deadline_s: float,
+                 head_limit: int, capacity: int = HEAD_GATE_MAX):
+        self._dispatch = dispatch
+        self._deadline_s, self._head_limit, self._capacity = deadline_s, head_limit, capacity
+        self._selector = selectors.DefaultSelector()
+        self._arrivals: collections.deque = collections.deque()
+        self._waiting: dict = {}  # fd -> _Waiting
+        self._bell_in, self._bell_out = socket.socketpair()
+        self._bell_in.setblocking(False)
+        self._bell_out.setblocking(False)
+        self._selector.register(self._bell_out, selectors.EVENT_READ)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="healthlog-head-gate",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def admit(self, conn: Any) -> None:
+        """Take a connection whose head has still to arrive (any thread)."""
+        with self._lock:
+            if not self._closed:
+                self._arrivals.append(conn)
+                conn = None
+        if conn is not None:  # the server is stopping
+            _close_quietly(conn)
+            return
+        with contextlib.suppress(OSError):
+            self._bell_in.send(b"\0")
+
+    def stop(self) -> None:
+        """Close every waiting connection and end the thread."""
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._bell_in.send(b"\0")
+        self._thread.join(5.0)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    closed = self._closed
+                if closed:
+                    return
+                soonest = min((w.deadline for w in self._waiting.values()), default=None)
+                timeout = 1.0 if soonest is None else max(0.0, min(1.0, soonest -
+                                                                     time.monotonic()))
+                for key, _events in self._selector.select(timeout):
+                    if key.fileobj is self._bell_out:
+                        with contextlib.suppress(OSError):
+                            self._bell_out.recv(4096)
+                    else:
+                        self._read(key.fd)
+                self._take_arrivals()
+                self._expire()
+        except Exception as exc:  # never expected: say so, and stop taking connections
+            log_event(logging.ERROR, "request head gate failed", error=type(exc).__name__)
+        finally:
+            with self._lock:
+                self._closed = True
+                arrivals, self._arrivals = list(self._arrivals), collections.deque()
+            for conn in arrivals + [w.conn for w in self._waiting.values()]:
+                _close_quietly(conn)
+            self._waiting.clear()
+            self._selector.close()
+            self._bell_in.close()
+            self._bell_out.close()
+
+    def _take_arrivals(self) -> None:
+        deadline = time.monotonic() + self._deadline_s
+        while True:
+            with self._lock:
+                if not self._arrivals:
+                    return
+                conn = self._arrivals.popleft()
+            if len(self._waiting) >= self._capacity:
+                log_event(logging.WARNING, "connection closed: too many requests are waiting"
+                          " for their headers", waiting=len(self._waiting))
+                _close_quietly(conn)
+                continue
+            try:
+                sock = conn.socket
+                sock.setblocking(False)
+                self._selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):
+                _close_quietly(conn)
+                continue
+            self._waiting[sock.fileno()] = _Waiting(conn, deadline)
+
+    def _read(self, fd: int) -> None:
+        waiting = self._waiting.get(fd)
+        if waiting is None:
+            return
+        try:
+            chunk = waiting.conn.socket.recv(16384)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client left (or closed an idle kept-alive connection)
+            self._forget(fd)
+            _close_quietly(waiting.conn)
+            return
+        seen = max(0, len(waiting.head) - 3)
+        waiting.head += chunk
+        if len(waiting.head) < self._head_limit and not any(
+                waiting.head.find(end, seen) >= 0 for end in _HEAD_ENDS):
+            return
+        self._forget(fd)
+        try:  # Cheroot's threads read with the server's timeout again
+            waiting.conn.socket.settimeout(waiting.conn.server.timeout)
+            self._dispatch(waiting.conn, bytes(waiting.head))
+        except Exception as exc:
+            log_event(logging.WARNING, "connection dropped on its way to a worker thread",
+                      error=type(exc).__name__)
+            _close_quietly(waiting.conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for fd, waiting in list(self._waiting.items()):
+            if waiting.deadline <= now:
+                self._forget(fd)
+                if waiting.head:  # a request was started: tell the client why it ends
+                    with contextlib.suppress(OSError):
+                        waiting.conn.socket.send(_HEAD_TIMEOUT)
+                    log_event(logging.INFO, "request headers did not arrive within %g s"
+                              % self._deadline_s, bytes=len(waiting.head))
+                _close_quietly(waiting.conn)
+
+    def _forget(self, fd: int) -> None:
+        waiting = self._waiting.pop(fd)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(waiting.conn.socket)
+
+
+def _close_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
 def _make_server_classes() -> tuple:
-    """Cheroot subclasses: a gateway exposing the request, errors routed to logging."""
-    from cheroot import wsgi
+    """Cheroot subclasses: a gateway exposing the request, errors routed to logging,
+    and a server that gives a connection a thread only once its head has arrived."""
+    from cheroot import makefile, wsgi
+
+    class _Replayed(socket.SocketIO):
+        """The socket's reads, after the bytes the head gate already took from it."""
+
+        def __init__(self, sock: Any, first: bytes):
+            super().__init__(sock, "rb")
+            self.first = memoryview(first)
+
+        def readinto(self, buffer: Any) -> Optional[int]:
+            if self.first:
+                count = min(len(buffer), len(self.first))
+                buffer[:count] = self.first[:count]
+                self.first = self.first[count:]
+                return count
+            return super().readinto(buffer)
+
+    class HeadReader(makefile.StreamReader):
+        """Cheroot's request reader over ``_Replayed``: the head comes first."""
+
+        def __init__(self, sock: Any, first: bytes, bufsize: int):
+            super(makefile.StreamReader, self).__init__(_Replayed(sock, first), bufsize)
+            self.bytes_read = 0
+
+        def has_data(self) -> bool:
+            return super().has_data() or bool(self.raw.first)
 
     class Gateway(wsgi.Gateway_10):
         """Puts Cheroot's request in environ and restores the socket timeout afterwards.
@@ -3813,6 +4202,29 @@ def _make_server_classes() -> tuple:
                     self.req.conn.socket.settimeout(self.req.server.timeout)
 
     class Server(wsgi.Server):
+        head_gate: Optional[HeadGate] = None
+
+        def prepare(self) -> None:
+            super().prepare()
+            self.head_gate = HeadGate(self._dispatch_head, min(HEAD_DEADLINE_S, self.timeout),
+                                      self.max_request_header_size or HEADER_LIMIT)
+            self.head_gate.start()
+
+        def process_conn(self, conn: Any) -> None:
+            if conn.rfile.has_data() or self.head_gate is None:
+                super().process_conn(conn)  # a request already read in: serve it
+            else:
+                self.head_gate.admit(conn)
+
+        def _dispatch_head(self, conn: Any, head: bytes) -> None:
+            conn.rfile = HeadReader(conn.socket, head, conn.rbufsize)
+            super().process_conn(conn)
+
+        def stop(self) -> None:
+            if self.head_gate is not None:
+                self.head_gate.stop()
+            super().stop()
+
         def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
             log_event(max(level, logging.WARNING) if traceback else level,
                       "http server: " + str(msg)[:200])
@@ -3843,6 +4255,11 @@ class Service:
     def address(self) -> tuple:
         return self.server.bind_addr[:2]
 
+    @property
+    def broken(self) -> bool:
+        """The HTTP server or the fold thread ended on its own: ``serve`` exits 1."""
+        return self.failed.is_set() or self.worker.died.is_set()
+
     def start(self) -> None:
         ensure_data_dir(self.config.data_dir)
         self.lock.acquire("serve")
@@ -3854,9 +4271,11 @@ class Service:
             finally:
                 conn.close()
             self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
+            self._bind()  # a taken port fails here: before a token is announced or a fold runs
             self.app.set_token(resolve_token(self.config, self.announce))
             self.archive.clear_tmp()
-            self._start_http()  # bind first: a taken port must not start a fold
+            self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
+            self._serve_thread.start()
             self.worker.start()
         except BaseException:
             if self.server is not None:
@@ -3869,13 +4288,13 @@ class Service:
         log_event(logging.INFO, "serving", listen=format_address(host, port),
                   data=str(self.config.data_dir), version=__version__)
 
-    def _start_http(self) -> None:
+    def _bind(self) -> None:
         gateway, server_class = _make_server_classes()
         server = server_class((self.config.host, self.config.port), self.app,
                               numthreads=self.config.http_threads,
                               timeout=self.config.http_timeout_s,
                               shutdown_timeout=self.config.stop_budget_s,
-                              server_name="healthlog")
+                              request_queue_size=LISTEN_BACKLOG, server_name="healthlog")
         server.gateway = gateway
         server.expiration_interval = 0.2  # how fast stop() is noticed by the accept loop
         server.max_request_header_size = HEADER_LIMIT
@@ -3886,8 +4305,6 @@ class Service:
             raise ConfigError("cannot listen on %s: %s" % (self.config.listen,
                                                            exc.strerror or exc)) from None
         self.server = server
-        self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
-        self._serve_thread.start()
 
     def _serve(self) -> None:
         try:
@@ -3897,28 +4314,59 @@ class Service:
             self.failed.set()
 
     def stop(self) -> bool:
-        """Stop HTTP first, then the fold thread within its budget (ING-6).
+        """Stop HTTP first, then the fold thread, each within the stop budget (ING-6).
 
-        Returns True when the fold thread ended in time; not finishing is a WARN,
-        never an error: its delivery simply stays pending.  Idempotent.
+        Returns True when both ended in time.  Not finishing is a WARN, never an error:
+        an unfinished fold's delivery simply stays pending.  The database connections
+        and the data-directory lock are let go only once every request and the fold
+        have ended (RELY-8.4): until then a second process could write beside them.
+        Idempotent.
         """
         if self._stopped is not None:
             return self._stopped
         self.stopping.set()
+        budget = self.config.stop_budget_s
+        running = []
         if self.server is not None:
-            self.server.stop()
+            stopper = threading.Thread(target=self.server.stop, name="healthlog-http-stop",
+                                       daemon=True)
+            stopper.start()
+            stopper.join(budget)
+            running.append(stopper)
             if self._serve_thread is not None:
-                self._serve_thread.join(self.config.stop_budget_s)
-            log_event(logging.INFO, "http stopped")
-        finished = self.worker.stop(self.config.stop_budget_s)
+                self._serve_thread.join(0.1 if stopper.is_alive() else budget)
+                running.append(self._serve_thread)
+            if any(thread.is_alive() for thread in running):
+                log_event(logging.WARNING, "requests still running after the stop budget",
+                          budget_s=budget)
+            else:
+                log_event(logging.INFO, "http stopped")
+        finished = self.worker.stop(budget)
         if not finished:
             log_event(logging.WARNING, "fold thread did not stop within the budget; its"
                       " delivery stays pending and is folded after the next start",
-                      budget_s=self.config.stop_budget_s)
+                      budget_s=budget)
+        if self.worker.thread is not None:
+            running.append(self.worker.thread)
+        running = [thread for thread in running if thread.is_alive()]
+        if running:
+            log_event(logging.WARNING, "the data directory stays locked until the running"
+                      " work has ended", threads=len(running))
+            threading.Thread(target=self._release_after, args=(running,),
+                             name="healthlog-release", daemon=True).start()
+        else:
+            self._release()
+        self._stopped = not running
+        return self._stopped
+
+    def _release_after(self, running: list) -> None:
+        for thread in running:
+            thread.join()
+        self._release()
+
+    def _release(self) -> None:
         self.pool.close()
         self.lock.release()
-        self._stopped = finished
-        return finished
 
 
 def print_token_hint(config: Config, token: str) -> None:
@@ -3946,16 +4394,18 @@ def run_serve(config: Config) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     service.start()
-    while not stop.is_set() and not service.failed.is_set():
+    while not stop.is_set() and not service.broken:
         stop.wait(0.5)
     finished = service.stop()
     log_event(logging.INFO, "stopped")
+    code = 1 if service.broken else 0
     if not finished:
-        # The fold thread is a daemon mid-transaction: exiting now rolls its work back,
-        # which is the defined state (the delivery stays pending).
+        # A request or the fold (daemon threads) is mid-transaction: exiting now rolls
+        # its work back, which is the defined state (a delivery not answered is not
+        # accepted; an unfinished fold's delivery stays pending), and ends the lock.
         logging.shutdown()
-        os._exit(1 if service.failed.is_set() else 0)
-    return 1 if service.failed.is_set() else 0
+        os._exit(code)
+    return code
 
 
 # ==============================================================================
@@ -3995,12 +4445,22 @@ def received_at_from_name(name: str) -> Optional[str]:
                                   stamp[13:])
 
 
-def _read_meta(body: Path) -> dict:
+def _read_meta(body: Path, relative: str) -> dict:
+    """A body's ``.meta.json``; a missing one is ``{}``, a damaged one too, with a WARN:
+    the delivery is then adopted without the headers that may decide its layer."""
+    path = body.with_name(body.name[:-5] + ".meta.json")
     try:
-        meta = json.loads(body.with_name(body.name[:-5] + ".meta.json").read_text("utf-8"))
-    except (OSError, ValueError):
+        meta = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
         return {}
-    return meta if type(meta) is dict else {}
+    except (OSError, ValueError) as exc:
+        meta = exc
+    if type(meta) is not dict:
+        log_event(logging.WARNING, "damaged .meta.json: the delivery is adopted without its"
+                  " receive headers (its time comes from the file name)",
+                  archive_path=relative, error=type(meta).__name__)
+        return {}
+    return meta
 
 
 def _hash_file(path: Path) -> tuple:
@@ -4024,11 +4484,14 @@ def adopt_orphans(conn: sqlite3.Connection, data_dir: Path) -> int:
         if relative in known:
             continue
         body = data_dir / relative
-        meta = _read_meta(body)
+        meta = _read_meta(body, relative)
         received_at = meta.get("received_at")
         try:
             parse_received_at(received_at)
         except (TypeError, ValueError):
+            if meta:
+                log_event(logging.WARNING, "damaged .meta.json: no usable receive time; the"
+                          " file name gives it", archive_path=relative)
             received_at = received_at_from_name(body.name)
         if received_at is None:
             log_event(logging.WARNING, "archived file without a receive time was not adopted",
@@ -4111,7 +4574,8 @@ def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str
                 break
             time.sleep(1.0)
         else:
-            raise HealthlogError("the database stayed busy; stopped (nothing was replaced)")
+            raise HealthlogError("the database stayed busy or could not be written; stopped"
+                                 " (nothing was replaced)")
         done_bytes += sizes.get(delivery_id, 0)
         progress.update(done, done_bytes)
     progress.finish()

@@ -1,0 +1,569 @@
+"""Reliability defects found by the torture work, each proven fixed against a real server.
+
+Slow and abusive clients (RELY-5) against a real Cheroot server on 127.0.0.1:0, and the
+defects RELY-8.x: a fold loop that restarts, a lock kept while work still runs, a
+migration race, a damaged ``.meta.json``, the token banner, permission messages, the
+validation ceiling, the status snapshot.  Names carry the reliability spec's scenario IDs
+(openspec/specs/reliability/spec.md).
+"""
+
+import dataclasses
+import io
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hae_factory
+import healthlog
+from conftest import ROOT, Client, archive_files, db_rows, wait_for
+from test_ingest import HAE_HEADERS, hae_body, raw_post, read_response
+
+pytestmark = pytest.mark.json_agnostic
+
+
+def _big_body() -> bytes:
+    """A real-shaped minute delivery of about 1 MB."""
+    payload = hae_factory.metrics_payload(seed=5, names=("heart_rate", "step_count",
+                                                         "active_energy"))
+    return json.dumps(payload, indent=2).encode()
+
+
+def _healthz(port: int) -> tuple:
+    started = time.monotonic()
+    status, payload = Client("127.0.0.1", port).request("GET", "/healthz", token=False)
+    return status, payload, time.monotonic() - started
+
+
+class Dribbler:
+    """Open connections that send the start of a request, then one byte at a time."""
+
+    def __init__(self, port: int, count: int, start: bytes, every_s: float):
+        self.socks = []
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(start)
+            self.socks.append(sock)
+        self._stop = threading.Event()
+        self._every_s = every_s
+        self._thread = threading.Thread(target=self._run, name="test-dribbler")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            for sock in self.socks:
+                try:
+                    sock.send(b"X")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock in self.socks:
+            sock.close()
+
+
+# -- RELY-5: slow and abusive clients ----------------------------------------------
+
+
+def test_rely_5_1_two_hundred_slow_header_clients_do_not_stop_a_delivery(start_service,
+                                                                          data_dir):
+    """WHEN 200 connections send `POST /api/ingest HTTP/1.1` and then dribble header bytes,
+    THEN a normal delivery is answered 200 within 2 s and /healthz stays responsive."""
+    service = start_service(http_timeout_s=20.0)
+    port = service.address[1]
+    body = _big_body()
+    slow = Dribbler(port, 200, b"POST /api/ingest HTTP/1.1\r\nHost: x\r\nX-Slow: ", 0.5)
+    try:
+        time.sleep(0.5)  # every slow connection has been accepted and has sent bytes
+        started = time.monotonic()
+        status, payload = Client("127.0.0.1", port).ingest(body)
+        answered = time.monotonic() - started
+        health = _healthz(port)
+    finally:
+        slow.close()
+    assert status == 200, payload
+    assert answered < 2.0, "the delivery took %.1f s behind slow clients" % answered
+    assert health[0] == 200 and health[2] < 2.0
+    row = db_rows(data_dir)[0]
+    assert (data_dir / row["archive_path"]).read_bytes() == body
+
+
+def test_rely_5_2_request_headers_have_a_total_deadline(start_service):
+    """WHEN a client keeps sending header bytes more often than the inactivity timeout but
+    never ends its headers, THEN it gets 408 and is disconnected at the head deadline."""
+    service = start_service(http_timeout_s=2.0)
+    with socket.create_connection(("127.0.0.1", service.address[1])) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+        started = time.monotonic()
+        sock.settimeout(0.3)
+        received = b""
+        while time.monotonic() - started < 10.0:
+            try:
+                sock.send(b"X")
+                chunk = sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        elapsed = time.monotonic() - started
+    assert received.startswith(b"HTTP/1.1 408 "), received[:60]
+    assert elapsed < 6.0, "a dribbling client held its connection %.1f s" % elapsed
+
+
+def test_rely_5_3_slow_bodies_leave_threads_for_reading_and_get_503_past_the_slots(
+        start_service, data_dir):
+    """WHEN every upload slot is held by a slow body, THEN a further upload is answered 503
+    with Retry-After at once, /healthz and the read routes still answer, and the slow
+    uploads leave nothing behind once their clients go away."""
+    service = start_service(http_threads=6, http_timeout_s=10.0)
+    port = service.address[1]
+    slots = service.config.http_threads - healthlog.HTTP_RESERVED_THREADS
+    head = raw_post(port, b"x" * 10_000)[:-10_000] + b"{"
+    slow = Dribbler(port, slots, head, 0.3)
+    try:
+        wait_for(lambda: list((data_dir / "tmp").glob("upload-*")), timeout=10)
+        started = time.monotonic()
+        status, payload = Client("127.0.0.1", port).ingest(hae_body())
+        refused_in = time.monotonic() - started
+        health = _healthz(port)
+        catalog = Client("127.0.0.1", port).request("GET", "/api/catalog")
+    finally:
+        slow.close()
+    assert status == 503 and payload["error"]["code"] == "busy", payload
+    assert refused_in < 2.0
+    assert health[0] == 200 and catalog[0] == 200
+    wait_for(lambda: not list((data_dir / "tmp").iterdir()), timeout=15)
+    assert Client("127.0.0.1", port).ingest(hae_body())[0] == 200
+    assert len(db_rows(data_dir)) == 1
+
+
+def test_rely_5_3_busy_answer_carries_retry_after(start_service):
+    """WHEN the upload slots are taken, THEN the 503 names when to come back."""
+    service = start_service(http_threads=5)
+    assert service.app.upload_slots.acquire(blocking=False)  # the only slot (5 - 4)
+    try:
+        with socket.create_connection(("127.0.0.1", service.address[1])) as sock:
+            sock.sendall(raw_post(service.address[1], hae_body()))
+            head = sock.recv(65536).split(b"\r\n\r\n")[0].decode().lower()
+    finally:
+        service.app.upload_slots.release()
+    assert head.startswith("http/1.1 503")
+    assert "retry-after: %d" % healthlog.RETRY_AFTER_S in head
+
+
+def test_rely_5_4_a_body_shorter_than_its_content_length_times_out_alone(start_service,
+                                                                          data_dir):
+    """WHEN a client announces a longer body than it sends and stops, THEN it gets 408 once
+    the pause outlasts the ingest stall limit, other clients are served meanwhile, and
+    nothing is kept."""
+    service = start_service(ingest_stall_s=1.5)
+    port = service.address[1]
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(raw_post(port, hae_body())[:-30])
+        assert Client("127.0.0.1", port).ingest(hae_body())[0] == 200
+        sock.settimeout(10)
+        status, payload = read_response(sock)
+    assert status == 408 and payload["error"]["code"] == "request_timeout"
+    assert len(db_rows(data_dir)) == 1
+    wait_for(lambda: not list((data_dir / "tmp").iterdir()))
+
+
+def test_rely_5_5_idle_connections_hold_no_thread(start_service):
+    """WHEN 300 clients connect and say nothing, THEN requests are still served, no thread
+    is started for them, and they are closed at the head deadline."""
+    service = start_service(http_timeout_s=2.0)
+    port = service.address[1]
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    try:
+        health = _healthz(port)
+        during = threading.active_count()
+        for sock in idle:
+            sock.settimeout(8.0)
+        closed = 0
+        for sock in idle:
+            try:
+                closed += sock.recv(1) == b""
+            except OSError:
+                closed += 1
+    finally:
+        for sock in idle:
+            sock.close()
+    assert health[0] == 200 and health[2] < 2.0
+    assert during <= before
+    assert closed == len(idle)
+
+
+# -- RELY-8.1/8.2: the fold thread ------------------------------------------------
+
+
+class FlakyWorker(healthlog.FoldWorker):
+    """The real worker; its first ``failures`` passes raise (as a broken disk would)."""
+
+    restart_pauses_s = (0.5,)
+
+    def __init__(self, config, failures: int, error: type = RuntimeError):
+        super().__init__(config)
+        self.failures, self.error = failures, error
+        self.allowed = threading.Event()
+
+    def run_pass(self, engine):
+        if self.failures:
+            self.allowed.wait(10)
+            self.failures -= 1
+            raise self.error("injected fold failure")
+        return super().run_pass(engine)
+
+
+def _service_with(make_config, worker_factory, **overrides) -> healthlog.Service:
+    service = healthlog.Service(make_config(**overrides), announce=lambda token: None)
+    service.worker = worker_factory(service.config)
+    service.start()
+    return service
+
+
+def test_rely_8_1_fold_loop_restarts_and_healthz_says_failing_meanwhile(make_config, data_dir,
+                                                                       logs):
+    """WHEN an exception escapes a fold pass, THEN the loop starts again after a pause,
+    /healthz answers 503 "failing" until it runs, and the delivery is folded after."""
+    service = _service_with(make_config, lambda config: FlakyWorker(config, failures=2))
+    try:
+        port = service.address[1]
+        assert Client("127.0.0.1", port).ingest(hae_body(), headers=HAE_HEADERS)[0] == 200
+        service.worker.allowed.set()
+        status, payload, _ = wait_for(lambda: (lambda h: h[0] == 503 and h)(_healthz(port)))
+        assert payload["status"] == "failing" and payload["worker"] == "restarting"
+        wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
+        wait_for(lambda: _healthz(port)[0] == 200)
+    finally:
+        assert service.stop()
+    failed = logs.find("fold thread failed", "ERROR")
+    assert len(failed) == 2 and failed[0]["error"] == "RuntimeError"
+
+
+class _Fatal(BaseException):
+    """Stands for what no ``except Exception`` catches."""
+
+
+def test_rely_8_2_a_fold_thread_that_ends_makes_serve_exit_non_zero(make_config, logs):
+    """WHEN the fold thread ends without a stop request, THEN /healthz answers 503 and the
+    service reports itself broken (`serve` then exits 1, for systemd to restart it)."""
+    service = _service_with(make_config, lambda config: FlakyWorker(config, 1, _Fatal))
+    try:
+        service.worker.allowed.set()
+        wait_for(lambda: service.broken)
+        status, payload, _ = _healthz(service.address[1])
+        assert status == 503 and payload["status"] == "failing"
+    finally:
+        assert service.stop()
+    assert logs.find("fold thread ended unexpectedly", "ERROR")
+
+
+def test_rely_8_2_healthz_is_ok_while_stopping(start_service):
+    """WHEN the service is stopping, THEN a stopped fold thread is no failure."""
+    service = start_service()
+    service.stopping.set()
+    service.worker.stop(5)
+    status, payload, _ = _healthz(service.address[1])
+    assert status == 200 and payload["status"] == "stopping"
+
+
+def test_rely_8_2_storage_failure_in_a_fold_leaves_the_delivery_pending():
+    """WHEN SQLite cannot write for a reason of the machine (disk full, read-only, I/O),
+    THEN the fold is deferred, not recorded as a failed delivery."""
+    full = sqlite3.OperationalError("database or disk is full")
+    readonly = sqlite3.OperationalError("attempt to write a readonly database")
+    assert healthlog.classify(full).deferred and healthlog.classify(readonly).deferred
+    assert healthlog.classify(sqlite3.IntegrityError("UNIQUE constraint")).kind == "failed"
+
+
+# -- RELY-8.3: the validation ceiling ----------------------------------------------
+
+
+def test_rely_8_3_bytes_under_validation_have_a_ceiling(start_service, data_dir, monkeypatch):
+    """WHEN the validation ceiling is held longer than an upload may wait, THEN the upload
+    is answered 503 with Retry-After and leaves nothing behind; once free, it is accepted."""
+    monkeypatch.setattr(healthlog, "VALIDATION_WAIT_S", 0.5)
+    service = start_service()
+    client = Client("127.0.0.1", service.address[1])
+    with service.app.validation.hold(healthlog.VALIDATION_CEILING_BYTES, 1):
+        status, payload = client.ingest(hae_body())
+    assert status == 503 and payload["error"]["code"] == "busy"
+    assert db_rows(data_dir) == [] and archive_files(data_dir) == []
+    assert not list((data_dir / "tmp").iterdir())
+    assert client.ingest(hae_body())[0] == 200
+
+
+def test_rely_8_3_byte_budget_admits_in_order_and_lets_a_large_body_in_alone():
+    """WHEN holders would pass the ceiling together, THEN the later one waits its turn; a
+    holder larger than the ceiling is admitted once nothing else is held."""
+    budget = healthlog.ByteBudget(100)
+    order = []
+
+    def hold(name: str, size: int) -> None:
+        with budget.hold(size, 10):
+            order.append((name, budget.held))
+            time.sleep(0.2)
+
+    with budget.hold(60, 1):
+        late = threading.Thread(target=hold, args=("big", 500))
+        late.start()
+        time.sleep(0.1)
+        small = threading.Thread(target=hold, args=("small", 10))
+        small.start()  # fits, but queues behind the big one: first come, first served
+        time.sleep(0.1)
+        assert order == []
+    late.join()
+    small.join()
+    assert order == [("big", 500), ("small", 10)]
+    assert budget.held == 0
+    with budget.hold(90, 1):
+        with pytest.raises(healthlog.ServiceBusy):
+            with budget.hold(20, 0.2):
+                pass
+    assert budget.held == 0
+
+
+def test_rely_8_3_a_surrogate_escape_does_not_multiply_validation_memory(tmp_path):
+    """WHEN a large body holds one paired surrogate escape, THEN validating it takes about
+    the memory of a body without one (no full parse of the document)."""
+    payload = hae_factory.metrics_payload(seed=2, names=("heart_rate", "step_count"))
+    plain = json.dumps(payload, indent=1)
+    with_pair = plain.replace('"heart_rate"', '"heart_rate \\ud83d\\ude00"', 1)
+    peaks = []
+    for text in (plain, with_pair):
+        path = tmp_path / "body.json"
+        path.write_bytes(text.encode())
+        tracemalloc.start()
+        healthlog.check_delivery_shape(path)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.5 * peaks[0], peaks
+    assert peaks[1] < 4 * len(with_pair), peaks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "\\\\", "\\ud83d", "\\ude00", "\\uDBFF", "\\u00e9",
+                                 "\\n", '\\"']), max_size=8))
+def test_rely_8_3_lone_surrogate_scan_agrees_with_a_full_parse(pieces):
+    """WHEN a JSON string holds any mix of escapes, THEN the streaming scan finds a lone
+    surrogate exactly when no UTF-8 spelling of the parsed text exists."""
+    text = '{"data": {"name": "%s"}}' % "".join(pieces)
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+        expected = False
+    except UnicodeEncodeError:
+        expected = True
+    assert healthlog._lone_surrogate(text) is expected
+
+
+# -- RELY-8.4: the lock outlives running work --------------------------------------
+
+
+def test_rely_8_4_lock_is_kept_while_a_request_outlives_the_stop_budget(make_config, data_dir):
+    """WHEN a request is still writing after the stop budget, THEN stop() returns within
+    about the budget, the data-directory lock stays held until the request has ended, and
+    only then is it released."""
+    config = make_config(busy_timeout_s=4.0, stop_budget_s=0.5)
+    service = healthlog.Service(config, announce=lambda token: None)
+    service.start()
+    blocker = sqlite3.connect(str(config.db_path), isolation_level=None)
+    answers = []
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # the ingest's INSERT waits for this lock
+        poster = threading.Thread(target=lambda: answers.append(
+            Client(*service.address).ingest(hae_body())))
+        poster.start()
+        wait_for(lambda: archive_files(data_dir))  # the body is archived; the row waits
+        started = time.monotonic()
+        assert service.stop() is False
+        assert time.monotonic() - started < 3.0
+        other = healthlog.DataDirLock(data_dir)
+        with pytest.raises(healthlog.DataDirLocked):
+            other.acquire("test")
+        blocker.execute("ROLLBACK")
+        poster.join(10)
+        wait_for(lambda: not service.lock.held_by_other() and service.lock._fd is None)
+        other.acquire("test")
+        other.release()
+    finally:
+        if blocker.in_transaction:
+            blocker.execute("ROLLBACK")
+        blocker.close()
+    assert answers and answers[0][0] == 200
+
+
+# -- RELY-8.5: serve and import on a new data directory ---------------------------
+
+
+def test_rely_8_5_two_processes_creating_one_schema_both_succeed(make_config, data_dir):
+    """WHEN two processes open a new data directory at once and both find it without a
+    schema, THEN one creates it and the other uses it (no "table exists")."""
+    data_dir.mkdir()
+    config = make_config()
+    blocker = sqlite3.connect(str(config.db_path), isolation_level=None)
+    blocker.execute("PRAGMA journal_mode=WAL")
+    blocker.execute("BEGIN IMMEDIATE")  # both openers read version 0, then wait here
+    results = []
+
+    def open_it() -> None:
+        try:
+            healthlog.open_database(dataclasses.replace(config, busy_timeout_s=10)).close()
+            results.append("ok")
+        except Exception as exc:  # the assertion below names it
+            results.append(repr(exc))
+
+    openers = [threading.Thread(target=open_it) for _ in range(2)]
+    for opener in openers:
+        opener.start()
+    time.sleep(0.5)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    for opener in openers:
+        opener.join(20)
+    assert results == ["ok", "ok"]
+
+
+# -- RELY-8.6: a damaged .meta.json -------------------------------------------------
+
+
+def test_rely_8_6_damaged_meta_json_is_adopted_with_a_warning(start_service, data_dir, logs):
+    """WHEN `reindex` adopts an archived body whose .meta.json is damaged, THEN it says so
+    in a WARN naming the file, and takes the receive time from the file name."""
+    service = start_service()
+    assert Client(*service.address).ingest(hae_body(), headers=HAE_HEADERS)[0] == 200
+    wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
+    assert service.stop()
+    body = data_dir / db_rows(data_dir)[0]["archive_path"]
+    received_at = db_rows(data_dir)[0]["received_at"]
+    meta = body.with_name(body.name[:-5] + ".meta.json")
+    meta.write_bytes(meta.read_bytes()[:25])  # torn
+    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
+    conn.execute("DELETE FROM delivery")
+    conn.commit()
+    conn.close()
+    assert healthlog.run_reindex(service.config, out=io.StringIO()) == 0
+    warned = logs.find("damaged .meta.json", "WARN")
+    assert warned and warned[0]["archive_path"] == db_rows(data_dir)[0]["archive_path"]
+    assert db_rows(data_dir)[0]["received_at"] == received_at
+
+
+# -- RELY-8.7: the token banner -----------------------------------------------------
+
+
+def _serve_cli(data_dir: Path, listen: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+         "--listen", listen], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, HEALTHLOG_LOG_LEVEL="INFO"))
+
+
+def test_rely_8_7_token_banner_is_shown_only_by_a_start_that_listens(data_dir):
+    """WHEN the first start on a new data directory fails because the port is taken, THEN
+    it prints no token; the next start that listens shows the token once."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        failed = _serve_cli(data_dir, "127.0.0.1:%d" % taken.getsockname()[1])
+        out, err = failed.communicate(timeout=30)
+    finally:
+        taken.close()
+    assert failed.returncode == 2 and "cannot listen" in err
+    assert "token" not in out
+    started = _serve_cli(data_dir, "127.0.0.1:0")
+    banner = []
+    try:
+        for line in started.stdout:
+            banner.append(line)
+            if "Bearer" in line:
+                break
+    finally:
+        started.terminate()
+        started.communicate(timeout=30)
+    token = (data_dir / healthlog.TOKEN_NAME).read_text().strip()
+    assert "created an access token" in banner[0]
+    assert "Authorization: Bearer " + token in banner[-1]
+    assert started.returncode == 0
+
+
+# -- RELY-8.8: permission messages --------------------------------------------------
+
+
+def _ensure_as_nobody(path: Path) -> str:
+    """ensure_data_dir in a forked child running as an unprivileged user (root ignores
+    permissions, and CI runs as root); its error message comes back through a pipe."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        message = "no error"
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            healthlog.ensure_data_dir(path)
+        except BaseException as exc:
+            message = str(exc)
+        os.write(write_end, message.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return message
+
+
+def test_rely_8_8_an_existing_unwritable_data_directory_is_named_as_such(tmp_path):
+    """WHEN the data directory exists but is not writable, THEN the message says so and
+    names the folder it could not create, not "cannot create data directory"."""
+    tmp_path.chmod(0o755)
+    for parent in list(tmp_path.parents)[:3]:  # pytest's own folders, for the child user
+        if parent.stat().st_uid == os.geteuid():
+            parent.chmod(parent.stat().st_mode | 0o005)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o555)
+    message = _ensure_as_nobody(data)
+    assert "data directory %s is not usable" % data in message, message
+    assert "cannot create %s" % (data / "archive") in message
+    assert "Permission denied" in message
+    assert "cannot create data directory" not in message
+
+
+# -- RELY-8.9: status in one snapshot ------------------------------------------------
+
+
+def test_rely_8_9_status_counts_and_fingerprint_come_from_one_snapshot(start_service,
+                                                                       data_dir, monkeypatch):
+    """WHEN a fold commits while `status` is reading, THEN the counts and the fingerprint
+    it prints still describe one state of the store."""
+    service = start_service()
+    assert Client(*service.address).ingest(hae_body(), headers=HAE_HEADERS)[0] == 200
+    wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
+    assert service.stop()
+    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME), isolation_level=None)
+    before = healthlog.fingerprint(conn)
+    original = healthlog.fingerprint
+
+    def fingerprint_after_a_commit(reader, *args, **kw):
+        conn.execute("UPDATE object SET hash = 'changed-meanwhile'")  # another writer
+        return original(reader, *args, **kw)
+
+    monkeypatch.setattr(healthlog, "fingerprint", fingerprint_after_a_commit)
+    status = healthlog.collect_status(dataclasses.replace(service.config))
+    conn.close()
+    assert status["fingerprint"] == before
