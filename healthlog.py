@@ -275,6 +275,16 @@ class ServiceBusy(HTTPFailure):
     headers = (("Retry-After", str(RETRY_AFTER_S)),)
 
 
+class StorageFailure(HealthlogError):
+    """Writing into the data directory failed (disk full, read-only, I/O error): the
+    server's fault, never the client's."""
+
+    def __init__(self, cause: OSError):
+        super().__init__("cannot write into the data directory: %s"
+                         % (cause.strerror or type(cause).__name__))
+        self.cause = cause
+
+
 class FoldFailure(HealthlogError):
     """The delivery cannot be folded; retrying will not change that (ING-3)."""
 
@@ -1446,9 +1456,27 @@ def is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
 
 
-_STORAGE_CODES = (7, 8, 10, 13, 14)  # SQLITE_NOMEM, READONLY, IOERR, FULL, CANTOPEN
+# SQLITE_NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB
+_STORAGE_CODES = (7, 8, 10, 11, 13, 14, 26)
 _STORAGE_TEXTS = ("out of memory", "readonly database", "disk I/O error", "disk is full",
-                  "unable to open database")
+                  "unable to open database", "malformed", "not a database")
+_CORRUPT_CODES = (11, 26)
+_CORRUPT_TEXTS = ("malformed", "not a database")
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """True when SQLite found the database file damaged."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _CORRUPT_CODES
+    return isinstance(exc, sqlite3.Error) and any(text in str(exc) for text in _CORRUPT_TEXTS)
+
+
+def damaged_database(path: Path, exc: BaseException) -> ConfigError:
+    """The one message for a damaged database file, with the way back."""
+    return ConfigError(
+        "%s is damaged (%s); move %s* aside and run `healthlog reindex` to rebuild it from"
+        " the archive" % (path, str(exc).split("\n")[0][:80], path.name))
 
 
 def is_storage_failure(exc: BaseException) -> bool:
@@ -1511,9 +1539,18 @@ def open_database(config: Config, *, create: bool = True,
     try:
         conn = connect(path, busy_timeout_s=config.busy_timeout_s, synchronous=synchronous)
     except sqlite3.Error as exc:
+        if is_corruption(exc):
+            raise damaged_database(path, exc) from None
         raise ConfigError("cannot open %s: %s" % (path, exc)) from None
     try:
         migrate(conn, path)
+        for table in ("delivery", "object"):  # reads each table's root page
+            conn.execute("SELECT 1 FROM %s LIMIT 1" % table).fetchall()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        if is_corruption(exc):
+            raise damaged_database(path, exc) from None
+        raise
     except BaseException:
         conn.close()
         raise
@@ -1633,6 +1670,9 @@ def resolve_token(config: Config, announce: Callable[[str], None]) -> str:
         text = None
     except OSError as exc:
         raise ConfigError("cannot read %s: %s" % (path, exc.strerror)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("cannot read %s: it is not UTF-8 text (write the token there"
+                          " again, or remove the file to have a new one made)" % path) from None
     if text is not None:
         return _check_token(text, str(path))
     token = secrets.token_urlsafe(32)
@@ -1715,6 +1755,13 @@ def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
     fsync_dir(path.parent)
 
 
+def _write_chunk(handle: Any, chunk: bytes) -> None:
+    try:
+        handle.write(chunk)
+    except OSError as exc:  # disk full (ENOSPC, EFBIG), read-only, I/O error
+        raise StorageFailure(exc) from None
+
+
 @dataclass
 class Upload:
     """A body received into ``DATA/tmp``: durable on disk, not yet in the archive."""
@@ -1774,13 +1821,16 @@ class Archive:
         tmp_path = self.tmp / ("upload-%s.part" % secrets.token_hex(8))
         digest = hashlib.sha256()
         size = 0
-        fd = os.open(str(tmp_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(str(tmp_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise StorageFailure(exc) from None
         try:
             with os.fdopen(fd, "wb") as handle:
                 while length is None or size < length:
                     want = READ_CHUNK if length is None else min(READ_CHUNK, length - size)
                     before_read()
-                    chunk = read(want)
+                    chunk = read(want)  # an OSError here is the client's connection
                     if not chunk:
                         break
                     size += len(chunk)
@@ -1788,13 +1838,16 @@ class Archive:
                         raise PayloadTooLarge("the body is larger than %d MiB (the limit set "
                                               "with --max-body-mib)" % (limit >> 20))
                     digest.update(chunk)
-                    handle.write(chunk)
+                    _write_chunk(handle, chunk)
                 if length is not None and size != length:
                     raise BadRequest("the body ended after %d of %d bytes" % (size, length))
-                handle.flush()
-                os.fsync(handle.fileno())
+                try:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                except OSError as exc:
+                    raise StorageFailure(exc) from None
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 tmp_path.unlink()
             raise
         return Upload(tmp_path, size, digest.hexdigest())
@@ -1808,8 +1861,15 @@ class Archive:
         target_dir = self.data_dir / folder
         makedirs_durable(target_dir)
         meta_bytes = json.dumps(meta, ensure_ascii=False, sort_keys=True, indent=1).encode()
-        write_durable(target_dir / (stem + ".meta.json"), meta_bytes + b"\n", mode=0o600)
-        os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
+        meta_path = target_dir / (stem + ".meta.json")
+        write_durable(meta_path, meta_bytes + b"\n", mode=0o600)
+        try:
+            os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
+        except OSError:  # e.g. DATA/tmp on another file system (EXDEV): no body, no meta
+            with contextlib.suppress(OSError):
+                meta_path.unlink()
+                fsync_dir(target_dir)
+            raise
         fsync_dir(target_dir)
         return "%s/%s.json" % (folder, stem)
 
@@ -1956,7 +2016,8 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
         meta.update(extra_meta or {})
         try:
             archive_path = archive.commit(upload, received_at, meta)
-        except OSError as exc:
+        except (OSError, StorageFailure) as exc:
+            exc = getattr(exc, "cause", exc)
             log_event(logging.ERROR, "archive write failed: delivery refused",
                       error=type(exc).__name__, errno=exc.errno)
             raise InternalError() from None
@@ -2698,6 +2759,9 @@ class FoldWorker:
                         return folded
                     cursor = (received_at, delivery_id)
                     outcome = self.fold_one(engine, delivery_id)
+                    if outcome.error == "storage":  # the loop pauses; /healthz says failing
+                        raise StorageFailure(OSError(errno.EIO, "the database cannot be"
+                                                     " written"))
                     if outcome.deferred:
                         return folded  # the barrier: successors wait for this one
                     folded += outcome.kind == "folded"
@@ -2764,6 +2828,16 @@ def requeue_covered(conn: sqlite3.Connection) -> int:
                              [(i,) for i in ids])
         log_event(logging.INFO, "deliveries requeued for a new fold", count=len(ids))
     return len(ids)
+
+
+def warn_if_journal_lost(conn: sqlite3.Connection, data_dir: Path) -> None:
+    """An empty journal beside an archive with bodies: the database was replaced or
+    lost; the bodies are safe, and reindex journals them again."""
+    if conn.execute("SELECT 1 FROM delivery LIMIT 1").fetchone() is None:
+        bodies = len(archive_bodies(data_dir))
+        if bodies:
+            log_event(logging.WARNING, "the journal is empty but the archive holds deliveries;"
+                      " `healthlog reindex` journals and folds them again", archived=bodies)
 
 
 def count_folded_by_older_parser(conn: sqlite3.Connection) -> int:
@@ -3801,6 +3875,10 @@ class App:
             raise
         except HTTPFailure:
             raise
+        except StorageFailure as exc:
+            log_event(logging.ERROR, "archive write failed: delivery refused",
+                      error=type(exc.cause).__name__, errno=exc.cause.errno)
+            raise InternalError() from None
         except OSError as exc:  # includes socket timeouts and resets
             if _is_timeout(exc):
                 raise RequestTimeout() from None
@@ -4268,6 +4346,11 @@ class Service:
             try:
                 requeue_covered(conn)
                 warn_if_folded_by_older_parser(conn)
+                warn_if_journal_lost(conn, self.config.data_dir)
+            except sqlite3.DatabaseError as exc:
+                if is_corruption(exc):
+                    raise damaged_database(self.config.db_path, exc) from None
+                raise
             finally:
                 conn.close()
             self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
@@ -4863,6 +4946,8 @@ def _import_one(archive: Archive, conn: sqlite3.Connection, path: Path, headers:
                                   " ranges" % (FOLD_MAX_BYTES >> 20))
         with open(str(path), "rb") as handle:
             upload = archive.receive(handle.read, size, FOLD_MAX_BYTES, lambda: None)
+    except StorageFailure as exc:
+        raise ConfigError("%s: %s" % (archive.tmp, exc.message)) from None
     except OSError as exc:
         raise BadRequest("cannot read the file (%s)"
                          % (exc.strerror or type(exc).__name__)) from None

@@ -567,3 +567,21 @@ def test_rely_8_9_status_counts_and_fingerprint_come_from_one_snapshot(start_ser
     status = healthlog.collect_status(dataclasses.replace(service.config))
     conn.close()
     assert status["fingerprint"] == before
+
+
+# -- RELY-8.10: a lost journal beside a full archive --------------------------------
+
+
+def test_rely_8_10_an_empty_journal_beside_archived_bodies_is_a_warning(start_service,
+                                                                       data_dir, logs):
+    """WHEN serve starts on a database with no deliveries while the archive holds bodies
+    (the database file was replaced or lost), THEN a WARN says so and names reindex."""
+    service = start_service()
+    assert Client(*service.address).ingest(hae_body(), headers=HAE_HEADERS)[0] == 200
+    assert service.stop()
+    for path in data_dir.glob(healthlog.DB_NAME + "*"):
+        path.unlink()
+    assert not logs.find("journal is empty")
+    start_service()
+    warned = logs.find("journal is empty", "WARN")
+    assert len(warned) == 1 and warned[0]["archived"] == "1"
