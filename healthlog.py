@@ -2699,7 +2699,7 @@ class FoldWorker:
                     self._passed = False
                     pause = self.restart_pauses_s[min(failures, len(self.restart_pauses_s)) - 1]
                     self.state = "restarting"
-                    log_event(logging.ERROR, "fold thread failed; starting it again",
+                    log_event(logging.ERROR, "fold pass failed; the fold loop starts again",
                               error=type(exc).__name__, restart_in_s=pause)
                     log_event(logging.DEBUG, "fold thread failure detail", detail=repr(exc))
                     self._stop.wait(pause)

@@ -252,7 +252,7 @@ def test_rely_8_1_fold_loop_restarts_and_healthz_says_failing_meanwhile(make_con
         wait_for(lambda: _healthz(port)[0] == 200)
     finally:
         assert service.stop()
-    failed = logs.find("fold thread failed", "ERROR")
+    failed = logs.find("fold pass failed", "ERROR")
     assert len(failed) == 2 and failed[0]["error"] == "RuntimeError"
 
 
