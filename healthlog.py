@@ -2253,6 +2253,8 @@ def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outc
         return Outcome("folded", status)
     if isinstance(exc, FoldFailure):
         return Outcome("failed", "failed", exc.error_class)
+    if isinstance(exc, RecursionError):  # valid JSON nested deeper than the fold walks
+        return Outcome("failed", "failed", "nesting_too_deep")
     if isinstance(exc, sqlite3.Error) and is_busy(exc):
         return Outcome("deferred", error="busy")
     if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
@@ -3706,6 +3708,9 @@ class App:
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
             self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
 
+        if self._token and self._token.decode() in path:  # a token typed into the URL
+            path = path.replace(self._token.decode(), "<token>")
+
         def logged(bytes_out: int) -> None:
             log_event(logging.DEBUG if path == "/healthz" else logging.INFO, "http request",
                       method=environ.get("REQUEST_METHOD", ""), path=path, status=code,
@@ -3799,6 +3804,9 @@ class App:
         if self.stopping.is_set():
             raise ServiceStopping()
         self.authenticate(environ)
+        if name is not None and self._token and hmac.compare_digest(
+                name.encode("latin-1", "replace"), self._token):
+            raise BadRequest("the token belongs in the Authorization header, not in the URL")
         if name is not None and not _valid_name(name):
             raise BadRequest("the ingest name may use letters, digits, '.', '_' and '-' "
                              "(at most %d)" % INGEST_NAME_MAX)
@@ -3882,9 +3890,13 @@ class App:
         except OSError as exc:  # includes socket timeouts and resets
             if _is_timeout(exc):
                 raise RequestTimeout() from None
+            if str(exc) == "Request Entity Too Large":  # a chunk announced past the limit
+                raise PayloadTooLarge("the body is larger than %d MiB (the limit set with"
+                                      " --max-body-mib)" % (self.config.max_body_bytes >> 20)
+                                      ) from None
             log_event(logging.INFO, "upload interrupted", error=type(exc).__name__)
             raise BadRequest("the body could not be read to its end") from None
-        except ValueError:  # malformed chunked coding
+        except (ValueError, OverflowError, MemoryError):  # malformed chunked coding
             raise BadRequest("the chunked body is malformed") from None
 
 
@@ -4084,8 +4096,9 @@ class HeadGate:
     """
 
     def __init__(self, dispatch: Callable[[Any, bytes], None], deadline_s: float,
-                 head_limit: int, capacity: int = HEAD_GATE_MAX):
-        self._dispatch = dispatch
+                 head_limit: int, on_failure: Callable[[], None],
+                 capacity: int = HEAD_GATE_MAX):
+        self._dispatch, self._on_failure = dispatch, on_failure
         self._deadline_s, self._head_limit, self._capacity = deadline_s, head_limit, capacity
         self._selector = selectors.DefaultSelector()
         self._arrivals: collections.deque = collections.deque()
@@ -4144,8 +4157,9 @@ class HeadGate:
                         self._read(key.fd)
                 self._take_arrivals()
                 self._expire()
-        except Exception as exc:  # never expected: say so, and stop taking connections
+        except Exception as exc:  # never expected: say so; serve stops and exits 1
             log_event(logging.ERROR, "request head gate failed", error=type(exc).__name__)
+            self._on_failure()
         finally:
             with self._lock:
                 self._closed = True
@@ -4233,6 +4247,7 @@ def _make_server_classes() -> tuple:
     """Cheroot subclasses: a gateway exposing the request, errors routed to logging,
     and a server that gives a connection a thread only once its head has arrived."""
     from cheroot import makefile, wsgi
+    from cheroot import server as cheroot_server
 
     class _Replayed(socket.SocketIO):
         """The socket's reads, after the bytes the head gate already took from it."""
@@ -4273,6 +4288,11 @@ def _make_server_classes() -> tuple:
             return environ
 
         def respond(self) -> None:
+            rfile = self.req.rfile
+            if isinstance(rfile, cheroot_server.ChunkedRFile) and not rfile.maxlen:
+                # Cheroot reads a whole chunk in one call: its announced size is bounded
+                # by the body limit, or ``7fffffffffffffff`` would be one allocation.
+                rfile.maxlen = self.req.server.body_limit
             try:
                 super().respond()
             finally:
@@ -4281,11 +4301,14 @@ def _make_server_classes() -> tuple:
 
     class Server(wsgi.Server):
         head_gate: Optional[HeadGate] = None
+        on_failure: Callable[[], None] = staticmethod(lambda: None)
+        body_limit = DEFAULT_MAX_BODY_MIB << 20
 
         def prepare(self) -> None:
             super().prepare()
             self.head_gate = HeadGate(self._dispatch_head, min(HEAD_DEADLINE_S, self.timeout),
-                                      self.max_request_header_size or HEADER_LIMIT)
+                                      self.max_request_header_size or HEADER_LIMIT,
+                                      self.on_failure)
             self.head_gate.start()
 
         def process_conn(self, conn: Any) -> None:
@@ -4379,6 +4402,8 @@ class Service:
                               shutdown_timeout=self.config.stop_budget_s,
                               request_queue_size=LISTEN_BACKLOG, server_name="healthlog")
         server.gateway = gateway
+        server.on_failure = self.failed.set  # serve then stops and exits 1
+        server.body_limit = self.config.max_body_bytes + READ_CHUNK  # + chunk size lines
         server.expiration_interval = 0.2  # how fast stop() is noticed by the accept loop
         server.max_request_header_size = HEADER_LIMIT
         server.max_request_body_size = 0  # the ingest route enforces its own limit

@@ -1,0 +1,617 @@
+"""Security (RELY-7): authentication, secrets, file system, logs and headers of a real server.
+
+Every test runs a real Cheroot server on 127.0.0.1:0 over a real data directory, with
+health data already stored (canary device names and values folded into the store), and
+looks at what comes back and what is left behind: answers, log records at every level,
+the SQLite files' bytes, the archive's ``.meta.json`` files and the whole temp tree.
+"""
+
+import base64
+import dataclasses
+import datetime as dt
+import gc
+import hashlib
+import hmac
+import json
+import os
+import random
+import re
+import socket
+import sqlite3
+import statistics
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+import hae_factory as hf
+import healthlog
+from conftest import TOKEN, assert_no_leaks, wait_for
+
+DEVICE = "Quillon\u2019s Oura Ring"
+VALUE = 8.642097531
+WORKOUT = "Canarywalk Xylophone"
+MEDICATION = "Canarymycin 50 mg Oral Tablet"
+SYMPTOM = "Canaryache"
+METRIC = "canary_metric_qwxz"
+CANARIES = [DEVICE, "Quillon", "8.642097531", WORKOUT, MEDICATION, "Canarymycin", SYMPTOM]
+"""This file's own health data: device names, a value, names a user typed."""
+
+DATA_CANARIES = CANARIES + [METRIC, "Zebulon", "72.123456789", "Anton"]
+"""Nothing of this may come back without the token."""
+
+AUTOMATION = {"automation-name": "Security tracker", "automation-aggregation": "Minutes",
+              "automation-id": "5F1E2D3C-4B5A-4968-8776-A5B4C3D2E1F0"}
+
+
+# -- HTTP over a raw socket: any bytes in the head, every header of the answer -------------
+
+
+class Answer:
+    def __init__(self, status: int, headers: list, body: bytes):
+        self.status, self.header_list, self.body = status, headers, body
+        self.headers = {name.lower(): value for name, value in headers}
+
+    def all(self, name: str) -> list:
+        return [value for key, value in self.header_list if key.lower() == name.lower()]
+
+    def text(self) -> str:
+        return "\r\n".join("%s: %s" % pair for pair in self.header_list) + "\r\n\r\n" + \
+            self.body.decode("utf-8", "replace")
+
+
+def request(service, method: str, path: str, headers: dict = None, body: bytes = None,
+            token: bool = False) -> Answer:
+    """One request on a fresh connection; header values may be str or raw bytes."""
+    all_headers = {"Host": "127.0.0.1", "Connection": "close"}
+    if token:
+        all_headers["Authorization"] = "Bearer " + TOKEN
+    if body is not None:
+        all_headers["Content-Length"] = str(len(body))
+        all_headers.setdefault("Content-Type", "application/json")
+    all_headers.update(headers or {})
+    head = ("%s %s HTTP/1.1\r\n" % (method, path)).encode("latin-1")
+    for name, value in all_headers.items():
+        value = value if isinstance(value, bytes) else value.encode("utf-8")
+        head += name.encode("latin-1") + b": " + value + b"\r\n"
+    with socket.create_connection(service.address, timeout=30) as sock:
+        sock.sendall(head + b"\r\n" + (body or b""))
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(1 << 16)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    head_part, _, payload = data.partition(b"\r\n\r\n")
+    lines = head_part.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    pairs = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
+    return Answer(status, pairs, payload)
+
+
+# -- health data to protect ----------------------------------------------------------------
+
+
+def canary_body(value: float = VALUE, units: str = "count", bad: bool = False) -> bytes:
+    """Metrics, a workout and records whose device names, a value and user-typed names are
+    this file's canaries; ``bad`` adds a medication and a metric point whose time cannot
+    be read (named in a WARN)."""
+    rng = random.Random(11)
+    phone = hf.Phone(sources=DEVICE)
+    day = hf.DEFAULT_DAY
+    body = hf.metrics_payload(11, ("heart_rate", "step_count"), day,
+                              dt.datetime.combine(day, dt.time(1)), phone=phone, rng=rng)
+    body["data"]["metrics"].append({"name": METRIC, "units": units, "data": [
+        {"date": "2024-03-08 00:%02d:00 -0800" % minute, "qty": value, "source": DEVICE}
+        for minute in range(5)]})
+    workout = hf.workout_v2(11, dt.datetime.combine(day, dt.time(18)), name=WORKOUT,
+                            phone=phone, route_points=4, rng=rng)
+    workout["activeEnergyBurned"]["qty"] = value
+    medication = hf.medications(rng, dt.datetime.combine(day, dt.time(8)), phone=phone)
+    for item in medication:
+        item["displayText"], item["dosage"] = MEDICATION, value
+    symptom = hf.symptoms(rng, dt.datetime.combine(day, dt.time(12)), phone=phone, count=1)
+    symptom[0]["name"], symptom[0]["severity"] = SYMPTOM, "Severe %s" % value
+    if bad:
+        medication.append(dict(medication[0], start="not a time", end=None))
+        body["data"]["metrics"][-1]["data"].append({"date": {"x": DEVICE}, "qty": value})
+    body["data"].update(workouts=[workout], medications=medication, symptoms=symptom)
+    return hf.dumps_hae(body)
+
+
+def ingest(service, body: bytes, headers: dict = None, path: str = "/api/ingest") -> Answer:
+    answer = request(service, "POST", path, dict(AUTOMATION, **(headers or {})), body,
+                     token=True)
+    assert answer.status == 200, answer.text()
+    return answer
+
+
+def drained(service) -> None:
+    def none_pending() -> bool:
+        answer = request(service, "GET", "/healthz")
+        return answer.status == 200 and json.loads(answer.body)["backlog"] == 0
+
+    wait_for(none_pending, timeout=30)
+
+
+@pytest.fixture
+def stocked(service):
+    """A server with health data stored: canary bodies folded into the store."""
+    ingest(service, canary_body())
+    ingest(service, hf.dumps_hae(hf.canary_payload(2)))
+    drained(service)
+    catalog = request(service, "GET", "/api/catalog", token=True)
+    assert catalog.status == 200 and METRIC.encode() in catalog.body  # data to leak is there
+    return service
+
+
+def journal(service) -> int:
+    """Deliveries in the journal."""
+    conn = sqlite3.connect(str(service.config.db_path))
+    try:
+        return conn.execute("SELECT count(*) FROM delivery").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def assert_no_data(answer: Answer, what: str) -> None:
+    text = answer.text()
+    for canary in DATA_CANARIES + [TOKEN]:
+        assert canary not in text, "%s leaks %r: %s" % (what, canary, text[:500])
+
+
+def sign_in(service) -> str:
+    """The session cookie a real sign-in sets (name=value)."""
+    answer = request(service, "POST", "/login", {"Content-Type":
+                                                 "application/x-www-form-urlencoded"},
+                     ("token=" + TOKEN).encode())
+    assert answer.status == 303, answer.text()
+    return answer.headers["set-cookie"].split(";", 1)[0]
+
+
+# -- RELY-7.1: nothing without the token -------------------------------------------------
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+PATHS = ("/api/ingest", "/api/ingest/phone", "/api/catalog", "/api/points?metric=" + METRIC,
+         "/api/points?metric=%s&format=csv" % METRIC,
+         "/api/points?metric=%s&bucket=day" % METRIC, "/api/deliveries",
+         "/api/deliveries?limit=500", "/metrics", "/", "/login", "/logout", "/static/app.js",
+         "/static/app.css", "/healthz", "/no/such/route", "/api/", "/api/catalog/",
+         "//api/catalog", "/API/CATALOG", "/api/catalog%2f", "/api/points/../catalog",
+         "/api/catalog?token=" + TOKEN, "/static/../api/catalog", "/index.html")
+PUBLIC = {("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/"), ("HEAD", "/"),
+          ("GET", "/static/app.js"), ("HEAD", "/static/app.js"),
+          ("GET", "/static/app.css"), ("HEAD", "/static/app.css")}
+"""What answers 200 without the token: liveness, the sign-in page and its script and
+style. No setting of healthlog makes /metrics public (Config has none)."""
+
+
+def test_rely_7_1_no_route_but_healthz_and_the_sign_in_page_answers_without_the_token(stocked):
+    """WHEN every route is asked with every method and no credentials, THEN only /healthz,
+    the sign-in page and its static files answer 200 (none with data), /logout only
+    redirects, and everything else is 401/403/404/405/400 with no data in the answer."""
+    assert not any(f.name.lower().startswith("public") or "metrics_public" in f.name
+                   for f in dataclasses.fields(healthlog.Config))
+    seen = {}
+    for method in METHODS:
+        for path in PATHS:
+            body = b'{"data": {"metrics": []}}' if method in ("POST", "PUT", "PATCH") else None
+            answer = request(stocked, method, path, body=body)
+            seen[(method, path)] = answer.status
+            assert_no_data(answer, "%s %s" % (method, path))
+            if (method, path) in PUBLIC:
+                assert answer.status == 200, (method, path, answer.text())
+            elif (method, path) == ("POST", "/logout"):
+                assert answer.status == 303 and "Max-Age=0" in answer.headers["set-cookie"]
+            else:
+                assert answer.status in (400, 401, 403, 404, 405), (method, path, answer.text())
+    assert seen[("GET", "/api/catalog")] == seen[("GET", "/metrics")] == 401
+    assert seen[("POST", "/api/ingest")] == seen[("GET", "/api/deliveries")] == 401
+    page = request(stocked, "GET", "/")
+    assert b'name="token"' in page.body and b"/static/app.js" not in page.body  # sign-in only
+    assert json.loads(request(stocked, "GET", "/healthz").body).keys() == {
+        "status", "version", "backlog", "worker"}
+    assert journal(stocked) == 2  # nothing was ingested without the token
+
+
+# -- RELY-7.2: wrong credentials and forged cookies -----------------------------------------
+
+WRONG = [
+    {"Authorization": "Bearer wrong-token"},
+    {"Authorization": "Bearer"},
+    {"Authorization": "Bearer "},
+    {"Authorization": "Bearer      "},
+    {"Authorization": "Bearer " + TOKEN[:-1]},
+    {"Authorization": "Bearer " + TOKEN + "x"},
+    {"Authorization": "Bearer " + TOKEN.upper()},
+    {"Authorization": "Bearer " + TOKEN[:10] + " " + TOKEN[10:]},
+    {"Authorization": "Bearer " + TOKEN + " " + TOKEN},
+    {"Authorization": "Bearer\t" + TOKEN},
+    {"Authorization": "Basic " + base64.b64encode((":" + TOKEN).encode()).decode()},
+    {"Authorization": "Basic " + TOKEN},
+    {"Authorization": "Token " + TOKEN},
+    {"Authorization": TOKEN},
+    {"Authorization": "Bearer " + TOKEN[:-1] + "\u00e9"},
+    {"Authorization": b"Bearer " + TOKEN.encode()[:-1] + "\u00e9".encode()},
+    {"Authorization": b"Bearer " + TOKEN.encode() + b"\x00"},
+    {"X-API-Key": "wrong"},
+    {"X-API-Key": ""},
+    {"X-API-Key": TOKEN[:-1]},
+    {"X-API-Key": TOKEN[1:]},
+    {"X-Api-Key": TOKEN + "x"},
+    {"Api-Key": TOKEN},
+    {"X-Auth-Token": TOKEN},
+    {"Token": TOKEN},
+    {"Cookie": "token=" + TOKEN},
+    {"Cookie": "healthlog_session=" + TOKEN},
+]
+DATA_ROUTES = [("GET", "/api/catalog"), ("GET", "/api/points?metric=" + METRIC),
+               ("GET", "/api/deliveries"), ("GET", "/metrics"), ("POST", "/api/ingest")]
+
+
+def forged_cookies(token: bytes) -> list:
+    """Session cookie values that must not sign anyone in."""
+    future = int(time.time()) + 86400
+    genuine = healthlog.session_value(token, future)
+    expiry, signature = genuine.split(".")
+    flipped = signature[:-1] + ("0" if signature[-1] != "0" else "1")
+    return [
+        "", "garbage", ".", "0." + signature, TOKEN, "%d.%s" % (future, "0" * 64),
+        healthlog.session_value(b"another-token", future),
+        healthlog.session_value(token, int(time.time()) - 10),  # expired, genuinely signed
+        "%s.%s" % (expiry, flipped), "%s.%s" % (expiry, signature.upper()),
+        genuine + "x", genuine[:-1], "%d.%s" % (future + 1, signature),  # replay elsewhere
+        "9%s.%s" % (expiry, signature), "+%s.%s" % (expiry, signature),
+        "%s.%s" % ("9" * 13, healthlog.session_value(token, int("9" * 13)).split(".")[1]),
+        "%s.%s" % (expiry, hmac.new(token, b"session", hashlib.sha256).hexdigest()),
+        "%s.%s" % (expiry, hashlib.sha256(token).hexdigest()),
+        genuine + "\u00e9",
+    ]
+
+
+def test_rely_7_2_wrong_tokens_and_forged_cookies_get_401_or_403_never_data(stocked):
+    """WHEN data routes and ingest are asked with wrong, empty, split, re-cased or
+    misplaced tokens, or with forged, expired, replayed or re-signed session cookies,
+    THEN every answer is 401 (400 where the server refuses the header itself), or 403
+    for cross-site sign-in, and none carries data; the genuine cookie (control) works
+    on read routes only."""
+    body = canary_body(value=1.5)
+    for headers in WRONG:
+        for method, path in DATA_ROUTES:
+            answer = request(stocked, method, path, headers,
+                             body if method == "POST" else None)
+            nul = any(isinstance(v, bytes) and b"\x00" in v for v in headers.values())
+            assert answer.status in ((400, 401) if nul else (401,)), (headers, path,
+                                                                      answer.text())
+            assert_no_data(answer, "%s %s with %r" % (method, path, headers))
+    for value in forged_cookies(TOKEN.encode()):
+        cookie = {"Cookie": ("healthlog_session=" + value).encode("utf-8")}
+        for method, path in DATA_ROUTES:
+            answer = request(stocked, method, path, cookie, body if method == "POST" else None)
+            assert answer.status == 401, (value, path, answer.text())
+            assert_no_data(answer, "%s %s with cookie %r" % (method, path, value))
+        page = request(stocked, "GET", "/", cookie)
+        assert b'name="token"' in page.body, value  # the sign-in page, not the dashboard
+    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+        answer = request(stocked, "POST", "/login", dict(
+            headers, **{"Content-Type": "application/x-www-form-urlencoded"}),
+            ("token=" + TOKEN).encode())
+        assert answer.status == 403 and "set-cookie" not in answer.headers, answer.text()
+    wrong_form = request(stocked, "POST", "/login", {
+        "Content-Type": "application/x-www-form-urlencoded"}, b"token=" + TOKEN[:-1].encode())
+    assert wrong_form.status == 401 and "set-cookie" not in wrong_form.headers
+    genuine = {"Cookie": sign_in(stocked)}
+    assert request(stocked, "GET", "/api/catalog", genuine).status == 200  # the control
+    assert b'name="token"' not in request(stocked, "GET", "/", genuine).body
+    assert request(stocked, "POST", "/api/ingest", genuine, body).status == 401
+    assert journal(stocked) == 2, "a delivery was accepted with a wrong credential"
+
+
+# -- RELY-7.3: constant-time comparison -------------------------------------------------------
+
+
+def _median_seconds(app: healthlog.App, environs: list, rounds: int) -> list:
+    """Median time of ``app.authenticate`` per environ, the environs interleaved in a
+    new order each round (the first call of a round finds colder caches)."""
+    samples = [[] for _ in environs]
+    order = list(range(len(environs)))
+    shuffle = random.Random(7).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for i in order:
+            environ = environs[i]
+            started = time.perf_counter()
+            try:
+                app.authenticate(environ)
+            except healthlog.Unauthorized:
+                pass
+            samples[i].append(time.perf_counter() - started)
+    return [statistics.median(s) for s in samples]
+
+
+class ShortCircuit(healthlog.App):
+    """The calibration: authenticate with ``==``, which stops at the first differing byte,
+    so the test can show its measurement would see a comparison that is not constant-time."""
+
+    def authenticate(self, environ, cookie=False):
+        offered = environ["HTTP_X_API_KEY"].strip()
+        if offered.encode("latin-1", "replace") != self._token:
+            raise healthlog.Unauthorized()
+
+
+def test_rely_7_3_a_wrong_token_takes_as_long_wrong_in_the_first_byte_as_in_the_last(
+        make_config):
+    """WHEN App.authenticate is timed in process with a 64 KiB token (long enough that a
+    comparison stopping at the first difference shows, short enough to stay off mmap),
+    for a token wrong in its first byte and one wrong in its last, by Bearer and by
+    X-API-Key, THEN the medians are within 10 % of each other, while the same
+    measurement of a short-circuiting ``==`` (the calibration) differs by over 15 %."""
+    size = 1 << 16
+    token = "k" * size
+    first = {"HTTP_AUTHORIZATION": "Bearer " + "j" + token[1:]}
+    last = {"HTTP_AUTHORIZATION": "Bearer " + token[:-1] + "j"}
+    key_first = {"HTTP_X_API_KEY": "j" + token[1:]}
+    key_last = {"HTTP_X_API_KEY": token[:-1] + "j"}
+    apps = []
+    for cls in (healthlog.App, ShortCircuit):
+        app = cls.__new__(cls)  # only the token is needed: no routes, no server
+        app.set_token(token)
+        apps.append(app)
+    real, naive = apps
+    for environ in (first, last, key_first, key_last):
+        with pytest.raises(healthlog.Unauthorized):
+            real.authenticate(environ)
+    real.authenticate({"HTTP_AUTHORIZATION": "Bearer " + token})  # the right one passes
+    ratios, calibrations = [], []
+    gc.disable()
+    try:
+        for _ in range(6):
+            a, b, c, d = _median_seconds(real, [first, last, key_first, key_last], 60)
+            n1, n2 = _median_seconds(naive, [key_first, key_last], 60)
+            calibration = n2 / n1
+            if calibration > 1.15:  # the machine was quiet enough to see a short circuit
+                ratios += [b / a, d / c]
+                calibrations.append(calibration)
+            if len(calibrations) >= 3:
+                break
+    finally:
+        gc.enable()
+    print("\nRELY-7.3: last/first byte medians %s; short-circuit calibration %s"
+          % (["%.3f" % r for r in ratios], ["%.2f" % r for r in calibrations]))
+    if not calibrations:
+        pytest.skip("too noisy to see even a short-circuiting comparison: nothing measured")
+    assert 0.9 < statistics.median(ratios) < 1.1, ratios
+
+
+# -- RELY-7.4: the token never written anywhere ---------------------------------------------
+
+
+def test_rely_7_4_the_token_never_reaches_a_log_record_the_journal_or_an_answer(
+        start_service, data_dir, tmp_path, logs):
+    """WHEN the token is used rightly (Bearer, X-API-Key, sign-in form) and wrongly
+    (extended, in the query string, in a cookie, in an over-long or malformed header)
+    with logging at DEBUG, THEN no log record at any level, no byte of the SQLite files,
+    no archived .meta.json, no other file and no answer (headers included) holds it."""
+    service = start_service(log_level="DEBUG")
+    answers = [
+        ingest(service, canary_body()),
+        request(service, "POST", "/api/ingest/phone", dict(AUTOMATION, **{"X-API-Key": TOKEN}),
+                canary_body(value=2.5)),
+        request(service, "POST", "/api/ingest", {"Authorization": "Bearer " + TOKEN + "x"},
+                canary_body()),
+        request(service, "GET", "/api/catalog?token=" + TOKEN),
+        request(service, "GET", "/api/points?metric=%s&api_key=%s" % (METRIC, TOKEN),
+                token=True),
+        request(service, "GET", "/api/catalog", {"Cookie": "healthlog_session=" + TOKEN}),
+        request(service, "GET", "/metrics", {"X-API-Key": TOKEN + TOKEN}),
+        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
+                ("token=" + TOKEN).encode()),
+        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
+                ("token=" + TOKEN + "x").encode()),
+        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
+                ("token=" + TOKEN + "&" + "x" * 5000).encode()),
+        request(service, "GET", "/api/catalog", {"X-Padding": "p" * (70 << 10)}, token=True),
+        request(service, "GET", "/api/catalog", {"Bad Header Line": TOKEN}, token=True),
+        request(service, "POST", "/api/ingest", {"Content-Length": "x" + TOKEN}, b"{}",
+                token=True),
+        request(service, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a,b",
+                token=True),
+        request(service, "GET", "/api/points?metric=" + TOKEN, token=True),
+    ]
+    drained(service)
+    answers.append(request(service, "GET", "/api/deliveries?limit=500", token=True))
+    answers.append(request(service, "GET", "/metrics", token=True))
+    assert answers[0].status == answers[1].status == 200
+    for answer in answers:
+        assert TOKEN not in answer.text(), answer.text()[:500]
+    assert any(" level=DEBUG " in line for line in logs.lines())
+    for line in logs.lines():
+        assert TOKEN not in line, "the token is logged: %s" % line
+    service.stop()
+    found = []
+    for path in sorted(tmp_path.rglob("*")):
+        if path.is_file() and TOKEN.encode() in path.read_bytes():
+            found.append(str(path.relative_to(tmp_path)))
+    assert not found, "files holding the token: %s" % found
+    metas = list((data_dir / "archive").rglob("*.meta.json"))
+    assert len(metas) == 2 and all(json.loads(m.read_text())["headers"] for m in metas)
+    assert (data_dir / healthlog.DB_NAME).stat().st_size > 0
+    assert not (data_dir / healthlog.TOKEN_NAME).exists()  # given, so never written
+
+
+def test_rely_7_4_a_token_put_in_the_url_path_is_neither_logged_nor_stored(
+        start_service, data_dir, tmp_path, logs):
+    """WHEN a client puts the token in the URL path instead of a header (``/<token>``,
+    ``/api/ingest/<token>``: a plausible HAE misconfiguration, and the token is a valid
+    ingest name), THEN no log record, journal row or .meta.json holds the token."""
+    service = start_service(log_level="DEBUG")
+    request(service, "GET", "/" + TOKEN)
+    request(service, "GET", "/api/catalog/" + TOKEN)
+    request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body(), token=True)
+    request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body())
+    drained(service)
+    leaks = [line for line in logs.lines() if TOKEN in line]
+    service.stop()
+    found = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                   if p.is_file() and TOKEN.encode() in p.read_bytes())
+    assert not leaks and not found, "the token in the path is kept: logs %s, files %s" % (
+        leaks, found)
+
+
+# -- RELY-7.5: path-like names ---------------------------------------------------------------
+
+HEADER_NAMES = ["../../etc/passwd", "..", "/etc/passwd", "a/b", "C:\\Windows\\win.ini",
+                "%2e%2e%2f%2e%2e%2f", "../" * 80, "x" * 10000, b"nul\x00byte", "\u2028..\u2028",
+                "~/.ssh/authorized_keys", "archive/../../escape", ".", "-rf"]
+PATH_NAMES = ["..", "%2e%2e", "%2E%2E", ".", "...", "a/b", "a%2Fb", "a%2fb", "..%2F..%2Fescape",
+              "%2e%2e%2f%2e%2e%2fescape", "../../escape", "%00", "a%00b", "a" * 65, "a" * 64,
+              "%252e%252e", "~root", "-", "a\\b", "a%5Cb", "con", ".hidden", "x;y", "x%20y",
+              "%c0%ae%c0%ae", "%e2%80%a8"]
+STEM = re.compile(r"archive/\d{4}/\d{2}/\d{2}/\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{8}(\.meta)?\.json")
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")}
+
+
+def test_rely_7_5_path_like_names_never_touch_the_file_system_outside_the_archive(
+        start_service, data_dir, tmp_path):
+    """WHEN automation headers carry path-like, NUL, separator or 10 000-character values
+    and /api/ingest/<name> is asked with .., %2e%2e, slashes, encoded slashes, NUL and
+    over-long names, THEN each answer is 200, 400 or 404, every new file is an archive
+    body or .meta.json named by its receive time, nothing appears anywhere else under the
+    temp tree, and an accepted name is stored as the name, not used as a path."""
+    service = start_service()
+    ingest(service, canary_body())  # the folders exist before the snapshot
+    drained(service)
+    outside = tmp_path.parent
+    before, before_outside = _tree(tmp_path), set(os.listdir(str(outside)))
+    body = b'{"data":{"metrics":[]}}'
+    accepted = {}
+    for name in HEADER_NAMES:
+        for header in healthlog.AUTOMATION_HEADERS:
+            answer = request(service, "POST", "/api/ingest", dict(AUTOMATION, **{header: name}),
+                             body, token=True)
+            assert answer.status in (200, 400), (header, name, answer.text())
+            if answer.status == 200:
+                accepted[json.loads(answer.body)["delivery_id"]] = (header, name)
+    for name in PATH_NAMES:
+        answer = request(service, "POST", "/api/ingest/" + name, AUTOMATION, body, token=True)
+        assert answer.status in (200, 400, 404), (name, answer.text())
+        if answer.status == 200:
+            name = urllib.parse.unquote(name)  # the server decodes the path
+            accepted[json.loads(answer.body)["delivery_id"]] = ("path", name)
+            assert re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name), name  # only valid names
+    drained(service)
+    service.stop()
+    after = _tree(tmp_path)
+    new = sorted(set(after) - set(before))
+    strays = [p for p in new if not (p.startswith("data/archive/") and (
+        STEM.fullmatch(p[len("data/"):]) or (tmp_path / p).is_dir()))]
+    assert not strays, "files outside the archive: %s" % strays
+    assert set(os.listdir(str(outside))) == before_outside
+    assert not any((data_dir / "tmp").iterdir())
+    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
+    try:
+        rows = {row[0]: row[1:] for row in conn.execute(
+            "SELECT id, path_name, automation_name, archive_path FROM delivery")}
+    finally:
+        conn.close()
+    assert len([p for p in new if p.endswith(".meta.json")]) == len(accepted)
+    for delivery_id, (where, name) in accepted.items():
+        path_name, automation_name, archive_path = rows[delivery_id]
+        assert STEM.fullmatch(archive_path), archive_path
+        if where == "path":
+            assert path_name == name
+        elif where == "automation-name" and isinstance(name, str):
+            assert automation_name == name.strip()[:healthlog.HEADER_VALUE_MAX]
+
+
+# -- RELY-7.6: no health data in the log above DEBUG ---------------------------------------
+
+
+def test_rely_7_6_no_value_or_device_name_reaches_a_log_record_above_debug(
+        start_service, logs):
+    """WHEN bodies with canary device names, values, a workout name, a medication and a
+    symptom are folded, sent again changed (collisions), in other units (unit conflicts),
+    with unreadable points and an unknown aggregation header (all WARNs), THEN those
+    WARNs are written but no record above DEBUG holds a canary."""
+    service = start_service(log_level="DEBUG")
+    ingest(service, canary_body())
+    drained(service)
+    ingest(service, canary_body(value=VALUE + 1, bad=True))  # collisions, bad points
+    ingest(service, canary_body(value=VALUE + 2, units="kcal"))  # units differ
+    ingest(service, canary_body(value=VALUE + 3), {"automation-aggregation": "Fortnightly"})
+    drained(service)
+    records = logs.records()
+    messages = {r["msg"] for r in records if r["level"] == "WARN"}
+    for needed in ("collision", "units differ", "points without a readable time",
+                   "names no known grouping"):
+        assert any(needed in m for m in messages), (needed, messages)
+    bad = [r for r in records if r["msg"].startswith("points without a readable time")]
+    assert "medications/\u2026" in bad[0]["metrics"]  # named by section, not by content
+    assert_no_leaks(logs.lines(), extra=CANARIES)
+    assert any(r["level"] == "DEBUG" for r in records)
+
+
+# -- RELY-7.7: headers of every answer, cookie flags -------------------------------------------
+
+
+def test_rely_7_7_every_answer_carries_the_security_headers_and_cookies_are_httponly_samesite(
+        stocked):
+    """WHEN the page, the sign-in page, the API, static files, /healthz and errors are
+    asked, THEN each answer has Content-Security-Policy (default-src 'none', no framing),
+    X-Content-Type-Options: nosniff, Referrer-Policy: no-referrer and X-Frame-Options:
+    DENY; the sign-in and sign-out cookies are HttpOnly; SameSite=Strict; Path=/, Secure
+    only behind https, and hold no token."""
+    cookie = sign_in(stocked)
+    answers = {
+        "sign-in page": request(stocked, "GET", "/"),
+        "dashboard": request(stocked, "GET", "/", {"Cookie": cookie}),
+        "catalog": request(stocked, "GET", "/api/catalog", token=True),
+        "points": request(stocked, "GET", "/api/points?metric=" + METRIC, token=True),
+        "csv": request(stocked, "GET", "/api/points?format=csv&metric=" + METRIC, token=True),
+        "deliveries": request(stocked, "GET", "/api/deliveries", {"Cookie": cookie}),
+        "metrics": request(stocked, "GET", "/metrics", token=True),
+        "static": request(stocked, "GET", "/static/app.js"),
+        "healthz": request(stocked, "GET", "/healthz"),
+        "ingest": request(stocked, "POST", "/api/ingest", AUTOMATION, b'{"data":{}}',
+                          token=True),
+        "400": request(stocked, "POST", "/api/ingest", AUTOMATION, b"[]", token=True),
+        "401": request(stocked, "GET", "/api/catalog"),
+        "404": request(stocked, "GET", "/nope"),
+        "405": request(stocked, "GET", "/api/ingest"),
+        "415": request(stocked, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a",
+                       token=True),
+        "unknown metric": request(stocked, "GET", "/api/points?metric=nope", token=True),
+    }
+    expected = dict(healthlog.SECURITY_HEADERS)
+    assert "default-src 'none'" in expected["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in expected["Content-Security-Policy"]
+    assert "unsafe-inline" not in expected["Content-Security-Policy"]
+    for what, answer in answers.items():
+        assert answer.headers.get("content-security-policy") == expected[
+            "Content-Security-Policy"], what
+        assert answer.headers.get("x-content-type-options") == "nosniff", what
+        assert answer.headers.get("referrer-policy") == "no-referrer", what
+        assert answer.headers.get("x-frame-options") == "DENY", what
+        assert len(answer.all("content-security-policy")) == 1, what
+    assert answers["dashboard"].status == answers["catalog"].status == 200
+    for what in ("sign-in page", "dashboard", "catalog", "points", "deliveries", "metrics"):
+        assert answers[what].headers.get("cache-control") == "no-store", what
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    plain = request(stocked, "POST", "/login", form, ("token=" + TOKEN).encode())
+    behind_tls = request(stocked, "POST", "/login", dict(form, **{"X-Forwarded-Proto": "https"}),
+                         ("token=" + TOKEN).encode())
+    signed_out = request(stocked, "POST", "/logout", {"Cookie": cookie})
+    for answer, secure in ((plain, False), (behind_tls, True), (signed_out, False)):
+        [set_cookie] = answer.all("set-cookie")
+        flags = [part.strip().lower() for part in set_cookie.split(";")[1:]]
+        assert "httponly" in flags and "samesite=strict" in flags and "path=/" in flags, flags
+        assert ("secure" in flags) is secure, flags
+        assert TOKEN not in set_cookie
+    assert "max-age=0" in signed_out.headers["set-cookie"].lower()
