@@ -5,7 +5,19 @@
 
 ``ingest``: POST -> 200 latency over loopback for 1 KB, 2 MB and 60 MB HAE-shaped
 bodies against a real ``serve`` subprocess, and the peak RSS (VmHWM) of that process
-before and after the 60 MB uploads.
+before and after the 60 MB uploads.  Then, each on a fresh ``serve`` and data directory:
+4 clients (threads, one connection each, released together) upload a distinct 60 MB
+body at once: each client's statuses, latencies and serve's VmHWM at each answer, how
+many answers were 503 (bodies under validation share VALIDATION_CEILING_BYTES, so two
+60 MB bodies are validated one after the other, and an upload that waits longer than
+VALIDATION_WAIT_S gets 503; it is sent again after its Retry-After), the time until the
+last one was accepted, and serve's VmHWM idle, once every client had its answer (the
+folds of the first bodies may already be running then: the count still pending is
+printed) and after the folds; for comparison, ONE 60 MB upload (VmHWM idle, at its 200
+and after its fold, and the increase over idle in multiples of the body); and the same
+body with one paired surrogate escape (``\\ud83d\\ude00`` in a metric name), whose
+validation should stay as flat as the plain body's (it used to take a full parse, ~7.8x
+the body).
 
 ``fold``: fold throughput (points/s) and the ratio fold time / ``json.loads`` time for a
 fresh ~16.8k-point delivery (2.8 MB), for the same points re-sent re-serialised (keys
@@ -28,11 +40,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token-0123456789abcdef"
+CLIENTS = 4
+"""Clients uploading a 60 MB body each at once in the concurrent ``ingest`` row."""
 
 
 def metrics_body(target_bytes: int, seed: int = 1) -> bytes:
@@ -86,17 +101,27 @@ class Serve:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def attempt(self, body: bytes, headers: dict = None,
+                conn: http.client.HTTPConnection = None) -> tuple:
+        """One POST on ``conn`` (or a connection of its own): (status, seconds,
+        Retry-After or None)."""
+        conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            started = time.perf_counter()
+            conn.request("POST", "/api/ingest", body=body, headers=dict(
+                headers or {}, Authorization="Bearer " + TOKEN))
+            response = conn.getresponse()
+            response.read()
+            elapsed = time.perf_counter() - started
+        finally:
+            conn.close()
+        retry_after = response.getheader("Retry-After")
+        return response.status, elapsed, int(retry_after) if retry_after else None
+
     def post(self, body: bytes, headers: dict = None) -> float:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        started = time.perf_counter()
-        conn.request("POST", "/api/ingest", body=body, headers=dict(
-            headers or {}, Authorization="Bearer " + TOKEN))
-        response = conn.getresponse()
-        response.read()
-        elapsed = time.perf_counter() - started
-        conn.close()
-        if response.status != 200:
-            raise SystemExit("POST answered %d" % response.status)
+        status, elapsed, _ = self.attempt(body, headers)
+        if status != 200:
+            raise SystemExit("POST answered %d" % status)
         return elapsed
 
     def stop(self) -> None:
@@ -132,6 +157,117 @@ def bench_ingest(python: str) -> None:
             print("peak RSS of serve: %.0f MiB before the 60 MB uploads, %.0f MiB at the first"
                   " one's 200, %.0f MiB after their folds" % (
                       rss_before, rss_upload, serve.peak_rss_mib()))
+        finally:
+            serve.stop()
+    big = bodies["60 MB"]
+    _bench_concurrent(python, [metrics_body(60 << 20, seed=11 + i) for i in range(CLIENTS)])
+    print("one 60 MB upload, each on a fresh serve; RSS increase over idle in multiples of"
+          " the body:")
+    _bench_single(python, "plain", big)
+    surrogate = big.replace(b'"name" : "step_count"',
+                            b'"name" : "step_count \\ud83d\\ude00"', 1)  # one grinning face
+    assert surrogate != big and b"\\ud83d" in surrogate
+    _bench_single(python, "paired surrogate", surrogate)
+
+
+def _pending(data_dir: Path) -> int:
+    import sqlite3 as _sqlite3
+
+    conn = _sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
+    try:
+        return conn.execute(
+            "SELECT count(*) FROM delivery WHERE parse_status = 'pending'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _bench_concurrent(python: str, bodies: list) -> None:
+    """``len(bodies)`` clients, each on its own connection (opened beforehand), start
+    their POST together; a 503 is sent again after its Retry-After."""
+    sys.path.insert(0, str(ROOT))
+    import healthlog  # for its constants only
+
+    ceiling, wait_s = healthlog.VALIDATION_CEILING_BYTES, healthlog.VALIDATION_WAIT_S
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        serve = Serve(python, data_dir)
+        try:
+            idle = serve.peak_rss_mib()
+            gate = threading.Barrier(len(bodies) + 1, timeout=60)
+            results: list = [None] * len(bodies)
+
+            def client(index: int) -> None:
+                attempts, error = [], None
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", serve.port, timeout=600)
+                    conn.connect()
+                    gate.wait()
+                    for _ in range(3):
+                        status, elapsed, retry_after = serve.attempt(bodies[index], conn=conn)
+                        attempts.append((status, elapsed, retry_after, serve.peak_rss_mib(),
+                                         time.perf_counter()))
+                        if status != 503:
+                            break
+                        time.sleep(retry_after or 30)
+                        conn = None  # the retry opens a connection of its own
+                except Exception as exc:  # reported below, never lost in the thread
+                    error = exc
+                results[index] = (attempts, error)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+            for thread in threads:
+                thread.start()
+            gate.wait()
+            started = time.perf_counter()
+            for thread in threads:
+                thread.join()
+            rss_answered, pending = serve.peak_rss_mib(), _pending(data_dir)
+            print("%d clients x 60 MB at once, one connection each (validation ceiling %d MiB,"
+                  " wait %.0f s; a 503 is sent again after Retry-After)" % (
+                      len(bodies), ceiling >> 20, wait_s))
+            print("%-7s %10s %-18s %-30s %s" % ("client", "bytes", "statuses", "latencies",
+                                                 "VmHWM at each answer"))
+            busy, last = 0, started
+            for index, (attempts, error) in enumerate(results):
+                busy += sum(1 for a in attempts if a[0] == 503)
+                if attempts:
+                    last = max(last, attempts[-1][4])
+                print("%-7d %10d %-18s %-30s %s%s" % (
+                    index + 1, len(bodies[index]), " ".join(str(a[0]) for a in attempts),
+                    " ".join("%.2fs" % a[1] for a in attempts),
+                    " ".join("%.0f MiB" % a[3] for a in attempts),
+                    "  error: %r" % error if error else ""))
+            accepted = sum(1 for attempts, _ in results if attempts and attempts[-1][0] == 200)
+            print("503 answers: %d; %d of %d accepted, the last after %.2f s in all" % (
+                busy, accepted, len(bodies), last - started))
+            first = min((a for attempts, _ in results for a in attempts if a[0] == 200),
+                        key=lambda a: a[4], default=(0, 0, 0, float("nan"), 0))
+            _wait_parsed(data_dir)
+            print("peak RSS of serve: %.0f MiB idle, %.0f MiB at the first 200 (no fold can"
+                  " have started before it), %.0f MiB once every client had its answer"
+                  " (%d deliveries not yet folded then), %.0f MiB after the folds" % (
+                      idle, first[3], rss_answered, pending, serve.peak_rss_mib()))
+        finally:
+            serve.stop()
+
+
+def _bench_single(python: str, label: str, body: bytes) -> None:
+    """One upload of ``body`` on a fresh serve: VmHWM at its 200 (before the fold starts)
+    and after its fold."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        serve = Serve(python, data_dir)
+        try:
+            idle = serve.peak_rss_mib()
+            elapsed = serve.post(body)
+            answered = serve.peak_rss_mib()
+            _wait_parsed(data_dir)
+            folded = serve.peak_rss_mib()
+            mib = len(body) / (1 << 20)
+            print("  %-17s %10d bytes: 200 in %.2f s; peak RSS %.0f MiB idle, %.0f MiB at the"
+                  " 200 (+%.1fx), %.0f MiB after the fold (+%.1fx)" % (
+                      label, len(body), elapsed, idle, answered, (answered - idle) / mib,
+                      folded, (folded - idle) / mib))
         finally:
             serve.stop()
 
@@ -245,15 +381,7 @@ def bench_fold(python: str, std_json: bool) -> None:
 
 
 def _wait_parsed(data_dir: Path) -> None:
-    import sqlite3 as _sqlite3
-
-    while True:
-        conn = _sqlite3.connect(str(data_dir / "healthlog.sqlite3"))
-        pending = conn.execute(
-            "SELECT count(*) FROM delivery WHERE parse_status = 'pending'").fetchone()[0]
-        conn.close()
-        if not pending:
-            return
+    while _pending(data_dir):
         time.sleep(0.01)
 
 
