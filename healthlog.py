@@ -1755,9 +1755,12 @@ def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
     fsync_dir(path.parent)
 
 
-def _write_chunk(handle: Any, chunk: bytes) -> None:
+def _write_all(fd: int, chunk: bytes) -> None:
+    """Unbuffered, so a full disk fails here, never later in a flush or a close."""
+    view = memoryview(chunk)
     try:
-        handle.write(chunk)
+        while view:
+            view = view[os.write(fd, view):]
     except OSError as exc:  # disk full (ENOSPC, EFBIG), read-only, I/O error
         raise StorageFailure(exc) from None
 
@@ -1826,30 +1829,30 @@ class Archive:
         except OSError as exc:
             raise StorageFailure(exc) from None
         try:
-            with os.fdopen(fd, "wb") as handle:
-                while length is None or size < length:
-                    want = READ_CHUNK if length is None else min(READ_CHUNK, length - size)
-                    before_read()
-                    chunk = read(want)  # an OSError here is the client's connection
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    if size > limit:
-                        raise PayloadTooLarge("the body is larger than %d MiB (the limit set "
-                                              "with --max-body-mib)" % (limit >> 20))
-                    digest.update(chunk)
-                    _write_chunk(handle, chunk)
-                if length is not None and size != length:
-                    raise BadRequest("the body ended after %d of %d bytes" % (size, length))
-                try:
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                except OSError as exc:
-                    raise StorageFailure(exc) from None
+            while length is None or size < length:
+                want = READ_CHUNK if length is None else min(READ_CHUNK, length - size)
+                before_read()
+                chunk = read(want)  # an OSError here is the client's connection
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge("the body is larger than %d MiB (the limit set "
+                                          "with --max-body-mib)" % (limit >> 20))
+                digest.update(chunk)
+                _write_all(fd, chunk)
+            if length is not None and size != length:
+                raise BadRequest("the body ended after %d of %d bytes" % (size, length))
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise StorageFailure(exc) from None
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp_path.unlink()
             raise
+        finally:
+            os.close(fd)
         return Upload(tmp_path, size, digest.hexdigest())
 
     def commit(self, upload: Upload, received_at: _dt.datetime, meta: dict) -> str:
@@ -1862,8 +1865,8 @@ class Archive:
         makedirs_durable(target_dir)
         meta_bytes = json.dumps(meta, ensure_ascii=False, sort_keys=True, indent=1).encode()
         meta_path = target_dir / (stem + ".meta.json")
-        write_durable(meta_path, meta_bytes + b"\n", mode=0o600)
         try:
+            write_durable(meta_path, meta_bytes + b"\n", mode=0o600)
             os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
         except OSError:  # e.g. DATA/tmp on another file system (EXDEV): no body, no meta
             with contextlib.suppress(OSError):
@@ -2697,7 +2700,7 @@ class FoldWorker:
                     self._loop()
                     return  # stop requested
                 except Exception as exc:
-                    failures = 0 if self._passed else failures + 1
+                    failures = 1 if self._passed else failures + 1
                     self._passed = False
                     pause = self.restart_pauses_s[min(failures, len(self.restart_pauses_s)) - 1]
                     self.state = "restarting"
@@ -3693,23 +3696,22 @@ class App:
     def __call__(self, environ: dict, start_response: Callable) -> Any:
         started = time.monotonic()
         environ[ENV_RECEIVED] = utc_now()
+        path = environ.get("PATH_INFO", "")
+        token_text = self._token.decode("latin-1")  # PATH_INFO is the raw path, as latin-1
+        if token_text and token_text in path:  # a token typed into the URL is never logged
+            path = path.replace(token_text, "<token>")
         try:
             status, headers, body = self._dispatch(environ)
         except HTTPFailure as exc:
             status, headers, body = self._failure(environ, exc)
         except Exception as exc:  # the boundary: log the class, answer one JSON 500
-            log_event(logging.ERROR, "request failed", error=type(exc).__name__,
-                      path=environ.get("PATH_INFO", ""))
+            log_event(logging.ERROR, "request failed", error=type(exc).__name__, path=path)
             log_event(logging.DEBUG, "request failure detail", detail=repr(exc))
             status, headers, body = self._failure(environ, InternalError())
         start_response(status, list(headers) + list(SECURITY_HEADERS))
         code = int(status.split(" ", 1)[0])
-        path = environ.get("PATH_INFO", "")
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
             self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
-
-        if self._token and self._token.decode() in path:  # a token typed into the URL
-            path = path.replace(self._token.decode(), "<token>")
 
         def logged(bytes_out: int) -> None:
             log_event(logging.DEBUG if path == "/healthz" else logging.INFO, "http request",
@@ -3785,7 +3787,7 @@ class App:
         try:
             backlog: Optional[int] = count_pending(self.pool.get())
         except sqlite3.Error as exc:
-            log_event(logging.WARNING, "health check cannot read the journal",
+            log_event(logging.DEBUG, "health check cannot read the journal",
                       error=type(exc).__name__)
             backlog = None
         if self.stopping.is_set():
@@ -3874,6 +3876,12 @@ class App:
                               error=type(exc).__name__)
 
         stream = environ["wsgi.input"]
+        request = environ.get(ENV_REQUEST)
+        if length is None and request is not None:
+            # Cheroot reads a whole chunk in one call, after a size line of any length:
+            # chunks are decoded here instead, bounded, and the connection then closes.
+            stream = ChunkedBody(request.conn.rfile, self.config.max_body_bytes)
+            _close_connection(environ)
         try:
             return self.archive.receive(stream.read, length, self.config.max_body_bytes,
                                         before_read)
@@ -3890,13 +3898,9 @@ class App:
         except OSError as exc:  # includes socket timeouts and resets
             if _is_timeout(exc):
                 raise RequestTimeout() from None
-            if str(exc) == "Request Entity Too Large":  # a chunk announced past the limit
-                raise PayloadTooLarge("the body is larger than %d MiB (the limit set with"
-                                      " --max-body-mib)" % (self.config.max_body_bytes >> 20)
-                                      ) from None
             log_event(logging.INFO, "upload interrupted", error=type(exc).__name__)
             raise BadRequest("the body could not be read to its end") from None
-        except (ValueError, OverflowError, MemoryError):  # malformed chunked coding
+        except ValueError:  # malformed chunked coding
             raise BadRequest("the chunked body is malformed") from None
 
 
@@ -4051,6 +4055,54 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 
+CHUNK_LINE_MAX = 1024
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,64}")
+
+
+class ChunkedBody:
+    """``Transfer-Encoding: chunked`` decoded from the connection: ``read(n)`` returns at
+    most ``n`` bytes of one chunk, so memory stays at a read's size whatever a chunk
+    announces; size lines and trailers are bounded, and a chunk larger than the body
+    limit is refused before it is read (413)."""
+
+    def __init__(self, rfile: Any, limit: int):
+        self._rfile, self._limit = rfile, limit
+        self._left, self._done = 0, False
+
+    def _line(self) -> bytes:
+        line = self._rfile.readline(CHUNK_LINE_MAX + 1)
+        if not line:
+            raise BadRequest("the chunked body ended before its last chunk")
+        if len(line) > CHUNK_LINE_MAX or not line.endswith(b"\n"):
+            raise ValueError("chunk line too long")
+        return line.rstrip(b"\r\n")
+
+    def read(self, size: int) -> bytes:
+        if self._done:
+            return b""
+        if not self._left:
+            text = self._line().split(b";", 1)[0].strip()
+            if not _CHUNK_SIZE.fullmatch(text):
+                raise ValueError("bad chunk size")
+            self._left = int(text, 16)
+            if self._left > self._limit:
+                raise PayloadTooLarge("the body is larger than %d MiB (the limit set with"
+                                      " --max-body-mib)" % (self._limit >> 20))
+            if not self._left:
+                for _ in range(64):  # trailers, up to the empty line
+                    if not self._line():
+                        self._done = True
+                        return b""
+                raise ValueError("too many trailers")
+        data = self._rfile.read(min(size, self._left))
+        if not data:
+            raise BadRequest("the chunked body ended before its last chunk")
+        self._left -= len(data)
+        if not self._left and self._rfile.read(2) != b"\r\n":
+            raise ValueError("chunk not followed by CRLF")
+        return data
+
+
 def _is_timeout(exc: BaseException) -> bool:
     import socket
 
@@ -4071,6 +4123,30 @@ def _request_socket(environ: Mapping[str, Any]) -> Any:
 
 
 _HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:[ \t]*([0-9]{1,12})[ \t]*\r?\n", re.I)
+_EXPECT_CONTINUE = re.compile(rb"\nexpect[ \t]*:[ \t]*100-continue", re.I)
+
+GATE_BODY_MAX = 16 * 1024
+"""Outside the ingest route, a body up to this size (a sign-in form) must also have
+arrived before the request gets a thread; the ingest route reads its body itself, under
+its upload slots, its deadline and its stall limit."""
+
+
+def request_ready(data: bytes) -> bool:
+    """Has a request arrived far enough to be given a thread: its whole head, and its
+    body too when that is announced and small?  (Heads over the limit go on, for
+    Cheroot to refuse.)"""
+    ends = [i + len(end) for end in _HEAD_ENDS for i in (data.find(end),) if i >= 0]
+    if not ends:
+        return False
+    head_end = min(ends)
+    if data.startswith(b"POST /api/ingest"):  # its body is read under the route's budget
+        return True
+    match = _CONTENT_LENGTH.search(data, 0, head_end)
+    if match is None or int(match.group(1)) > GATE_BODY_MAX or _EXPECT_CONTINUE.search(
+            data, 0, head_end):  # that client sends its body only after "100 Continue"
+        return True
+    return len(data) >= head_end + int(match.group(1))
 _HEAD_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -4097,9 +4173,10 @@ class HeadGate:
 
     def __init__(self, dispatch: Callable[[Any, bytes], None], deadline_s: float,
                  head_limit: int, on_failure: Callable[[], None],
-                 capacity: int = HEAD_GATE_MAX):
+                 capacity: Optional[int] = None):
         self._dispatch, self._on_failure = dispatch, on_failure
-        self._deadline_s, self._head_limit, self._capacity = deadline_s, head_limit, capacity
+        self._deadline_s, self._head_limit = deadline_s, head_limit
+        self._capacity = capacity or HEAD_GATE_MAX
         self._selector = selectors.DefaultSelector()
         self._arrivals: collections.deque = collections.deque()
         self._waiting: dict = {}  # fd -> _Waiting
@@ -4115,11 +4192,12 @@ class HeadGate:
     def start(self) -> None:
         self._thread.start()
 
-    def admit(self, conn: Any) -> None:
-        """Take a connection whose head has still to arrive (any thread)."""
+    def admit(self, conn: Any, start: bytes = b"") -> None:
+        """Take a connection whose request has still to arrive (any thread); ``start`` is
+        what was already read of it."""
         with self._lock:
             if not self._closed:
-                self._arrivals.append(conn)
+                self._arrivals.append((conn, start))
                 conn = None
         if conn is not None:  # the server is stopping
             _close_quietly(conn)
@@ -4164,7 +4242,7 @@ class HeadGate:
             with self._lock:
                 self._closed = True
                 arrivals, self._arrivals = list(self._arrivals), collections.deque()
-            for conn in arrivals + [w.conn for w in self._waiting.values()]:
+            for conn in [conn for conn, _ in arrivals] + [w.conn for w in self._waiting.values()]:
                 _close_quietly(conn)
             self._waiting.clear()
             self._selector.close()
@@ -4177,12 +4255,13 @@ class HeadGate:
             with self._lock:
                 if not self._arrivals:
                     return
-                conn = self._arrivals.popleft()
-            if len(self._waiting) >= self._capacity:
+                conn, start = self._arrivals.popleft()
+            if len(self._waiting) >= self._capacity:  # the longest waiter makes room
+                fd, oldest = min(self._waiting.items(), key=lambda item: item[1].deadline)
+                self._forget(fd)
+                _close_quietly(oldest.conn)
                 log_event(logging.WARNING, "connection closed: too many requests are waiting"
-                          " for their headers", waiting=len(self._waiting))
-                _close_quietly(conn)
-                continue
+                          " for their headers", waiting=len(self._waiting) + 1)
             try:
                 sock = conn.socket
                 sock.setblocking(False)
@@ -4190,7 +4269,8 @@ class HeadGate:
             except (OSError, ValueError):
                 _close_quietly(conn)
                 continue
-            self._waiting[sock.fileno()] = _Waiting(conn, deadline)
+            waiting = self._waiting[sock.fileno()] = _Waiting(conn, deadline)
+            waiting.head += start
 
     def _read(self, fd: int) -> None:
         waiting = self._waiting.get(fd)
@@ -4206,10 +4286,8 @@ class HeadGate:
             self._forget(fd)
             _close_quietly(waiting.conn)
             return
-        seen = max(0, len(waiting.head) - 3)
         waiting.head += chunk
-        if len(waiting.head) < self._head_limit and not any(
-                waiting.head.find(end, seen) >= 0 for end in _HEAD_ENDS):
+        if len(waiting.head) < self._head_limit and not request_ready(waiting.head):
             return
         self._forget(fd)
         try:  # Cheroot's threads read with the server's timeout again
@@ -4247,7 +4325,6 @@ def _make_server_classes() -> tuple:
     """Cheroot subclasses: a gateway exposing the request, errors routed to logging,
     and a server that gives a connection a thread only once its head has arrived."""
     from cheroot import makefile, wsgi
-    from cheroot import server as cheroot_server
 
     class _Replayed(socket.SocketIO):
         """The socket's reads, after the bytes the head gate already took from it."""
@@ -4263,6 +4340,16 @@ def _make_server_classes() -> tuple:
                 self.first = self.first[count:]
                 return count
             return super().readinto(buffer)
+
+    def _buffered(rfile: Any) -> bytes:
+        """Take what a connection's reader holds but no request has read yet."""
+        data = b""
+        if makefile.StreamReader.has_data(rfile):  # its buffer, without reading the socket
+            data = rfile.read(len(rfile.peek(1)))
+        if isinstance(rfile, HeadReader):
+            data += bytes(rfile.raw.first)
+            rfile.raw.first = memoryview(b"")
+        return data
 
     class HeadReader(makefile.StreamReader):
         """Cheroot's request reader over ``_Replayed``: the head comes first."""
@@ -4288,11 +4375,6 @@ def _make_server_classes() -> tuple:
             return environ
 
         def respond(self) -> None:
-            rfile = self.req.rfile
-            if isinstance(rfile, cheroot_server.ChunkedRFile) and not rfile.maxlen:
-                # Cheroot reads a whole chunk in one call: its announced size is bounded
-                # by the body limit, or ``7fffffffffffffff`` would be one allocation.
-                rfile.maxlen = self.req.server.body_limit
             try:
                 super().respond()
             finally:
@@ -4302,7 +4384,6 @@ def _make_server_classes() -> tuple:
     class Server(wsgi.Server):
         head_gate: Optional[HeadGate] = None
         on_failure: Callable[[], None] = staticmethod(lambda: None)
-        body_limit = DEFAULT_MAX_BODY_MIB << 20
 
         def prepare(self) -> None:
             super().prepare()
@@ -4312,10 +4393,14 @@ def _make_server_classes() -> tuple:
             self.head_gate.start()
 
         def process_conn(self, conn: Any) -> None:
-            if conn.rfile.has_data() or self.head_gate is None:
-                super().process_conn(conn)  # a request already read in: serve it
+            if self.head_gate is None:
+                super().process_conn(conn)
+                return
+            start = _buffered(conn.rfile) if conn.rfile.has_data() else b""
+            if start and request_ready(start):  # a pipelined request already read in
+                self._dispatch_head(conn, start)
             else:
-                self.head_gate.admit(conn)
+                self.head_gate.admit(conn, start)
 
         def _dispatch_head(self, conn: Any, head: bytes) -> None:
             conn.rfile = HeadReader(conn.socket, head, conn.rbufsize)
@@ -4378,8 +4463,8 @@ class Service:
                 conn.close()
             self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
             self._bind()  # a taken port fails here: before a token is announced or a fold runs
-            self.app.set_token(resolve_token(self.config, self.announce))
             self.archive.clear_tmp()
+            self.app.set_token(resolve_token(self.config, self.announce))
             self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
             self._serve_thread.start()
             self.worker.start()
@@ -4403,7 +4488,6 @@ class Service:
                               request_queue_size=LISTEN_BACKLOG, server_name="healthlog")
         server.gateway = gateway
         server.on_failure = self.failed.set  # serve then stops and exits 1
-        server.body_limit = self.config.max_body_bytes + READ_CHUNK  # + chunk size lines
         server.expiration_interval = 0.2  # how fast stop() is noticed by the accept loop
         server.max_request_header_size = HEADER_LIMIT
         server.max_request_body_size = 0  # the ingest route enforces its own limit

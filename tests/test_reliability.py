@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import tracemalloc
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 import hae_factory
 import healthlog
-from conftest import ROOT, Client, archive_files, db_rows, wait_for
+from conftest import ROOT, TOKEN, Client, archive_files, db_rows, wait_for
 from test_ingest import HAE_HEADERS, hae_body, raw_post, read_response
 
 pytestmark = pytest.mark.json_agnostic
@@ -585,3 +586,157 @@ def test_rely_8_10_an_empty_journal_beside_archived_bodies_is_a_warning(start_se
     start_service()
     warned = logs.find("journal is empty", "WARN")
     assert len(warned) == 1 and warned[0]["archived"] == "1"
+
+
+# -- found by a second reading of the change ----------------------------------------
+
+
+def test_rely_5_2_a_pipelined_partial_head_waits_in_the_gate_not_in_a_thread(start_service):
+    """WHEN clients send a whole request followed by the start of a second one and then
+    dribble it, THEN those second heads wait without a thread: /healthz still answers."""
+    service = start_service(http_threads=5, http_timeout_s=5.0)
+    port = service.address[1]
+    slow = Dribbler(port, 8, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                             b"GET /healthz HTTP/1.1\r\nX-Pad: ", 0.5)
+    try:
+        time.sleep(0.5)
+        health = _healthz(port)
+    finally:
+        slow.close()
+    assert health[0] == 200 and health[2] < 2.0
+
+
+def test_rely_5_3_slow_sign_in_bodies_do_not_take_the_threads(start_service):
+    """WHEN clients announce a sign-in form and dribble it, THEN no thread waits for those
+    bodies: /healthz still answers."""
+    service = start_service(http_threads=5, http_timeout_s=5.0)
+    port = service.address[1]
+    slow = Dribbler(port, 8, b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+                             b"x-www-form-urlencoded\r\nContent-Length: 4000\r\n\r\ntoken=", 0.5)
+    try:
+        time.sleep(0.5)
+        health = _healthz(port)
+    finally:
+        slow.close()
+    assert health[0] == 200 and health[2] < 2.0
+
+
+def test_rely_5_5_a_full_gate_closes_its_longest_waiter_not_the_newcomer(start_service,
+                                                                        monkeypatch):
+    """WHEN more connections wait for their heads than the gate holds, THEN the one that
+    waited longest is closed, and a client that sends its request at once is served."""
+    monkeypatch.setattr(healthlog, "HEAD_GATE_MAX", 20)
+    service = start_service(http_timeout_s=10.0)
+    port = service.address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    try:
+        health = _healthz(port)
+        idle[0].settimeout(5)
+        first_closed = idle[0].recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+    assert health[0] == 200
+    assert first_closed
+
+
+def test_rely_3_4_a_small_write_on_a_full_disk_is_the_servers_fault(tmp_path):
+    """WHEN the disk fills while a body smaller than any write buffer is received, THEN the
+    failure is a storage failure (a 500), never the client's early end (a 400)."""
+    archive_dir = tmp_path / "data"
+    (archive_dir / "tmp").mkdir(parents=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, with a file size limit as a full disk
+        import resource
+        import signal
+
+        outcome = "no error"
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+            body = io.BytesIO(b"x" * 5000)
+            healthlog.Archive(archive_dir).receive(body.read, 5000, 1 << 20, lambda: None)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+        os.write(write_end, outcome.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert outcome == "StorageFailure"
+    assert not list((archive_dir / "tmp").iterdir())
+
+
+def _chunked(port: int, chunks: list, extra: bytes = b"") -> tuple:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     % TOKEN.encode())
+        for chunk in chunks:
+            sock.sendall(b"%x%s\r\n%s\r\n" % (len(chunk), extra, chunk))
+        sock.sendall(b"0\r\n\r\n")
+        sock.settimeout(20)
+        return read_response(sock)
+
+
+def test_rely_4_1_chunked_framing_is_the_clients_and_bounded(start_service, data_dir):
+    """WHEN a valid body comes in one-byte chunks, THEN it is accepted byte for byte; WHEN a
+    chunk line is megabytes long, THEN the answer is 400, never a 500."""
+    service = start_service(max_body_bytes=1 << 20)
+    port = service.address[1]
+    body = hae_body()
+    status, payload = _chunked(port, [body[i:i + 1] for i in range(len(body))])
+    assert status == 200, payload
+    assert (data_dir / db_rows(data_dir)[0]["archive_path"]).read_bytes() == body
+    status, payload = _chunked(port, [body], extra=b";" + b"x" * (3 << 20))
+    assert status == 400 and payload["error"]["code"] == "bad_request"
+
+
+def test_rely_7_4_a_non_ascii_token_in_the_path_is_not_logged(start_service, logs):
+    """WHEN a token with non-ASCII letters is typed into the URL path, THEN the access log
+    shows `<token>` in its place, in any spelling Cheroot gives the path."""
+    token = "s\u00e9same-\u00f6ffne-dich-0123456789"
+    service = start_service(token=token)
+    quoted = urllib.parse.quote(token.encode("utf-8"))
+    Client(*service.address).request("GET", "/" + quoted, token=False)
+    lines = logs.lines()
+    assert any("<token>" in line for line in lines)
+    raw = token.encode("utf-8").decode("latin-1")
+    assert not [line for line in lines if raw in line or token in line or quoted in line]
+
+
+def test_rely_8_1_the_first_failure_after_good_passes_pauses_the_shortest(make_config, logs):
+    """WHEN a pass fails after passes that succeeded, THEN the loop starts again after the
+    first (shortest) pause, not the longest."""
+
+    class LateFailure(healthlog.FoldWorker):
+        restart_pauses_s = (0.2, 30.0)
+        passes = 0
+
+        def run_pass(self, engine):
+            self.passes += 1
+            if self.passes == 3:
+                raise RuntimeError("injected fold failure")
+            return super().run_pass(engine)
+
+    service = _service_with(make_config, LateFailure, fold_wake_s=0.1)
+    try:
+        failed = wait_for(lambda: logs.find("fold pass failed", "ERROR"))
+        wait_for(lambda: service.worker.passes >= 4, timeout=5)
+    finally:
+        assert service.stop()
+    assert failed[0]["restart_in_s"] == "0.2"
+
+
+def test_rely_8_7_a_start_that_fails_after_binding_announces_no_token(make_config, data_dir):
+    """WHEN a first start fails after the port is bound (DATA/tmp is not a folder), THEN no
+    token is announced, so the next start that works still shows it."""
+    (data_dir / "archive").mkdir(parents=True)
+    (data_dir / "tmp").write_text("not a folder")
+    announced = []
+    service = healthlog.Service(make_config(token=None), announce=announced.append)
+    with pytest.raises(OSError):
+        service.start()
+    assert announced == []
