@@ -4,9 +4,10 @@
 Record. One real ingest (``Archive.receive`` then ``accept_delivery``: the two calls the
 ingest route makes, on a real data directory, with the route's extra metadata) or one real
 fold pass (``FoldWorker.run_pass`` over a ``FoldEngine``) runs in this process while a thin
-recording layer wraps the ``os`` functions healthlog calls (``os.open``, the writes of the file
-objects ``os.fdopen`` returns, ``os.fsync``, ``os.replace``/``os.rename``, ``os.mkdir``,
-``os.unlink``; pathlib's accessor on Python < 3.11) and the database connection it is handed.
+recording layer wraps the ``os`` functions healthlog calls (``os.open``, ``os.write`` and the
+writes of the file objects ``os.fdopen`` returns, ``os.fsync``, ``os.replace``/``os.rename``,
+``os.mkdir``, ``os.unlink``; pathlib's accessor on Python < 3.11) and the database connection
+it is handed.
 Every call still happens for real; the layer only writes down a logical operation log of what
 happened under the data directory: create, mkdir, write(bytes), fsync(file), fsync(dir),
 rename, unlink, and ``sqlite_commit``. The recording is checked complete: the whole log,
@@ -385,6 +386,16 @@ class Recorder:
                 return _RecordedFile(handle, rec, ino, rel)
             return handle
 
+        def os_write(fd, data):
+            written = real["write"](fd, data)
+            if fd in rec.fds:
+                ino, rel, _ = rec.fds[fd]
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+                chunk = bytes(data[:written])
+                rec.log(Op("write", "write(%s, %d bytes)" % (rel, len(chunk)), ino=ino,
+                           offset=end - written, data=chunk))
+            return written
+
         def os_fsync(fd):
             real["fsync"](fd)
             fd = fd if isinstance(fd, int) else fd.fileno()
@@ -441,9 +452,9 @@ class Recorder:
         wrappers = {"open": os_open, "close": os_close, "fdopen": os_fdopen, "fsync": os_fsync,
                     "replace": renamer("replace"), "rename": renamer("rename"),
                     "unlink": unlinker("unlink"), "remove": unlinker("remove"),
-                    "mkdir": os_mkdir}
+                    "mkdir": os_mkdir, "write": os_write}
         wrappers.update((name, refuse(name)) for name in (
-            "rmdir", "write", "ftruncate", "truncate", "link", "symlink"))
+            "rmdir", "ftruncate", "truncate", "link", "symlink"))
         for name, wrapper in wrappers.items():
             patch.setattr(os, name, wrapper)
         accessor = getattr(pathlib, "_NormalAccessor", None)  # Python 3.9 and 3.10
