@@ -674,23 +674,26 @@ def _chunked(port: int, chunks: list, extra: bytes = b"") -> tuple:
         sock.sendall(b"POST /api/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
                      b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                      % TOKEN.encode())
-        for chunk in chunks:
-            sock.sendall(b"%x%s\r\n%s\r\n" % (len(chunk), extra, chunk))
-        sock.sendall(b"0\r\n\r\n")
+        try:
+            for chunk in chunks:
+                sock.sendall(b"%x%s\r\n%s\r\n" % (len(chunk), extra, chunk))
+            sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused early: the answer is already on its way
         sock.settimeout(20)
         return read_response(sock)
 
 
 def test_rely_4_1_chunked_framing_is_the_clients_and_bounded(start_service, data_dir):
     """WHEN a valid body comes in one-byte chunks, THEN it is accepted byte for byte; WHEN a
-    chunk line is megabytes long, THEN the answer is 400, never a 500."""
+    chunk line is longer than any size line needs, THEN the answer is 400, never a 500."""
     service = start_service(max_body_bytes=1 << 20)
     port = service.address[1]
     body = hae_body()
     status, payload = _chunked(port, [body[i:i + 1] for i in range(len(body))])
     assert status == 200, payload
     assert (data_dir / db_rows(data_dir)[0]["archive_path"]).read_bytes() == body
-    status, payload = _chunked(port, [body], extra=b";" + b"x" * (3 << 20))
+    status, payload = _chunked(port, [body], extra=b";" + b"x" * (64 << 10))
     assert status == 400 and payload["error"]["code"] == "bad_request"
 
 
