@@ -32,6 +32,7 @@ import hae_factory as hf
 import healthlog
 from conftest import (ROOT, TOKEN, Client, archive_files, assert_no_leaks, db_rows,
                       parse_logfmt, wait_for)
+from test_reindex import live_fingerprint
 
 AUTOMATION = hf.Automation("Storage faults", "Minutes", "Since Last Sync")
 HEADERS = hf.headers_for(AUTOMATION, session_id="0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F")
@@ -93,14 +94,6 @@ def assert_error_shape(payload, status: int, code: str) -> None:
 
 def statuses(data_dir: Path) -> dict:
     return {r["id"]: r["parse_status"] for r in db_rows(data_dir)}
-
-
-def live_fingerprint(data_dir: Path) -> str:
-    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
-    try:
-        return healthlog.fingerprint(conn)
-    finally:
-        conn.close()
 
 
 def wait_folded(data_dir: Path, count: int, timeout: float = 20.0) -> dict:
