@@ -4132,31 +4132,43 @@ arrived before the request gets a thread; the ingest route reads its body itself
 its upload slots, its deadline and its stall limit."""
 
 
-def request_ready(data: bytes) -> bool:
-    """Has a request arrived far enough to be given a thread: its whole head, and its
-    body too when that is announced and small?  (Heads over the limit go on, for
-    Cheroot to refuse.)"""
-    ends = [i + len(end) for end in _HEAD_ENDS for i in (data.find(end),) if i >= 0]
-    if not ends:
-        return False
-    head_end = min(ends)
+def head_end(data: Any, start: int = 0) -> Optional[int]:
+    """Where the request head in ``data`` ends (after its blank line), searching from
+    ``start``; None while it has not arrived."""
+    ends = [i + len(end) for end in _HEAD_ENDS for i in (data.find(end, start),) if i >= 0]
+    return min(ends) if ends else None
+
+
+def request_size(data: Any, end: int) -> int:
+    """How many bytes of ``data`` must have arrived before the request, whose head ends
+    at ``end``, is given a thread: the head, and a small announced body outside the
+    ingest route."""
     if data.startswith(b"POST /api/ingest"):  # its body is read under the route's budget
-        return True
-    match = _CONTENT_LENGTH.search(data, 0, head_end)
+        return end
+    match = _CONTENT_LENGTH.search(data, 0, end)
     if match is None or int(match.group(1)) > GATE_BODY_MAX or _EXPECT_CONTINUE.search(
-            data, 0, head_end):  # that client sends its body only after "100 Continue"
-        return True
-    return len(data) >= head_end + int(match.group(1))
+            data, 0, end):  # that client sends its body only after "100 Continue"
+        return end
+    return end + int(match.group(1))
+
+
+def request_ready(data: bytes) -> bool:
+    """Has a request arrived far enough to be given a thread?"""
+    end = head_end(data)
+    return end is not None and len(data) >= request_size(data, end)
+
+
 _HEAD_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class _Waiting:
     """A connection in the head gate: what has arrived of its head, and its deadline."""
 
-    __slots__ = ("conn", "head", "deadline")
+    __slots__ = ("conn", "head", "deadline", "need")
 
     def __init__(self, conn: Any, deadline: float):
         self.conn, self.head, self.deadline = conn, bytearray(), deadline
+        self.need: Optional[int] = None  # bytes to wait for, once the head has arrived
 
 
 class HeadGate:
@@ -4271,6 +4283,9 @@ class HeadGate:
                 continue
             waiting = self._waiting[sock.fileno()] = _Waiting(conn, deadline)
             waiting.head += start
+            end = head_end(start)
+            if end is not None:  # a head already in, its body still on the way
+                waiting.need = request_size(start, end)
 
     def _read(self, fd: int) -> None:
         waiting = self._waiting.get(fd)
@@ -4287,7 +4302,14 @@ class HeadGate:
             _close_quietly(waiting.conn)
             return
         waiting.head += chunk
-        if len(waiting.head) < self._head_limit and not request_ready(waiting.head):
+        if waiting.need is None:  # only the new bytes are searched: no rescans
+            end = head_end(waiting.head, max(0, len(waiting.head) - len(chunk) - 3))
+            if end is None:
+                if len(waiting.head) < self._head_limit:
+                    return
+                end = len(waiting.head)  # too long: Cheroot refuses it
+            waiting.need = request_size(waiting.head, end)
+        if len(waiting.head) < waiting.need:
             return
         self._forget(fd)
         try:  # Cheroot's threads read with the server's timeout again

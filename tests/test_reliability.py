@@ -736,3 +736,24 @@ def test_rely_8_7_a_start_that_fails_after_binding_announces_no_token(make_confi
     with pytest.raises(OSError):
         service.start()
     assert announced == []
+
+
+def test_rely_5_2_a_pipelined_request_whose_body_comes_later_is_served(start_service):
+    """WHEN a second request's head arrives with the first request and its small body only
+    later, THEN both are answered, in order, on the one connection."""
+    service = start_service()
+    with socket.create_connection(("127.0.0.1", service.address[1])) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+                     b"x-www-form-urlencoded\r\nContent-Length: 11\r\n\r\ntoken=")
+        time.sleep(0.3)
+        sock.sendall(b"wrong")
+        sock.settimeout(10)
+        received = b""
+        while received.count(b"HTTP/1.1 ") < 2 or not received.endswith(b"</html>\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    answers = [part.split(b"\r\n", 1)[0] for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert answers == [b"200 OK", b"401 Unauthorized"], received[:300]
