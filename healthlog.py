@@ -1448,12 +1448,18 @@ def connect(path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S,
     return conn
 
 
-def is_busy(exc: BaseException) -> bool:
-    """True when SQLite gave up waiting for a lock (SQLITE_BUSY and its variants)."""
+def _sqlite_error_in(exc: BaseException, codes: tuple, texts: tuple) -> bool:
+    """Is ``exc`` an SQLite error of one of these primary result codes?  Python before
+    3.11 gives no code: its message is read instead."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
-        return (code & 0xFF) == 5
-    return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
+        return (code & 0xFF) in codes
+    return isinstance(exc, sqlite3.Error) and any(text in str(exc) for text in texts)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True when SQLite gave up waiting for a lock (SQLITE_BUSY and its variants)."""
+    return _sqlite_error_in(exc, (5,), ("database is locked",))
 
 
 # SQLITE_NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB
@@ -1466,10 +1472,7 @@ _CORRUPT_TEXTS = ("malformed", "not a database")
 
 def is_corruption(exc: BaseException) -> bool:
     """True when SQLite found the database file damaged."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in _CORRUPT_CODES
-    return isinstance(exc, sqlite3.Error) and any(text in str(exc) for text in _CORRUPT_TEXTS)
+    return _sqlite_error_in(exc, _CORRUPT_CODES, _CORRUPT_TEXTS)
 
 
 def damaged_database(path: Path, exc: BaseException) -> ConfigError:
@@ -1482,10 +1485,7 @@ def damaged_database(path: Path, exc: BaseException) -> ConfigError:
 def is_storage_failure(exc: BaseException) -> bool:
     """True when SQLite could not write for a reason of the machine (disk full, a
     read-only or failing disk), which no delivery causes and waiting may cure."""
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return (code & 0xFF) in _STORAGE_CODES
-    return isinstance(exc, sqlite3.Error) and any(text in str(exc) for text in _STORAGE_TEXTS)
+    return _sqlite_error_in(exc, _STORAGE_CODES, _STORAGE_TEXTS)
 
 
 @contextlib.contextmanager
@@ -3672,6 +3672,7 @@ class App:
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
         self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
         self._token = b""
+        self._token_in_path = ""
         self.bottle = bottle.Bottle()
         self.bottle.config["catchall"] = False
         for rule, method, callback in (
@@ -3690,6 +3691,7 @@ class App:
 
     def set_token(self, token: str) -> None:
         self._token = token.encode()
+        self._token_in_path = self._token.decode("latin-1")  # as Cheroot spells PATH_INFO
 
     # -- WSGI entry ---------------------------------------------------------
 
@@ -3697,9 +3699,8 @@ class App:
         started = time.monotonic()
         environ[ENV_RECEIVED] = utc_now()
         path = environ.get("PATH_INFO", "")
-        token_text = self._token.decode("latin-1")  # PATH_INFO is the raw path, as latin-1
-        if token_text and token_text in path:  # a token typed into the URL is never logged
-            path = path.replace(token_text, "<token>")
+        if self._token and self._token_in_path in path:  # a token typed into the URL
+            path = path.replace(self._token_in_path, "<token>")  # is never logged
         try:
             status, headers, body = self._dispatch(environ)
         except HTTPFailure as exc:
