@@ -130,8 +130,8 @@ is given a worker thread only once they have: a client that dribbles its headers
 a file descriptor, never a thread."""
 
 HEAD_GATE_MAX = 512
-"""Connections waiting for their request head at once; more are closed (a file
-descriptor each, under the usual limit of 1024)."""
+"""Connections waiting for their request head at once (a file descriptor each, under
+the usual limit of 1024); a further one makes the longest waiter close."""
 
 LISTEN_BACKLOG = 128
 """Connections the kernel queues before they are accepted (Cheroot's default is 5:
@@ -248,6 +248,11 @@ class PayloadTooLarge(HTTPFailure):
     """The body is larger than the configured limit."""
 
     status, code = 413, "payload_too_large"
+
+
+def body_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge("the body is larger than %d MiB (the limit set with --max-body-mib)"
+                           % (limit >> 20))
 
 
 class UnsupportedMediaType(HTTPFailure):
@@ -1462,12 +1467,11 @@ def is_busy(exc: BaseException) -> bool:
     return _sqlite_error_in(exc, (5,), ("database is locked",))
 
 
-# SQLITE_NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB
-_STORAGE_CODES = (7, 8, 10, 11, 13, 14, 26)
-_STORAGE_TEXTS = ("out of memory", "readonly database", "disk I/O error", "disk is full",
-                  "unable to open database", "malformed", "not a database")
-_CORRUPT_CODES = (11, 26)
+_CORRUPT_CODES = (11, 26)  # SQLITE_CORRUPT, NOTADB
 _CORRUPT_TEXTS = ("malformed", "not a database")
+_STORAGE_CODES = (7, 8, 10, 13, 14) + _CORRUPT_CODES  # NOMEM, READONLY, IOERR, FULL, CANTOPEN
+_STORAGE_TEXTS = ("out of memory", "readonly database", "disk I/O error", "disk is full",
+                  "unable to open database") + _CORRUPT_TEXTS
 
 
 def is_corruption(exc: BaseException) -> bool:
@@ -1837,8 +1841,7 @@ class Archive:
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise PayloadTooLarge("the body is larger than %d MiB (the limit set "
-                                          "with --max-body-mib)" % (limit >> 20))
+                    raise body_too_large(limit)
                 digest.update(chunk)
                 _write_all(fd, chunk)
             if length is not None and size != length:
@@ -2736,7 +2739,7 @@ class FoldWorker:
     @property
     def running(self) -> bool:
         """Is the loop up (folding or waiting), rather than restarting or ended?"""
-        return self.state in ("starting", "folding", "idle") and not self.died.is_set()
+        return self.state in ("starting", "folding", "idle")
 
     def run_pass(self, engine: FoldEngine) -> int:
         """One pass: fold every visible pending delivery after the cursor, in journal
@@ -3853,8 +3856,7 @@ class App:
         except ValueError:
             raise BadRequest("Content-Length is not a number") from None
         if length > self.config.max_body_bytes:
-            raise PayloadTooLarge("the body is larger than %d MiB (the limit set with "
-                                  "--max-body-mib)" % (self.config.max_body_bytes >> 20))
+            raise body_too_large(self.config.max_body_bytes)
         if length == 0:
             raise BadRequest("the request has no body")
         return length
@@ -4087,8 +4089,7 @@ class ChunkedBody:
                 raise ValueError("bad chunk size")
             self._left = int(text, 16)
             if self._left > self._limit:
-                raise PayloadTooLarge("the body is larger than %d MiB (the limit set with"
-                                      " --max-body-mib)" % (self._limit >> 20))
+                raise body_too_large(self._limit)
             if not self._left:
                 for _ in range(64):  # trailers, up to the empty line
                     if not self._line():

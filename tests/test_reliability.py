@@ -11,6 +11,8 @@ import dataclasses
 import io
 import json
 import os
+import resource
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -506,27 +508,37 @@ def test_rely_8_7_token_banner_is_shown_only_by_a_start_that_listens(data_dir):
 # -- RELY-8.8: permission messages --------------------------------------------------
 
 
-def _ensure_as_nobody(path: Path) -> str:
-    """ensure_data_dir in a forked child running as an unprivileged user (root ignores
-    permissions, and CI runs as root); its error message comes back through a pipe."""
+def in_child(work) -> str:
+    """``work()`` in a forked child (for what must not touch the test process: another
+    user, a file size limit); its result, or its exception's text, comes back by a pipe."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        message = "no error"
         try:
-            if os.geteuid() == 0:
-                os.setgid(65534)
-                os.setuid(65534)
-            healthlog.ensure_data_dir(path)
+            outcome = str(work())
         except BaseException as exc:
-            message = str(exc)
-        os.write(write_end, message.encode())
+            outcome = "%s: %s" % (type(exc).__name__, exc)
+        os.write(write_end, outcome.encode())
         os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as pipe:
-        message = pipe.read().decode()
+        outcome = pipe.read().decode()
     os.waitpid(pid, 0)
-    return message
+    return outcome
+
+
+def _ensure_as_nobody(path: Path) -> str:
+    """ensure_data_dir as an unprivileged user (root ignores permissions, and CI runs as
+    root)."""
+
+    def work() -> str:
+        if os.geteuid() == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+        healthlog.ensure_data_dir(path)
+        return "no error"
+
+    return in_child(work)
 
 
 def test_rely_8_8_an_existing_unwritable_data_directory_is_named_as_such(tmp_path):
@@ -638,26 +650,15 @@ def test_rely_3_4_a_small_write_on_a_full_disk_is_the_servers_fault(tmp_path):
     failure is a storage failure (a 500), never the client's early end (a 400)."""
     archive_dir = tmp_path / "data"
     (archive_dir / "tmp").mkdir(parents=True)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child, with a file size limit as a full disk
-        import resource
-        import signal
 
-        outcome = "no error"
-        try:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-            body = io.BytesIO(b"x" * 5000)
-            healthlog.Archive(archive_dir).receive(body.read, 5000, 1 << 20, lambda: None)
-        except BaseException as exc:
-            outcome = type(exc).__name__
-        os.write(write_end, outcome.encode())
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        outcome = pipe.read().decode()
-    os.waitpid(pid, 0)
+    def work() -> str:  # a file size limit stands for a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+        body = io.BytesIO(b"x" * 5000)
+        healthlog.Archive(archive_dir).receive(body.read, 5000, 1 << 20, lambda: None)
+        return "no error"
+
+    outcome = in_child(work).split(":")[0]
     assert outcome == "StorageFailure"
     assert not list((archive_dir / "tmp").iterdir())
 
