@@ -753,9 +753,11 @@ TIME_KEYS = frozenset(("date", "start", "end", "startDate", "endDate", "sleepSta
 
 def same_field(key: str, a: Any, b: Any) -> bool:
     """The values of one key are the same: for a key of :data:`TIME_KEYS` whose values
-    both read as times, the same instant (to the microsecond) however it is spelled;
-    else :func:`same_value`."""
-    if key in TIME_KEYS and not (a == b and type(a) is str and type(b) is str):
+    both read as times, at least one of them text, the same instant (to the microsecond)
+    however it is spelled; else :func:`same_value` (two numbers compare as numbers: the
+    microseconds of a float epoch are the last digits' noise)."""
+    if key in TIME_KEYS and (type(a) is str or type(b) is str) and not (
+            a == b and type(a) is str and type(b) is str):
         instant = parse_time(a)
         if instant is not None:
             other = parse_time(b)
