@@ -2715,6 +2715,7 @@ class FoldWorker:
                     self._stop.wait(pause)
         except BaseException as exc:  # not an Exception: nothing to restart in-thread
             log_event(logging.ERROR, "fold thread ended unexpectedly", error=type(exc).__name__)
+            self.state = "stopped"  # before died is seen: /healthz then says failing
             self.died.set()
         finally:
             self.state = "stopped"
