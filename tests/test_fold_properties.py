@@ -8,6 +8,7 @@ coordinate domain so deliveries overlap, with random subsets of fields, empty va
 """
 
 import datetime as dt
+import gzip
 import io
 import json
 import random
@@ -88,7 +89,7 @@ class Store:
         """(start, end) -> stored point, over every object."""
         out = {}
         for (blob,) in self.conn.execute("SELECT blob FROM object"):
-            for point in json.loads(healthlog.gzip.decompress(blob)):
+            for point in json.loads(gzip.decompress(blob)):
                 out[healthlog.point_span(point)] = point
         return out
 

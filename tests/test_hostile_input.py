@@ -30,10 +30,13 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -1077,3 +1080,77 @@ def test_rely_4_4_torture_thousands_of_hostile_bodies(tmp_path, logs, json_mode)
         except AssertionError as exc:
             failures.append("%s: %s" % (check.__name__, str(exc)[:3000]))
     assert not failures, "\n\n".join(failures)
+
+
+def _full_check_accepts(path, body: bytes, monkeypatch) -> bool:
+    """The verdict of the json module's full check alone (orjson hidden from it)."""
+    path.write_bytes(body)
+    with monkeypatch.context() as patch:
+        patch.setattr(healthlog, "_orjson", None)
+        try:
+            healthlog.check_delivery_shape(path)
+        except healthlog.BadRequest:
+            return False
+    return True
+
+
+@pytest.mark.json_agnostic  # orjson's quick check against the full one: the mode with orjson
+def test_ingest_4_5_the_quick_check_accepts_only_what_the_full_check_accepts(tmp_path,
+                                                                           monkeypatch):
+    pytest.importorskip("orjson")
+    path = tmp_path / "body.json"
+    wide = [b'{"data":{"metrics":[{"name":"n","data":[{"qty":%s}]}]}}' % number for number in (
+        b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809",
+        b"18446744073709551616", b"123456789012345678901234567890", b"1e400", b"-1e309",
+        b"1.7976931348623159e308", b"1e-400", b"-0", b"0.30000000000000004")]
+    cases = [case.body for case in named_cases() if case.mode == "plain"]
+    cases += [case.body for case in mutants(SEEDS["orjson"] + 7, 400)] + wide
+    cases += [body for _, body in base_bodies()]
+    quick_accepted = 0
+    for body in cases:
+        if len(body) > healthlog.QUICK_CHECK_BYTES or not healthlog._quick_shape_ok(body):
+            continue
+        quick_accepted += 1
+        assert _full_check_accepts(path, body, monkeypatch), body[:200]
+    for _, body in base_bodies():  # real-shaped bodies take the quick path
+        assert healthlog._quick_shape_ok(body)
+    assert not healthlog._quick_shape_ok(wide[1]) and _full_check_accepts(path, wide[0],
+                                                                           monkeypatch)
+    assert quick_accepted > 100
+
+
+QUICK_CHECK_RSS = """
+import sys
+from pathlib import Path
+import healthlog
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+path = Path(sys.argv[1])
+assert healthlog._quick_shape_ok(path.read_bytes())
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM starts again from VmRSS
+before = status("VmRSS")
+healthlog.check_delivery_shape(path)
+print(status("VmHWM") - before)
+"""
+
+
+@pytest.mark.json_agnostic  # about orjson's quick check: the mode with orjson
+def test_ingest_4_5_the_quick_check_holds_no_more_than_the_ceiling_counts(tmp_path):
+    """The resident memory a quick check adds (measured in a fresh process) is within what
+    validation_bytes() counts against the validation ceiling."""
+    pytest.importorskip("orjson")
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
+    body = hf.big_metrics_body(2_800_000, seed=7)
+    path = tmp_path / "body.json"
+    path.write_bytes(body)
+    result = subprocess.run([sys.executable, "-c", QUICK_CHECK_RSS, str(path)],
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(Path(healthlog.__file__).parent)))
+    assert result.returncode == 0, result.stderr
+    added = int(result.stdout)
+    assert 2 * len(body) < added <= healthlog.validation_bytes(len(body)), (len(body), added)

@@ -19,6 +19,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import hae_factory as hf
+import healthlog
 from conftest import without_source
 from healthlog import (all_keys, canonical, content_keys, decide, dominates, incomparable,
                        is_empty, reduce_candidates, same_value)
@@ -665,3 +666,58 @@ def test_property_canonical_is_stable_across_key_order(point, rng):
     reordered = dict(items)
     assert canonical(reordered) == canonical(point)
     assert canonical(json.loads(json.dumps(point))) == canonical(point)
+
+
+canonical_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.floats(min_value=-1e-3, max_value=1e-3, allow_nan=False),  # where the spellings differ
+    st.text(), st.sampled_from(["source", "e-5", "0.00001", "\x7f", "\u2028", "😀"]))
+canonical_values = st.recursive(
+    canonical_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=4), st.sampled_from(["source", "date"])),
+                        inner, max_size=4)),
+    max_leaves=16)
+
+
+def _json_module_canonical(value) -> bytes:
+    """The canonical form written out with the json module alone (the spec's text)."""
+    return json.dumps(without_source(value), sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"), allow_nan=False).encode()
+
+
+@given(canonical_values)
+@example([{"qty": 1e-05, "source": "x"}, {"qty": 1.5e-07}])  # 0.00001 and 1.5e-7 in orjson
+@example([{"date": "d", "meta": {"source": "nested"}, "source": "top"}])
+@example({"a": 1e+16, "b": 5e-324, "c": 1.7976931348623157e308, "é": "\x00\x1f\"\\"})
+@example([[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]])
+@PROPS
+def test_storage_4_2_the_canonical_form_does_not_depend_on_orjson(value):
+    assert healthlog.canonical_bytes(value) == _json_module_canonical(value)
+    assert canonical(value) == _json_module_canonical(value).decode()
+
+
+def test_storage_4_2_the_canonical_form_past_orjson_nesting_is_the_json_modules():
+    deep = [{"qty": 1, "source": "x"}]
+    for _ in range(300):  # orjson refuses more than 255 levels
+        deep = [deep]
+    assert healthlog.canonical_bytes(deep) == _json_module_canonical(deep)
+
+
+@pytest.mark.json_agnostic  # about the orjson installed: the mode with it
+def test_storage_4_2_an_orjson_that_spells_a_probe_differently_is_not_used(monkeypatch):
+    orjson = pytest.importorskip("orjson")
+    assert healthlog._orjson_canonical_ok()  # the installed one spells every probe alike
+
+    class Respelling:
+        """orjson, except that it writes 1e+16 as 1e16 (as some JSON writers do)."""
+        OPT_SORT_KEYS = orjson.OPT_SORT_KEYS
+
+        @staticmethod
+        def dumps(value, option=0):
+            return orjson.dumps(value, option=option).replace(b"1e+16", b"1e16")
+
+    monkeypatch.setattr(healthlog, "_orjson", Respelling)
+    assert not healthlog._orjson_canonical_ok()

@@ -18,6 +18,7 @@ import json
 import random
 import shutil
 import sqlite3
+import struct
 
 import pytest
 
@@ -568,7 +569,8 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
     healthlog.ensure_data_dir(data_dir)
     conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
     for statement in healthlog.schema_statements():
-        conn.execute(statement.replace("    summary          TEXT,\n", ""))
+        conn.execute(statement.replace("    summary          TEXT,\n", "")
+                     .replace("    spans            BLOB,\n", ""))
     conn.execute("INSERT INTO object (metric, layer, hour, units, first_at, last_at, points,"
                  " delivery_id, updated_by, hash, sealed, blob, point_deliveries) VALUES"
                  " ('step_count', 'minutes', 474000, 'count', 1706400000, 1706400000, 1, 1, 1,"
@@ -581,9 +583,9 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
 
     service = start_service()
 
-    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 2
-    [row] = db_rows(data_dir, "SELECT metric, summary FROM object")
-    assert row == {"metric": "step_count", "summary": None}  # kept, computed when read
+    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 3
+    [row] = db_rows(data_dir, "SELECT metric, summary, spans FROM object")
+    assert row == {"metric": "step_count", "summary": None, "spans": None}  # computed when read
     reply = Client(*service.address).request(
         "GET", "/api/points?metric=step_count&bucket=day")[1]
     assert reply["runs"][0]["buckets"] == [{"start": "2024-01-28T00:00:00Z", "count": 1,
@@ -839,3 +841,38 @@ def test_storage_7_1_a_status_written_by_an_older_parser_is_refolded(start_servi
     assert refolded["parser_version"] == healthlog.PARSER_VERSION
     assert refolded["objects_written"] == 0
     assert db_rows(store.data_dir, "SELECT * FROM object") == before
+
+
+def _spans_of(row: dict) -> list:
+    return list(struct.unpack("<%dq" % (2 * row["points"]), row["spans"]))
+
+
+def _expected_spans(points: list) -> list:
+    """Starts then ends in UTC µs, read with the test's own parser (whole seconds)."""
+    starts = [utc_seconds(p.get("start") or p.get("startDate") or p["date"]) for p in points]
+    ends = [utc_seconds(p.get("end") or p.get("endDate") or p.get("start") or p["date"])
+            for p in points]
+    return [s * 1_000_000 for s in starts + ends]
+
+
+def test_storage_3_4_each_object_carries_its_points_spans(store):
+    minute_points = [pt(at(10, m), qty=100 + m + 0.25) for m in (5, 0, 3)]
+    store.fold(body(("step_count", "count", minute_points)))
+    nights = hf.sleep_segments(3, hf.DEFAULT_DAY, phone=hf.Phone(sources=SOURCE))
+    store.fold(body(("sleep_analysis", "hr", nights)), DAYS)
+    objects = store.objects("step_count") + store.objects("sleep_analysis")
+    assert len(objects) > 2
+    for row in objects:
+        assert _spans_of(row) == _expected_spans(row["decoded"])
+
+    # An object without spans (as written before schema version 3) still merges.
+    store.sql("UPDATE object SET spans = NULL")
+    again = store.fold(hf.resend(body(("step_count", "count", minute_points)),
+                                 random.Random(3)))
+    assert again["parse_status"] == "parsed" and again["objects_written"] == 0
+    assert {row["spans"] for row in store.objects()} == {None}
+    more = store.fold(body(("step_count", "count", [pt(at(10, 7), qty=9.5)])))
+    assert more["objects_written"] == 1 and more["overwrites"] == 0
+    row = store.object("step_count", at(10))
+    assert row["points"] == 4 and _spans_of(row) == _expected_spans(row["decoded"])
+    assert [p["date"] for p in row["decoded"]] == [at(10, m) for m in (0, 3, 5, 7)]
