@@ -45,6 +45,7 @@ import fcntl
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import logging
 import math
@@ -2403,6 +2404,9 @@ class HourObject:
     created_by: int
     updated_by: int
     sealed: bool
+    plain: bool = False
+    """No point holds a boolean, so ``==`` on two points of plain sources is
+    :func:`same_value` (only ``True == 1`` and ``False == 0`` set them apart)."""
 
 
 def encode_spans(coords: list) -> bytes:
@@ -2425,13 +2429,21 @@ def decode_spans(blob: Optional[bytes], count: int) -> Optional[tuple]:
     return spans[:count], spans[count:]
 
 
+def may_hold_booleans(text: bytes) -> bool:
+    """Could JSON text hold a boolean?  (Its literals, or those words in a string.)"""
+    return b"true" in text or b"false" in text
+
+
 def decode_object(row: tuple) -> HourObject:
     metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries, spans = row
-    points = loads_body(decompress_blob(blob))
+    text = decompress_blob(blob)
+    points = loads_body(text)
     known = decode_spans(spans, len(points))
     if known is None:  # written before schema 3: read the timestamps again
         coords = [point_coordinate(p) if type(p) is dict else None for p in points]
         coords = [c if c is not None else (-1, -1, "") for c in coords]
+    elif b'"value"' not in text and b'"kind"' not in text:  # no point has a category
+        coords = list(zip(known[0], known[1], itertools.repeat("")))
     else:
         categories = []
         for point in points:
@@ -2442,8 +2454,8 @@ def decode_object(row: tuple) -> HourObject:
                     category = ""
             categories.append(category)
         coords = list(zip(known[0], known[1], categories))
-    return HourObject(metric, layer, hour, units, coords, points, json.loads(deliveries),
-                      created_by, updated_by, bool(sealed))
+    return HourObject(metric, layer, hour, units, coords, points, loads_body(deliveries),
+                      created_by, updated_by, bool(sealed), not may_hold_booleans(text))
 
 
 @dataclass
@@ -2459,7 +2471,8 @@ class HourMerge:
 
 def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
                units: Optional[str], arriving: list, delivery_id: int, here: tuple,
-               positions: Mapping[int, tuple], dropped: int = 0) -> HourMerge:
+               positions: Mapping[int, tuple], dropped: int = 0,
+               plain: bool = False) -> HourMerge:
     """Merge one delivery's points of one hour into the stored object.  Pure.
 
     ``arriving``: [(coordinate, point)], one point per coordinate (the within-delivery
@@ -2468,6 +2481,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
     journal position, ``positions`` that of every delivery a stored point came from.
     A stored object whose units differ from ``units`` stays as it is: the arriving
     points stay out (they remain in the archive), counted in ``unit_conflicts``.
+    ``plain``: no arriving point holds a boolean (:attr:`HourObject.plain`).
     """
     counters = dict.fromkeys(("objects_written", "overwrites", "incomparable",
                               "unit_conflicts", "sealed_changes"), 0)
@@ -2482,7 +2496,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         arriving = sorted(arriving, key=lambda item: item[0])
         written = HourObject(metric, layer, hour, units, [c for c, _ in arriving],
                              [p for _, p in arriving], [delivery_id] * len(arriving),
-                             delivery_id, delivery_id, False)
+                             delivery_id, delivery_id, False, plain)
         counters["objects_written"] = 1
         counters["incomparable"] = dropped
         if dropped:
@@ -2495,25 +2509,26 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
                          " this hour were not stored (they stay in the archive)",
                          where(stored_units=stored.units, arriving_units=units)))
         return HourMerge(None, counters, warnings)
-    coords, points = list(stored.coords), list(stored.points)
-    deliveries = list(stored.deliveries)
-    index = {coord: i for i, coord in enumerate(coords)}
-    appended = overwrites = 0
+    coords, points, deliveries = stored.coords, stored.points, stored.deliveries
+    index = dict(zip(coords, range(len(coords))))
+    equal_is_same = plain and stored.plain
+    appended: list = []  # (coordinate, point) of the coordinates the object lacks
+    copied = False
+    overwrites = 0
     clashes = dropped
-    for coord, point in arriving:
+    for coord, point in arriving:  # one point per coordinate
         i = index.get(coord)
         if i is None:
-            index[coord] = len(coords)
-            coords.append(coord)
-            points.append(point)
-            deliveries.append(delivery_id)
-            appended += 1
+            appended.append((coord, point))
             continue
-        if same_point(points[i], point):
+        mine = points[i]
+        if (equal_is_same and mine == point) or same_point(mine, point):
             continue  # a re-send: no change, and no need of the journal positions
-        replace, collision, clash = decide(points[i], positions[deliveries[i]], point, here)
+        replace, collision, clash = decide(mine, positions[deliveries[i]], point, here)
         clashes += clash
         if replace:
+            if not copied:  # the stored object itself stays as it was read
+                points, deliveries, copied = list(points), list(deliveries), True
             points[i], deliveries[i] = point, delivery_id
             overwrites += collision
     counters["incomparable"], counters["overwrites"] = clashes, overwrites
@@ -2524,6 +2539,9 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
     if not appended and not overwrites:
         return HourMerge(None, counters, warnings)  # the same values, or lost to the stored
     if appended:
+        coords = list(coords) + [c for c, _ in appended]
+        points = list(points) + [p for _, p in appended]
+        deliveries = list(deliveries) + [delivery_id] * len(appended)
         order = sorted(range(len(coords)), key=coords.__getitem__)
         coords = [coords[i] for i in order]
         points = [points[i] for i in order]
@@ -2533,7 +2551,8 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         warnings.append(("a sealed hour changed; the data is stored anyway", where()))
     counters["objects_written"] = 1
     written = HourObject(metric, layer, hour, stored.units, coords, points, deliveries,
-                         stored.created_by, delivery_id, stored.sealed)
+                         stored.created_by, delivery_id, stored.sealed,
+                         plain and stored.plain)
     return HourMerge(written, counters, warnings)
 
 
@@ -2744,7 +2763,7 @@ class FoldEngine:
             return FoldPlan(row["id"], status, layer, json.loads(uncovered),
                             error="duplicate of delivery %d" % earlier,
                             counters=dict.fromkeys(_COUNTERS, 0))
-        doc = loads_checked(self.config.data_dir / row["archive_path"])
+        doc, plain = loads_checked(self.config.data_dir / row["archive_path"])
         check_deadline()
         extraction = extract_points(doc, check_deadline)
         del doc
@@ -2756,7 +2775,7 @@ class FoldEngine:
                         layer if extraction.has_metric_points else (
                             RECORD_LAYER if extraction.points else None),
                         extraction.uncovered, warnings=warnings)
-        self._merge(plan, row, extraction, layer, check_deadline)
+        self._merge(plan, row, extraction, layer, check_deadline, plain)
         self._describe(plan, extraction)
         return plan
 
@@ -2787,7 +2806,8 @@ class FoldEngine:
         return layer, warnings
 
     def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
-               layer: Optional[str], check_deadline: Callable[[], None]) -> None:
+               layer: Optional[str], check_deadline: Callable[[], None],
+               plain: bool = False) -> None:
         counters = dict.fromkeys(_COUNTERS, 0)
         counters["metrics"] = len({m.name for m in extraction.metrics.values()})
         counters["points"] = extraction.points
@@ -2811,7 +2831,7 @@ class FoldEngine:
                 stored = self.load_object(bucket.name, object_layer, hour)
                 merged = merge_hour(stored, bucket.name, object_layer, hour, bucket.units,
                                     items, plan.delivery_id, here, _Positions(self.position),
-                                    dropped.get(hour, 0))
+                                    dropped.get(hour, 0), plain)
                 for name, count in merged.counters.items():
                     counters[name] += count
                 plan.warnings.extend(merged.warnings)
@@ -2973,8 +2993,10 @@ class FoldEngine:
                   duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
 
 
-def loads_checked(path: Path) -> Any:
-    """Read and parse an archived body, classifying what can go wrong with it."""
+def loads_checked(path: Path) -> tuple:
+    """Read and parse an archived body, classifying what can go wrong with it:
+    (document, plain), ``plain`` when the text holds no boolean (:attr:`HourObject.plain`).
+    """
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -2985,7 +3007,8 @@ def loads_checked(path: Path) -> Any:
         raise BodyTooBig()
     try:
         if size < LEAN_PARSE_BYTES:
-            return loads_body(_read_body(path))
+            body = _read_body(path)
+            return loads_body(body), not may_hold_booleans(body)
         return loads_lean(path)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise ContentNotParsed() from None
@@ -3016,13 +3039,15 @@ def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
 codecs.register_error("healthlog-json-escape", _json_escape_error)
 
 
-def loads_lean(path: Path) -> Any:
+def loads_lean(path: Path) -> tuple:
     """Parse a large archived body with the json module from ASCII text: every non-ASCII
     character (only ever inside a string, in valid JSON) is first written as its
     ``\\u`` escape, so the text takes one byte per character instead of two or four.
     The document is the same; the peak is the text and the document, not orjson's
-    scratch copy of it.  The file is read here, so that no caller holds its bytes."""
+    scratch copy of it.  The file is read here, so that no caller holds its bytes.
+    Returns what :func:`loads_checked` does."""
     body = _read_body(path)
+    plain = not may_hold_booleans(body)
     if not body.isascii():
         characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
         if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
@@ -3031,7 +3056,7 @@ def loads_lean(path: Path) -> Any:
                                     json.dumps(character)[1:-1].encode("ascii"))
     text = body.decode("ascii", "healthlog-json-escape")
     del body
-    return json.loads(text, parse_constant=_reject_constant)
+    return json.loads(text, parse_constant=_reject_constant), plain
 
 
 # ==============================================================================

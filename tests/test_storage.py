@@ -876,3 +876,20 @@ def test_storage_3_4_each_object_carries_its_points_spans(store):
     row = store.object("step_count", at(10))
     assert row["points"] == 4 and _spans_of(row) == _expected_spans(row["decoded"])
     assert [p["date"] for p in row["decoded"]] == [at(10, m) for m in (0, 3, 5, 7)]
+
+
+def test_storage_2_2_a_boolean_is_not_the_number_it_equals(store, logs):
+    numbers = [pt(at(9, 0), qty=5.25, flag=1), pt(at(9, 1), qty=6.25, flag=0)]
+    first = store.fold(body(("step_count", "count", numbers)))
+    assert first["objects_written"] == 1
+    stored = store.object("step_count", at(9))
+    assert healthlog.decode_object((
+        stored["metric"], stored["layer"], stored["hour"], stored["units"],
+        stored["delivery_id"], stored["updated_by"], stored["sealed"], stored["blob"],
+        stored["point_deliveries"], stored["spans"])).plain  # the fast comparison is open
+    booleans = [pt(at(9, 0), qty=5.25, flag=True), pt(at(9, 1), qty=6.25, flag=False)]
+    second = store.fold(body(("step_count", "count", booleans)))
+    assert second["overwrites"] == 2 and second["objects_written"] == 1
+    row = store.object("step_count", at(9))
+    assert [p["flag"] for p in row["decoded"]] == [True, False]
+    assert row["from"] == [second["id"]] * 2
