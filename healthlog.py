@@ -2178,9 +2178,15 @@ def check_delivery_shape(path: Path) -> None:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
 
 
-QUICK_CHECK_BYTES = 8 << 20
-"""Bodies up to this size are first checked by orjson, 4× faster than the full check but
-holding the whole document for a moment: :func:`validation_bytes` counts it."""
+QUICK_CHECK_BYTES = 4 << 20
+"""Bodies up to this size are first checked by orjson, about 2× faster than the full check
+but holding the whole document for a moment: :func:`validation_bytes` counts it."""
+QUICK_CHECK_FACTOR = 32
+"""Resident memory of orjson's check per body byte, at most: 4× for HAE bodies, 27× for a
+body of empty objects (measured)."""
+QUICK_CHECK_DEPTH = 256
+"""Nesting the quick check accepts; deeper bodies go to the full check, whose limit is the
+interpreter's recursion limit less the stack in use (orjson's is 1024)."""
 _DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in range(256))
 """Digits to ``0``, the decimal point kept, every other byte to a space: an integer part of
 19 digits is then ``" " + 19 × "0"`` (a fraction's digits follow a ``.``)."""
@@ -2189,25 +2195,46 @@ _DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in
 def _quick_shape_ok(body: bytes) -> bool:
     """True when orjson proves the body acceptable.  orjson refuses what the full check
     refuses (invalid UTF-8, a BOM, NaN, Infinity, a double overflow, an unpaired
-    surrogate escape, nesting past 1024), except integers beyond 64 bits, which it reads
-    as floats: a run of 19 digits anywhere leaves the verdict to the full check, as does
-    every body orjson refuses (for the message).  (A long run of digits in a string or an
-    exponent sends the body to the full check too: slower, never wrong.)"""
+    surrogate escape), except integers beyond 64 bits, which it reads as floats, and
+    nesting between the full check's recursion limit and its own 1024: a run of 19
+    digits anywhere, or nesting past :data:`QUICK_CHECK_DEPTH`, leaves the verdict to the
+    full check, as does every body orjson refuses (for the message).  (A long run of
+    digits in a string or an exponent sends the body to the full check too: slower,
+    never wrong.)"""
     try:
         doc = _orjson.loads(body)
     except ValueError:
         return False
     if type(doc) is not dict or type(doc.get("data")) is not dict:
         return False
+    if not _nested_at_most(doc, QUICK_CHECK_DEPTH):
+        return False
     del doc
     return b" 0000000000000000000" not in body.translate(_DIGITS_AS_ZEROS)
 
 
+def _nested_at_most(doc: Any, limit: int) -> bool:
+    """Are ``doc``'s containers nested at most ``limit`` deep?  Level by level, no
+    recursion."""
+    level, depth = [doc], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return False
+        below: list = []
+        for container in level:
+            for value in container.values() if type(container) is dict else container:
+                if type(value) is dict or type(value) is list:
+                    below.append(value)
+        level = below
+    return True
+
+
 def validation_bytes(size: int) -> int:
-    """What validating a body of ``size`` bytes holds in memory, for the shared ceiling:
-    the body and its document while orjson checks it, else about the body."""
+    """What validating a body of ``size`` bytes may hold in memory, for the shared
+    ceiling: the body and its document while orjson checks it, else about the body."""
     if _orjson is not None and size <= QUICK_CHECK_BYTES:
-        return 5 * size
+        return QUICK_CHECK_FACTOR * size
     return size
 
 
@@ -2325,7 +2352,8 @@ def dumps_points(points: list) -> bytes:
 def compress_blob(data: bytes) -> bytes:
     """gzip at :data:`GZIP_LEVEL`, without a timestamp.  Through a compressor object:
     ``gzip.compress`` and ``zlib.compress`` took 2.8× as long for an hour's 2 KB
-    (measured on Python 3.11), the same bytes."""
+    (measured on Python 3.11).  The deflate stream is the gzip module's; the header's
+    operating-system byte may differ by Python version, which no hash depends on."""
     compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
     return compressor.compress(data) + compressor.flush()
 
@@ -2434,6 +2462,16 @@ def may_hold_booleans(text: bytes) -> bool:
     return b"true" in text or b"false" in text
 
 
+def _category(point: Any) -> str:
+    """The category of a stored point's coordinate (:func:`point_coordinate`)."""
+    if type(point) is not dict:
+        return ""
+    category = point.get("value")
+    if type(category) is not str:
+        category = point.get("kind")
+    return category if type(category) is str else ""
+
+
 def decode_object(row: tuple) -> HourObject:
     metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries, spans = row
     text = decompress_blob(blob)
@@ -2444,16 +2482,11 @@ def decode_object(row: tuple) -> HourObject:
         coords = [c if c is not None else (-1, -1, "") for c in coords]
     elif b'"value"' not in text and b'"kind"' not in text:  # no point has a category
         coords = list(zip(known[0], known[1], itertools.repeat("")))
+    elif -1 in known[0]:  # an unreadable point, stored as (-1, -1, "") before: keep it so
+        coords = [(-1, -1, "") if start == -1 and end == -1 else (start, end, _category(p))
+                  for start, end, p in zip(known[0], known[1], points)]
     else:
-        categories = []
-        for point in points:
-            category = point.get("value") if type(point) is dict else None
-            if type(category) is not str:
-                category = point.get("kind") if type(point) is dict else None
-                if type(category) is not str:
-                    category = ""
-            categories.append(category)
-        coords = list(zip(known[0], known[1], categories))
+        coords = list(zip(known[0], known[1], map(_category, points)))
     return HourObject(metric, layer, hour, units, coords, points, loads_body(deliveries),
                       created_by, updated_by, bool(sealed), not may_hold_booleans(text))
 
@@ -2598,7 +2631,7 @@ class FoldPlan:
     error: Optional[str] = None
     counters: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
-    written: list = field(default_factory=list)  # write-behind: objects, not rows
+    written: list = field(default_factory=list)  # write-behind: (object, row)
     warnings: list = field(default_factory=list)  # (message, fields) logged after commit
 
 
@@ -2656,20 +2689,23 @@ class FoldEngine:
         self.verbose = verbose  # reindex: per-delivery records at DEBUG, a summary at the end
         self.objects, self.journal = objects, journal
         self._positions: dict = {}
-        self.batched = False
-        """Set by :func:`rebuild`, which holds one write transaction over many folds: each
-        fold's writes are then a savepoint in it, not a transaction of their own."""
         self._recent: Optional[collections.OrderedDict] = None
-        self._dirty: Optional[set] = None
+        self._dirty: Optional[dict] = None
 
     def write_behind(self) -> None:
-        """Keep the objects this engine writes in memory, decoded, and write each to the
-        table once per batch (:meth:`flush`), however many folds changed it; keep the
-        last :data:`RECENT_OBJECTS` of them to read from memory.  Only for a rebuild:
-        its tables have no other writer while the engine lives, and it flushes before
-        every commit."""
+        """Hold the rows of the objects this engine writes and write them at
+        :meth:`flush`, each once however many folds changed it (a fold still encodes its
+        objects, so a failure to encode one is its own ``failed``); keep those objects,
+        and the last :data:`RECENT_OBJECTS` flushed ones, decoded, to read from memory.
+        Only for a rebuild: its tables have no other writer while the engine lives, so
+        memory and the table never disagree."""
         self._recent = collections.OrderedDict()
-        self._dirty = set()
+        self._dirty = {}
+
+    @property
+    def held(self) -> int:
+        """Rows held for the next :meth:`flush`."""
+        return len(self._dirty or ())
 
     @property
     def _insert_objects(self) -> str:
@@ -2679,14 +2715,13 @@ class FoldEngine:
                 % self.objects)
 
     def flush(self) -> None:
-        """Write the objects changed since the last flush (inside the caller's
-        transaction)."""
+        """Write the rows held since the last flush, in one transaction."""
         if self._dirty:
-            rows = [self._row(self._recent[key]) for key in sorted(self._dirty)]
-            self.conn.executemany(self._insert_objects, rows)
+            rows = [self._dirty[key] for key in sorted(self._dirty)]
+            self._write(lambda: self.conn.executemany(self._insert_objects, rows))
             self._dirty.clear()
         while self._recent is not None and len(self._recent) > RECENT_OBJECTS:
-            self._recent.popitem(last=False)
+            self._recent.popitem(last=False)  # only flushed ones: none is held now
 
     # -- reading -----------------------------------------------------------------
 
@@ -2837,10 +2872,11 @@ class FoldEngine:
                 plan.warnings.extend(merged.warnings)
                 if merged.written is None:
                     continue
+                row = self._row(merged.written)
                 if self._dirty is None:
-                    plan.rows.append(self._row(merged.written))
-                else:  # written when the batch commits
-                    plan.written.append(merged.written)
+                    plan.rows.append(row)
+                else:  # held until the next flush
+                    plan.written.append((merged.written, row))
         plan.counters = counters
 
     @staticmethod
@@ -2902,17 +2938,6 @@ class FoldEngine:
             values + counters + [delivery_id])
 
     def _write(self, work: Callable[[], Any]) -> None:
-        if self.batched:
-            self.conn.execute("SAVEPOINT fold")
-            try:
-                work()
-            except BaseException:
-                if self.conn.in_transaction:  # else SQLite rolled the whole batch back
-                    self.conn.execute("ROLLBACK TO fold")
-                    self.conn.execute("RELEASE fold")
-                raise
-            self.conn.execute("RELEASE fold")
-            return
         for attempt in range(len(FOLD_BUSY_BACKOFF_S) + 1):
             try:
                 with write_txn(self.conn):
@@ -2944,11 +2969,11 @@ class FoldEngine:
             self.apply(plan)
             outcome = classify(None, plan.status)
             if self._dirty is not None:
-                for written in plan.written:
+                for written, encoded in plan.written:
                     key = (written.metric, written.layer, written.hour)
                     self._recent[key] = written
                     self._recent.move_to_end(key)
-                    self._dirty.add(key)
+                    self._dirty[key] = encoded
         except Exception as exc:  # the fold boundary: classify, never crash the worker
             outcome = classify(exc)
             if outcome.kind == "failed":
@@ -3022,6 +3047,7 @@ def _read_body(path: Path) -> bytes:
 
 
 _ASCII_BYTES = bytes(range(128))
+_ESCAPED_NON_ASCII = re.compile(rb"\\[\x80-\xff]")
 LEAN_REPLACE_MAX = 8
 """Distinct non-ASCII characters that :func:`loads_lean` replaces pass by pass; a body
 with more is escaped in one decoding pass instead (slower per character)."""
@@ -3048,6 +3074,8 @@ def loads_lean(path: Path) -> tuple:
     Returns what :func:`loads_checked` does."""
     body = _read_body(path)
     plain = not may_hold_booleans(body)
+    if _ESCAPED_NON_ASCII.search(body):  # invalid JSON an escape would make valid
+        raise ContentNotParsed()
     if not body.isascii():
         characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
         if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
@@ -3056,7 +3084,12 @@ def loads_lean(path: Path) -> tuple:
                                     json.dumps(character)[1:-1].encode("ascii"))
     text = body.decode("ascii", "healthlog-json-escape")
     del body
-    return json.loads(text, parse_constant=_reject_constant), plain
+    doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                     parse_int=_int64)  # what ingest accepts, and orjson reads alike
+    if "\\ud" in text or "\\uD" in text:  # one surrogate of a pair is no character
+        if _lone_surrogate(text):
+            raise ContentNotParsed()
+    return doc, plain
 
 
 # ==============================================================================
@@ -5063,10 +5096,11 @@ JOURNAL_COLUMNS = ("id", "received_at", "journaled_at", "archive_path", "body_by
 
 REBUILD_BUSY_TRIES = 10
 REBUILD_BATCH_S = 0.25
-"""A rebuild commits its folds four times a second, not once per delivery, and writes each
-object changed in that time once (:meth:`FoldEngine.write_behind`).  Longer batches were no
-faster and held more memory.  (A rebuild's tables are swapped in only at the end, so a
-batch lost to a crash costs time, never data.)"""
+"""A rebuild writes the objects its folds changed four times a second, each once however
+many folds changed it (:meth:`FoldEngine.write_behind`), or sooner when
+:data:`REBUILD_HELD_MAX` rows are held.  Each delivery's outcome is still committed with
+its fold, so the write lock is held only for moments and ``import`` keeps working."""
+REBUILD_HELD_MAX = 4096
 _NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
 
 
@@ -5216,29 +5250,21 @@ def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str
     sizes = dict(conn.execute("SELECT id, body_bytes FROM %s" % journal))
     progress = Progress(label, len(ids), sum(sizes.get(i, 0) for i in ids))
     done_bytes = 0
-    engine.batched = True
     engine.write_behind()
-    try:
-        _begin_batch(conn)
-        committed = time.monotonic()
-        for done, delivery_id in enumerate(ids, 1):
-            if engine.fold(delivery_id).deferred or not conn.in_transaction:
-                raise HealthlogError(STUCK_REBUILD)  # the database could not be written
-            done_bytes += sizes.get(delivery_id, 0)
-            if time.monotonic() - committed >= REBUILD_BATCH_S:
-                engine.flush()
-                conn.execute("COMMIT")
-                progress.update(done, done_bytes)
-                _begin_batch(conn)
-                committed = time.monotonic()
-        engine.flush()
-        conn.execute("COMMIT")
-    finally:
-        engine.batched = False
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-    progress.update(len(ids), done_bytes)
+    flushed = time.monotonic()
+    for done, delivery_id in enumerate(ids, 1):
+        for _ in range(REBUILD_BUSY_TRIES):
+            if not engine.fold(delivery_id).deferred:
+                break
+            time.sleep(1.0)
+        else:
+            raise HealthlogError(STUCK_REBUILD)
+        done_bytes += sizes.get(delivery_id, 0)
+        if time.monotonic() - flushed >= REBUILD_BATCH_S or engine.held >= REBUILD_HELD_MAX:
+            _flush(engine)
+            flushed = time.monotonic()
+        progress.update(done, done_bytes)
+    _flush(engine)
     progress.finish()
     return time.monotonic() - progress.started
 
@@ -5247,12 +5273,11 @@ STUCK_REBUILD = ("the database stayed busy or could not be written; stopped (not
                  " replaced)")
 
 
-def _begin_batch(conn: sqlite3.Connection) -> None:
-    """Take the write lock for the next batch of a rebuild, waiting out a writer such as
-    ``import`` (each try waits the busy timeout)."""
+def _flush(engine: FoldEngine) -> None:
+    """:meth:`FoldEngine.flush`, waiting out a writer such as ``import``."""
     for attempt in range(REBUILD_BUSY_TRIES):
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            engine.flush()
             return
         except sqlite3.Error as exc:
             if not is_busy(exc) or attempt == REBUILD_BUSY_TRIES - 1:

@@ -1075,3 +1075,25 @@ def test_bug_a_deeply_nested_point_folds_the_same_with_or_without_orjson(journal
     passes().run()
     row = journal.row(delivery)
     assert (row["parse_status"], row["error"], row["points"]) == ("parsed", None, 3)
+
+
+def test_fold_13_1_a_large_body_parses_as_orjson_parses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(healthlog, "LEAN_PARSE_BYTES", 0)  # every body is a large one
+    point = '{"date":"2024-03-08 10:%02d:00 -0800","qty":%d.5,"source":"Zebulon’s Watch"}'
+    valid = [
+        '{"data":{"metrics":[{"name":"n","data":[%s]}]}}' % ",".join(
+            point % (m, m) for m in range(60)),
+        '{"data":{"a":"😀 x\u2028y \\u00e9\\n\\\\","b":"%s"}}' % "".join(
+            chr(0x4e00 + i) for i in range(40)),
+        '{"data":{"é":["ä","ö","ü","ß","€","£","¥","©","®"],"z":"\\ud83d\\ude00"}}',
+    ]
+    path = tmp_path / "body.json"
+    for text in valid:
+        path.write_bytes(text.encode())
+        doc, plain = healthlog.loads_checked(path)
+        assert doc == json.loads(text) and plain
+    for text in ('{"data":{"a":"\\é"}}', '{"data":{"a":"\\ud800"}}', '{"data":{"a":1e400}}',
+                 '{"data":{"a":123456789012345678901}}'):
+        path.write_bytes(text.encode())
+        with pytest.raises(healthlog.ContentNotParsed):
+            healthlog.loads_checked(path)

@@ -1103,8 +1103,11 @@ def test_ingest_4_5_the_quick_check_accepts_only_what_the_full_check_accepts(tmp
         b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809",
         b"18446744073709551616", b"123456789012345678901234567890", b"1e400", b"-1e309",
         b"1.7976931348623159e308", b"1e-400", b"-0", b"0.30000000000000004")]
+    deep = [b'{"data":{"a":%s}}' % (b"[" * depth + b"]" * depth)
+            for depth in (300, 600, 900, 990, 1000, 1020)]
+    assert not any(healthlog._quick_shape_ok(body) for body in deep)  # the full check's
     cases = [case.body for case in named_cases() if case.mode == "plain"]
-    cases += [case.body for case in mutants(SEEDS["orjson"] + 7, 400)] + wide
+    cases += [case.body for case in mutants(SEEDS["orjson"] + 7, 400)] + wide + deep
     cases += [body for _, body in base_bodies()]
     quick_accepted = 0
     for body in cases:
@@ -1145,12 +1148,13 @@ def test_ingest_4_5_the_quick_check_holds_no_more_than_the_ceiling_counts(tmp_pa
     pytest.importorskip("orjson")
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
-    body = hf.big_metrics_body(2_800_000, seed=7)
-    path = tmp_path / "body.json"
-    path.write_bytes(body)
-    result = subprocess.run([sys.executable, "-c", QUICK_CHECK_RSS, str(path)],
-                            capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, PYTHONPATH=str(Path(healthlog.__file__).parent)))
-    assert result.returncode == 0, result.stderr
-    added = int(result.stdout)
-    assert 2 * len(body) < added <= healthlog.validation_bytes(len(body)), (len(body), added)
+    empty_objects = b'{"data":{"a":[%s{}]}}' % (b"{}," * ((1 << 21) // 3))  # 2 MiB
+    for body in (hf.big_metrics_body(2_800_000, seed=7), empty_objects):
+        path = tmp_path / "body.json"
+        path.write_bytes(body)
+        result = subprocess.run(
+            [sys.executable, "-c", QUICK_CHECK_RSS, str(path)], capture_output=True, text=True,
+            timeout=120, env=dict(os.environ, PYTHONPATH=str(Path(healthlog.__file__).parent)))
+        assert result.returncode == 0, result.stderr
+        added = int(result.stdout)
+        assert 2 * len(body) < added <= healthlog.validation_bytes(len(body)), (len(body), added)

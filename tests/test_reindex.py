@@ -947,3 +947,25 @@ def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(st
     assert after not in (before, EMPTY_SHA256)
     checked = run_cli("verify", "--data", data_dir)
     assert checked.returncode == 1 and "live=000000000000" in checked.stdout
+
+
+def test_reindex_2_3_a_delivery_the_live_fold_fails_fails_alike_in_a_rebuild(start_service,
+                                                                            data_dir):
+    plain = body(("step_count", "count", [pt(when(10, m), qty=m + 1) for m in range(3)]))
+    nest = b"[" * 700 + b"]" * 700  # valid JSON, deeper than the fold's recursion reaches
+    deep = body(("step_count", "count", [pt(when(11, 0), qty=4)])).replace(
+        b'"qty" :', b'"nest" : ' + nest + b',\n"qty" :', 1)
+    assert deep.count(b"[") > 700
+    first = post_and_fold(start_service, plain, headers=headers())
+    second = post_and_fold(start_service, deep, headers=headers())
+    rows = {row["id"]: row for row in db_rows(data_dir)}
+    assert (rows[first]["parse_status"], rows[second]["parse_status"],
+            rows[second]["error"]) == ("parsed", "failed", "nesting_too_deep")
+    before, fingerprint = journal(data_dir), live_fingerprint(data_dir)
+
+    checked = run_cli("verify", "--data", data_dir)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rebuilt = run_cli("reindex", "--data", data_dir)
+
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert journal(data_dir) == before and live_fingerprint(data_dir) == fingerprint
