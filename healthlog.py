@@ -2363,34 +2363,14 @@ def decompress_blob(blob: bytes) -> bytes:
     return zlib.decompress(blob, 31)
 
 
-def accumulate(fields: dict, point: dict) -> None:
-    """Add a point's numeric top-level fields to ``fields``: name -> [count, min, max,
-    sum] (``bool`` is no number; a sum that overflows a double becomes None)."""
-    for name, value in point.items():
-        kind = type(value)
-        if kind is not int and kind is not float:
-            continue
-        stats = fields.get(name)
-        if stats is None:
-            fields[name] = [1, value, value, value]
-            continue
-        stats[0] += 1
-        if value < stats[1]:
-            stats[1] = value
-        if value > stats[2]:
-            stats[2] = value
-        if stats[3] is not None:
-            total = stats[3] + value
-            stats[3] = total if -math.inf < total < math.inf else None
-
-
-def hour_summary(points: list) -> dict:
-    """An object's aggregates, kept beside it for bucketed reads: the number of points
-    and, per numeric top-level field, [count, min, max, sum] (:func:`accumulate`)."""
-    fields: dict = {}
+def accumulate(fields: dict, points: Sequence) -> int:
+    """Add the numeric top-level fields of ``points`` to ``fields``: name -> [count, min,
+    max, sum] (``bool`` is no number; a sum that overflows a double becomes None).
+    Returns how many of them are objects.  One loop over many points: it sees every
+    stored point."""
     count = 0
     get = fields.get
-    for point in points:  # accumulate(), inlined: this loop sees every stored point
+    for point in points:
         if type(point) is not dict:
             continue
         count += 1
@@ -2405,11 +2385,19 @@ def hour_summary(points: list) -> dict:
             stats[0] += 1
             if value < stats[1]:
                 stats[1] = value
-            elif value > stats[2]:
+            elif value > stats[2]:  # min <= max: a new minimum is no new maximum
                 stats[2] = value
             if stats[3] is not None:
                 total = stats[3] + value
                 stats[3] = total if -math.inf < total < math.inf else None
+    return count
+
+
+def hour_summary(points: list) -> dict:
+    """An object's aggregates, kept beside it for bucketed reads: the number of points
+    and, per numeric top-level field, [count, min, max, sum] (:func:`accumulate`)."""
+    fields: dict = {}
+    count = accumulate(fields, points)
     return {"n": count, "f": fields}
 
 
@@ -3718,7 +3706,7 @@ def _add_point_to_bucket(buckets: dict, query: PointQuery, coord: tuple, point: 
     target = buckets.setdefault(bucket_start(coord[0], query.bucket, query.offset_s),
                                 _Bucket())
     target.count += 1
-    accumulate(target.fields, point)
+    accumulate(target.fields, (point,))
 
 
 def _field_stats(stats: list) -> dict:
