@@ -1216,12 +1216,7 @@ def point_coordinate(point: dict, times: Optional[dict] = None) -> Optional[tupl
     which many points share their timestamps.
     """
     span = point_span(point, times)
-    if span is None:
-        return None
-    category = point.get("value")
-    if type(category) is not str:
-        category = point.get("kind")
-    return span + (category if type(category) is str else "",)
+    return None if span is None else span + (_category(point),)
 
 
 class TimeMemo(dict):
