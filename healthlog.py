@@ -3161,9 +3161,14 @@ class FoldWorker:
             self.state = "stopped"
             log_event(logging.INFO, "fold thread stopped")
 
-    def _loop(self) -> None:
-        conn = connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
+    def connect(self) -> sqlite3.Connection:
+        """The fold thread's connection: ``synchronous=NORMAL``, since every fold can be
+        redone from the archive (a crash may lose the last commits, never a body)."""
+        return connect(self._config.db_path, busy_timeout_s=self._config.busy_timeout_s,
                        synchronous="NORMAL")
+
+    def _loop(self) -> None:
+        conn = self.connect()
         try:
             engine = FoldEngine(conn, self._config)
             backlog = count_pending(conn)
