@@ -81,14 +81,16 @@ __all__ = ["Config", "Service", "main", "__version__"]
 # Constants: every tunable number, with the reason for its value.
 # ==============================================================================
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of the database this code writes; a newer one is refused.
 2: ``object.summary`` (per-hour aggregates for bucketed reads); a version-1 database
 gains the column on open, and its objects get summaries as they are written again
 (reads compute a missing one from the points).  3: ``object.spans`` (each point's
 parsed start and end, so a fold compares a re-sent hour without parsing the stored
 timestamps again); older objects gain it as they are written again (a fold parses the
-points of one without it, as before)."""
+points of one without it, as before).  4: ``delivery.attempts`` (fold attempts without
+an outcome) and the ``session`` table (signed-in browsers); older databases gain both
+on open."""
 
 PARSER_VERSION = 2
 """Stamped on each folded delivery.  2: the category (a string ``value``) is part of a
@@ -302,6 +304,10 @@ class StorageFailure(HealthlogError):
         self.cause = cause
 
 
+class FoldPaused(HealthlogError):
+    """A fault of the machine deferred a fold: the fold loop pauses, then tries again."""
+
+
 class FoldFailure(HealthlogError):
     """The delivery cannot be folded; retrying will not change that (ING-3)."""
 
@@ -330,12 +336,6 @@ class BodyMissing(FoldFailure):
     error_class = "body_missing"
 
 
-class BodyUnreadable(FoldFailure):
-    """The archived body cannot be read."""
-
-    error_class = "body_unreadable"
-
-
 class BodyTooBig(FoldFailure):
     """The archived body is too big to fold."""
 
@@ -346,6 +346,16 @@ class FoldDeadlineExceeded(FoldFailure):
     """The fold took longer than its deadline."""
 
     error_class = "fold_deadline_exceeded"
+
+
+class ArchiveFault(HealthlogError):
+    """An archived body could not be read for a reason of the machine (permissions, an
+    I/O error, too many open files), not of the body: the delivery stays pending and
+    is tried again (fold spec)."""
+
+    def __init__(self, cause: OSError):
+        self.reason = errno.errorcode.get(cause.errno or 0, type(cause).__name__)
+        super().__init__("an archived body cannot be read (%s)" % self.reason)
 
 
 # ==============================================================================
@@ -1152,6 +1162,10 @@ POOLED_MIN_POINTS = 2
 (two minute-aligned points cannot come from an hourly export); one point never does."""
 INFER_SAMPLE = 256
 """Starts per metric checked against a header: a contradiction shows in any of them."""
+STARTS_KEPT = 4096
+"""Raw bucket starts a metric keeps for layer inference."""
+DISTINCT_COUNTED = max(DENSE_MIN_POINTS, POOLED_MIN_POINTS)
+"""Distinct coordinates a large body's index counts per metric: all inference asks."""
 
 
 def _named(prefix: str, field_names: tuple) -> Callable[[dict], Optional[str]]:
@@ -1275,6 +1289,23 @@ class MetricPoints:
     starts: list = field(default_factory=list)  # raw start strings, for layer inference
     has_interval: bool = False
 
+    @property
+    def distinct(self) -> int:
+        """Distinct coordinates placed (what layer inference counts)."""
+        return len(self.coords)
+
+    def hour_coords(self, check_deadline: Callable[[], None]) -> Iterator[tuple]:
+        """(hour, {coordinate: point or [candidates]}) for each UTC hour of the points."""
+        hours: dict = {}
+        for coord, slot in self.coords.items():
+            found = hours.get(coord[0] // HOUR_US)
+            if found is None:
+                found = hours[coord[0] // HOUR_US] = {}
+            found[coord] = slot
+        self.coords = {}  # the points live on in the hours only, each let go once merged
+        while hours:
+            yield hours.popitem()
+
 
 @dataclass
 class Extraction:
@@ -1292,7 +1323,7 @@ class Extraction:
 
     @property
     def has_metric_points(self) -> bool:
-        return any(m.is_metric and m.coords for m in self.metrics.values())
+        return any(m.is_metric and m.distinct for m in self.metrics.values())
 
 
 def _bounded_names(keys: list) -> tuple:
@@ -1421,7 +1452,7 @@ def _extract_metric(out: Extraction, element: Any) -> None:
             coords[coord] = [slot, point]
         if start != end:
             bucket.has_interval = True
-        elif len(starts) < 4096:
+        elif len(starts) < STARTS_KEPT:
             starts.append(raw)
     out.points += placed
 
@@ -1471,12 +1502,12 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
         if alignment is None:
             continue
         level, days = alignment
-        if len(bucket.coords) >= DENSE_MIN_POINTS:
+        if bucket.distinct >= DENSE_MIN_POINTS:
             votes[level] += 1
             voted_days |= days
         pooled_level = min(pooled_level, level)
         pooled_days |= days
-        pooled_points += len(bucket.coords)
+        pooled_points += bucket.distinct
     if any(votes):
         level = max(range(4), key=lambda lvl: (votes[lvl], -lvl))
         return _grouping(level, voted_days)
@@ -1575,7 +1606,8 @@ CREATE TABLE {delivery} (
     overwrites             INTEGER,
     incomparable           INTEGER,
     unit_conflicts         INTEGER,
-    sealed_changes         INTEGER
+    sealed_changes         INTEGER,
+    attempts               INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX {delivery}_journal ON {delivery} (received_at, id);
 CREATE INDEX {delivery}_pending ON {delivery} (received_at, id) WHERE parse_status = 'pending';
@@ -1600,6 +1632,20 @@ CREATE TABLE {object} (
     PRIMARY KEY (metric, layer, hour)
 ) WITHOUT ROWID;
 """
+
+
+_ADDED_COLUMNS = (("object", "summary", "TEXT"), ("object", "spans", "BLOB"),
+                  ("delivery", "attempts", "INTEGER NOT NULL DEFAULT 0"))
+"""Columns later schema versions added (2, 3, 4): an older database gains them on open."""
+
+_SESSION_SCHEMA = """
+CREATE TABLE IF NOT EXISTS session (
+    id          TEXT PRIMARY KEY,
+    created_at  TEXT NOT NULL,
+    expires_at  INTEGER NOT NULL
+) WITHOUT ROWID"""
+"""Signed-in browsers: a cookie names its row, and signing out deletes it.  Not part of
+the vitrine: ``reindex`` leaves it alone."""
 
 
 def schema_statements(delivery: str = "delivery", object_: str = "object",
@@ -1713,10 +1759,11 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
             for statement in schema_statements():
                 conn.execute(statement)
         else:
-            if version == 1:
-                conn.execute("ALTER TABLE object ADD COLUMN summary TEXT")
-            if version <= 2:
-                conn.execute("ALTER TABLE object ADD COLUMN spans BLOB")
+            for table, column, kind in _ADDED_COLUMNS:
+                present = {row[1] for row in conn.execute("PRAGMA table_info(%s)" % table)}
+                if column not in present:
+                    conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
+        conn.execute(_SESSION_SCHEMA)
         conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
 
 
@@ -2308,12 +2355,6 @@ FOLD_BUSY_BACKOFF_S = (0.1, 0.5)
 """Retries of the apply transaction after the busy timeout; then the delivery is
 deferred (stays pending) and the pass stops at it (ING-4.2)."""
 
-LEAN_PARSE_BYTES = 16 << 20
-"""From this size on, the fold parses a body with :func:`loads_lean`: orjson holds a
-scratch copy of the document while it builds it, and the json module a text of up to 4
-bytes per character (a 62 MB body with some non-ASCII peaked at +250 MiB and +265 MiB;
-lean, at +205 MiB).  At this size memory matters more than orjson's 2× speed."""
-
 FOLD_MAX_BYTES = 512 << 20
 """A body above this is not parsed (a full parse holds ~6× the body in memory)."""
 
@@ -2584,6 +2625,12 @@ class Outcome:
     def deferred(self) -> bool:
         return self.kind == "deferred"
 
+    @property
+    def machine_fault(self) -> bool:
+        """Deferred by a fault of the machine (storage, memory, archive), not a busy
+        database: the fold loop pauses before it tries again."""
+        return self.kind == "deferred" and self.error != "busy"
+
 
 def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outcome:
     """The one classifier of fold results, shared by the worker and reindex (ING-5).
@@ -2600,6 +2647,10 @@ def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outc
         return Outcome("deferred", error="busy")
     if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
         return Outcome("deferred", error="storage")  # the machine's fault, not the body's
+    if isinstance(exc, ArchiveFault):
+        return Outcome("deferred", error="archive:" + exc.reason)
+    if isinstance(exc, MemoryError):
+        return Outcome("deferred", error="memory")
     return Outcome("failed", "failed", "unexpected:" + type(exc).__name__)
 
 
@@ -2712,7 +2763,8 @@ class FoldEngine:
         cursor = self.conn.execute(
             "SELECT id, received_at, archive_path, body_bytes, body_sha256, automation_id,"
             " automation_name, automation_aggregation, path_name, parse_status,"
-            " uncovered_keys FROM %s WHERE id = ?" % self.journal, (delivery_id,))
+            " uncovered_keys, attempts, error FROM %s WHERE id = ?" % self.journal,
+            (delivery_id,))
         cursor.row_factory = sqlite3.Row
         return cursor.fetchone()
 
@@ -2781,10 +2833,8 @@ class FoldEngine:
             return FoldPlan(row["id"], status, layer, json.loads(uncovered),
                             error="duplicate of delivery %d" % earlier,
                             counters=dict.fromkeys(_COUNTERS, 0))
-        doc, plain = loads_checked(self.config.data_dir / row["archive_path"])
-        check_deadline()
-        extraction = extract_points(doc, check_deadline)
-        del doc
+        extraction, plain = extract_body(self.config.data_dir / row["archive_path"],
+                                         check_deadline)
         if extraction.bad_points and not extraction.points:
             raise ContentNotParsed("no point in the delivery could be placed",
                                    uncovered=extraction.uncovered)
@@ -2836,20 +2886,19 @@ class FoldEngine:
         for key in list(metrics):
             bucket = metrics.pop(key)  # its points are let go once merged and encoded
             object_layer = layer if bucket.is_metric else RECORD_LAYER
-            hours: dict = {}  # hour -> [(coordinate, point), …]
-            dropped: dict = {}  # hour -> values the within-delivery reduction dropped
-            for coord, slot in bucket.coords.items():
-                hour = coord[0] // HOUR_US
-                if type(slot) is list:
-                    slot, lost = reduce_candidates(slot, check_deadline)
-                    dropped[hour] = dropped.get(hour, 0) + lost
-                hours.setdefault(hour, []).append((coord, slot))
-            for hour, items in hours.items():
+            for hour, coords in bucket.hour_coords(check_deadline):
+                items, dropped = [], 0  # (coordinate, point); values the reduction dropped
+                for coord, slot in coords.items():
+                    if type(slot) is list:
+                        slot, lost = reduce_candidates(slot, check_deadline)
+                        dropped += lost
+                    items.append((coord, slot))
+                del coords
                 check_deadline()
                 stored = self.load_object(bucket.name, object_layer, hour)
                 merged = merge_hour(stored, bucket.name, object_layer, hour, bucket.units,
                                     items, plan.delivery_id, here, _Positions(self.position),
-                                    dropped.get(hour, 0), plain)
+                                    dropped, plain)
                 for name, count in merged.counters.items():
                     counters[name] += count
                 plan.warnings.extend(merged.warnings)
@@ -2902,6 +2951,41 @@ class FoldEngine:
             self.conn.executemany(self._insert_objects, plan.rows),
             self._record(plan.delivery_id, plan.status, plan.layer, plan.uncovered, plan.error,
                          counters)))
+
+    def count_attempt(self, delivery_id: int, taken_back: int = 0) -> None:
+        """Raise the delivery's attempt count in its own transaction, before its fold:
+        a fold the process does not survive leaves this trace (fold spec, FOLD-14).
+        ``taken_back``: earlier attempts a busy or failing database deferred, which
+        could not be taken back then."""
+        self._write(lambda: self.conn.execute(
+            "UPDATE %s SET attempts = max(attempts + 1 - ?, 0) WHERE id = ?" % self.journal,
+            (taken_back, delivery_id)))
+
+    def note_fault(self, delivery_id: int, fault: str, counted: bool) -> None:
+        """Write the fault of the machine that deferred a fold on its (still pending)
+        row, and take its attempt back unless the fault follows the delivery.  Best
+        effort: a database that cannot be written leaves the attempt counted."""
+        with contextlib.suppress(sqlite3.Error):
+            self._write(lambda: self.conn.execute(
+                "UPDATE %s SET error = ?, attempts = max(attempts - ?, 0)"
+                " WHERE id = ? AND parse_status = 'pending'" % self.journal,
+                ("retrying:" + fault, 0 if counted else 1, delivery_id)))
+
+    def other_body_readable(self, row: Mapping[str, Any]) -> bool:
+        """Can the archive give the body of another delivery, the latest folded one?
+        Tells a fault of one body (it follows the delivery) from one of the archive."""
+        found = self.conn.execute(
+            "SELECT archive_path FROM %s WHERE id != ? AND parse_status IN ('parsed',"
+            " 'partial') ORDER BY received_at DESC, id DESC LIMIT 1" % self.journal,
+            (row["id"],)).fetchone()
+        if found is None:
+            return False
+        try:
+            with open(str(self.config.data_dir / found[0]), "rb") as body:
+                body.read(1)
+        except OSError:
+            return False
+        return True
 
     def record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
         """Write a ``failed`` outcome (counters stay empty: only a successful fold has them)."""
@@ -2968,14 +3052,25 @@ class FoldEngine:
                 outcome = self._record_failure(delivery_id, outcome, uncovered)
         if outcome.kind == "folded":
             self._log_folded(plan, time.monotonic() - started, self.verbose)
-        elif outcome.error == "storage":
+        else:
+            self.log_deferred(delivery_id, outcome)
+        return outcome
+
+    @staticmethod
+    def log_deferred(delivery_id: int, outcome: Outcome) -> None:
+        """The one record of a deferred fold: INFO for a busy database, else ERROR."""
+        if outcome.error == "storage":
             log_event(logging.ERROR, "fold deferred: the database cannot be written (disk full,"
                       " read-only or failing); the delivery stays pending",
                       delivery_id=delivery_id)
+        elif outcome.machine_fault:
+            log_event(logging.ERROR, "fold deferred: %s; the delivery stays pending and is"
+                      " tried again" % ("memory ran out" if outcome.error == "memory" else
+                                        "the archived body cannot be read"),
+                      delivery_id=delivery_id, fault=outcome.error)
         elif outcome.kind == "deferred":
             log_event(logging.INFO, "fold deferred: the database is busy; the delivery stays"
                       " pending", delivery_id=delivery_id)
-        return outcome
 
     def _record_failure(self, delivery_id: int, outcome: Outcome,
                         uncovered: Optional[list]) -> Outcome:
@@ -3001,39 +3096,53 @@ class FoldEngine:
                   duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
 
 
-def loads_checked(path: Path) -> tuple:
-    """Read and parse an archived body, classifying what can go wrong with it:
-    (document, plain), ``plain`` when the text holds no boolean (:attr:`HourObject.plain`).
-    """
+def body_size(path: Path) -> int:
+    """The size of an archived body, classifying what can go wrong with it."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise BodyMissing() from None
-    except OSError:
-        raise BodyUnreadable() from None
+    except OSError as exc:
+        raise ArchiveFault(exc) from None
     if size > FOLD_MAX_BYTES:
         raise BodyTooBig()
-    try:
-        if size < LEAN_PARSE_BYTES:
-            body = _read_body(path)
-            return loads_body(body), not may_hold_booleans(body)
-        return loads_lean(path)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise ContentNotParsed() from None
+    return size
+
+
+def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) -> tuple:
+    """(extraction, plain) of an archived body: parsed whole and mapped by
+    :func:`extract_points` below :data:`STREAM_FOLD_BYTES`, indexed by
+    :func:`index_points` from that size on.  ``plain`` when the text holds no boolean
+    (:attr:`HourObject.plain`)."""
+    if body_size(path) < STREAM_FOLD_BYTES:
+        body = _read_body(path)
+        plain = not may_hold_booleans(body)
+        try:
+            doc = loads_body(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise ContentNotParsed() from None
+        del body
+        check_deadline()
+        return extract_points(doc, check_deadline), plain
+    text, plain = read_ascii_text(path)
+    check_deadline()
+    return index_points(text, check_deadline), plain
 
 
 def _read_body(path: Path) -> bytes:
     try:
         return path.read_bytes()
-    except OSError:
-        raise BodyUnreadable() from None
+    except FileNotFoundError:
+        raise BodyMissing() from None
+    except OSError as exc:
+        raise ArchiveFault(exc) from None
 
 
 _ASCII_BYTES = bytes(range(128))
 _ESCAPED_NON_ASCII = re.compile(rb"\\[\x80-\xff]")
 LEAN_REPLACE_MAX = 8
-"""Distinct non-ASCII characters that :func:`loads_lean` replaces pass by pass; a body
-with more is escaped in one decoding pass instead (slower per character)."""
+"""Distinct non-ASCII characters that :func:`read_ascii_text` replaces pass by pass; a
+body with more is escaped in one decoding pass instead (slower per character)."""
 
 
 def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
@@ -3048,31 +3157,352 @@ def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
 codecs.register_error("healthlog-json-escape", _json_escape_error)
 
 
-def loads_lean(path: Path) -> tuple:
-    """Parse a large archived body with the json module from ASCII text: every non-ASCII
-    character (only ever inside a string, in valid JSON) is first written as its
-    ``\\u`` escape, so the text takes one byte per character instead of two or four.
-    The document is the same; the peak is the text and the document, not orjson's
-    scratch copy of it.  The file is read here, so that no caller holds its bytes.
-    Returns what :func:`loads_checked` does."""
+def read_ascii_text(path: Path) -> tuple:
+    """(text, plain): a large archived body as ASCII text for :func:`index_points`.
+    Every non-ASCII character (only ever inside a string, in valid JSON) is first
+    written as its ``\\u`` escape, so the text takes one byte per character instead of
+    two or four; the document it holds is the same.  The file is read here, so that no
+    caller holds its bytes beside the text.  What ingest refuses and an escape would
+    make valid (a backslash before a non-ASCII character, an unpaired surrogate) is
+    ContentNotParsed."""
     body = _read_body(path)
     plain = not may_hold_booleans(body)
     if _ESCAPED_NON_ASCII.search(body):  # invalid JSON an escape would make valid
         raise ContentNotParsed()
     if not body.isascii():
-        characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
+        try:
+            characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ContentNotParsed() from None
         if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
             for character in characters:
                 body = body.replace(character.encode("utf-8"),
                                     json.dumps(character)[1:-1].encode("ascii"))
-    text = body.decode("ascii", "healthlog-json-escape")
+    try:
+        text = body.decode("ascii", "healthlog-json-escape")
+    except UnicodeDecodeError:
+        raise ContentNotParsed() from None
     del body
-    doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
-                     parse_int=_int64)  # what ingest accepts, and orjson reads alike
-    if "\\ud" in text or "\\uD" in text:  # one surrogate of a pair is no character
-        if _lone_surrogate(text):
-            raise ContentNotParsed()
-    return doc, plain
+    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text):
+        raise ContentNotParsed()  # one surrogate of a pair is no character
+    return text, plain
+
+
+# -- large bodies: an index of where the points are, each parsed again in its hour -------
+
+STREAM_FOLD_BYTES = 8 << 20
+"""From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
+document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
+990k heart-rate points needed 600 MiB); the text, the index (16 bytes a point) and the
+encoded objects stay near twice the body (fold spec, FOLD-13)."""
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_SCANNER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float,
+                            parse_int=_int64).scan_once
+"""The json module's C scanner with ingest's rules: one JSON value at an index."""
+_scanstring = json.decoder.scanstring
+
+
+def _scan(text: str, at: int) -> tuple:
+    """(value, index after it) of the JSON value at ``text[at]``; ValueError if none."""
+    try:
+        return _SCANNER(text, at)
+    except StopIteration:
+        raise ValueError("no JSON value at %d" % at) from None
+
+
+def _walk_object(text: str, at: int, member: Callable[[str, int], int]) -> int:
+    """Walk the object at ``text[at]``: ``member(key, index of its value)`` reads or
+    skips each value and returns the index after it.  Returns the index after the
+    object; ValueError (or IndexError at the end of the text) when it is not one."""
+    if text[at] != "{":
+        raise ValueError("not an object")
+    space = _WHITESPACE.match
+    at = space(text, at + 1).end()
+    if text[at] == "}":
+        return at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError("a key must be a string")
+        key, at = _scanstring(text, at + 1)
+        at = space(text, at).end()
+        if text[at] != ":":
+            raise ValueError("':' expected")
+        at = space(text, member(key, space(text, at + 1).end())).end()
+        if text[at] == "}":
+            return at + 1
+        if text[at] != ",":
+            raise ValueError("',' or '}' expected")
+        at = space(text, at + 1).end()
+
+
+@dataclass
+class IndexedMetric:
+    """One metric of a large body (:func:`index_points`): where each of its points
+    starts in the text, by UTC hour; the points themselves are parsed again, one hour at
+    a time, when the hour is merged.  Duck-types :class:`MetricPoints` for the fold."""
+
+    name: str
+    is_metric: bool
+    text: str = ""
+    units: Optional[str] = None
+    hours: dict = field(default_factory=dict)  # hour -> array('q') of offsets, body order
+    starts: list = field(default_factory=list)
+    has_interval: bool = False
+    seen: set = field(default_factory=set)  # the first distinct coordinates
+
+    @property
+    def distinct(self) -> int:
+        """Distinct coordinates, counted up to :data:`DISTINCT_COUNTED` (layer inference
+        asks no more)."""
+        return len(self.seen)
+
+    def place(self, coord: tuple, offset: int) -> None:
+        hour = coord[0] // HOUR_US
+        found = self.hours.get(hour)
+        if found is None:
+            found = self.hours[hour] = array.array("q")
+        found.append(offset)
+        if len(self.seen) < DISTINCT_COUNTED:
+            self.seen.add(coord)
+
+    def absorb(self, other: "IndexedMetric") -> None:
+        """Add the points of ``other``, an element of the same metric read later."""
+        for hour, offsets in other.hours.items():
+            found = self.hours.get(hour)
+            if found is None:
+                self.hours[hour] = offsets
+            else:
+                found.extend(offsets)
+        self.starts.extend(other.starts[:STARTS_KEPT - len(self.starts)])
+        self.has_interval = self.has_interval or other.has_interval
+        for coord in other.seen:
+            if len(self.seen) >= DISTINCT_COUNTED:
+                break
+            self.seen.add(coord)
+
+    def hour_coords(self, check_deadline: Callable[[], None]) -> Iterator[tuple]:
+        """As :meth:`MetricPoints.hour_coords`, parsing each hour's points again."""
+        times = TimeMemo()
+        while self.hours:
+            hour, offsets = self.hours.popitem()
+            check_deadline()
+            coords: dict = {}
+            for offset in offsets:
+                point = _SCANNER(self.text, offset)[0]
+                coord = point_coordinate(point, times)
+                slot = coords.get(coord)
+                if slot is None:
+                    coords[coord] = point
+                elif type(slot) is list:
+                    slot.append(point)
+                else:
+                    coords[coord] = [slot, point]
+            yield hour, coords
+
+
+
+def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -> Extraction:
+    """What :func:`extract_points` makes of the document in ``text``, without building
+    it: every point is parsed once here to place it (its metric, hour and coordinate),
+    and only its offset is kept.  Duplicate keys keep their last value, as a parse does;
+    invalid JSON anywhere is ContentNotParsed, as it is for a parse."""
+    try:
+        indexer = _Indexer(text, check_deadline)
+        end = _WHITESPACE.match(text, _walk_object(
+            text, _WHITESPACE.match(text).end(), indexer.top)).end()
+        if end != len(text):
+            raise ValueError("extra data after the body")
+        return indexer.extraction()
+    except (ValueError, IndexError, RecursionError):
+        raise ContentNotParsed() from None
+
+
+class _Indexer:
+    """The walk of :func:`index_points`: ``data`` and its sections as they come, then
+    the sections combined in :data:`SECTIONS` order, as :func:`extract_points` reads
+    them."""
+
+    def __init__(self, text: str, check_deadline: Callable[[], None]):
+        self.text, self.check_deadline = text, check_deadline
+        self.times = TimeMemo()
+        self.data: Optional[dict] = None  # section key -> what it held (the last "data")
+        self.data_is_object = False
+
+    def top(self, key: str, at: int) -> int:
+        if key != "data":
+            return _scan(self.text, at)[1]
+        if self.text[at] != "{":
+            self.data, self.data_is_object = None, False
+            return _scan(self.text, at)[1]
+        self.data, self.data_is_object = {}, True
+        return _walk_object(self.text, at, self.section)
+
+    def section(self, key: str, at: int) -> int:
+        text = self.text
+        if key not in SECTIONS or text[at] != "[":
+            value, end = _scan(text, at)
+            self.data[key] = None if value is None else "other"  # uncovered: only the key
+            return end
+        elements: list = []
+        self.data[key] = elements
+        if SECTIONS[key] is None:
+            return self._elements(at, lambda at: self._metric(at, elements))
+        name_of = SECTIONS[key]
+
+        def record(at: int) -> int:
+            element, end = _scan(text, at)
+            name = name_of(element) if type(element) is dict else None
+            coord = point_coordinate(element, self.times) if name is not None else None
+            elements.append((name, coord, at))
+            return end
+
+        return self._elements(at, record)
+
+    def _elements(self, at: int, element: Callable[[int], int]) -> int:
+        text, space = self.text, _WHITESPACE.match
+        at = space(text, at + 1).end()
+        if text[at] == "]":
+            return at + 1
+        while True:
+            at = space(text, element(at)).end()
+            if text[at] == "]":
+                return at + 1
+            if text[at] != ",":
+                raise ValueError("',' or ']' expected")
+            at = space(text, at + 1).end()
+
+    def _metric(self, at: int, elements: list) -> int:
+        """One element of ``data.metrics``: its name, units and where its points are."""
+        if self.text[at] != "{":
+            value, end = _scan(self.text, at)
+            elements.append((None, None, None))
+            return end
+        fields: dict = {}  # "name"/"units" -> value, "data" -> (index, count, bad) | value
+
+        def member(key: str, at: int) -> int:
+            if key == "data" and self.text[at] == "[":
+                placed = IndexedMetric("", True)
+                end, count, bad = self._points(at, placed)
+                fields["data"] = (placed, count, bad)
+                return end
+            value, end = _scan(self.text, at)
+            if key in ("name", "units", "data"):
+                fields[key] = value
+            return end
+
+        end = _walk_object(self.text, at, member)
+        elements.append((fields.get("name"), fields.get("units"), fields.get("data")))
+        return end
+
+    def _points(self, at: int, placed: IndexedMetric) -> tuple:
+        """(index after the array, points, bad points): :func:`_extract_metric`'s loop,
+        keeping offsets instead of points."""
+        text, space, scan = self.text, _WHITESPACE.match, _SCANNER
+        memo, read = self.times.get, self.times.time
+        starts = placed.starts
+        count = bad = 0
+        at = space(text, at + 1).end()
+        if text[at] == "]":
+            return at + 1, 0, 0
+        while True:
+            try:
+                point, end_at = scan(text, at)
+            except StopIteration:
+                raise ValueError("no JSON value") from None
+            count += 1
+            if not count & 0xFFF:
+                self.check_deadline()
+            if type(point) is dict:
+                get = point.get
+                raw = get("start")
+                if raw is None:
+                    raw = get("startDate")
+                    if raw is None:
+                        raw = get("date")
+                start = memo(raw, _UNREAD) if type(raw) is str else _UNREAD
+                if start is _UNREAD:
+                    start = read(raw)
+                end_raw = get("end")
+                if end_raw is None:
+                    end_raw = get("endDate")
+                if end_raw is None:
+                    end = start
+                else:
+                    end = memo(end_raw, _UNREAD) if type(end_raw) is str else _UNREAD
+                    if end is _UNREAD:
+                        end = read(end_raw)
+                if start is None or end is None:
+                    bad += 1
+                else:
+                    placed.place((start, end, _category(point)), at)
+                    if start != end:
+                        placed.has_interval = True
+                    elif len(starts) < STARTS_KEPT:
+                        starts.append(raw)
+            else:
+                bad += 1
+            at = space(text, end_at).end()
+            if text[at] == "]":
+                return at + 1, count, bad
+            if text[at] != ",":
+                raise ValueError("',' or ']' expected")
+            at = space(text, at + 1).end()
+
+    def extraction(self) -> Extraction:
+        if not self.data_is_object:
+            raise ContentNotParsed("the body is not a JSON object with a \"data\" object")
+        out = Extraction()
+        data = self.data
+        uncovered = [key for key in data if key not in SECTIONS]
+        out.uncovered, out.uncovered_dropped, out.uncovered_cut = _bounded_names(uncovered)
+        for key, name_of in SECTIONS.items():
+            section = data.get(key)
+            if section is None:
+                continue
+            if type(section) is not list:
+                out.bad_points += 1
+                out.bad_metrics.add(key)
+            elif name_of is None:
+                for element in section:
+                    self._add_metric(out, *element)
+            else:
+                for name, coord, offset in section:
+                    if coord is None:
+                        out.bad_points += 1
+                        out.bad_metrics.add(name or name_of({}) or key)
+                        continue
+                    out.points += 1
+                    self._bucket(out, False, name).place(coord, offset)
+        return out
+
+    def _bucket(self, out: Extraction, is_metric: bool, name: str) -> IndexedMetric:
+        bucket = out.metrics.get((is_metric, name))
+        if bucket is None:
+            bucket = out.metrics[(is_metric, name)] = IndexedMetric(name, is_metric, self.text)
+        return bucket
+
+    def _add_metric(self, out: Extraction, name: Any, units: Any, points: Any) -> None:
+        """:func:`_extract_metric`'s decisions on one element's index."""
+        named = type(name) is str and name.strip()
+        if points is None and named:
+            return
+        if not named or type(points) is not tuple:
+            out.bad_points += points[1] if type(points) is tuple else 1
+            out.bad_metrics.add(name if named else "metrics")
+            return
+        placed, count, bad = points
+        bucket = self._bucket(out, name != SLEEP_METRIC, name)
+        units = units if type(units) is str else None
+        if bucket.distinct and units != bucket.units:
+            out.mixed_units.add(name)
+            return
+        bucket.units = units
+        if bad:
+            out.bad_points += bad
+            out.bad_metrics.add(name)
+        out.points += count - bad
+        bucket.absorb(placed)
 
 
 # ==============================================================================
@@ -3086,8 +3516,18 @@ instead of draining (ING-7)."""
 PASS_BATCH = 64
 
 FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
-"""Pauses before the fold loop starts again after consecutive failures (the last one
-repeats): a broken database is retried every minute, never given up on."""
+"""Pauses before the fold loop starts again after consecutive failures or machine faults
+(the last one repeats): a broken database is retried every minute, never given up on."""
+
+FOLD_ATTEMPTS_MAX = 3
+"""Fold attempts a delivery may have without an outcome (the process died during them,
+or a fault followed the delivery); the next pass then fails it, so that no single
+delivery stops the fold.  Three: one death may be bad luck, a third is the delivery."""
+ATTEMPTS_EXHAUSTED = "fold_attempts_exhausted"
+RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable")
+"""Error classes the machine, not the body, may have caused (``body_unreadable`` was
+written by older versions; ``unexpected:…`` too is worth a retry after an upgrade):
+``status`` says so, and ``healthlog refold --failed`` sets them back to pending."""
 
 
 class FoldWorker:
@@ -3112,6 +3552,9 @@ class FoldWorker:
         self.fold_seconds = Histogram(TIMING_BOUNDS)  # for /metrics, by outcome
         self.died = threading.Event()  # the thread ended without a stop request
         self._passed = False
+        self.current: Optional[int] = None  # the delivery being folded
+        self.fault: Optional[str] = None  # the machine fault the loop is paused for
+        self._owed: dict = {}  # delivery id -> attempts to take back at its next one
 
     def start(self) -> None:
         self._started_at = format_received_at(utc_now())
@@ -3215,9 +3658,10 @@ class FoldWorker:
                         return folded
                     cursor = (received_at, delivery_id)
                     outcome = self.fold_one(engine, delivery_id)
-                    if outcome.error == "storage":  # the loop pauses; /healthz says failing
-                        raise StorageFailure(OSError(errno.EIO, "the database cannot be"
-                                                     " written"))
+                    if outcome.machine_fault:  # the loop pauses; /healthz says failing
+                        self.fault = outcome.error
+                        raise FoldPaused(outcome.error)
+                    self.fault = None
                     if outcome.deferred:
                         return folded  # the barrier: successors wait for this one
                     folded += outcome.kind == "folded"
@@ -3229,6 +3673,36 @@ class FoldWorker:
                           worst_delivery_id=worst_id)
             if completed:
                 self._first_pass_done = True
+
+    def _give_up(self, engine: FoldEngine, row: Mapping[str, Any]) -> Outcome:
+        """Fail a delivery whose attempts ran out, and say so loudly, with the way back."""
+        try:
+            engine.record_failed(row["id"], ATTEMPTS_EXHAUSTED, None)
+        except sqlite3.Error as exc:
+            outcome = classify(exc)
+            if not outcome.deferred:
+                raise
+            return outcome
+        log_event(logging.ERROR, "a delivery was tried %d times without an outcome (the"
+                  " process died, or the machine failed, during its fold); it is failed now"
+                  " so that the deliveries after it are folded. Give healthlog more memory"
+                  " (or a lower --max-body-mib), then run `healthlog refold %d`"
+                  % (row["attempts"], row["id"]), delivery_id=row["id"],
+                  body_mib=round(row["body_bytes"] / 1048576, 1),
+                  last_fault=(row["error"] or "retrying:died").partition(":")[2])
+        return Outcome("failed", "failed", ATTEMPTS_EXHAUSTED)
+
+    def settle(self, delivery_id: int) -> None:
+        """Take back the attempt of a fold that a stop cut short (a stop is no fault of
+        the delivery's).  Best effort, from the thread that stops the worker."""
+        with contextlib.suppress(sqlite3.Error, OSError):
+            conn = connect(self._config.db_path, busy_timeout_s=1.0)
+            try:
+                with write_txn(conn):
+                    conn.execute("UPDATE delivery SET attempts = max(attempts - 1, 0)"
+                                 " WHERE id = ? AND parse_status = 'pending'", (delivery_id,))
+            finally:
+                conn.close()
 
     def _lag(self, conn: sqlite3.Connection) -> Optional[tuple]:
         """(delayed, worst wait in s, its delivery id) among the pending deliveries that
@@ -3252,13 +3726,42 @@ class FoldWorker:
         return delayed, (now - parse_received_at(oldest)).total_seconds(), worst_id
 
     def fold_one(self, engine: FoldEngine, delivery_id: int) -> Outcome:
-        """Fold one delivery; the out-of-order WARN is asked before and written after."""
+        """Fold one delivery; the out-of-order WARN is asked before and written after.
+
+        The attempt is counted before the fold (FOLD-14): a delivery that already had
+        :data:`FOLD_ATTEMPTS_MAX` attempts without an outcome is failed instead.  A
+        deferral by the database, or by an archive that cannot give any body, takes its
+        attempt back; memory running out, or a body the archive alone cannot give,
+        follows the delivery and keeps it."""
         row = engine.row(delivery_id)
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
+        owed = self._owed.get(delivery_id, 0)
+        if row["attempts"] - owed >= FOLD_ATTEMPTS_MAX:
+            return self._give_up(engine, row)
+        try:
+            engine.count_attempt(delivery_id, owed)
+            self._owed.pop(delivery_id, None)
+        except sqlite3.Error as exc:
+            outcome = classify(exc)
+            if outcome.deferred:
+                engine.log_deferred(delivery_id, outcome)
+                return outcome
+            # Any other refusal (a trigger, say) is the outcome write's to report.
+            log_event(logging.DEBUG, "fold attempt not counted", delivery_id=delivery_id,
+                      error=type(exc).__name__)
         late = engine.later_already_folded(row)
         started = time.monotonic()
-        outcome = engine.fold(delivery_id, row)
+        self.current = delivery_id
+        try:
+            outcome = engine.fold(delivery_id, row)
+        finally:
+            self.current = None
+        if outcome.error in ("busy", "storage"):  # the database's: owed, not written now
+            self._owed[delivery_id] = self._owed.get(delivery_id, 0) + 1
+        elif outcome.deferred:
+            counted = outcome.error == "memory" or engine.other_body_readable(row)
+            engine.note_fault(delivery_id, outcome.error, counted)
         if outcome.kind in ("folded", "failed"):
             self.fold_seconds.observe(time.monotonic() - started, outcome=outcome.status)
         if late and outcome.kind == "folded":
@@ -3859,6 +4362,18 @@ TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 WORKER_STATES = ("starting", "idle", "folding", "restarting", "stopped")
 
 
+def failed_by_error(conn: sqlite3.Connection) -> dict:
+    """Failed deliveries per error class (duplicates name no class of their own)."""
+    return dict(conn.execute("SELECT error, count(*) FROM delivery WHERE parse_status ="
+                             " 'failed' GROUP BY error ORDER BY error"))
+
+
+def count_exhausted(conn: sqlite3.Connection) -> int:
+    """Deliveries failed because their attempts ran out: ``/healthz`` says degraded."""
+    return conn.execute("SELECT count(*) FROM delivery WHERE parse_status = 'failed'"
+                        " AND error = ?", (ATTEMPTS_EXHAUSTED,)).fetchone()[0]
+
+
 def store_figures(conn: sqlite3.Connection) -> tuple:
     """(deliveries per status, oldest pending received_at or None, its age in seconds or
     None, objects, points): what ``status`` and ``/metrics`` both report."""
@@ -3871,6 +4386,11 @@ def store_figures(conn: sqlite3.Connection) -> tuple:
     return counts, oldest, age, objects, points
 
 
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_seconds: Histogram,
                    worker_state: str) -> bytes:
     """Prometheus text format: the journal, the store and this process's timings; never a
@@ -3881,6 +4401,7 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
         received, received_bytes, overwrites, conflicts = conn.execute(
             "SELECT count(*), coalesce(sum(body_bytes), 0), coalesce(sum(overwrites), 0),"
             " coalesce(sum(unit_conflicts), 0) FROM delivery").fetchone()
+        failed = failed_by_error(conn)
     finally:
         conn.execute("COMMIT")
     age = age or 0.0
@@ -3894,6 +4415,10 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
            [('{status="%s"}' % status, counts[status]) for status in STATUSES])
     family("healthlog_backlog", "gauge", "Deliveries waiting to be folded.",
            [("", counts["pending"])])
+    family("healthlog_failed_deliveries", "gauge",
+           "Failed deliveries by error class (%s: tried %d times without an outcome)."
+           % (ATTEMPTS_EXHAUSTED, FOLD_ATTEMPTS_MAX),
+           [('{error="%s"}' % _label(error or ""), n) for error, n in failed.items()])
     family("healthlog_oldest_pending_age_seconds", "gauge",
            "Age of the oldest pending delivery (0 when none).", [("", round(age, 3))])
     family("healthlog_received_deliveries_total", "counter", "Deliveries journaled.",
@@ -4236,18 +4761,26 @@ class App:
         after a failure, or ended) or the database cannot be read, unless the service
         is stopping (RELY-8.1).
         """
+        exhausted = 0
         try:
-            backlog: Optional[int] = count_pending(self.pool.get())
+            conn = self.pool.get()
+            backlog: Optional[int] = count_pending(conn)
+            exhausted = count_exhausted(conn)
         except sqlite3.Error as exc:
             log_event(logging.DEBUG, "health check cannot read the journal",
                       error=type(exc).__name__)
             backlog = None
         if self.stopping.is_set():
             status = "stopping"
+        elif not self.worker.running or backlog is None:
+            status = "failing"
         else:
-            status = "ok" if self.worker.running and backlog is not None else "failing"
-        answer = self._ok({"status": status, "version": __version__, "backlog": backlog,
-                           "worker": self.worker.state})
+            status = "degraded" if exhausted else "ok"
+        health = {"status": status, "version": __version__, "backlog": backlog,
+                  "worker": self.worker.state, "failed_after_attempts": exhausted}
+        if self.worker.fault is not None:
+            health["fault"] = self.worker.fault
+        answer = self._ok(health)
         if status == "failing":
             return ("503 Service Unavailable",) + answer[1:]
         return answer
@@ -5006,6 +5539,9 @@ class Service:
             else:
                 log_event(logging.INFO, "http stopped")
         finished = self.worker.stop(budget)
+        folding = self.worker.current
+        if not finished and folding is not None:
+            self.worker.settle(folding)
         if not finished:
             log_event(logging.WARNING, "fold thread did not stop within the budget; its"
                       " delivery stays pending and is folded after the next start",
@@ -5528,8 +6064,8 @@ def _refuse_undecidable_layer(conn: sqlite3.Connection, body: Path, headers: dic
     if header_layer(headers.get("automation-aggregation")) is not None:
         return
     try:
-        extraction = extract_points(loads_body(body.read_bytes()))
-    except (OSError, ValueError, RecursionError, FoldFailure):
+        extraction = extract_body(body)[0]
+    except (OSError, ValueError, RecursionError, FoldFailure, ArchiveFault):
         return  # unreadable or not HAE-shaped: the validation that follows says why
     if not extraction.has_metric_points or infer_layer(extraction) is not None:
         return
@@ -5636,6 +6172,13 @@ def collect_status(config: Config) -> dict:
         counts, oldest, age, objects, points = store_figures(conn)
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
         problems = _recent_problems(conn)
+        failed = failed_by_error(conn)
+        retrying = [{"id": row_id, "received_at": received, "attempts": attempts,
+                     "fault": (error or "").partition(":")[2] or None}
+                    for row_id, received, attempts, error in conn.execute(
+            "SELECT id, received_at, attempts, error FROM delivery WHERE parse_status ="
+            " 'pending' AND (attempts > 0 OR error LIKE 'retrying:%') ORDER BY received_at, id"
+            " LIMIT ?", (STATUS_PROBLEMS_MAX,))]
         older = count_folded_by_older_parser(conn)
         fp = fingerprint(conn)
         conn.execute("COMMIT")
@@ -5661,9 +6204,72 @@ def collect_status(config: Config) -> dict:
         "archive_bytes": archive_bytes,
         "database_bytes": db_bytes,
         "folded_by_older_parser": older,
+        "failed_by_error": failed,
+        "failed_worth_retrying": sum(n for error, n in failed.items() if worth_retrying(error)),
+        "retrying": retrying,
         "recent_problems": problems,
         "fingerprint": fp,
     }
+
+
+def worth_retrying(error: Optional[str]) -> bool:
+    """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
+    return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
+
+
+def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = None) -> int:
+    """``healthlog refold``: set failed deliveries back to ``pending`` for the fold to try
+    again, without a full ``reindex``.  One short write transaction, so it is safe
+    beside a running ``serve`` (its periodic pass picks them up) or without one (the
+    next start folds them)."""
+    out = out or sys.stdout
+    if not ids and not all_failed:
+        raise ConfigError("name the deliveries to fold again (their ids, as `healthlog"
+                          " status` lists them), or pass --failed for every failed one")
+    if DataDirLock(config.data_dir).holder() == "reindex":
+        raise ConfigError("%s is being reindexed, which folds every delivery again"
+                          % config.data_dir)
+    conn = open_database(config, create=False)
+    try:
+        with write_txn(conn):
+            if all_failed:
+                ids = [i for (i,) in conn.execute(
+                    "SELECT id FROM delivery WHERE parse_status = 'failed' ORDER BY id")]
+            found = dict(conn.execute("SELECT id, parse_status FROM delivery WHERE id IN"
+                                      " (%s)" % ",".join("?" * len(ids)), list(ids)))
+            unknown = sorted(set(ids) - set(found))
+            if unknown:
+                raise ConfigError("no delivery %s in %s" % (
+                    ", ".join(map(str, unknown)), config.data_dir))
+            chosen = sorted(i for i in set(ids) if found[i] == "failed")
+            conn.executemany(
+                "UPDATE delivery SET parse_status = 'pending', attempts = 0, error = NULL,"
+                " folded_at = NULL, layer = NULL, %s WHERE id = ? AND parse_status = 'failed'"
+                % ", ".join("%s = NULL" % column for column in _COUNTERS),
+                [(i,) for i in chosen])
+            first = chosen and conn.execute(
+                "SELECT received_at, id FROM delivery WHERE id IN (%s) ORDER BY received_at, id"
+                " LIMIT 1" % ",".join("?" * len(chosen)), chosen).fetchone()
+            later = first and conn.execute(
+                "SELECT 1 FROM delivery WHERE parse_status IN ('parsed', 'partial') AND"
+                " (received_at > ? OR (received_at = ? AND id > ?)) LIMIT 1",
+                (first[0], first[0], first[1])).fetchone()
+    finally:
+        conn.close()
+    for delivery_id in sorted(set(ids) - set(chosen)):
+        out.write("delivery %d is %s, not failed: left as it is\n"
+                  % (delivery_id, found[delivery_id]))
+    if not chosen:
+        out.write("refold: no failed delivery to fold again\n")
+        return 0
+    out.write("refold: %s set back to pending (%s); a running `healthlog serve` folds them"
+              " within a minute, otherwise its next start does\n"
+              % (_plural(len(chosen), "delivery", "deliveries"), ", ".join(map(str, chosen))))
+    if later:
+        out.write("later deliveries are folded already: `healthlog reindex` folds everything"
+                  " in journal order, should a value depend on it\n")
+    log_event(logging.INFO, "deliveries set back to pending", count=len(chosen))
+    return 0
 
 
 def _recent_problems(conn: sqlite3.Connection) -> list:
@@ -5693,6 +6299,17 @@ def format_status(status: dict) -> str:
         "archive: %d bodies, %s" % (status["archive_files"], _size(status["archive_bytes"])),
         "database: %s" % _size(status["database_bytes"]),
     ]
+    if status["failed_by_error"]:
+        lines.append("failed: %s" % ", ".join("%s %d" % (error or "-", n) for error, n
+                                              in status["failed_by_error"].items()))
+    if status["failed_worth_retrying"]:
+        lines.append("  %s failed for a reason of the machine, not of the body; `healthlog"
+                     " refold --failed` folds them again"
+                     % _plural(status["failed_worth_retrying"], "delivery", "deliveries"))
+    for item in status["retrying"]:
+        lines.append("retrying: delivery %d (received %s), %s so far%s" % (
+            item["id"], item["received_at"], _plural(item["attempts"], "attempt", "attempts"),
+            ", last fault: %s" % item["fault"] if item["fault"] else ""))
     if status["folded_by_older_parser"]:
         lines.append("folded by an older version: %d deliveries (run `healthlog reindex` to"
                      " rebuild the store by this version's rules)"
@@ -5789,6 +6406,12 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--name", help="an automation name for these files (as in"
                                          " /api/ingest/<name>)")
 
+    refold = commands.add_parser("refold", help="set failed deliveries back to pending, to"
+                                 " be folded again (beside serve or without it)")
+    data_option(refold)
+    refold.add_argument("ids", nargs="*", type=int, metavar="ID", help="delivery ids")
+    refold.add_argument("--failed", action="store_true", help="every failed delivery")
+
     export = commands.add_parser("export", help="points of one metric as CSV or JSON on"
                                  " stdout, or every point into a new SQLite file")
     data_option(export)
@@ -5827,6 +6450,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_verify(config)
         if args.command == "import":
             return run_import(config, args.files, args.aggregation, args.name)
+        if args.command == "refold":
+            return run_refold(config, args.ids, args.failed)
         if args.command == "export":
             return run_export(config, args)
     except ConfigError as exc:

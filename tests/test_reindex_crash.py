@@ -79,7 +79,7 @@ def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir
     assert "in use" in line and "serve" in line and str(data_dir) in line
     assert result.stdout == ""
     assert journal(data_dir) == before_journal and objects(data_dir) == before_objects
-    assert tables(data_dir) == {"delivery", "object"}
+    assert tables(data_dir) == {"delivery", "object", "session"}
 
 
 @pytest.mark.json_agnostic
@@ -135,7 +135,7 @@ def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_com
     assert rerun.returncode == 0, rerun.stderr
     assert printed_fingerprint(rerun.stdout) == before == live_fingerprint(data_dir)
     assert journal(data_dir) == before_journal
-    assert tables(data_dir) == {"delivery", "object"}
+    assert tables(data_dir) == {"delivery", "object", "session"}
 
 
 @pytest.mark.json_agnostic
@@ -153,7 +153,7 @@ def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_p
     assert "reindex interrupted; the previous store is unchanged" in one_line(stderr.strip())
     assert "fingerprint" not in stdout
     assert objects(data_dir) == before_objects and journal(data_dir) == before_journal
-    assert tables(data_dir) == {"delivery", "object"}
+    assert tables(data_dir) == {"delivery", "object", "session"}
 
 
 @pytest.mark.json_agnostic

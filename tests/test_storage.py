@@ -570,7 +570,8 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
     conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
     for statement in healthlog.schema_statements():
         conn.execute(statement.replace("    summary          TEXT,\n", "")
-                     .replace("    spans            BLOB,\n", ""))
+                     .replace("    spans            BLOB,\n", "")
+                     .replace(",\n    attempts               INTEGER NOT NULL DEFAULT 0", ""))
     conn.execute("INSERT INTO object (metric, layer, hour, units, first_at, last_at, points,"
                  " delivery_id, updated_by, hash, sealed, blob, point_deliveries) VALUES"
                  " ('step_count', 'minutes', 474000, 'count', 1706400000, 1706400000, 1, 1, 1,"
@@ -579,11 +580,14 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     assert "summary" not in [c[1] for c in conn.execute("PRAGMA table_info(object)")]
+    assert "attempts" not in [c[1] for c in conn.execute("PRAGMA table_info(delivery)")]
     conn.close()
 
     service = start_service()
 
-    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 3
+    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 4
+    assert "attempts" in [r["name"] for r in db_rows(data_dir, "PRAGMA table_info(delivery)")]
+    assert "session" in [r["name"] for r in db_rows(data_dir, "SELECT name FROM sqlite_master")]
     [row] = db_rows(data_dir, "SELECT metric, summary, spans FROM object")
     assert row == {"metric": "step_count", "summary": None, "spans": None}  # computed when read
     reply = Client(*service.address).request(
