@@ -372,7 +372,7 @@ class ServeProcess:
             self._log.close()
             raise
 
-    def _wait_for_port(self, timeout: float = 20.0) -> int:
+    def _wait_for_port(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
