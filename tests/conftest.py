@@ -248,15 +248,22 @@ def paused_service(start_service) -> healthlog.Service:
     return start_service(paused=True)
 
 
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
-    """Poll until predicate() is truthy; return its value or fail."""
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02, what: str = None):
+    """Poll until predicate() is truthy; return its value or fail.
+
+    The one way a test waits for something to happen (a row, a log record, a file, a
+    state): never a bare ``time.sleep``.  ``timeout`` is a ceiling, not a speed figure:
+    keep it many times the usual wait, so a busy 2-core machine still passes; ``what``
+    names the awaited event in the failure.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
+        if time.monotonic() >= deadline:
+            raise AssertionError("%s: not seen within %.1f s" % (what or "condition", timeout))
         time.sleep(interval)
-    raise AssertionError("condition not met within %.1f s" % timeout)
 
 
 class Passes:
@@ -365,7 +372,7 @@ class ServeProcess:
             self._log.close()
             raise
 
-    def _wait_for_port(self, timeout: float = 20.0) -> int:
+    def _wait_for_port(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():

@@ -175,15 +175,18 @@ def pending_count(data_dir: Path) -> int:
 
 
 def wait_drained(data_dir: Path, timeout: float, context: str) -> float:
-    """Wait until no delivery is pending; return how long that took."""
+    """Wait until no delivery is pending; return how long that took, a figure for the
+    report.  ``timeout`` is a ceiling for a backlog that does not drain, many times
+    the usual drain, not a speed goal."""
     started = time.monotonic()
+    deadline = started + timeout
     while True:
         left = pending_count(data_dir)
         if not left:
             return time.monotonic() - started
-        assert time.monotonic() - started < timeout, (
-            "%s: %d deliveries still pending after %.0f s: the backlog does not drain"
-            % (context, left, timeout))
+        if time.monotonic() > deadline:
+            raise AssertionError("%s: %d deliveries still pending after %.0f s: the backlog"
+                                 " does not drain" % (context, left, timeout))
         time.sleep(0.1)
 
 
@@ -478,7 +481,7 @@ def test_rely_1_1_sigkill_under_concurrent_posts_loses_nothing(serve_process, da
     its exact bytes, DATA/tmp is emptied at each start, no delivery is half folded, the
     backlog drains, verify passes and the fingerprint equals a fresh reindex."""
     crash_torture(serve_process, data_dir, tmp_path, crash_bodies, kills=20, big_every=20,
-                  drain_timeout=60, label="RELY-1.1")
+                  drain_timeout=120, label="RELY-1.1")  # drains in about 4 s here
 
 
 @pytest.mark.torture
@@ -487,4 +490,4 @@ def test_rely_1_2_two_hundred_sigkills_lose_nothing(serve_process, data_dir, tmp
     """WHEN serve is SIGKILLed at 200 random moments under the posting of RELY-1.1 and
     restarted each time, THEN RELY-1.1's invariants hold after every restart and at the end."""
     crash_torture(serve_process, data_dir, tmp_path, crash_bodies, kills=200, big_every=40,
-                  drain_timeout=120, label="RELY-1.2")
+                  drain_timeout=300, label="RELY-1.2")

@@ -331,22 +331,36 @@ def crowded_on_one_minute(count: int) -> bytes:
         for i in range(count)], "count"))
 
 
-def test_fold_2_4_a_body_crowded_on_one_coordinate_fails_at_the_deadline(journal, passes):
+def test_fold_2_4_a_body_crowded_on_one_coordinate_fails_at_the_deadline(journal, passes,
+                                                                         monkeypatch):
     # 12,000 rivals at one coordinate, all pairwise incomparable: unbounded, the
-    # reduction runs for tens of seconds; the deadline is checked inside it.
+    # reduction runs for tens of seconds; the deadline is checked inside it.  That is
+    # seen as an event, not as a short pass: the deadline's exception leaves the
+    # reduction itself (the real one, watched on its way out).  The deadline is long
+    # enough for the parse before it on a loaded machine (about 10 ms here), and the
+    # reduction, unbounded, many times longer.
+    reduce = healthlog.reduce_candidates
+    interrupted = []
+
+    def watched(points, check_deadline=healthlog._no_deadline):
+        try:
+            return reduce(points, check_deadline)
+        except healthlog.FoldDeadlineExceeded:
+            interrupted.append(len(points))
+            raise
+
+    monkeypatch.setattr(healthlog, "reduce_candidates", watched)
     crowded = journal.post(crowded_on_one_minute(12000))
     quick = journal.post(body_of(steps(MINUTES)))
-    driver = passes(fold_deadline_s=0.2)
+    driver = passes(fold_deadline_s=1.0)
 
-    started = time.monotonic()
-    assert driver.run() == 1
-    elapsed = time.monotonic() - started
+    assert driver.run() == 1  # Passes.run's ceiling fails a pass that never ends
 
     row = journal.row(crowded)
     assert (row["parse_status"], row["error"]) == ("failed", "fold_deadline_exceeded")
     assert journal.objects_touched_by(crowded) == []
     assert journal.row(quick)["parse_status"] == "parsed"
-    assert elapsed < 15, "the deadline did not interrupt the reduction (%.1f s)" % elapsed
+    assert interrupted == [12000], "the deadline did not interrupt the reduction"
 
 
 def test_storage_2_1_points_crowded_on_few_coordinates_fold_like_distinct_ones(journal, passes):
@@ -470,7 +484,7 @@ def test_ing_4_4_a_delivery_whose_outcome_cannot_be_written_does_not_loop_the_pa
 def test_fold_5_1_ingest_wakes_the_worker(start_service):
     journal = Journal(start_service(fold_wake_s=3600.0))  # no periodic pass in this test
     delivery = journal.post(body_of(steps(MINUTES)))
-    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=10)
+    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=60)
 
 
 def test_ing_4_5_a_pending_delivery_is_retried_by_the_periodic_wake_up(start_service, logs):
@@ -484,7 +498,7 @@ def test_ing_4_5_a_pending_delivery_is_retried_by_the_periodic_wake_up(start_ser
         wait_for(lambda: len(logs.find("fold deferred")) >= 2)
         assert journal.statuses(delivery) == ["pending"]
     # No new delivery arrives.
-    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=10)
+    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=60)
     assert len(db_rows(service.config.data_dir)) == 1
 
 
@@ -499,7 +513,8 @@ def test_fold_5_2_a_failed_selection_ends_the_pass_not_the_worker(start_service,
     assert failures[0]["error"] == "OperationalError"  # the class only, no detail
     journal.execute("ALTER TABLE delivery_away RENAME TO delivery")
 
-    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=10)
+    # After the first restart pause (1 s), a few more if a pass met the table away.
+    wait_for(lambda: journal.statuses(delivery) == ["parsed"], timeout=60)
     assert service.worker.state in ("idle", "folding")
 
 
@@ -625,13 +640,17 @@ def test_fold_7_1_start_requeues_rows_this_version_would_fold_differently(start_
 
 @pytest.mark.json_agnostic
 def test_ing_6_1_a_stop_during_a_fold_lets_it_finish_whole_and_leaves_the_rest_pending(
-        start_service, logs):
+        start_service, logs, monkeypatch):
     service = start_service(paused=True, stop_budget_s=30.0)
     journal = Journal(service)
     big = journal.post(hf.big_metrics_body(32 << 20, seed=6))  # ~1 s of fold here
     small = journal.post(body_of(steps(MINUTES)))
+    planning = []  # the ids whose fold has begun: the real plan, watched on its way in
+    plan = healthlog.FoldEngine.plan
+    monkeypatch.setattr(healthlog.FoldEngine, "plan", lambda engine, row, deadline: (
+        planning.append(row["id"]), plan(engine, row, deadline))[1])
     service.worker.gate.set()
-    time.sleep(0.2)
+    wait_for(lambda: big in planning, timeout=60, what="the fold of the big delivery begins")
     asked = healthlog.format_received_at(healthlog.utc_now())
 
     assert service.stop() is True
@@ -655,6 +674,15 @@ def _wal_size(data_dir) -> int:
         return 0
 
 
+def _rss_bytes(pid: int) -> int:
+    """The resident memory of a process (VmRSS)."""
+    with open("/proc/%d/status" % pid) as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for process %d" % pid)
+
+
 def _assert_pending_and_untouched(data_dir, delivery_id: int) -> None:
     [row] = db_rows(data_dir, "SELECT parse_status, folded_at FROM delivery WHERE id = ?",
                     (delivery_id,))
@@ -672,20 +700,24 @@ def test_ing_2_2_ing_6_1_sigkill_in_the_middle_of_a_fold_leaves_it_pending_witho
         serve_process, data_dir):
     body = hf.big_metrics_body(48 << 20, seed=2)  # ~300k points, ~1.5 s of fold here
     proc = serve_process(data_dir)
+    idle_rss = _rss_bytes(proc.proc.pid)
     status, payload = proc.client.ingest(body, headers=AUTOMATION)
     assert status == 200
     delivery = payload["delivery_id"]
-
     def attempts() -> int:
         return db_rows(data_dir, "SELECT attempts FROM delivery")[0]["attempts"]
 
     # 1. Killed while planning (parse, place, merge): the fold has started, its attempt
-    # is counted (FOLD-14), and it has not written anything else yet.
+    # is counted (FOLD-14), and it has not written anything else yet.  /healthz says a
+    # pass has begun; serve's resident memory over idle by half the body says the fold
+    # holds the body (read, then indexed: it stays up until the write, seconds later
+    # here; the upload streams to disk).
     wait_for(lambda: proc.client.request("GET", "/healthz", token=False)[1]["worker"]
-             == "folding")
-    wait_for(lambda: attempts() == 1)
+             == "folding", what="serve's fold pass begins")
+    wait_for(lambda: attempts() == 1, what="the fold counts its attempt")
     wal_after_attempt = _wal_size(data_dir)
-    time.sleep(0.3)
+    wait_for(lambda: _rss_bytes(proc.proc.pid) > idle_rss + len(body) // 2, timeout=60,
+             interval=0.005, what="serve reads the body to fold it")
     assert _wal_size(data_dir) == wal_after_attempt, "the fold reached its write already"
     proc.kill()
     _assert_pending_and_untouched(data_dir, delivery)

@@ -128,7 +128,7 @@ def load(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies, per_clie
     out = {"attempts": [], "sent": [], "failed": [], "retries": 0}
     _poster(serve.port, bodies, random.Random(rng.random()), 1, 0, serials, lock, out)
     assert len(out["sent"]) == 1, "%s: the first post failed: %s" % (context, out["attempts"])
-    wait_drained(data_dir, 30, context)
+    wait_drained(data_dir, 60, context)
     out["attempts"].clear()
 
     stop, reads = threading.Event(), []
@@ -218,7 +218,7 @@ def test_rely_6_1_eight_clients_and_a_reader(serve_process, data_dir, tmp_path, 
     """WHEN 8 clients post 15 deliveries each (1 KiB-3 MiB) while the dashboard routes are read
     without pause, THEN every post and read is answered 200, everything is folded in the
     journal order the journal allowed, and the store equals a fresh reindex."""
-    load(serve_process, data_dir, tmp_path, load_bodies, per_client=15, drain_timeout=60,
+    load(serve_process, data_dir, tmp_path, load_bodies, per_client=15, drain_timeout=120,
          label="RELY-6.1")
 
 
@@ -227,5 +227,5 @@ def test_rely_6_2_eight_clients_five_hundred_deliveries_each(serve_process, data
                                                             load_bodies):
     """WHEN 8 clients post 500 deliveries each under RELY-6.1's reading, THEN RELY-6.1's
     promises hold."""
-    load(serve_process, data_dir, tmp_path, load_bodies, per_client=500, drain_timeout=120,
+    load(serve_process, data_dir, tmp_path, load_bodies, per_client=500, drain_timeout=300,
          label="RELY-6.2")

@@ -1052,8 +1052,11 @@ def test_read_6_2_counters_move_when_a_delivery_arrives_and_is_folded(start_serv
         {"date": hae(DAY0 + 3600 + 60 * k), "qty": k, "source": hf.CANARY_SOURCE}
         for k in range(7)], "count")]}})
     assert client.ingest(body, headers=minutes)[0] == 200
-    time.sleep(0.3)  # a little age for the pending delivery
-    arrived = scrape(address)  # journaled, not folded yet (the worker waits at its gate)
+    # Journaled, not folded yet (the worker waits at its gate): scraped once the gauge
+    # shows the pending delivery aged 0.3 s (was: a 0.3 s sleep, then one scrape).
+    arrived = wait_for(lambda: (lambda scraped: value(
+        scraped, "healthlog_oldest_pending_age_seconds") >= 0.3 and scraped)(scrape(address)),
+        interval=0.05, what="the oldest pending age grows")
     folded_moved = {"healthlog_objects": 1, "healthlog_points": 7}
     assert {name: value(arrived, name) - value(before, name) for name in (
         "healthlog_received_deliveries_total", "healthlog_received_bytes_total",

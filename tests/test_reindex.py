@@ -533,7 +533,8 @@ def test_reindex_3_3_missing_body_is_reported_and_the_rest_proceeds(start_servic
 # Requirement 4: every delivery, failed ones included, is folded again in journal order.
 
 def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(start_service,
-                                                                            data_dir, logs):
+                                                                            data_dir, logs,
+                                                                            monkeypatch):
     # An automation known by its path only. Its sparse push (one point) inherits the layer of
     # the dense push before it in the journal, but that one became visible late: the live
     # worker folded the sparse push first, could not place it, and marked it failed.
@@ -546,8 +547,12 @@ def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(star
     assert (rows[sparse_id]["parse_status"], rows[sparse_id]["error"]) == (
         "failed", "layer_not_inferable")
     assert rows[dense_id]["parse_status"] == "parsed"
+    passes = []  # the real passes of the live worker, counted as they end
+    run_pass = healthlog.FoldWorker.run_pass
+    monkeypatch.setattr(healthlog.FoldWorker, "run_pass", lambda worker, engine: (
+        run_pass(worker, engine), passes.append(1))[0])
     service = start_service(fold_wake_s=0.05)  # the worker never picks a failed one up again
-    time.sleep(0.3)
+    wait_for(lambda: len(passes) >= 3, what="three passes of the live worker")
     service.stop()
     assert db_rows(data_dir, "SELECT parse_status FROM delivery WHERE id = ?",
                    (sparse_id,))[0]["parse_status"] == "failed"

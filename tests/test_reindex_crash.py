@@ -14,7 +14,6 @@ import json
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +58,15 @@ def wait_rebuilding(data_dir: Path, proc: subprocess.Popen, at_least: int = 2) -
             return False
 
     return wait_for(folded, timeout=60, interval=0.01)
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Is ``signum`` sent to the process and not yet taken by it (/proc: SigPnd, ShdPnd)?"""
+    bit = 1 << (signum - 1)
+    with open("/proc/%d/status" % pid) as status:
+        masks = [int(line.split()[1], 16) for line in status
+                 if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & bit for mask in masks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +221,9 @@ def test_reindex_5_4_ctrl_c_after_the_swap_does_not_claim_the_old_store_was_kept
         wait_for(lambda: proc.poll() is None and "delivery_rebuild" not in tables(data_dir),
                  timeout=60, interval=0.01)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)
+        # Ctrl-C reaches the process while the reader still holds the checkpoint back.
+        wait_for(lambda: not signal_pending(proc.pid, signal.SIGINT),
+                 what="reindex takes the SIGINT")
     finally:
         reader.execute("COMMIT")
         reader.close()
@@ -232,8 +242,10 @@ def test_reindex_7_4_a_killed_verify_leaves_nothing_after_the_next_start(big_sto
     data_dir = copy_store(big_store, tmp_path)
     proc = start_cli("verify", "--data", data_dir)
     try:
-        wait_for(lambda: list((data_dir / "tmp").glob("verify-*/" + healthlog.DB_NAME)))
-        time.sleep(0.3)
+        # Killed while it writes its rebuild (its WAL holds pages), not as it starts.
+        wait_for(lambda: [p for p in (data_dir / "tmp").glob("verify-*/" + healthlog.DB_NAME
+                                                             + "-wal") if p.stat().st_size],
+                 what="verify writes its rebuild")
         assert proc.poll() is None, "verify finished before it could be killed"
         proc.kill()
     finally:

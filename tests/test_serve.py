@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -55,29 +54,35 @@ def test_sigint_stops_cleanly_too(serve_process, data_dir):
 
 
 class BusyFoldWorker(healthlog.FoldWorker):
-    """A worker whose pass takes longer than the stop budget (it ignores the stop flag
-    the way a long fold of one delivery does: the flag is checked between deliveries)."""
+    """A worker whose pass lasts until the test ends it, longer than any stop budget (it
+    ignores the stop flag the way a long fold of one delivery does: the flag is checked
+    between deliveries)."""
 
-    entered = None
+    def __init__(self, config):
+        super().__init__(config)
+        self.entered, self.release = threading.Event(), threading.Event()
 
     def run_pass(self, conn):
         self.entered.set()
-        time.sleep(3.0)
+        self.release.wait(60)
         return 0
 
 
 def test_ing_6_3_stop_budget_exceeded_is_a_warning_not_an_error(make_config, logs):
     config = make_config(stop_budget_s=0.5)
     service = healthlog.Service(config, announce=lambda token: None)
-    service.worker = BusyFoldWorker(config)
-    service.worker.entered = threading.Event()
+    service.worker = worker = BusyFoldWorker(config)
     service.start()
-    service.worker.wake()
-    assert service.worker.entered.wait(5)
-    started = time.monotonic()
-    finished = service.stop()
-    assert finished is False
-    assert time.monotonic() - started < 2.5
+    try:
+        worker.wake()
+        assert worker.entered.wait(30), "the fold pass did not start"
+        finished = service.stop()
+        # stop() gave up at its budget, not at the end of the pass: the pass still runs.
+        assert finished is False
+        assert worker.thread.is_alive() and not worker.release.is_set()
+    finally:
+        worker.release.set()
+        worker.thread.join(30)
     [warn] = logs.find("did not stop within the budget", level="WARN")
     assert warn["budget_s"] == "0.5"
     assert logs.find("", level="ERROR") == []
@@ -109,12 +114,17 @@ def test_ingest_1_4_ing_2_2_sigkill_during_concurrent_ingest_loses_no_acknowledg
     threads = [threading.Thread(target=poster, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
-    proc.kill()
-    stop.set()
-    for t in threads:
-        t.join(30)
-    assert len(acked) >= 6
+    try:
+        # Killed once a dozen deliveries are acknowledged: every poster is then in full
+        # flight, some of them mid-upload (was: after 2 s, however many that made).
+        wait_for(lambda: len(acked) >= 12, timeout=120,
+                 what="a dozen acknowledged deliveries")
+    finally:
+        proc.kill()
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert len(acked) >= 12
 
     restarted = serve_process(data_dir)
     rows = {row["id"]: row for row in db_rows(data_dir)}
@@ -150,9 +160,7 @@ def test_ing_5_2_backlog_at_start_is_named_in_one_info_record(start_service, dat
     logs.stream.truncate(0)
     logs.stream.seek(0)
     start_service()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not logs.find("waiting to be folded"):
-        time.sleep(0.05)
+    wait_for(lambda: logs.find("waiting to be folded"), what="the backlog record")
     [record] = logs.find("waiting to be folded")
     assert record["level"] == "INFO"
     assert record["backlog"] == "3"
@@ -228,15 +236,20 @@ def test_ingest_15_2_token_is_generated_once_private_and_reused(make_config, dat
 
 def test_ingest_15_1_first_start_prints_the_hae_setup_hint_once_and_never_logs_the_token(tmp_path):
     data_dir = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "healthlog.py"), "serve", "--data",
-                             str(data_dir), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not (data_dir / "token").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.terminate()
-    out, err = proc.communicate(timeout=30)
+    log_path = tmp_path / "serve.log"
+    with open(str(log_path), "wb") as log:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "healthlog.py"), "serve", "--data",
+                                 str(data_dir), "--listen", "127.0.0.1:0"],
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        # "serving" is logged once the token is announced and the server listens.
+        wait_for(lambda: proc.poll() is not None or "serving" in messages(
+            log_path.read_text(errors="replace").splitlines()), timeout=60,
+            what="serve logs that it is serving")
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    err = log_path.read_text()
     token = (data_dir / "token").read_text().strip()
     assert proc.returncode == 0
     assert "Authorization: Bearer " + token in out and "/api/ingest" in out
