@@ -5,11 +5,11 @@ Record. One real ingest (``Archive.receive`` then ``accept_delivery``: the two c
 ingest route makes, on a real data directory, with the route's extra metadata) or one real
 fold pass (``FoldWorker.run_pass`` over a ``FoldEngine``) runs in this process while a thin
 recording layer wraps the ``os`` functions healthlog calls (``os.open``, ``os.write`` and the
-writes of the file objects ``os.fdopen`` returns, ``os.fsync``, ``os.replace``/``os.rename``,
-``os.mkdir``, ``os.unlink``; pathlib's accessor on Python < 3.11) and the database
-connections. These are the connections a real ``Service`` of the data directory writes
-through, opened by its own code: the ingest route's from ``service.pool.get()``, the fold
-thread's from ``service.worker.connect()`` (see ``Recording``).
+writes of the file objects ``os.fdopen`` returns, recorded when they reach the kernel,
+``os.fsync``, ``os.replace``/``os.rename``, ``os.mkdir``, ``os.unlink``; pathlib's accessor on
+Python < 3.11) and the database connections. These are the connections a real ``Service`` of
+the data directory writes through, opened by its own code: the ingest route's from
+``service.pool.get()``, the fold thread's from ``service.worker.connect()`` (see ``Recording``).
 Every call still happens for real; the layer only writes down a logical operation log of what
 happened under the data directory: create, mkdir, write(bytes), fsync(file), fsync(dir),
 rename, unlink, and ``sqlite_commit``. The recording is checked complete: the whole log,
@@ -296,30 +296,50 @@ def crash_states(base: Tree, base_db: dict, ops: list, k: int):
 # Recording: healthlog's own calls, done for real and written down.
 
 
-class _RecordedFile:
-    """A file object from ``os.fdopen`` whose writes are recorded."""
+class _RecordedRaw(io.RawIOBase):
+    """The unbuffered file under a file object from ``os.fdopen``: its writes are recorded
+    when they reach the kernel, so a buffered write still in the file object when ``fsync``
+    runs is recorded after that fsync, which does not cover it (a missing ``flush()``)."""
 
-    def __init__(self, real, recorder: "Recorder", ino: int, rel: str):
+    def __init__(self, real: io.FileIO, recorder: "Recorder", ino: int, rel: str):
+        super().__init__()
         self._real, self._recorder, self._ino, self._rel = real, recorder, ino, rel
-        self._pos = real.tell()
 
     def write(self, data) -> int:
+        offset = self._real.tell()
         written = self._real.write(data)
-        chunk = bytes(data[:written])
-        self._recorder.log(Op("write", "write(%s, %d bytes)" % (self._rel, len(chunk)),
-                              ino=self._ino, offset=self._pos, data=chunk))
-        self._pos += written
+        if written:
+            chunk = bytes(memoryview(data)[:written])
+            self._recorder.log(Op("write", "write(%s, %d bytes)" % (self._rel, len(chunk)),
+                                  ino=self._ino, offset=offset, data=chunk))
         return written
 
-    def __enter__(self):
-        return self
+    def readinto(self, buffer) -> int:
+        return self._real.readinto(buffer)
 
-    def __exit__(self, *exc) -> bool:
-        self._real.close()
-        return False
+    def readable(self) -> bool:
+        return self._real.readable()
 
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+    def writable(self) -> bool:
+        return self._real.writable()
+
+    def seekable(self) -> bool:
+        return self._real.seekable()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._real.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._real.tell()
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._real.close()
 
 
 class Recorder:
@@ -382,12 +402,18 @@ class Recorder:
             real["close"](fd)
             rec.fds.pop(fd, None)
 
-        def os_fdopen(fd, mode="r", *args, **kwargs):
-            handle = real["fdopen"](fd, mode, *args, **kwargs)
-            if fd in rec.fds and any(c in mode for c in "wa+"):
-                ino, rel, _ = rec.fds[fd]
-                return _RecordedFile(handle, rec, ino, rel)
-            return handle
+        def os_fdopen(fd, mode="r", buffering=-1, *args, **kwargs):
+            if fd not in rec.fds or not any(c in mode for c in "wa+"):
+                return real["fdopen"](fd, mode, buffering, *args, **kwargs)
+            ino, rel, _ = rec.fds[fd]
+            if "b" not in mode or args or kwargs:
+                rec.unsupported.append("fdopen(%s, %r) on %s" % (fd, mode, rel))
+                return real["fdopen"](fd, mode, buffering, *args, **kwargs)
+            raw = _RecordedRaw(real["fdopen"](fd, mode, 0), rec, ino, rel)
+            if buffering == 0:
+                return raw
+            size = buffering if buffering > 1 else io.DEFAULT_BUFFER_SIZE
+            return (io.BufferedRandom if "+" in mode else io.BufferedWriter)(raw, size)
 
         def os_write(fd, data):
             written = real["write"](fd, data)
