@@ -64,6 +64,7 @@ points, crash states, unique states recovered, vulnerabilities) is printed: run 
 import concurrent.futures
 import dataclasses
 import datetime as dt
+import errno
 import hashlib
 import io
 import itertools
@@ -1113,6 +1114,48 @@ def test_rely_2_3_the_checker_catches_a_fold_committed_in_two_transactions(
     report.show()
     assert len(report.vulnerabilities) == 1
     assert "objects name deliveries that are not folded" in report.vulnerabilities[0]
+
+
+def test_rely_2_4_a_body_refused_after_its_meta_json_leaves_no_meta_json_in_any_crash_state(
+        data_dir, tmp_path, monkeypatch, make_config):
+    """WHEN the body's rename into the archive fails (EXDEV: DATA/tmp on another file system)
+    after its ``.meta.json`` was made durable, the delivery is refused with a 500, and the
+    machine crashes right after that answer, in every way the weak model allows
+    THEN no crash state holds the ``.meta.json`` (its removal was made durable before the
+    answer) or a row, and every state recovers: ``serve`` clears the upload, nothing is
+    journaled."""
+    sent = delivery(1, ("step_count",), DAY, 1, T0)
+    fresh_data_dir(data_dir)
+
+    def steps(recording: Recording) -> None:
+        rename = os.replace  # the recorder's
+
+        def cross_device(src, dst, **kwargs):
+            if os.path.basename(os.fspath(src)).startswith("upload-"):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+            return rename(src, dst, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "replace", cross_device)
+            with pytest.raises(healthlog.InternalError):
+                recording.post(sent)
+
+    base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
+    texts = [op.text for op in ops]
+    assert not acked and "commit" not in [op.kind for op in ops], texts
+    assert any(op.kind == "rename" and op.name.endswith(".meta.json") for op in ops), texts
+    assert any(op.kind == "unlink" and op.name.endswith(".meta.json") for op in ops), texts
+    states = list(crash_states(base, base_db, ops, len(ops)))
+    kept = [label for label, image, _ in states
+            if any(rel.endswith(".meta.json") for rel in image)]
+    assert states and not kept, "a .meta.json without its body survives the crash: %s\nops: %s" % (
+        kept[:3], "; ".join(texts))
+    scenario = Scenario("RELY-2.4 refused", base, base_db, ops, [sent], acked,
+                        References(tmp_path / "refs", [sent]))
+    report = explore(scenario, tmp_path / "states", make_config, points=[len(ops)])
+    report.show()
+    assert report.recovered >= 1
+    assert report.vulnerabilities == [], "\n".join(report.vulnerabilities[:5])
 
 
 @pytest.mark.torture
