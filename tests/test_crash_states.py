@@ -661,7 +661,8 @@ class Recording:
     connection; ``fold`` from ``service.worker.connect()``, the one the fold thread makes. The
     service is constructed, not started: a started one writes DATA/token, clears DATA/tmp and
     runs a fold thread whose commits would land, unrecorded, beside the recorded ones;
-    ``Service.start`` hands this very pool to the ingest route."""
+    ``Service.start`` hands this very pool to the ingest route, and RELY-9.2 checks the
+    connections of a started service over HTTP."""
 
     service: healthlog.Service
     ingest: RecordingConnection
