@@ -5,9 +5,11 @@ Record. One real ingest (``Archive.receive`` then ``accept_delivery``: the two c
 ingest route makes, on a real data directory, with the route's extra metadata) or one real
 fold pass (``FoldWorker.run_pass`` over a ``FoldEngine``) runs in this process while a thin
 recording layer wraps the ``os`` functions healthlog calls (``os.open``, ``os.write`` and the
-writes of the file objects ``os.fdopen`` returns, ``os.fsync``, ``os.replace``/``os.rename``,
-``os.mkdir``, ``os.unlink``; pathlib's accessor on Python < 3.11) and the database connection
-it is handed.
+writes of the file objects ``os.fdopen`` returns, recorded when they reach the kernel,
+``os.fsync``, ``os.replace``/``os.rename``, ``os.mkdir``, ``os.unlink``; pathlib's accessor on
+Python < 3.11) and the database connections. These are the connections a real ``Service`` of
+the data directory writes through, opened by its own code: the ingest route's from
+``service.pool.get()``, the fold thread's from ``service.worker.connect()`` (see ``Recording``).
 Every call still happens for real; the layer only writes down a logical operation log of what
 happened under the data directory: create, mkdir, write(bytes), fsync(file), fsync(dir),
 rename, unlink, and ``sqlite_commit``. The recording is checked complete: the whole log,
@@ -16,7 +18,8 @@ replayed on the image of the directory taken before, must give the files on disk
 SQLite. A commit is one atomic operation (SQLite's own crash safety is assumed, not tested).
 Its effect is captured physically: right after COMMIT returns, the database file and its
 ``-wal`` are copied (no writer is active then, so the pair is consistent; the ``-shm`` is left
-out and SQLite rebuilds it from the WAL), which is what a crash leaves on disk. A commit on a
+out and SQLite rebuilds it from the WAL), which is what a crash leaves on disk. The level is
+read from the connection (``PRAGMA synchronous``), never assumed. A commit on a
 ``synchronous=FULL`` connection (ingest) is durable when it returns; one on a
 ``synchronous=NORMAL`` connection (the fold worker's) is atomic but not durable until the WAL
 is next fsynced, so a crash may lose any suffix of the NORMAL commits made since the last FULL
@@ -61,6 +64,7 @@ points, crash states, unique states recovered, vulnerabilities) is printed: run 
 import concurrent.futures
 import dataclasses
 import datetime as dt
+import errno
 import hashlib
 import io
 import itertools
@@ -73,7 +77,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -293,30 +297,50 @@ def crash_states(base: Tree, base_db: dict, ops: list, k: int):
 # Recording: healthlog's own calls, done for real and written down.
 
 
-class _RecordedFile:
-    """A file object from ``os.fdopen`` whose writes are recorded."""
+class _RecordedRaw(io.RawIOBase):
+    """The unbuffered file under a file object from ``os.fdopen``: its writes are recorded
+    when they reach the kernel, so a buffered write still in the file object when ``fsync``
+    runs is recorded after that fsync, which does not cover it (a missing ``flush()``)."""
 
-    def __init__(self, real, recorder: "Recorder", ino: int, rel: str):
+    def __init__(self, real: io.FileIO, recorder: "Recorder", ino: int, rel: str):
+        super().__init__()
         self._real, self._recorder, self._ino, self._rel = real, recorder, ino, rel
-        self._pos = real.tell()
 
     def write(self, data) -> int:
+        offset = self._real.tell()
         written = self._real.write(data)
-        chunk = bytes(data[:written])
-        self._recorder.log(Op("write", "write(%s, %d bytes)" % (self._rel, len(chunk)),
-                              ino=self._ino, offset=self._pos, data=chunk))
-        self._pos += written
+        if written:
+            chunk = bytes(memoryview(data)[:written])
+            self._recorder.log(Op("write", "write(%s, %d bytes)" % (self._rel, len(chunk)),
+                                  ino=self._ino, offset=offset, data=chunk))
         return written
 
-    def __enter__(self):
-        return self
+    def readinto(self, buffer) -> int:
+        return self._real.readinto(buffer)
 
-    def __exit__(self, *exc) -> bool:
-        self._real.close()
-        return False
+    def readable(self) -> bool:
+        return self._real.readable()
 
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+    def writable(self) -> bool:
+        return self._real.writable()
+
+    def seekable(self) -> bool:
+        return self._real.seekable()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._real.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._real.tell()
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._real.close()
 
 
 class Recorder:
@@ -379,12 +403,18 @@ class Recorder:
             real["close"](fd)
             rec.fds.pop(fd, None)
 
-        def os_fdopen(fd, mode="r", *args, **kwargs):
-            handle = real["fdopen"](fd, mode, *args, **kwargs)
-            if fd in rec.fds and any(c in mode for c in "wa+"):
-                ino, rel, _ = rec.fds[fd]
-                return _RecordedFile(handle, rec, ino, rel)
-            return handle
+        def os_fdopen(fd, mode="r", buffering=-1, *args, **kwargs):
+            if fd not in rec.fds or not any(c in mode for c in "wa+"):
+                return real["fdopen"](fd, mode, buffering, *args, **kwargs)
+            ino, rel, _ = rec.fds[fd]
+            if "b" not in mode or args or kwargs:
+                rec.unsupported.append("fdopen(%s, %r) on %s" % (fd, mode, rel))
+                return real["fdopen"](fd, mode, buffering, *args, **kwargs)
+            raw = _RecordedRaw(real["fdopen"](fd, mode, 0), rec, ino, rel)
+            if buffering == 0:
+                return raw
+            size = buffering if buffering > 1 else io.DEFAULT_BUFFER_SIZE
+            return (io.BufferedRandom if "+" in mode else io.BufferedWriter)(raw, size)
 
         def os_write(fd, data):
             written = real["write"](fd, data)
@@ -536,9 +566,8 @@ def delivery(seed: int, names: tuple, start: dt.datetime, hours: float, received
     return Sent(hf.dumps_hae(payload), headers, received_at)
 
 
-def journal(data_dir: Path, conn, sent: Sent) -> int:
+def journal(archive: healthlog.Archive, conn, sent: Sent) -> int:
     """Receive and accept one delivery exactly as the ingest route does."""
-    archive = healthlog.Archive(data_dir)
     upload = archive.receive(io.BytesIO(sent.body).read, len(sent.body), 1 << 30,
                              lambda: None)
     return healthlog.accept_delivery(archive, conn, upload, sent.received_at, sent.headers,
@@ -572,7 +601,8 @@ class References:
         healthlog.ensure_data_dir(folder)
         conn = healthlog.open_database(config)
         try:
-            ids = [journal(folder, conn, self.sent[i]) for i in indices]
+            archive = healthlog.Archive(folder)
+            ids = [journal(archive, conn, self.sent[i]) for i in indices]
             engine = healthlog.FoldEngine(conn, config, verbose=False)
             after = [object_rows(conn)]
             for delivery_id in ids:
@@ -622,30 +652,61 @@ class Report:
             print("  VULNERABILITY: " + text)
 
 
+@dataclasses.dataclass
+class Recording:
+    """What ``steps`` is handed: a real ``Service`` of the data directory and the connections
+    it writes through, opened by its own code and wrapped so that their commits are logged.
+
+    ``ingest`` comes from ``service.pool.get()``, the call the ingest route makes for its
+    connection; ``fold`` from ``service.worker.connect()``, the one the fold thread makes. The
+    service is constructed, not started: a started one writes DATA/token, clears DATA/tmp and
+    runs a fold thread whose commits would land, unrecorded, beside the recorded ones;
+    ``Service.start`` hands this very pool to the ingest route, and RELY-9.2 checks the
+    connections of a started service over HTTP."""
+
+    service: healthlog.Service
+    ingest: RecordingConnection
+    fold: RecordingConnection
+    acknowledged: Callable[[int], None]  # sent index i got its 200 (its row commit returned)
+
+    def post(self, sent: Sent) -> int:
+        """One delivery received and accepted as the route does: the service's archive, its
+        pool's connection."""
+        return journal(self.service.archive, self.ingest, sent)
+
+    engine: Optional[healthlog.FoldEngine] = None
+
+    def fold_pass(self) -> int:
+        """One pass of the service's fold worker over one engine on its fold connection, as
+        the fold thread runs its passes."""
+        if self.engine is None:
+            self.engine = healthlog.FoldEngine(self.fold, self.service.config)
+        return self.service.worker.run_pass(self.engine)
+
+
 def record(data_dir: Path, monkeypatch, steps) -> tuple:
-    """Run ``steps(conn_for, acknowledged)`` under the recorder on a prepared, quiescent data
-    directory. ``conn_for(synchronous)`` gives a recording connection; ``acknowledged(i)``
-    marks the point where sent delivery ``i`` got its 200 (its row commit returned). Returns
-    (base tree, base database, ops, {sent index: crash point}); checks the recording is
-    complete."""
-    base, paths = Tree.scan(data_dir)
-    base_db = db_snapshot(data_dir)
-    recorder = Recorder(data_dir, paths, first_ino=len(paths) + 1)
-    conns = []
-
-    def conn_for(synchronous: str) -> RecordingConnection:
-        conn = healthlog.connect(data_dir / healthlog.DB_NAME, synchronous=synchronous)
-        conns.append(conn)
-        return RecordingConnection(conn, recorder, data_dir)
-
-    acked = {}
+    """Run ``steps(recording)`` (a :class:`Recording`) under the recorder on a prepared,
+    quiescent data directory. Whether a commit is durable is read from its connection's
+    ``PRAGMA synchronous``. Returns (base tree, base database, ops, {sent index: crash point});
+    checks the recording is complete."""
+    service = healthlog.Service(healthlog.Config(data_dir=data_dir, log_level="ERROR"),
+                                announce=lambda token: None)
+    fold = service.worker.connect()
     try:
+        ingest = service.pool.get()
+        base, paths = Tree.scan(data_dir)
+        base_db = db_snapshot(data_dir)
+        recorder = Recorder(data_dir, paths, first_ino=len(paths) + 1)
+        acked = {}
+        recording = Recording(service, RecordingConnection(ingest, recorder, data_dir),
+                              RecordingConnection(fold, recorder, data_dir),
+                              lambda index: acked.__setitem__(index, len(recorder.ops)))
         with monkeypatch.context() as patch:
             recorder.install(patch)
-            steps(conn_for, lambda index: acked.__setitem__(index, len(recorder.ops)))
+            steps(recording)
     finally:
-        for conn in conns:
-            conn.close()
+        fold.close()
+        service.pool.close()
     assert not recorder.unsupported, recorder.unsupported
     replayed = replay_all(base, recorder.ops).image()
     on_disk = Tree.scan(data_dir)[0].image()
@@ -905,9 +966,9 @@ def ingest_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
                      1, T0)]
     fresh_data_dir(data_dir)
 
-    def steps(conn_for, acknowledged) -> None:
-        journal(data_dir, conn_for("FULL"), sent[0])
-        acknowledged(0)
+    def steps(recording: Recording) -> None:
+        recording.post(sent[0])
+        recording.acknowledged(0)
 
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
     return Scenario("RELY-2.1 ingest", base, base_db, ops, sent, acked,
@@ -929,14 +990,13 @@ def fold_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
     config = healthlog.Config(data_dir=data_dir, log_level="ERROR")
     conn = healthlog.open_database(config)
     try:
-        ids = [journal(data_dir, conn, s) for s in sent]
+        ids = [journal(healthlog.Archive(data_dir), conn, s) for s in sent]
         assert healthlog.FoldEngine(conn, config).fold(ids[0]).kind == "folded"
     finally:
         conn.close()
 
-    def steps(conn_for, acknowledged) -> None:
-        engine = healthlog.FoldEngine(conn_for("NORMAL"), config)  # as the worker's
-        assert healthlog.FoldWorker(config).run_pass(engine) == 2
+    def steps(recording: Recording) -> None:
+        assert recording.fold_pass() == 2
 
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
     assert [op.kind for op in ops] == ["commit", "commit"], [op.text for op in ops]
@@ -1057,6 +1117,48 @@ def test_rely_2_3_the_checker_catches_a_fold_committed_in_two_transactions(
     assert "objects name deliveries that are not folded" in report.vulnerabilities[0]
 
 
+def test_rely_2_4_a_body_refused_after_its_meta_json_leaves_no_meta_json_in_any_crash_state(
+        data_dir, tmp_path, monkeypatch, make_config):
+    """WHEN the body's rename into the archive fails (EXDEV: DATA/tmp on another file system)
+    after its ``.meta.json`` was made durable, the delivery is refused with a 500, and the
+    machine crashes right after that answer, in every way the weak model allows
+    THEN no crash state holds the ``.meta.json`` (its removal was made durable before the
+    answer) or a row, and every state recovers: ``serve`` clears the upload, nothing is
+    journaled."""
+    sent = delivery(1, ("step_count",), DAY, 1, T0)
+    fresh_data_dir(data_dir)
+
+    def steps(recording: Recording) -> None:
+        rename = os.replace  # the recorder's
+
+        def cross_device(src, dst, **kwargs):
+            if os.path.basename(os.fspath(src)).startswith("upload-"):
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+            return rename(src, dst, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "replace", cross_device)
+            with pytest.raises(healthlog.InternalError):
+                recording.post(sent)
+
+    base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
+    texts = [op.text for op in ops]
+    assert not acked and "commit" not in [op.kind for op in ops], texts
+    assert any(op.kind == "rename" and op.name.endswith(".meta.json") for op in ops), texts
+    assert any(op.kind == "unlink" and op.name.endswith(".meta.json") for op in ops), texts
+    states = list(crash_states(base, base_db, ops, len(ops)))
+    kept = [label for label, image, _ in states
+            if any(rel.endswith(".meta.json") for rel in image)]
+    assert states and not kept, "a .meta.json without its body survives the crash: %s\nops: %s" % (
+        kept[:3], "; ".join(texts))
+    scenario = Scenario("RELY-2.4 refused", base, base_db, ops, [sent], acked,
+                        References(tmp_path / "refs", [sent]))
+    report = explore(scenario, tmp_path / "states", make_config, points=[len(ops)])
+    report.show()
+    assert report.recovered >= 1
+    assert report.vulnerabilities == [], "\n".join(report.vulnerabilities[:5])
+
+
 @pytest.mark.torture
 def test_rely_2_1_rely_2_2_torture_ingests_and_folds_interleaved_over_two_days(
         data_dir, tmp_path, monkeypatch, make_config):
@@ -1070,16 +1172,13 @@ def test_rely_2_1_rely_2_2_torture_ingests_and_folds_interleaved_over_two_days(
             delivery(1, ("step_count",), DAY, 1, T0 + dt.timedelta(hours=3)),
             delivery(3, ("heart_rate",), DAY, 1, T0 + dt.timedelta(hours=4))]
     fresh_data_dir(data_dir)
-    config = healthlog.Config(data_dir=data_dir, log_level="ERROR")
 
-    def steps(conn_for, acknowledged) -> None:
-        ingest, fold = conn_for("FULL"), conn_for("NORMAL")
-        engine = healthlog.FoldEngine(fold, config)
+    def steps(recording: Recording) -> None:
         for index, s in enumerate(sent):
-            journal(data_dir, ingest, s)
-            acknowledged(index)
+            recording.post(s)
+            recording.acknowledged(index)
             if index != 1:
-                healthlog.FoldWorker(config).run_pass(engine)
+                recording.fold_pass()
 
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
     assert len({op.text for op in ops if op.kind == "mkdir"}) == 4  # 2026/11/29, 11/30
