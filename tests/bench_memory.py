@@ -1,0 +1,712 @@
+"""Benchmark of the fold's peak memory per body shape: figures to report, not to assert.
+
+    python3 tests/bench_memory.py [--mib N] [--shapes SHAPE ...] [--root DIR]
+                                  [--python PYTHON] [--no-orjson] [--stages] [--tracemalloc]
+
+For each body shape below, a body of about ``--mib`` MiB (default 32) is written to a
+file, journaled into a fresh data directory with ``healthlog.py import --aggregation ...``
+(the ingest path: validation, archive, pending row), and then folded in a FRESH
+subprocess through the code path ``serve`` uses: ``FoldWorker(config).run_pass(engine)``
+with ``engine = FoldEngine(worker.connect(), config)`` on that data directory.  That
+subprocess imports healthlog, opens the journal, reads its VmHWM and VmRSS (the
+baseline), resets VmHWM to the current RSS (``echo 5 > /proc/self/clear_refs``, Linux
+4.0+), folds, and reads VmHWM again: the peak is that fold's alone (the import of the
+modules and the parent's body generation are not in it).
+
+The table, one row per shape: body MiB, bytes per point, points (the fold's own counter
+in the journal), baseline RSS, peak RSS (VmHWM), (peak - baseline) / body, peak / body,
+whether peak <= 4 x body + 100 MiB (the goal for a dense body; the 100 MiB stands for the
+interpreter and what does not scale with the body), fold seconds and the delivery's
+outcome (it must be ``parsed``).
+
+Shapes (each a valid HAE body):
+
+* ``compact-1metric-seconds``: compact JSON, ONE metric ``heart_rate`` (count/min) at
+  second resolution, points ``{"date","Min","Avg","Max","source"}`` in varying key orders,
+  mostly single samples (Min = Avg = Max, integers), some with a fractional Avg (short or
+  17 significant digits), ``source`` missing in 60% of them, else ``Apple Watch``, now
+  and then ``iPhone`` or pipe-joined.  ~77 bytes a point (a real 63 MiB export of 990k
+  heart-rate points has 67): the most points per byte, the worst case.
+* ``compact-1metric-qty``: compact, one metric ``step_count`` at minute resolution,
+  ``{"date","qty","source"}`` with 17-digit quantities (many hours, 60 points each).
+* ``pretty-minutes-many-metrics``: HAE's pretty printing (``"key" : value``, 2-space
+  indent) with 20 metrics at minute resolution (heart_rate with Min/Avg/Max, the rest
+  ``qty``), sources with the typographic apostrophe; a "Previous 7 Days" Minutes export.
+* ``workouts-routes``: version-2 workouts with a route point per second (hae_factory's
+  ``big_workouts_body``): few records, each large.
+* ``sleep-records``: ``sleep_analysis`` stage records (``startDate``, ``endDate``,
+  ``value``, ``qty``, ``source``), pretty, night after night.
+* ``non-ascii``: like ``compact-1metric-qty`` with sources holding ``’`` and CJK (more
+  than healthlog.LEAN_REPLACE_MAX distinct non-ASCII characters, so a large body is
+  decoded with the escaping error handler instead of byte replacement).
+
+``--root DIR`` benches DIR/healthlog.py (import and fold), with this script's bodies: run
+it once per checkout for a before/after comparison.  ``--no-orjson`` hides orjson from
+both subprocesses (a PYTHONPATH module that refuses to import, as bench.py does); note
+that bodies of healthlog.LEAN_PARSE_BYTES and more are parsed by the json module anyway.
+``--stages`` also prints, for each shape, the fold's RSS and VmHWM at its stage
+boundaries (parsed, extracted, merged and encoded, applied); ``--tracemalloc`` adds the
+Python heap per stage (current and peak since the previous mark) and the largest
+allocation sites at the end of the merge (tracemalloc slows the fold several times and
+inflates RSS: read its heap figures, not its RSS).
+
+Bodies are generated in the parent (a second or two per shape), each shape's files in a
+temporary directory removed afterwards.  The default run takes about half a minute on 2
+cores, ``--mib 64`` a minute and a half; ``--tracemalloc`` one to three minutes a shape
+(its snapshots of ~1.5M blocks take most of that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gc
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench import RESULTS, _describe, hidden_orjson_env  # noqa: E402  (stdlib only)
+
+MIB = 1 << 20
+GOAL_FACTOR, GOAL_MIB = 4, 100
+"""The goal: fold peak memory for a dense body at most 4 x its size plus 100 MiB."""
+FOLD_DEADLINE_S = 3600.0
+"""The fold's deadline in the bench (serve's is healthlog.FOLD_DEADLINE_S, 300 s): a slow,
+shared machine, or tracemalloc, must not turn a memory figure into a deadline failure."""
+BATCH = 2000
+"""Points joined and written at once by the generators."""
+
+
+# ==========================================================================================
+# Bodies: each generator writes one shape to a file and returns what it wrote.
+# ==========================================================================================
+
+
+class BodyFile:
+    """UTF-8 text written in chunks, counting bytes."""
+
+    def __init__(self, path: Path):
+        self.handle = open(path, "wb")
+        self.size = 0
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8")
+        self.handle.write(data)
+        self.size += len(data)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+_DAY_TEXT: dict = {}
+EPOCH_2025_03_01 = 1740787200
+
+
+def stamp(t: int, offset_s: int = 0, offset_text: str = "+0000") -> str:
+    """HAE's ``yyyy-MM-dd HH:mm:ss Z`` of epoch second ``t`` at a fixed UTC offset."""
+    local = t + offset_s
+    day, second = divmod(local, 86400)
+    text = _DAY_TEXT.get(day)
+    if text is None:
+        text = _DAY_TEXT[day] = (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
+    hour, rest = divmod(second, 3600)
+    return "%s %02d:%02d:%02d %s" % (text, hour, rest // 60, rest % 60, offset_text)
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _compact_metric(out: BodyFile, target: int, name: str, units: str,
+                    point: Callable[[str], str], step: Callable[[], int]) -> int:
+    """One compact metric of about ``target`` bytes: ``point(date)`` is one point's
+    text, ``step()`` the seconds to the next point.  Returns the points written."""
+    head = '{"data":{"metrics":[{"name":%s,"units":%s,"data":[' % (_quoted(name), _quoted(units))
+    tail = "]}]}}"
+    out.write(head)
+    t, count, first = EPOCH_2025_03_01, 0, True
+    while out.size + len(tail) < target:
+        batch = []
+        for _ in range(BATCH):
+            batch.append(point(stamp(t)))
+            t += step()
+        out.write(("" if first else ",") + ",".join(batch))
+        first, count = False, count + len(batch)
+    out.write(tail)
+    return count
+
+
+def _orders(keys: list, rng: random.Random, count: int) -> list:
+    """``count`` key orders of ``keys``, the first one as given."""
+    orders = [list(keys)]
+    while len(orders) < count:
+        order = list(keys)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
+def heart_rate_seconds(out: BodyFile, target: int, rng: random.Random) -> dict:
+    r = rng.random
+    orders = _orders(["date", "Min", "Avg", "Max", "source"], rng, 4)
+    templates = ["{" + ",".join('"%s":%%(%s)s' % (k, k) for k in order) + "}"
+                 for order in orders]
+    bare = ["{" + ",".join('"%s":%%(%s)s' % (k, k) for k in order if k != "source") + "}"
+            for order in orders]
+    sources = ['"Apple Watch"'] * 8 + ['"Apple Watch|iPhone"', '"iPhone"']
+
+    def point(date: str) -> str:
+        low = 52 + int(70 * r())
+        roll = r()
+        if roll < 0.7:  # one sample in the second: Min = Avg = Max
+            values = {"Min": low, "Avg": low, "Max": low}
+        else:
+            high = low + 1 + int(6 * r())
+            avg = low + (high - low) * r()
+            values = {"Min": low, "Max": high,
+                      "Avg": "%.1f" % avg if roll < 0.9 else "%.17g" % avg}
+        values["date"] = '"%s"' % date
+        if r() < 0.6:  # no source: ~65 bytes, the size of a real export's points
+            return bare[int(4 * r())] % values
+        values["source"] = sources[int(10 * r())]
+        return templates[int(4 * r())] % values
+
+    def step() -> int:  # mostly every second, some gaps of one or two seconds
+        roll = r()
+        return 1 if roll < 0.8 else 2 if roll < 0.95 else 3
+
+    return {"points": _compact_metric(out, target, "heart_rate", "count/min", point, step),
+            "aggregation": "Seconds"}
+
+
+def _qty_minutes(out: BodyFile, target: int, rng: random.Random, sources: list) -> int:
+    r = rng.random
+    orders = _orders(["date", "qty", "source"], rng, 3)
+    templates = ["{" + ",".join('"%s":%%(%s)s' % (k, k) for k in order) + "}"
+                 for order in orders]
+    bare = '{"date":%(date)s,"qty":%(qty)s}'
+    quoted = [_quoted(s) for s in sources]
+
+    def point(date: str) -> str:
+        roll = r()
+        qty = "%d" % (1 + int(120 * roll)) if roll < 0.3 else "%.17g" % (120 * r())
+        values = {"date": '"%s"' % date, "qty": qty}
+        if r() < 0.05:
+            return bare % values
+        values["source"] = quoted[int(len(quoted) * r())]
+        return templates[int(3 * r())] % values
+
+    def step() -> int:  # every minute, with a gap now and then
+        return 60 if r() < 0.9 else 120
+
+    return _compact_metric(out, target, "step_count", "count", point, step)
+
+
+def step_count_minutes(out: BodyFile, target: int, rng: random.Random) -> dict:
+    sources = ["iPhone"] * 6 + ["Apple Watch"] * 3 + ["Apple Watch|iPhone"]
+    return {"points": _qty_minutes(out, target, rng, sources), "aggregation": "Minutes"}
+
+
+NON_ASCII_SOURCES = ["Anton’s Apple Watch", "Anton’s iPhone", "安东的Apple Watch",
+                     "张伟的iPhone", "李娜的Apple Watch", "王芳的iPhone",
+                     "Anton’s iPhone|安东的Apple Watch", "iPhone"]
+
+
+def non_ascii_minutes(out: BodyFile, target: int, rng: random.Random) -> dict:
+    return {"points": _qty_minutes(out, target, rng, NON_ASCII_SOURCES),
+            "aggregation": "Minutes"}
+
+
+OWNER_WATCH = "Anton’s Apple Watch"
+OWNER_PHONE = "iPhone (Anton)"
+MANY_METRICS = (  # name, units, value keys, (low, high), integer
+    ("step_count", "count", ("qty",), (1, 140), False),
+    ("active_energy", "kJ", ("qty",), (0.1, 30), False),
+    ("basal_energy_burned", "kJ", ("qty",), (4, 5.5), False),
+    ("walking_running_distance", "km", ("qty",), (0.001, 0.12), False),
+    ("flights_climbed", "count", ("qty",), (1, 4), True),
+    ("apple_exercise_time", "min", ("qty",), (1, 1), True),
+    ("apple_stand_time", "min", ("qty",), (1, 1), True),
+    ("heart_rate", "count/min", ("Min", "Avg", "Max"), (50, 150), False),
+    ("resting_heart_rate", "count/min", ("qty",), (50, 65), True),
+    ("walking_heart_rate_average", "count/min", ("qty",), (85, 110), False),
+    ("heart_rate_variability", "ms", ("qty",), (15, 90), False),
+    ("respiratory_rate", "count/min", ("qty",), (11, 19), False),
+    ("blood_oxygen_saturation", "%", ("qty",), (92, 100), False),
+    ("environmental_audio_exposure", "dBASPL", ("qty",), (35, 85), False),
+    ("headphone_audio_exposure", "dBASPL", ("qty",), (50, 80), False),
+    ("walking_speed", "km/hr", ("qty",), (3, 6), False),
+    ("walking_step_length", "cm", ("qty",), (60, 80), False),
+    ("walking_asymmetry_percentage", "%", ("qty",), (0, 8), False),
+    ("physical_effort", "kcal/hr·kg", ("qty",), (1, 9), False),
+    ("time_in_daylight", "min", ("qty",), (1, 1), True),
+)
+
+
+def _pretty_templates(keys: list, rng: random.Random, indent: int) -> list:
+    """Pretty point templates (``%(key)s`` slots), 4 key orders with ``source`` and 4
+    without, at ``indent`` spaces (HAE's: 10 for a metric's points)."""
+    inner, outer = " " * (indent + 2), " " * indent
+    out = []
+    for with_source in (True, False):
+        for order in _orders(keys + (["source"] if with_source else []), rng, 4):
+            out.append(outer + "{\n" + ",\n".join(
+                '%s"%s" : %%(%s)s' % (inner, k, k) for k in order) + "\n" + outer + "}")
+    return out
+
+
+def _pretty_number(value: float, integer: bool) -> str:
+    return "%d" % round(value) if integer else "%.17g" % value
+
+
+def pretty_many_metrics(out: BodyFile, target: int, rng: random.Random) -> dict:
+    r = rng.random
+    offset_s, offset_text = 3600, "+0100"
+    head, tail = '{\n  "data" : {\n    "metrics" : [\n', "\n    ]\n  }\n}"
+    out.write(head)
+    sources = [_quoted(OWNER_WATCH)] * 8 + [_quoted(OWNER_WATCH + "|" + OWNER_PHONE),
+                                            _quoted(OWNER_PHONE)]
+    count = 0
+    for index, (name, units, keys, (low, high), integer) in enumerate(MANY_METRICS):
+        share = (target - out.size - len(tail)) / (len(MANY_METRICS) - index)
+        goal = out.size + share
+        out.write((",\n" if index else "") + '      {\n        "name" : %s,\n        "units" :'
+                  ' %s,\n        "data" : [\n' % (_quoted(name), _quoted(units)))
+        closer = "\n        ]\n      }"
+        templates = _pretty_templates(list(("date",) + keys), rng, 10)
+        t, first = EPOCH_2025_03_01 - offset_s, True
+        while out.size + len(closer) < goal:
+            batch = []
+            for _ in range(BATCH // 4):
+                values = {"date": '"%s"' % stamp(t, offset_s, offset_text)}
+                if keys == ("qty",):
+                    values["qty"] = _pretty_number(low + (high - low) * r(), integer)
+                else:
+                    a = low + (high - low) * r()
+                    b = a + 12 * r()
+                    values.update(Min=_pretty_number(a, True), Max=_pretty_number(b, True),
+                                  Avg=_pretty_number((a + b) / 2, False))
+                if r() < 0.85:
+                    values["source"] = sources[int(10 * r())]
+                    batch.append(templates[int(4 * r())] % values)
+                else:
+                    batch.append(templates[4 + int(4 * r())] % values)
+                t += 60 if r() < 0.85 else 120
+            out.write(("" if first else ",\n") + ",\n".join(batch))
+            first, count = False, count + len(batch)
+        out.write(closer)
+    out.write(tail)
+    return {"points": count, "aggregation": "Minutes"}
+
+
+SLEEP_STAGES = ("Core", "Deep", "Core", "REM", "Core", "Awake")
+
+
+def sleep_records(out: BodyFile, target: int, rng: random.Random) -> dict:
+    r = rng.random
+    offset_s, offset_text = 3600, "+0100"
+    head = ('{\n  "data" : {\n    "metrics" : [\n      {\n        "name" : "sleep_analysis",\n'
+            '        "units" : "hr",\n        "data" : [\n')
+    tail = "\n        ]\n      }\n    ]\n  }\n}"
+    out.write(head)
+    templates = _pretty_templates(["startDate", "endDate", "value", "qty"], rng, 10)[:4]
+    watch, phone = _quoted(OWNER_WATCH), _quoted(OWNER_PHONE)
+    night, count, first = 0, 0, True
+    while out.size + len(tail) < target:
+        batch = []
+        for _ in range(40):  # nights
+            bed = EPOCH_2025_03_01 - 7200 + night * 86400 + int(5400 * r())
+            t, segments = bed + int(600 * r()), []
+            while t < bed + 7 * 3600:
+                length = 240 + int(2400 * r())
+                stage = SLEEP_STAGES[int(6 * r())]
+                segments.append((t, t + length, stage, watch))
+                t += length
+            segments.insert(0, (bed, t + int(900 * r()), "In Bed", phone))
+            for begin, finish, stage, source in segments:
+                batch.append(templates[int(4 * r())] % {
+                    "startDate": '"%s"' % stamp(begin, offset_s, offset_text),
+                    "endDate": '"%s"' % stamp(finish, offset_s, offset_text),
+                    "value": '"%s"' % stage, "qty": "%.17g" % ((finish - begin) / 3600),
+                    "source": source})
+            night += 1
+        out.write(("" if first else ",\n") + ",\n".join(batch))
+        first, count = False, count + len(batch)
+    out.write(tail)
+    return {"points": count, "aggregation": None}
+
+
+def workouts_routes(out: BodyFile, target: int, rng: random.Random) -> dict:
+    import hae_factory
+
+    body = hae_factory.big_workouts_body(target, seed=rng.randrange(1 << 30))
+    out.handle.write(body)
+    out.size += len(body)
+    return {"points": body.count(b'"heartRateData" :'), "route_points":
+            body.count(b'"latitude" :'), "aggregation": None}
+
+
+SHAPES = {
+    "compact-1metric-seconds": heart_rate_seconds,
+    "compact-1metric-qty": step_count_minutes,
+    "pretty-minutes-many-metrics": pretty_many_metrics,
+    "workouts-routes": workouts_routes,
+    "sleep-records": sleep_records,
+    "non-ascii": non_ascii_minutes,
+}
+"""Shape name -> generator(out, target bytes, rng) -> {"points", "aggregation", ...}."""
+
+
+def write_body(shape: str, path: Path, target: int, seed: int) -> dict:
+    out = BodyFile(path)
+    try:
+        made = SHAPES[shape](out, target, random.Random(seed))
+    finally:
+        out.close()
+    made["bytes"] = out.size
+    return made
+
+
+# ==========================================================================================
+# The fold subprocess (``--internal fold``): one fold, its memory read from /proc.
+# ==========================================================================================
+
+
+def proc_status() -> dict:
+    """VmHWM and VmRSS of this process, in MiB."""
+    text = Path("/proc/self/status").read_text()
+    return {key.lower(): int(value) / 1024 for key, value in
+            re.findall(r"^(VmHWM|VmRSS):\s+(\d+) kB", text, re.M)}
+
+
+def reset_peak() -> bool:
+    """VmHWM back to the current RSS (Linux 4.0+); False when the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class Stages:
+    """Marks at the fold's stage boundaries: RSS and VmHWM, and with tracemalloc the
+    Python heap now and its peak since the previous mark."""
+
+    def __init__(self, trace: bool):
+        self.trace, self.marks, self.top = trace, [], []
+        self.started = time.perf_counter()
+
+    def mark(self, label: str) -> None:
+        entry = dict(proc_status(), label=label, s=time.perf_counter() - self.started)
+        if self.trace:
+            import tracemalloc
+
+            entry["heap"], entry["heap_peak"] = (x / MIB for x in
+                                                 tracemalloc.get_traced_memory())
+            tracemalloc.reset_peak()
+        self.marks.append(entry)
+
+    def snapshot(self, label: str, limit: int = 12) -> None:
+        import tracemalloc
+
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__)])
+        stats = snapshot.statistics("lineno")
+        self.top.append({"label": label, "total": sum(s.size for s in stats) / MIB, "sites": [
+            {"where": "%s:%d" % (Path(s.traceback[0].filename).name, s.traceback[0].lineno),
+             "mib": s.size / MIB, "blocks": s.count,
+             "line": _source_line(s.traceback[0].filename, s.traceback[0].lineno)}
+            for s in stats[:limit]]})
+
+    def wrap(self, owner: object, name: str, before: Optional[str], after: Optional[str],
+             snapshot: bool = False, each: bool = False) -> None:
+        """Mark around ``owner.name`` (a module function or a method), when it exists.
+        ``each``: a function called many times in a fold (once per object): ``before``
+        marks the first call, ``after`` the latest one (one mark, moved on); with
+        ``snapshot`` and tracemalloc, a snapshot whenever the heap has grown 5% past the
+        last one, so the last snapshot is near the largest heap seen at those calls."""
+        original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(
+            owner, name, None)
+        if original is None:
+            return
+        static = isinstance(original, staticmethod)
+        function = original.__func__ if static else original
+        calls = [0, 0.0]  # calls, heap at the last snapshot
+
+        def wrapped(*args, **kwargs):
+            calls[0] += 1
+            if before and (not each or calls[0] == 1):
+                self.mark(before)
+                if snapshot and self.trace and not each:
+                    self.snapshot(before)
+            result = function(*args, **kwargs)
+            if after and not each:
+                self.mark(after)
+                if snapshot and self.trace:
+                    self.snapshot(after)
+            elif after:
+                if calls[0] > 2:
+                    self.marks.pop()
+                if calls[0] > 1:
+                    self.mark("%s (call %d)" % (after, calls[0]))
+                if snapshot and self.trace:
+                    import tracemalloc
+
+                    heap = tracemalloc.get_traced_memory()[0] / MIB
+                    if heap > calls[1] * 1.05:
+                        calls[1] = heap
+                        if self.top and self.top[-1]["label"].startswith(after):
+                            self.top.pop()
+                        self.snapshot("%s (call %d)" % (after, calls[0]))
+            return result
+
+        setattr(owner, name, staticmethod(wrapped) if static else wrapped)
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    import linecache
+
+    return linecache.getline(filename, lineno).strip()[:90]
+
+
+def fold_child(root: Path, data_dir: Path, stages: bool, trace: bool) -> dict:
+    """Fold every pending delivery of ``data_dir`` as serve's worker does; the figures."""
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start()
+    sys.path.insert(0, str(root))
+    import healthlog
+
+    if Path(healthlog.__file__).resolve() != (root / "healthlog.py").resolve():
+        raise SystemExit("healthlog comes from %s, not from %s" % (healthlog.__file__, root))
+    config = healthlog.Config(data_dir=data_dir, log_level="WARN")
+    if any(f.name == "fold_deadline_s" for f in dataclasses.fields(config)):
+        config = dataclasses.replace(config, fold_deadline_s=FOLD_DEADLINE_S)
+    healthlog.setup_logging(config)
+    worker = healthlog.FoldWorker(config)
+    conn = worker.connect() if hasattr(worker, "connect") else healthlog.connect(
+        config.db_path, synchronous="NORMAL")
+    engine = healthlog.FoldEngine(conn, config)
+    marks = Stages(trace) if stages else None
+    if marks:
+        marks.wrap(healthlog, "loads_checked", None, "parsed (loads_checked)")
+        marks.wrap(healthlog, "extract_points", None, "extracted (doc released next)")
+        marks.wrap(healthlog.FoldEngine, "_merge", "merge starts", "merged and encoded",
+                   snapshot=True)
+        marks.wrap(healthlog.FoldEngine, "_row", "first object encoded",
+                   "object encoded", snapshot=True, each=True)
+        marks.wrap(healthlog.FoldEngine, "apply", None, "applied (committed)")
+    gc.collect()
+    baseline = proc_status()
+    reset = reset_peak()
+    at_start = proc_status()
+    if marks:
+        marks.started = time.perf_counter()
+        marks.mark("fold starts")
+    started = time.perf_counter()
+    folded = worker.run_pass(engine)
+    elapsed = time.perf_counter() - started
+    peak = proc_status()
+    if marks:
+        marks.mark("fold returned")
+    rows = conn.execute("SELECT id, parse_status, layer, error, points, bad_points,"
+                        " objects_written FROM delivery ORDER BY id").fetchall()
+    conn.close()
+    orjson = getattr(healthlog, "_orjson", None)
+    return {"python": sys.version.split()[0],
+            "json": "stdlib" if orjson is None else "orjson " + orjson.__version__,
+            "baseline_hwm": baseline["vmhwm"], "baseline_rss": at_start["vmrss"],
+            "peak_reset": reset, "peak": peak["vmhwm"], "end_rss": peak["vmrss"],
+            "fold_s": elapsed, "folded": folded,
+            "deliveries": [dict(zip(("id", "status", "layer", "error", "points",
+                                     "bad_points", "objects_written"), row)) for row in rows],
+            "stages": marks.marks if marks else None, "top": marks.top if marks else None}
+
+
+# ==========================================================================================
+# The parent: generate, import, fold in a fresh subprocess, print.
+# ==========================================================================================
+
+
+def run_shape(args: argparse.Namespace, shape: str, env: Optional[dict], tmp: Path) -> dict:
+    body_path = tmp / (shape + ".json")
+    started = time.perf_counter()
+    made = write_body(shape, body_path, int(args.mib * MIB), seed=len(shape))
+    generated = time.perf_counter() - started
+    data_dir = tmp / "data"
+    started = time.perf_counter()
+    command = [args.python, str(args.root / "healthlog.py"), "import", "--data", str(data_dir),
+               str(body_path)]
+    if made["aggregation"]:
+        command += ["--aggregation", made["aggregation"]]
+    imported = subprocess.run(command, capture_output=True, text=True,
+                              env=dict(env or os.environ, HEALTHLOG_LOG_LEVEL="WARN"))
+    if imported.returncode or "accepted" not in imported.stdout:
+        raise SystemExit("import of %s failed (exit %d):\n%s%s" % (
+            shape, imported.returncode, imported.stdout, imported.stderr))
+    import_s = time.perf_counter() - started
+    body_path.unlink()  # the archive holds its copy; the fold reads that one
+    child = [args.python, "-u", str(Path(__file__).resolve()), "--internal", "fold",
+             "--root", str(args.root), "--data", str(data_dir)]
+    child += ["--stages"] if args.stages else []
+    child += ["--tracemalloc"] if args.tracemalloc else []
+    proc = subprocess.run(child, stdout=subprocess.PIPE, text=True, env=env)
+    found = [line for line in proc.stdout.splitlines() if line.startswith(RESULTS)]
+    if proc.returncode or not found:
+        raise SystemExit("the fold of %s failed (exit %d):\n%s" % (shape, proc.returncode,
+                                                                   proc.stdout))
+    figures = json.loads(found[-1][len(RESULTS):])
+    figures.update(shape=shape, made=made, generate_s=generated, import_s=import_s)
+    return figures
+
+
+def row_of(figures: dict) -> dict:
+    body = figures["made"]["bytes"] / MIB
+    delivery = figures["deliveries"][0] if len(figures["deliveries"]) == 1 else None
+    points = delivery["points"] if delivery and delivery["points"] is not None else None
+    limit = GOAL_FACTOR * body + GOAL_MIB
+    return {
+        "shape": figures["shape"], "body": body,
+        "per_point": figures["made"]["bytes"] / points if points else None,
+        "points": points, "base": figures["baseline_rss"], "peak": figures["peak"],
+        "growth": (figures["peak"] - figures["baseline_rss"]) / body,
+        "ratio": figures["peak"] / body, "limit": limit, "met": figures["peak"] <= limit,
+        "fold_s": figures["fold_s"],
+        "status": ",".join("%s%s" % (d["status"], " (%s)" % d["error"] if d["error"] else "")
+                           for d in figures["deliveries"]),
+    }
+
+
+def print_table(rows: list) -> None:
+    header = ("shape", "body MiB", "B/point", "points", "base MiB", "peak MiB",
+              "(peak-base)/body", "peak/body", "peak <= 4xbody+100", "fold s", "status")
+    cells = [header]
+    for row in rows:
+        cells.append((row["shape"], "%.1f" % row["body"],
+                      "-" if row["per_point"] is None else "%.0f" % row["per_point"],
+                      "-" if row["points"] is None else "{:,}".format(row["points"]),
+                      "%.0f" % row["base"], "%.0f" % row["peak"], "%.2fx" % row["growth"],
+                      "%.2fx" % row["ratio"],
+                      "%s (%.0f)" % ("yes" if row["met"] else "NO", row["limit"]),
+                      "%.1f" % row["fold_s"], row["status"]))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    for index, line in enumerate(cells):
+        print("| " + " | ".join(cell.rjust(width) if 0 < i < len(header) - 1 else
+                                cell.ljust(width) for i, (cell, width) in
+                                enumerate(zip(line, widths))) + " |")
+        if not index:
+            print("|" + "|".join("-" * (width + 2) for width in widths) + "|")
+
+
+def print_stages(figures: dict) -> None:
+    trace = any("heap" in mark for mark in figures["stages"])
+    print("  stages of the fold (MiB; VmHWM since the reset before the fold%s):" % (
+        "; heap = tracemalloc's current and peak since the previous mark" if trace else ""))
+    for mark in figures["stages"]:
+        print("    %7.1fs  %-30s RSS %6.0f  VmHWM %6.0f%s" % (
+            mark["s"], mark["label"], mark["vmrss"], mark["vmhwm"],
+            "  heap %6.0f  heap peak %6.0f" % (mark["heap"], mark["heap_peak"])
+            if "heap" in mark else ""))
+    for top in figures["top"] or ():
+        print("  largest allocation sites alive at '%s' (tracemalloc, %.0f MiB in all):" % (
+            top["label"], top["total"]))
+        for site in top["sites"]:
+            print("    %7.1f MiB %9d blocks  %-22s %s" % (site["mib"], site["blocks"],
+                                                        site["where"], site["line"]))
+
+
+def environment(args: argparse.Namespace, env: Optional[dict]) -> None:
+    probe = subprocess.run(
+        [args.python, "-c", "import sys\ntry:\n import orjson; v = orjson.__version__\n"
+         "except ImportError:\n v = 'not importable'\nprint(sys.version.split()[0], v)"],
+        capture_output=True, text=True, env=env, check=True).stdout.split()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), "unknown CPU")
+    memory = next((line.split(":", 1)[1].strip() for line in Path("/proc/meminfo").read_text()
+                   .splitlines() if line.startswith("MemTotal")), "?")
+    program = args.root / "healthlog.py"
+    print("fold memory bench, %s" % time.strftime("%Y-%m-%d %H:%M:%S %z"))
+    print("python %s (%s), orjson %s%s; %s, nproc %d, MemTotal %s, kernel %s" % (
+        probe[0], args.python, probe[1], " (hidden by --no-orjson)" if args.no_orjson else "",
+        cpu, os.cpu_count() or 0, memory, os.uname().release))
+    print("healthlog under bench: %s (%s)" % (program, _describe(program)))
+    print("bodies of ~%g MiB; the goal: fold peak <= %d x body + %d MiB; the fold runs"
+          " FoldWorker.run_pass in a fresh subprocess, VmHWM reset just before it" % (
+              args.mib, GOAL_FACTOR, GOAL_MIB))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=float, default=32.0, help="body size (default 32)")
+    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
+                        metavar="SHAPE", help="default: all of " + ", ".join(SHAPES))
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="bench DIR/healthlog.py (another checkout)")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--no-orjson", action="store_true",
+                        help="hide orjson from the import and the fold")
+    parser.add_argument("--stages", action="store_true",
+                        help="RSS and VmHWM at the fold's stage boundaries")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="with --stages: the Python heap per stage and the largest"
+                             " allocation sites (slow; inflates RSS)")
+    parser.add_argument("--internal", choices=["fold"], help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.root = args.root.resolve()
+    args.stages = args.stages or args.tracemalloc
+    if not (args.root / "healthlog.py").is_file():
+        parser.error("no healthlog.py in %s" % args.root)
+    if args.internal:
+        figures = fold_child(args.root, args.data, args.stages, args.tracemalloc)
+        print(RESULTS + json.dumps(figures))
+        return 0
+    started = time.monotonic()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        env = hidden_orjson_env(Path(tmp) / "no-orjson") if args.no_orjson else None
+        environment(args, env)
+        for shape in args.shapes:
+            with tempfile.TemporaryDirectory(dir=tmp) as shape_tmp:
+                figures = run_shape(args, shape, env, Path(shape_tmp))
+            row = row_of(figures)
+            rows.append(row)
+            made = figures["made"]
+            print("%s: %d bytes, %d points%s written in %.1f s, imported in %.1f s; fold (%s):"
+                  " %.1f s, RSS %.0f MiB at its start (VmHWM %.0f after the imports%s), peak"
+                  " %.0f MiB, %.0f MiB at its end; %s" % (
+                      shape, made["bytes"], made["points"],
+                      " (%d route points)" % made["route_points"] if "route_points" in made
+                      else "", figures["generate_s"], figures["import_s"], figures["json"],
+                      figures["fold_s"], figures["baseline_rss"], figures["baseline_hwm"],
+                      "" if figures["peak_reset"] else "; VmHWM NOT reset: the peak may be"
+                      " the imports'", figures["peak"], figures["end_rss"],
+                      "; ".join("delivery %d %s layer=%s points=%s objects=%s%s" % (
+                          d["id"], d["status"], d["layer"], d["points"], d["objects_written"],
+                          " error=%s" % d["error"] if d["error"] else "")
+                          for d in figures["deliveries"])), flush=True)
+            if figures["stages"]:
+                print_stages(figures)
+    print()
+    print_table(rows)
+    print("(base: the fold process's RSS just before the fold, healthlog imported and the"
+          " journal open; peak: its VmHWM after the fold; 4xbody+100 in parentheses, MiB)")
+    print("total wall time: %.0f s" % (time.monotonic() - started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
