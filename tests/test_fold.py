@@ -704,6 +704,7 @@ def test_ing_2_2_ing_6_1_sigkill_in_the_middle_of_a_fold_leaves_it_pending_witho
     status, payload = proc.client.ingest(body, headers=AUTOMATION)
     assert status == 200
     delivery = payload["delivery_id"]
+
     def attempts() -> int:
         return db_rows(data_dir, "SELECT attempts FROM delivery")[0]["attempts"]
 
