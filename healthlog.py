@@ -4077,12 +4077,27 @@ def _in_range(point: Any, query: PointQuery) -> bool:
     return _coord_in_range(point_coordinate(point) if type(point) is dict else None, query)
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection)."""
+
+
+def _csv_data(cell: Any) -> Any:
+    """A text cell as data, never a formula: one that starts like a formula gets a
+    leading ``'`` (OWASP's advice).  Numbers pass as numbers, so ``-5`` stays ``-5``:
+    only names, units and text values that arrived as strings can carry a formula (any
+    app that writes to HealthKit chooses its source name)."""
+    if type(cell) is str and cell.startswith(_FORMULA_STARTS):
+        return "'" + cell
+    return cell
+
+
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
-    """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes."""
+    """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes; every text cell
+    through :func:`_csv_data`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     for row in rows:
-        writer.writerow(row)
+        writer.writerow([_csv_data(cell) for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -4091,15 +4106,12 @@ def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
         yield out.getvalue().encode()
 
 
-def _csv_cell(value: Any) -> str:
-    """A value as JSON would spell it (shortest round-trip doubles), text as it is."""
+def _csv_cell(value: Any) -> Any:
+    """A value as JSON would spell it (shortest round-trip doubles, which the csv module
+    writes for a float), text as it is; numbers stay numbers for :func:`_csv_data`."""
     kind = type(value)
-    if kind is str:
+    if kind is str or kind is float or kind is int:
         return value
-    if kind is float:
-        return repr(value)  # what json.dumps writes for a finite double, without its cost
-    if kind is int:
-        return str(value)
     if value is None:
         return ""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
@@ -4256,7 +4268,7 @@ def _bucket_csv(runs: list, query: PointQuery) -> Iterator[bytes]:
         for run in runs:
             for key in sorted(run.buckets):
                 bucket = run.buckets[key]
-                row = [format_instant(key), run.units or "", str(bucket.count)]
+                row = [format_instant(key), run.units or "", bucket.count]
                 for name in fields:
                     stats = bucket.fields.get(name)
                     row += ([_csv_cell(v) for v in _field_stats(stats).values()] if stats

