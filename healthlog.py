@@ -3831,6 +3831,11 @@ DELIVERIES_LIMIT = (50, 500)
 STREAM_CHUNK = 64 << 10
 """Streamed replies are written in pieces of about this size."""
 
+SNAPSHOT_HOLD_S = 5.0
+"""How long a streamed reply may keep its read snapshot open while the client reads.  A
+client still reading after that gets the rest from a file under ``DATA/tmp``, written at
+once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
+
 _GROUPS = (
     ("sleep", ("sleep_analysis",)),
     ("workouts", ("workouts",)),
@@ -4915,7 +4920,8 @@ class App:
         kind = ("text/csv; charset=utf-8" if query.fmt == "csv"
                 else "application/json")
         return ("200 OK", [("Content-Type", kind), ("Cache-Control", "no-store"),
-                           ("X-Healthlog-Layer", query.layer)], _in_snapshot(conn, query))
+                           ("X-Healthlog-Layer", query.layer)],
+                _in_snapshot(conn, query, self.archive.tmp))
 
     def deliveries(self, environ: dict) -> tuple:
         """GET /api/deliveries: the journal, newest first, never bodies or values."""
@@ -4977,14 +4983,38 @@ class App:
                            ("Cache-Control", "no-cache")], body)
 
 
-def _in_snapshot(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+def _in_snapshot(conn: sqlite3.Connection, query: PointQuery,
+                 spool_dir: Path) -> Iterator[bytes]:
     """The reply read in one snapshot: a fold that commits meanwhile (CSV reads the range
-    twice) is not half seen.  The transaction ends however the stream ends."""
+    twice) is not half seen.  The snapshot is held at most :data:`SNAPSHOT_HOLD_S` while
+    the client reads; then the rest is written to an unnamed file in ``spool_dir`` at
+    once, the snapshot ends, and the client reads the file at its own pace.  The
+    transaction ends however the stream ends."""
     conn.execute("BEGIN")
     try:
-        yield from render_points(conn, query)
+        pieces = render_points(conn, query)
+        deadline = time.monotonic() + SNAPSHOT_HOLD_S
+        for piece in pieces:
+            yield piece
+            if time.monotonic() > deadline:
+                break
+        else:
+            return
+        spool = tempfile.TemporaryFile(dir=str(spool_dir))
+        try:
+            for piece in pieces:
+                spool.write(piece)
+        except BaseException:
+            spool.close()
+            raise
     finally:
         conn.execute("COMMIT")
+    log_event(logging.DEBUG, "a slow reader reads the rest of its reply from a file",
+              bytes=spool.tell())
+    with spool:
+        spool.seek(0)
+        for chunk in iter(lambda: spool.read(STREAM_CHUNK), b""):
+            yield chunk
 
 
 class _Streamed:

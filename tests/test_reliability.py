@@ -242,6 +242,91 @@ def test_rely_5_5_idle_connections_hold_no_thread(start_service, monkeypatch):
     assert closed == len(idle)
 
 
+def _minute_points(day: str, count: int) -> list:
+    return [{"date": "%s %02d:%02d:00 +0000" % (day, m // 60 % 24, m % 60), "qty": m % 97,
+             "source": "Watch"} for m in range(count)]
+
+
+def _wal_bytes(data_dir: Path) -> int:
+    path = data_dir / (healthlog.DB_NAME + "-wal")
+    return path.stat().st_size if path.exists() else 0
+
+
+def test_rely_5_6_a_slow_reader_holds_no_snapshot_for_long(start_service, data_dir, logs,
+                                                           monkeypatch):
+    """WHEN a client reads a long CSV reply at 10 KB/s while deliveries are folded
+    THEN past the snapshot's hold the rest of the reply is read from a file and the
+    snapshot ends: the WAL can be checkpointed and truncated to nothing while the client
+    is still reading, and the reply is whole and equal to a fast read of it."""
+    monkeypatch.setattr(healthlog, "SNAPSHOT_HOLD_S", 0.0)  # spooled after the first piece
+    service = start_service()
+    minutes = {"automation-aggregation": "Minutes"}
+    client = Client(*service.address)
+    days = ["2024-03-%02d" % d for d in range(1, 5)]
+    for day in days:
+        body = hae_factory.dumps_hae(hae_factory.envelope(metrics=[hae_factory.metric(
+            "step_count", _minute_points(day, 1440), "count")]), pretty=False)
+        assert client.ingest(body, headers=minutes)[0] == 200
+    wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+             what="the store is folded")
+    query = "/api/points?metric=step_count&format=csv"
+    fast = client.request("GET", query)[1]
+    assert fast.count(b"\r\n") == 1 + 4 * 1440  # about 300 KB
+
+    slow = socket.create_connection(service.address)
+    slow.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                  "Connection: close\r\n\r\n" % (query, TOKEN)).encode())
+    received = bytearray()
+
+    def read_slowly(until: int) -> None:  # 10 KB/s: this pace is what is tested
+        while len(received) < until:
+            chunk = slow.recv(1024)
+            assert chunk, "the reply ended early"
+            received.extend(chunk)
+            time.sleep(0.1)
+
+    try:
+        read_slowly(10 << 10)
+        wait_for(lambda: logs.find("a slow reader reads the rest of its reply from a file"),
+                 what="the reply is spooled and its snapshot ends")
+        for n, day in enumerate(("2024-04-01", "2024-04-02", "2024-04-03")):
+            body = hae_factory.dumps_hae(hae_factory.envelope(metrics=[hae_factory.metric(
+                "heart_rate", [dict(p, Avg=p.pop("qty")) for p in _minute_points(day, 1440)],
+                "count/min")]), pretty=False)
+            assert client.ingest(body, headers=minutes)[0] == 200
+            wait_for(lambda: len({r["parse_status"] for r in db_rows(data_dir)
+                                  if r["parse_status"] == "pending"}) == 0,
+                     what="delivery %d is folded" % n)
+            read_slowly(len(received) + (2 << 10))
+        assert _wal_bytes(data_dir) > 0
+        conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            conn.close()
+        assert busy == 0, "a reader still holds an old snapshot"
+        assert _wal_bytes(data_dir) == 0
+        assert len(received) < len(fast)  # the client is still reading
+        slow.settimeout(60)
+        while True:
+            chunk = slow.recv(1 << 16)
+            if not chunk:
+                break
+            received.extend(chunk)
+    finally:
+        slow.close()
+    head, _, chunked = bytes(received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    body, rest = b"", chunked
+    while True:  # Transfer-Encoding: chunked
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        body, rest = body + rest[:size], rest[size + 2:]
+    assert body == fast
+
+
 # -- RELY-8.1/8.2: the fold thread ------------------------------------------------
 
 
