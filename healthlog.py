@@ -178,6 +178,28 @@ AUTOMATION_HEADERS = (
     "session-id",
 )
 
+TOKEN_MIN_LENGTH = 16
+"""The shortest token ``serve`` accepts: 16 characters of a password manager's choosing
+hold off guessing for centuries even without :class:`GuessLimiter`."""
+
+GUESSES_FREE = 5
+"""Failed authentications from one address answered at once; the next ones wait a moment
+that doubles (0.1 s, then up to :data:`GUESS_DELAY_MAX_S`)."""
+GUESS_DELAY_MAX_S = 2.0
+GUESSES_BEFORE_LOCKOUT = 10
+"""From this many failures in a burst on, an address is refused (429) without its
+credentials being looked at, for :data:`GUESS_LOCKOUT_S` after its last failure, doubling
+with each further failure up to :data:`GUESS_LOCKOUT_MAX_S`."""
+GUESS_LOCKOUT_S = 30.0
+GUESS_LOCKOUT_MAX_S = 900.0
+"""A phone left with a wrong token for hours is refused for at most 15 minutes once it is
+right again (restarting ``serve`` forgets every count)."""
+GUESS_BURST_GAP_S = 600.0
+"""A failure more than this after an address's last one starts a new burst, and counting
+starts again."""
+GUESS_ADDRESSES_MAX = 4096
+"""Addresses the limiter remembers; the one that failed longest ago is forgotten first."""
+
 STATUSES = ("pending", "parsed", "partial", "failed")
 
 DB_NAME = "healthlog.sqlite3"
@@ -250,6 +272,16 @@ class MethodNotAllowed(HTTPFailure):
     """This route does not accept that method."""
 
     status, code = 405, "method_not_allowed"
+
+
+class TooManyRequests(HTTPFailure):
+    """Too many failed authentications from this address; try again later."""
+
+    status, code = 429, "too_many_requests"
+
+    def __init__(self, retry_after: float):
+        super().__init__()
+        self.headers = (("Retry-After", str(max(1, math.ceil(retry_after)))),)
 
 
 class RequestTimeout(HTTPFailure):
@@ -422,6 +454,16 @@ def format_address(host: str, port: int) -> str:
 def _check_token(token: str, origin: str) -> str:
     if not token or token != token.strip() or any(c.isspace() for c in token):
         raise ConfigError("%s: the token must be non-empty and contain no whitespace" % origin)
+    return token
+
+
+def check_token_length(token: str, origin: str) -> str:
+    """``serve`` refuses a token anyone could guess (the generated one has 43 characters,
+    256 bits)."""
+    if len(token) < TOKEN_MIN_LENGTH:
+        raise ConfigError("%s: a token needs at least %d characters (this one has %d); leave"
+                          " it out to have a random one made" % (origin, TOKEN_MIN_LENGTH,
+                                                                 len(token)))
     return token
 
 
@@ -1912,7 +1954,7 @@ def resolve_token(config: Config, announce: Callable[[str], None]) -> str:
         raise ConfigError("cannot read %s: it is not UTF-8 text (write the token there"
                           " again, or remove the file to have a new one made)" % path) from None
     if text is not None:
-        return _check_token(text, str(path))
+        return check_token_length(_check_token(text, str(path)), str(path))
     token = secrets.token_urlsafe(32)
     write_durable(path, (token + "\n").encode(), mode=0o600)
     announce(token)
@@ -4468,19 +4510,80 @@ SESSION_MAX_AGE_S = 30 * 86400
 """A signed-in browser stays signed in for 30 days; changing the token signs all out."""
 
 
-def session_value(token: bytes, expiry: int) -> str:
-    """``<expiry>.<HMAC-SHA256(token, "session:<expiry>")>``: stateless and unforgeable
-    without the token, which the cookie never contains."""
-    digest = hmac.new(token, ("session:%d" % expiry).encode(), hashlib.sha256).hexdigest()
-    return "%d.%s" % (expiry, digest)
+def session_value(token: bytes, session_id: str, expiry: int) -> str:
+    """``<id>.<expiry>.<HMAC-SHA256(token, "session:<id>:<expiry>")>``: unforgeable without
+    the token, which the cookie never contains.  The id names a row of the ``session``
+    table: signing out deletes it, and a cookie without its row opens nothing."""
+    digest = hmac.new(token, ("session:%s:%d" % (session_id, expiry)).encode(),
+                      hashlib.sha256).hexdigest()
+    return "%s.%d.%s" % (session_id, expiry, digest)
 
 
-def session_valid(token: bytes, value: str, now: float) -> bool:
-    expiry_text, _, _ = value.partition(".")
-    if not token or not re.fullmatch(r"[0-9]{1,12}", expiry_text) or int(expiry_text) < now:
-        return False
-    return hmac.compare_digest(session_value(token, int(expiry_text)).encode(),
-                               value.encode("latin-1", "replace"))
+_SESSION_VALUE = re.compile(r"([0-9a-f]{32})\.([0-9]{1,12})\.[0-9a-f]{64}", re.ASCII)
+
+
+def session_parts(token: bytes, value: str, now: float) -> Optional[tuple]:
+    """(id, expiry) of a session cookie signed with ``token`` and not expired, else None
+    (whether the session still exists is the ``session`` table's to say)."""
+    match = _SESSION_VALUE.fullmatch(value)
+    if not token or match is None or int(match.group(2)) < now:
+        return None
+    session_id, expiry = match.group(1), int(match.group(2))
+    if not hmac.compare_digest(session_value(token, session_id, expiry).encode(),
+                               value.encode("latin-1", "replace")):
+        return None
+    return session_id, expiry
+
+
+class GuessLimiter:
+    """Failed authentications per client address (RELY-7.8).  The first
+    :data:`GUESSES_FREE` of a burst are answered at once and the next ones after a delay
+    that doubles; from :data:`GUESSES_BEFORE_LOCKOUT` on, the address is refused (429)
+    without its credentials being looked at, for a lockout after its last failure that
+    doubles with each further one.  Thread-safe; in memory only."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures: collections.OrderedDict = collections.OrderedDict()  # address ->
+        # [failures in the burst, time of the last one]
+
+    @staticmethod
+    def _lockout(failures: int) -> float:
+        if failures < GUESSES_BEFORE_LOCKOUT:
+            return 0.0
+        return min(GUESS_LOCKOUT_S * 2 ** (failures - GUESSES_BEFORE_LOCKOUT),
+                   GUESS_LOCKOUT_MAX_S)
+
+    def refused_for(self, address: str) -> float:
+        """Seconds for which ``address`` is still refused (0: it may try)."""
+        with self._lock:
+            entry = self._failures.get(address)
+        if entry is None:
+            return 0.0
+        return max(0.0, entry[1] + self._lockout(entry[0]) - self._clock())
+
+    def failed(self, address: str) -> tuple:
+        """Count a failure of ``address``: (failures in its burst, seconds to wait before
+        answering)."""
+        now = self._clock()
+        with self._lock:
+            entry = self._failures.pop(address, None)
+            if entry is None or now - entry[1] > GUESS_BURST_GAP_S + self._lockout(entry[0]):
+                entry = [0, now]
+            entry[0] += 1
+            entry[1] = now
+            self._failures[address] = entry  # the most recent last
+            while len(self._failures) > GUESS_ADDRESSES_MAX:
+                self._failures.popitem(last=False)
+            failures = entry[0]
+        if failures <= GUESSES_FREE:
+            return failures, 0.0
+        return failures, min(0.1 * 2 ** (failures - GUESSES_FREE - 1), GUESS_DELAY_MAX_S)
+
+    def succeeded(self, address: str) -> None:
+        with self._lock:
+            self._failures.pop(address, None)
 
 
 # -- export: the same replies on the command line, and a flat SQLite file ------------
@@ -4550,6 +4653,9 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
 
 ENV_REQUEST = "healthlog.cheroot_request"
 ENV_RECEIVED = "healthlog.received_at"
+ENV_QUIET = "healthlog.quiet"
+"""Set on a request whose access-log record goes to DEBUG: a failed authentication of a
+burst already named in a WARN."""
 
 
 def error_body(status: int, code: str, message: str, extra: Optional[dict] = None) -> bytes:
@@ -4664,6 +4770,7 @@ class App:
         self.upload_slots = threading.BoundedSemaphore(
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
         self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
+        self.guesses = GuessLimiter()
         self._token = b""
         self._token_in_path = ""
         self.bottle = bottle.Bottle()
@@ -4708,7 +4815,8 @@ class App:
             self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
 
         def logged(bytes_out: int) -> None:
-            log_event(logging.DEBUG if path == "/healthz" else logging.INFO, "http request",
+            quiet = path == "/healthz" or environ.get(ENV_QUIET)
+            log_event(logging.DEBUG if quiet else logging.INFO, "http request",
                       method=environ.get("REQUEST_METHOD", ""), path=path, status=code,
                       bytes_in=int(environ.get("CONTENT_LENGTH") or 0) or None,
                       bytes_out=bytes_out, ms=round((time.monotonic() - started) * 1000, 1))
@@ -4761,13 +4869,50 @@ class App:
             offered = environ["HTTP_X_API_KEY"].strip()
         if offered is None and cookie and self._signed_in(environ):
             return
-        if offered is None or not self._token or not hmac.compare_digest(
-                offered.encode("latin-1", "replace"), self._token):
+        if offered is None:
             raise Unauthorized()
+        self.check_guess(environ, offered.encode("latin-1", "replace"))
+
+    def check_guess(self, environ: Mapping[str, Any], offered: bytes) -> None:
+        """Compare an offered token in constant time, as one guess of its client address
+        (:class:`GuessLimiter`): a refused address gets 429 before any comparison, a
+        failure waits its delay and is 401, and only a burst's first failure and the
+        start of a lockout are WARNs."""
+        address = environ.get("REMOTE_ADDR") or "-"
+        refused = self.guesses.refused_for(address)
+        if refused:
+            environ[ENV_QUIET] = True
+            raise TooManyRequests(refused)
+        if self._token and hmac.compare_digest(offered, self._token):
+            self.guesses.succeeded(address)
+            return
+        failures, delay = self.guesses.failed(address)
+        if failures == 1:
+            log_event(logging.WARNING, "authentication failed; more failures from this"
+                      " address are counted, not logged", address=address)
+        elif failures == GUESSES_BEFORE_LOCKOUT:
+            log_event(logging.WARNING, "too many failed authentications: the address is"
+                      " refused for a while", address=address, failures=failures,
+                      refused_s=int(self.guesses.refused_for(address)))
+        else:
+            environ[ENV_QUIET] = True
+        if delay:
+            time.sleep(delay)
+        raise Unauthorized()
+
+    def _session(self, environ: Mapping[str, Any]) -> Optional[str]:
+        """The id of the browser's session, when its cookie is genuine, unexpired and
+        its session has not been ended."""
+        value = _cookie(environ, SESSION_COOKIE)
+        parts = None if value is None else session_parts(self._token, value, time.time())
+        if parts is None:
+            return None
+        found = self.pool.get().execute("SELECT 1 FROM session WHERE id = ? AND expires_at = ?",
+                                        parts).fetchone()
+        return parts[0] if found else None
 
     def _signed_in(self, environ: Mapping[str, Any]) -> bool:
-        value = _cookie(environ, SESSION_COOKIE)
-        return value is not None and session_valid(self._token, value, time.time())
+        return self._session(environ) is not None
 
     # -- routes: ingest and health ------------------------------------------
 
@@ -4954,11 +5099,24 @@ class App:
         form = urllib.parse.parse_qs(environ["wsgi.input"].read(int(length)).decode(
             "utf-8", "replace"))
         offered = (form.get("token") or [""])[0].strip().encode("utf-8", "replace")
-        if not self._token or not hmac.compare_digest(offered, self._token):
+        try:
+            self.check_guess(environ, offered)
+        except TooManyRequests as exc:
+            status, headers, body = _html("429 Too Many Requests", LOGIN_HTML.replace(
+                "{message}", '<p class="error">Too many wrong tokens from this address; try'
+                ' again in a while.</p>'))
+            return status, list(headers) + list(exc.headers), body
+        except Unauthorized:
             return _html("401 Unauthorized", LOGIN_HTML.replace(
                 "{message}", '<p class="error">That is not the token of this healthlog.</p>'))
+        session_id, now = secrets.token_hex(16), int(time.time())
+        conn = self.pool.get()
+        with write_txn(conn):
+            conn.execute("DELETE FROM session WHERE expires_at < ?", (now,))
+            conn.execute("INSERT INTO session (id, created_at, expires_at) VALUES (?, ?, ?)",
+                         (session_id, format_received_at(utc_now()), now + SESSION_MAX_AGE_S))
         cookie = "%s=%s; Path=/; HttpOnly; SameSite=Strict; Max-Age=%d" % (
-            SESSION_COOKIE, session_value(self._token, int(time.time()) + SESSION_MAX_AGE_S),
+            SESSION_COOKIE, session_value(self._token, session_id, now + SESSION_MAX_AGE_S),
             SESSION_MAX_AGE_S)
         if environ.get("HTTP_X_FORWARDED_PROTO", "").lower() == "https":
             cookie += "; Secure"
@@ -4966,8 +5124,19 @@ class App:
                                   ("Content-Length", "0"), ("Cache-Control", "no-store")], b"")
 
     def logout(self, environ: dict) -> tuple:
-        """POST /logout: the session cookie is cleared."""
+        """POST /logout: this browser's session ends, and its cookie is cleared;
+        ``?everywhere=1`` ends every session (every signed-in browser)."""
         _refuse_cross_site(environ)
+        session_id = self._session(environ)
+        if session_id is not None:
+            everywhere = _query_args(environ).get("everywhere") == "1"
+            conn = self.pool.get()
+            with write_txn(conn):
+                if everywhere:
+                    conn.execute("DELETE FROM session")
+                else:
+                    conn.execute("DELETE FROM session WHERE id = ?", (session_id,))
+            log_event(logging.INFO, "signed out", everywhere=everywhere)
         cookie = "%s=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0" % SESSION_COOKIE
         return ("303 See Other", [("Location", "/"), ("Set-Cookie", cookie),
                                   ("Content-Length", "0"), ("Cache-Control", "no-store")], b"")
@@ -5077,7 +5246,7 @@ def _html(status: str, text: str) -> tuple:
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            413: "Payload Too Large", 415: "Unsupported Media Type",
+            413: "Payload Too Large", 415: "Unsupported Media Type", 429: "Too Many Requests",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -5494,6 +5663,8 @@ class Service:
         return self.failed.is_set() or self.worker.died.is_set()
 
     def start(self) -> None:
+        if self.config.token is not None:
+            check_token_length(self.config.token, "--token (or HEALTHLOG_TOKEN)")
         ensure_data_dir(self.config.data_dir)
         self.lock.acquire("serve")
         try:
@@ -6565,6 +6736,8 @@ DASHBOARD_HTML = r"""<!doctype html>
   <h1>healthlog</h1>
   <form class="signout" method="post" action="/logout">
     <button id="signout" type="submit">Sign out</button>
+    <button id="signout-everywhere" type="submit" formaction="/logout?everywhere=1"
+            title="End the sessions of every signed-in browser">Sign out everywhere</button>
   </form>
 </header>
 <main>

@@ -1174,9 +1174,12 @@ def cookie_parts(reply: Reply) -> tuple:
     return name, cookie, attrs
 
 
-def session_cookie(expiry: int, token: str = TOKEN) -> str:
-    mac = hmac.new(token.encode(), ("session:%d" % expiry).encode(), hashlib.sha256).hexdigest()
-    return "healthlog_session=%d.%s" % (expiry, mac)
+def session_cookie(expiry: int, token: str = TOKEN, session_id: str = "ab" * 16) -> str:
+    """A cookie signed as the read spec says; it opens nothing unless its session id names
+    a session the server started (sign-in) and has not ended."""
+    mac = hmac.new(token.encode(), ("session:%s:%d" % (session_id, expiry)).encode(),
+                   hashlib.sha256).hexdigest()
+    return "healthlog_session=%s.%d.%s" % (session_id, expiry, mac)
 
 
 def assert_security_headers(reply: Reply) -> None:
@@ -1245,9 +1248,10 @@ def test_read_7_4_the_right_token_sets_a_strict_http_only_session_cookie(store):
     assert attrs.get("samesite", "").lower() == "strict"
     assert attrs.get("max-age") == str(SESSION_MAX_AGE)
     assert "secure" not in attrs
-    expiry, _, mac = cookie.partition(".")
+    session_id, expiry, mac = cookie.split(".")
+    assert re.fullmatch(r"[0-9a-f]{32}", session_id)
     assert now + SESSION_MAX_AGE - 5 <= int(expiry) <= int(time.time()) + SESSION_MAX_AGE + 5
-    assert "healthlog_session=" + cookie == session_cookie(int(expiry))
+    assert "healthlog_session=" + cookie == session_cookie(int(expiry), session_id=session_id)
     jar = {"Cookie": "healthlog_session=" + cookie}
     catalog = call(store.address, "GET", "/api/catalog", headers=jar, auth=False)
     assert catalog.status == 200 and catalog.json()["metrics"]
@@ -1279,19 +1283,26 @@ def test_read_7_6_the_session_cookie_does_not_authorise_ingest(store):
 
 def test_read_7_7_forged_expired_and_foreign_cookies_are_refused(store):
     now = int(time.time())
+    _, cookie, _ = cookie_parts(login(store.address))
+    session_id, expiry, _ = cookie.split(".")
+    legacy = hmac.new(TOKEN.encode(), ("session:%d" % (now + 3600)).encode(),
+                      hashlib.sha256).hexdigest()
     forged = [
-        session_cookie(now - 10),  # expired, correctly signed
-        session_cookie(now + 3600, token="another-token-0123456789"),  # signed by another token
-        session_cookie(now + 3600)[:-4] + "0000",  # signature altered
-        "healthlog_session=%d.%s" % (now + 3600, "0" * 64),
-        "healthlog_session=%d" % (now + 3600),
-        "healthlog_session=" + session_cookie(now + 3600).split("=", 1)[1].replace(".", ":"),
+        session_cookie(now + 3600),  # correctly signed, but no session was started for it
+        session_cookie(now - 10, session_id=session_id),  # expired, correctly signed
+        session_cookie(int(expiry) + 1, session_id=session_id),  # another expiry, re-signed
+        session_cookie(int(expiry), token="another-token-0123456789", session_id=session_id),
+        "healthlog_session=" + cookie[:-4] + "0000",  # signature altered
+        "healthlog_session=%s.%s.%s" % (session_id, expiry, "0" * 64),
+        "healthlog_session=%s.%s" % (session_id, expiry),
+        "healthlog_session=" + cookie.replace(".", ":"),
+        "healthlog_session=%d.%s" % (now + 3600, legacy),  # the form of earlier versions
         "healthlog_session=" + TOKEN,
-        "healthlog_session=\u00b2.%s" % ("0" * 64),  # a digit to str.isdigit, not to int()
+        "healthlog_session=%s.\u00b2.%s" % (session_id, "0" * 64),  # a digit to isdigit only
     ]
-    good = session_cookie(now + 3600)
+    good = "healthlog_session=" + cookie
     assert call(store.address, "GET", "/api/catalog", headers={"Cookie": good},
-                auth=False).status == 200  # the test signs as the read spec says
+                auth=False).status == 200  # the control: a session the server started
     for cookie in forged:
         reply = call(store.address, "GET", "/api/catalog", headers={"Cookie": cookie}, auth=False)
         assert_error(reply, 401, "unauthorized")
@@ -1325,7 +1336,7 @@ def test_read_7_9_logout_clears_the_cookie(store):
 
 
 def test_read_7_10_every_response_carries_the_security_headers(store):
-    jar = {"Cookie": session_cookie(int(time.time()) + 600)}
+    jar = {"Cookie": "healthlog_session=" + cookie_parts(login(store.address))[1]}
     replies = [
         call(store.address, "GET", "/", auth=False),  # login page
         call(store.address, "GET", "/", headers=jar, auth=False),  # dashboard

@@ -19,6 +19,9 @@ import re
 import socket
 import sqlite3
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import urllib.parse
 from pathlib import Path
@@ -27,7 +30,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, assert_no_leaks, wait_for
+from conftest import ROOT, TOKEN, assert_no_leaks, wait_for
 
 DEVICE = "Quillon\u2019s Oura Ring"
 VALUE = 8.642097531
@@ -62,8 +65,9 @@ class Answer:
 
 
 def request(service, method: str, path: str, headers: dict = None, body: bytes = None,
-            token: bool = False) -> Answer:
-    """One request on a fresh connection; header values may be str or raw bytes."""
+            token: bool = False, source: str = "127.0.0.1") -> Answer:
+    """One request on a fresh connection; header values may be str or raw bytes.
+    ``source``: the client's address (any of 127.0.0.0/8 on Linux)."""
     all_headers = {"Host": "127.0.0.1", "Connection": "close"}
     if token:
         all_headers["Authorization"] = "Bearer " + TOKEN
@@ -75,7 +79,8 @@ def request(service, method: str, path: str, headers: dict = None, body: bytes =
     for name, value in all_headers.items():
         value = value if isinstance(value, bytes) else value.encode("utf-8")
         head += name.encode("latin-1") + b": " + value + b"\r\n"
-    with socket.create_connection(service.address, timeout=30) as sock:
+    with socket.create_connection(service.address, timeout=30,
+                                  source_address=(source, 0)) as sock:
         sock.sendall(head + b"\r\n" + (body or b""))
         data = b""
         while True:
@@ -214,7 +219,7 @@ def test_rely_7_1_no_route_but_healthz_and_the_sign_in_page_answers_without_the_
     page = request(stocked, "GET", "/")
     assert b'name="token"' in page.body and b"/static/app.js" not in page.body  # sign-in only
     assert json.loads(request(stocked, "GET", "/healthz").body).keys() == {
-        "status", "version", "backlog", "worker"}
+        "status", "version", "backlog", "worker", "failed_after_attempts"}
     assert journal(stocked) == 2  # nothing was ingested without the token
 
 
@@ -254,19 +259,23 @@ DATA_ROUTES = [("GET", "/api/catalog"), ("GET", "/api/points?metric=" + METRIC),
 
 
 def forged_cookies(token: bytes) -> list:
-    """Session cookie values that must not sign anyone in."""
+    """Session cookie values that must not sign anyone in: no session was started for
+    any of them (the first is even signed rightly), and the rest are altered, expired,
+    foreign, replayed or of the form of earlier versions."""
     future = int(time.time()) + 86400
-    genuine = healthlog.session_value(token, future)
-    expiry, signature = genuine.split(".")
+    sid = "0123456789abcdef" * 2
+    genuine = healthlog.session_value(token, sid, future)
+    _, expiry, signature = genuine.split(".")
     flipped = signature[:-1] + ("0" if signature[-1] != "0" else "1")
+    legacy = hmac.new(token, ("session:%d" % future).encode(), hashlib.sha256).hexdigest()
     return [
-        "", "garbage", ".", "0." + signature, TOKEN, "%d.%s" % (future, "0" * 64),
-        healthlog.session_value(b"another-token", future),
-        healthlog.session_value(token, int(time.time()) - 10),  # expired, genuinely signed
-        "%s.%s" % (expiry, flipped), "%s.%s" % (expiry, signature.upper()),
-        genuine + "x", genuine[:-1], "%d.%s" % (future + 1, signature),  # replay elsewhere
-        "9%s.%s" % (expiry, signature), "+%s.%s" % (expiry, signature),
-        "%s.%s" % ("9" * 13, healthlog.session_value(token, int("9" * 13)).split(".")[1]),
+        "", "garbage", ".", "..", genuine, TOKEN, "%s.%d.%s" % (sid, future, "0" * 64),
+        healthlog.session_value(b"another-token", sid, future),
+        healthlog.session_value(token, sid, int(time.time()) - 10),  # expired
+        "%s.%s.%s" % (sid, expiry, flipped), "%s.%s.%s" % (sid, expiry, signature.upper()),
+        genuine + "x", genuine[:-1], "%s.%d.%s" % (sid, future + 1, signature),  # replayed
+        "%s.9%s.%s" % (sid, expiry, signature), "%s.+%s.%s" % (sid, expiry, signature),
+        "%d.%s" % (future, legacy),  # the cookie of earlier versions
         "%s.%s" % (expiry, hmac.new(token, b"session", hashlib.sha256).hexdigest()),
         "%s.%s" % (expiry, hashlib.sha256(token).hexdigest()),
         genuine + "\u00e9",
@@ -274,6 +283,7 @@ def forged_cookies(token: bytes) -> list:
 
 
 def test_rely_7_2_wrong_tokens_and_forged_cookies_get_401_or_403_never_data(stocked):
+    stocked.app.guesses = Unlimited()  # each wrong token is compared: RELY-7.8 limits them
     """WHEN data routes and ingest are asked with wrong, empty, split, re-cased or
     misplaced tokens, or with forged, expired, replayed or re-signed session cookies,
     THEN every answer is 401 (400 where the server refuses the header itself), or 403
@@ -364,9 +374,22 @@ def _long_token_case() -> tuple:
                    {"HTTP_X_API_KEY": token[:-1] + "j"}]
 
 
+class Unlimited(healthlog.GuessLimiter):
+    """No delay and no lockout, and never a burst's first failure (no WARN): RELY-7.3
+    times the token comparison, which the limiter of RELY-7.8 would otherwise stop
+    after ten failures."""
+
+    def refused_for(self, address):
+        return 0.0
+
+    def failed(self, address):
+        return 2, 0.0
+
+
 def _bare_app(cls, token: str) -> healthlog.App:
-    app = cls.__new__(cls)  # only the token is needed: no routes, no server
+    app = cls.__new__(cls)  # only the token and the limiter are needed: no routes, no server
     app.set_token(token)
+    app.guesses = Unlimited()
     return app
 
 
@@ -472,6 +495,165 @@ def test_rely_7_3_the_token_is_compared_whole_by_hmac_compare_digest(monkeypatch
     del calls[:]
     app.authenticate({"HTTP_X_API_KEY": token})
     assert calls == [(token.encode(), token.encode())]
+
+
+# -- RELY-7.8: guesses are slowed, then refused, per address ----------------------------------
+
+
+def test_rely_7_8_the_guess_limiter_delays_then_locks_out_and_forgets(monkeypatch):
+    """The limiter's schedule, on an injected clock: five failures answered at once, the
+    next ones after 0.1, 0.2, 0.4, 0.8 s, from the tenth a lockout of 30 s after the last
+    failure that doubles with each further one up to 15 minutes; a success or a quiet
+    burst gap forgets; each address counts alone, and at most 4096 are remembered."""
+    now = [1000.0]
+    limiter = healthlog.GuessLimiter(clock=lambda: now[0])
+    delays = [limiter.failed("10.0.0.1")[1] for _ in range(9)]
+    assert delays == [0, 0, 0, 0, 0, 0.1, 0.2, 0.4, 0.8]
+    assert limiter.refused_for("10.0.0.1") == 0
+    assert limiter.failed("10.0.0.1") == (10, 1.6)
+    assert limiter.refused_for("10.0.0.1") == 30.0
+    assert limiter.refused_for("10.0.0.2") == 0  # another address is not touched
+    now[0] += 31
+    assert limiter.refused_for("10.0.0.1") == 0
+    assert limiter.failed("10.0.0.1")[0] == 11  # the same burst: the lockout doubles
+    assert limiter.refused_for("10.0.0.1") == 60.0
+    for _ in range(10):
+        now[0] += 10_000
+        limiter.failed("10.0.0.9")  # a failure every few hours: never a burst
+    assert limiter.refused_for("10.0.0.9") == 0
+    for _ in range(9):
+        limiter.failed("10.0.0.1")
+    assert limiter.refused_for("10.0.0.1") == 0  # hours later: a new burst, counted anew
+    assert limiter.failed("10.0.0.1")[0] == 10
+    assert limiter.refused_for("10.0.0.1") == healthlog.GUESS_LOCKOUT_S
+    for _ in range(20):
+        limiter.failed("10.0.0.1")
+    assert limiter.refused_for("10.0.0.1") == healthlog.GUESS_LOCKOUT_MAX_S
+    limiter.succeeded("10.0.0.1")
+    assert limiter.refused_for("10.0.0.1") == 0
+    monkeypatch.setattr(healthlog, "GUESS_ADDRESSES_MAX", 3)
+    for n in range(10):
+        limiter.failed("10.0.1.%d" % n)
+    assert len(limiter._failures) == 3
+
+
+def test_rely_7_8_wrong_tokens_from_one_address_are_slowed_then_refused(service, logs):
+    """WHEN one address sends wrong tokens, by Bearer, by X-API-Key and by the sign-in
+    form, THEN the tenth and later are answered 429 with Retry-After, without the token
+    even being compared (the right one is refused too), while another address is served;
+    the burst is two WARN records, its first failure and the lockout, and every other
+    failure's access-log record is DEBUG."""
+    bearer = {"Authorization": "Bearer wrong-" + TOKEN}
+    answers = [request(service, "GET", "/api/catalog", bearer) for _ in range(4)]
+    answers += [request(service, "GET", "/api/catalog", {"X-API-Key": "x" * 20})
+                for _ in range(3)]
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    answers += [request(service, "POST", "/login", form, b"token=wrong") for _ in range(2)]
+    answers += [request(service, "POST", "/api/ingest", bearer, hf.dumps_hae(
+        hf.canary_payload(1)))]
+    assert [a.status for a in answers] == [401] * 10
+    refused = [request(service, "GET", "/api/catalog", token=True),
+               request(service, "POST", "/api/ingest", {"X-API-Key": TOKEN}, b"{}"),
+               request(service, "POST", "/login", form, ("token=" + TOKEN).encode())]
+    assert [a.status for a in refused] == [429, 429, 429]
+    for answer in refused:
+        assert 1 <= int(answer.headers["retry-after"]) <= healthlog.GUESS_LOCKOUT_S
+        assert "set-cookie" not in answer.headers
+    assert json.loads(refused[0].body)["error"]["code"] == "too_many_requests"
+    assert request(service, "GET", "/api/catalog", token=True, source="127.0.0.2").status == 200
+    assert request(service, "GET", "/api/catalog", source="127.0.0.2").status == 401  # no token
+    warnings = [r for r in logs.records() if r.get("level") == "WARN"]
+    assert [r["msg"] for r in warnings] == [
+        "authentication failed; more failures from this address are counted, not logged",
+        "too many failed authentications: the address is refused for a while"]
+    assert warnings[0]["address"] == "127.0.0.1" and warnings[1]["failures"] == "10"
+    access = [r for r in logs.find("http request") if r["status"] in ("401", "429")]
+    loud = [r for r in access if r["level"] != "DEBUG"]
+    assert len(access) == 14 and [r["status"] for r in loud] == ["401", "401", "401"]
+
+
+def test_rely_7_8_a_right_token_ends_the_burst(service, logs):
+    """A client that gets the token right after a few wrong ones starts from nothing."""
+    bearer = {"Authorization": "Bearer wrong-" + TOKEN}
+    for _ in range(2):
+        for _ in range(healthlog.GUESSES_FREE):
+            assert request(service, "GET", "/api/catalog", bearer).status == 401
+        assert request(service, "GET", "/api/catalog", token=True).status == 200
+    assert len(logs.find("authentication failed", level="WARN")) == 2
+
+
+# -- RELY-7.9: signing out ends the session on the server ------------------------------------
+
+
+def test_rely_7_9_sign_out_ends_that_session_and_sign_out_everywhere_ends_all(stocked, logs):
+    """WHEN three browsers sign in and one signs out, THEN its cookie opens nothing any
+    more, even sent again as it was, while the others still work; WHEN one of them then
+    signs out everywhere, THEN no cookie opens anything, and a new sign-in works."""
+    first, second, third = (sign_in(stocked) for _ in range(3))
+    assert len({first, second, third}) == 3
+    for cookie in (first, second, third):
+        assert request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 200
+    out = request(stocked, "POST", "/logout", {"Cookie": first})
+    assert out.status == 303 and "max-age=0" in out.headers["set-cookie"].lower()
+    assert request(stocked, "GET", "/api/catalog", {"Cookie": first}).status == 401
+    assert b'name="token"' in request(stocked, "GET", "/", {"Cookie": first}).body
+    assert request(stocked, "GET", "/api/catalog", {"Cookie": second}).status == 200
+    everywhere = request(stocked, "POST", "/logout?everywhere=1", {"Cookie": second})
+    assert everywhere.status == 303
+    for cookie in (first, second, third):
+        assert request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 401
+    assert [r["everywhere"] for r in logs.find("signed out", level="INFO")] == ["false", "true"]
+    fresh = sign_in(stocked)
+    assert request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
+    page = request(stocked, "GET", "/", {"Cookie": fresh}).body
+    assert b'formaction="/logout?everywhere=1"' in page
+    cross = request(stocked, "POST", "/logout?everywhere=1", {"Cookie": fresh,
+                                                              "Sec-Fetch-Site": "cross-site"})
+    assert cross.status == 403
+    assert request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
+
+
+def test_rely_7_9_an_ended_session_stays_ended_across_a_restart(start_service):
+    """Sessions live in the database: one signed out before a restart stays out after it,
+    and one still open is still open."""
+    service = start_service()
+    kept, ended = sign_in(service), sign_in(service)
+    assert request(service, "POST", "/logout", {"Cookie": ended}).status == 303
+    assert service.stop()
+    again = start_service(data_dir=service.config.data_dir)
+    assert request(again, "GET", "/api/catalog", {"Cookie": kept}).status == 200
+    assert request(again, "GET", "/api/catalog", {"Cookie": ended}).status == 401
+
+
+# -- RELY-7.10: a token anyone could guess is refused ----------------------------------------
+
+
+@pytest.mark.parametrize("where", ["flag", "environment", "token file"])
+def test_rely_7_10_serve_refuses_a_token_shorter_than_16_characters(where, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    command = [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data),
+               "--listen", "127.0.0.1:0"]
+    env = dict(os.environ)
+    if where == "flag":
+        command += ["--token", "1"]
+    elif where == "environment":
+        env["HEALTHLOG_TOKEN"] = "short-token-15ch"[:15]
+    else:
+        (data / healthlog.TOKEN_NAME).write_text("0123456789abcde\n")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert "a token needs at least 16 characters" in line and "random one" in line
+    assert "0123456789abcde" not in line and "short-token" not in line
+    assert not (data / healthlog.DB_NAME).exists() or where == "token file"
+
+
+def test_rely_7_10_a_16_character_token_and_the_generated_one_are_taken(start_service):
+    assert start_service(token="0123456789abcdef").address
+    generated = start_service(token=None, data_dir=Path(tempfile.mkdtemp()) / "data")
+    token = (generated.config.data_dir / healthlog.TOKEN_NAME).read_text().strip()
+    assert len(token) >= 43  # 32 random bytes, URL-safe base64
 
 
 # -- RELY-7.4: the token never written anywhere ---------------------------------------------
