@@ -5696,6 +5696,7 @@ class Service:
         host, port = self.address
         log_event(logging.INFO, "serving", listen=format_address(host, port),
                   data=str(self.config.data_dir), version=__version__)
+        warn_if_memory_short(self.config)
 
     def _bind(self) -> None:
         gateway, server_class = _make_server_classes()
@@ -5780,6 +5781,80 @@ class Service:
     def _release(self) -> None:
         self.pool.close()
         self.lock.release()
+
+
+SERVE_BASE_MIB = 64
+"""Resident memory of an idle ``serve`` (about 45 MiB measured), with room."""
+FOLD_MEMORY_FACTOR = 3.2
+VALIDATION_MEMORY_FACTOR = 2.0
+"""Memory above the base per byte of the largest body: its fold takes 2.0 to 3.1 times the
+body (``tests/bench_memory.py``, every body shape), and the next body's validation beside
+it about 2 times (``tests/bench.py ingest``)."""
+CGROUP_ROOT = Path("/")
+"""Where ``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are read from."""
+
+
+def memory_needed_mib(max_body_bytes: int) -> int:
+    """What ``serve`` may need while it folds one body of the largest size and validates
+    another."""
+    return int(SERVE_BASE_MIB + (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR)
+               * max_body_bytes / 1048576)
+
+
+def _cgroup_limit(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) < 1 << 60 else None  # "max": none
+
+
+def memory_limit() -> tuple:
+    """(bytes, what they are) this process may use: the smallest memory limit of its
+    control group and their parents (cgroup v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``: systemd's ``MemoryMax``, a container's limit), else the
+    physical memory."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limits = []
+    try:
+        lines = (CGROUP_ROOT / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = CGROUP_ROOT / "sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = CGROUP_ROOT / "sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        relative = Path(path.lstrip("/"))
+        for folder in [relative] + list(relative.parents):  # a container sees its own as /
+            limit = _cgroup_limit(base / folder / name)
+            if limit is not None:
+                limits.append(limit)
+    if limits and min(limits) < physical:
+        return min(limits), "the control group's memory limit"
+    return physical, "the physical memory"
+
+
+def warn_if_memory_short(config: Config) -> None:
+    """A WARN when the largest body allowed may need more memory than this process may
+    use, with the largest --max-body-mib that fits (RELY-10.1)."""
+    limit, what = memory_limit()
+    needed = memory_needed_mib(config.max_body_bytes)
+    if needed * 1048576 <= limit:
+        return
+    per_mib = FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR
+    safe = int((limit / 1048576 - SERVE_BASE_MIB) / per_mib)
+    log_event(logging.WARNING, "the largest body allowed may need more memory than healthlog"
+              " may use: a fold killed for it would be tried again at each restart (three"
+              " times, then failed); lower --max-body-mib or give more memory",
+              max_body_mib=config.max_body_bytes >> 20, needed_mib=needed,
+              limit_mib=limit >> 20, limit_of=what, safe_max_body_mib=max(safe, 0))
 
 
 def print_token_hint(config: Config, token: str) -> None:

@@ -327,6 +327,65 @@ def test_rely_5_6_a_slow_reader_holds_no_snapshot_for_long(start_service, data_d
     assert body == fast
 
 
+# -- RELY-10: memory that fits the machine --------------------------------------------------
+
+
+def _cgroups(root: Path, cgroup: str, limits: dict) -> None:
+    """A /proc/self/cgroup and a /sys/fs/cgroup tree under ``root``, as the kernel shows
+    them: ``limits`` maps a file under sys/fs/cgroup to its text."""
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/cgroup").write_text(cgroup)
+    for name, text in limits.items():
+        path = root / "sys/fs/cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+
+MIB = 1 << 20
+PHYSICAL = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("cgroup,limits,expected", [
+    ("0::/system.slice/healthlog.service\n",  # cgroup v2 under systemd: MemoryMax=400M
+     {"system.slice/healthlog.service/memory.max": str(400 * MIB),
+      "system.slice/memory.max": "max"}, 400 * MIB),
+    ("0::/user.slice/app\n",  # a parent's limit is the smaller one
+     {"user.slice/app/memory.max": "max", "user.slice/memory.max": str(300 * MIB)}, 300 * MIB),
+    ("4:memory:/docker/abc\n0::/\n",  # cgroup v1 in a container: its own cgroup is the root
+     {"memory/memory.limit_in_bytes": str(512 * MIB)}, 512 * MIB),
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712"}, PHYSICAL),
+    ("0::/\n", {}, PHYSICAL),
+], ids=["v2-service", "v2-parent", "v1-container", "v1-unlimited", "none"])
+def test_rely_10_1_the_memory_limit_is_the_smallest_of_the_control_groups(
+        cgroup, limits, expected, tmp_path, monkeypatch):
+    _cgroups(tmp_path, cgroup, limits)
+    monkeypatch.setattr(healthlog, "CGROUP_ROOT", tmp_path)
+    limit, what = healthlog.memory_limit()
+    assert limit == min(expected, PHYSICAL)
+    assert ("control group" in what) == (expected < PHYSICAL)
+
+
+def test_rely_10_1_serve_warns_when_the_largest_body_may_not_fit(start_service, tmp_path,
+                                                                 monkeypatch, logs):
+    """WHEN serve starts under a 400 MiB limit with the default 256 MiB body limit, THEN one
+    WARN gives what it may need, the limit and the largest --max-body-mib that fits (64,
+    as contrib/healthlog.service sets); with that limit no WARN is written."""
+    _cgroups(tmp_path / "root", "0::/system.slice/healthlog.service\n",
+             {"system.slice/healthlog.service/memory.max": str(400 * MIB)})
+    monkeypatch.setattr(healthlog, "CGROUP_ROOT", tmp_path / "root")
+    service = start_service(max_body_bytes=256 * MIB)
+    [warn] = logs.find("the largest body allowed may need more memory", level="WARN")
+    assert (warn["max_body_mib"], warn["limit_mib"]) == ("256", "400")
+    assert int(warn["needed_mib"]) == healthlog.memory_needed_mib(256 * MIB) > 400
+    safe = int(warn["safe_max_body_mib"])
+    assert healthlog.memory_needed_mib(safe * MIB) <= 400 < healthlog.memory_needed_mib(
+        (safe + 1) * MIB)
+    assert safe == 64
+    assert service.stop()
+    start_service(max_body_bytes=safe * MIB, data_dir=tmp_path / "other")
+    assert len(logs.find("the largest body allowed may need more memory")) == 1
+
+
 # -- RELY-8.1/8.2: the fold thread ------------------------------------------------
 
 
