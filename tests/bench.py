@@ -237,6 +237,39 @@ class Serve:
         self.proc.wait(60)
 
 
+def bench_guesses(target: Target, seconds: float = 30.0) -> None:
+    """Wrong tokens sent as fast as one client can, from one address, for ``seconds``: how
+    many were compared (answered 401), how many refused (429), and the log lines they
+    made (RELY-7.8)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = Serve(target, Path(tmp) / "data")
+        statuses: dict = {}
+        started = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", serve.port, timeout=60)
+        try:
+            while time.monotonic() - started < seconds:
+                conn.request("GET", "/api/catalog",
+                             headers={"Authorization": "Bearer wrong-" + TOKEN})
+                response = conn.getresponse()
+                response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+                if response.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", serve.port, timeout=60)
+        finally:
+            conn.close()
+            elapsed = time.monotonic() - started
+            serve.stop()
+        lines = [line for line in serve.log.read_text(errors="replace").splitlines()
+                 if " level=DEBUG " not in line]
+    compared = statuses.get(401, 0)
+    print("guesses from one address for %.0f s: %d compared (401, %.1f a second), %d refused"
+          " (429), other %s; %d log lines above DEBUG"
+          % (elapsed, compared, compared / elapsed, statuses.get(429, 0),
+             {k: v for k, v in statuses.items() if k not in (401, 429)} or "none",
+             len(lines)))
+
+
 def bench_ingest(target: Target) -> None:
     """Each POST starts when the previous delivery has been folded (as a phone sends
     one at a time), so the figure is the answer time, not contention with a fold."""
@@ -776,7 +809,7 @@ def print_goals(runs: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sections = ("goals", "ingest", "fold")
+    sections = ("goals", "ingest", "fold", "guesses")
     parser.add_argument("what", nargs="*", metavar="{%s}" % ",".join(sections),
                         help="default: goals")
     parser.add_argument("--python", default=sys.executable)
@@ -809,6 +842,8 @@ def main(argv=None) -> int:
         bench_ingest(target)
     if "fold" in what:
         bench_fold(target, args.json == "std")
+    if "guesses" in what:
+        bench_guesses(target)
     return 0
 
 
