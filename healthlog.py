@@ -3014,20 +3014,24 @@ class FoldEngine:
                 ("retrying:" + fault, 0 if counted else 1, delivery_id)))
 
     def other_body_readable(self, row: Mapping[str, Any]) -> bool:
-        """Can the archive give the body of another delivery, the latest folded one?
-        Tells a fault of one body (it follows the delivery) from one of the archive."""
-        found = self.conn.execute(
-            "SELECT archive_path FROM %s WHERE id != ? AND parse_status IN ('parsed',"
-            " 'partial') ORDER BY received_at DESC, id DESC LIMIT 1" % self.journal,
-            (row["id"],)).fetchone()
-        if found is None:
-            return False
-        try:
-            with open(str(self.config.data_dir / found[0]), "rb") as body:
-                body.read(1)
-        except OSError:
-            return False
-        return True
+        """Can the archive give the body of another delivery: the latest folded one, or
+        the next one waiting (a new data directory has none folded)?  Tells a fault of
+        one body (it follows the delivery) from one of the archive."""
+        others = self.conn.execute(
+            "SELECT archive_path FROM (SELECT archive_path FROM %s WHERE id != ? AND"
+            " parse_status IN ('parsed', 'partial') ORDER BY received_at DESC, id DESC"
+            " LIMIT 1) UNION ALL SELECT archive_path FROM (SELECT archive_path FROM %s WHERE"
+            " parse_status = 'pending' AND (received_at > ? OR (received_at = ? AND id > ?))"
+            " ORDER BY received_at, id LIMIT 1)" % (self.journal, self.journal),
+            (row["id"], row["received_at"], row["received_at"], row["id"])).fetchall()
+        for (relative,) in others:
+            try:
+                with open(str(self.config.data_dir / relative), "rb") as body:
+                    body.read(1)
+            except OSError:
+                continue
+            return True
+        return False
 
     def record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
         """Write a ``failed`` outcome (counters stay empty: only a successful fold has them)."""
@@ -3634,8 +3638,12 @@ class FoldWorker:
                     self._passed = False
                     pause = self.restart_pauses_s[min(failures, len(self.restart_pauses_s)) - 1]
                     self.state = "restarting"
-                    log_event(logging.ERROR, "fold pass failed; the fold loop starts again",
-                              error=type(exc).__name__, restart_in_s=pause)
+                    if isinstance(exc, FoldPaused):  # its ERROR named the delivery and fault
+                        log_event(logging.INFO, "the fold loop pauses after a fault of the"
+                                  " machine", fault=self.fault, restart_in_s=pause)
+                    else:
+                        log_event(logging.ERROR, "fold pass failed; the fold loop starts"
+                                  " again", error=type(exc).__name__, restart_in_s=pause)
                     log_event(logging.DEBUG, "fold thread failure detail", detail=repr(exc))
                     self._stop.wait(pause)
         except BaseException as exc:  # not an Exception: nothing to restart in-thread
@@ -3660,7 +3668,7 @@ class FoldWorker:
             if backlog:
                 log_event(logging.INFO, "deliveries waiting to be folded", backlog=backlog)
             while not self._stop.is_set():
-                self.state = "folding"
+                self.state, self.fault = "folding", None
                 self.run_pass(engine)
                 self._passed = True
                 self.state = "idle"
@@ -3725,13 +3733,15 @@ class FoldWorker:
             if not outcome.deferred:
                 raise
             return outcome
+        last_fault = (row["error"] or "retrying:died").partition(":")[2]
+        cure = ("make its archived body readable" if last_fault.startswith("archive:")
+                else "give healthlog more memory (or a lower --max-body-mib)")
         log_event(logging.ERROR, "a delivery was tried %d times without an outcome (the"
                   " process died, or the machine failed, during its fold); it is failed now"
-                  " so that the deliveries after it are folded. Give healthlog more memory"
-                  " (or a lower --max-body-mib), then run `healthlog refold %d`"
-                  % (row["attempts"], row["id"]), delivery_id=row["id"],
-                  body_mib=round(row["body_bytes"] / 1048576, 1),
-                  last_fault=(row["error"] or "retrying:died").partition(":")[2])
+                  " so that the deliveries after it are folded. To fold it again, %s, then"
+                  " run `healthlog refold %d`" % (row["attempts"], cure, row["id"]),
+                  delivery_id=row["id"], body_mib=round(row["body_bytes"] / 1048576, 1),
+                  last_fault=last_fault)
         return Outcome("failed", "failed", ATTEMPTS_EXHAUSTED)
 
     def settle(self, delivery_id: int) -> None:
@@ -6520,8 +6530,8 @@ def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = 
     conn = open_database(config, create=False)
     try:
         with write_txn(conn):
-            if all_failed:
-                ids = [i for (i,) in conn.execute(
+            if all_failed:  # every failed one, besides the ids named
+                ids = list(ids) + [i for (i,) in conn.execute(
                     "SELECT id FROM delivery WHERE parse_status = 'failed' ORDER BY id")]
             found = dict(conn.execute("SELECT id, parse_status FROM delivery WHERE id IN"
                                       " (%s)" % ",".join("?" * len(ids)), list(ids)))

@@ -999,7 +999,8 @@ def fold_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
         assert recording.fold_pass() == 2
 
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
-    assert [op.kind for op in ops] == ["commit", "commit"], [op.text for op in ops]
+    # Per delivery: its attempt counted (FOLD-14), then its fold.
+    assert [op.kind for op in ops] == ["commit"] * 4, [op.text for op in ops]
     return Scenario("RELY-2.2 fold", base, base_db, ops, sent, dict.fromkeys(range(3), 0),
                     References(tmp_path / "refs", sent))
 
@@ -1030,7 +1031,8 @@ def test_rely_2_1_every_crash_state_of_an_ingest_recovers_without_loss(
 def test_rely_2_2_every_crash_state_of_a_fold_pass_is_a_whole_fold(
         data_dir, tmp_path, monkeypatch, make_config):
     """WHEN a fold pass folds two pending deliveries into hours a folded one already holds
-    (one transaction per delivery, synchronous=NORMAL) and the machine crashes after any of
+    (per delivery one transaction counting its attempt, then one folding it;
+    synchronous=NORMAL) and the machine crashes after any of
     its commits, losing any suffix of the commits not yet made durable
     THEN the objects are exactly a clean fold of the deliveries marked folded (a journal-order
     prefix; no object names an unfolded delivery), and after restarting ``serve`` every
@@ -1038,7 +1040,7 @@ def test_rely_2_2_every_crash_state_of_a_fold_pass_is_a_whole_fold(
     scenario = fold_scenario(data_dir, tmp_path, monkeypatch)
     report = explore(scenario, tmp_path / "states", make_config)
     report.show()
-    assert report.recovered == 3
+    assert report.recovered == 5  # none, an attempt, a fold, an attempt, a fold
     assert report.vulnerabilities == [], "\n".join(report.vulnerabilities[:5])
 
 
@@ -1092,7 +1094,7 @@ def test_rely_2_3_the_checker_catches_a_fold_committed_in_two_transactions(
     commits the delivery's objects in one transaction and its status in a second (durably)
     THEN the crash state between the two commits is reported as half a fold."""
     scenario = fold_scenario(data_dir, tmp_path, monkeypatch)
-    first = scenario.ops[0]
+    first = scenario.ops[1]  # the first fold (ops[0] counts its attempt)
     half_dir = tmp_path / "half"
     materialize({}, scenario.base_db, half_dir)
     after_dir = tmp_path / "after"
