@@ -696,3 +696,59 @@ def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_
     found = row(data_dir, unlayered)  # the body decides: it fails again, the same way
     assert (found["parse_status"], found["error"]) == ("failed", "layer_not_inferable")
 
+
+def test_fold_16_2_an_unknown_id_beside_failed_changes_nothing(start_service, data_dir):
+    """`refold --failed ID…`: the ids are not dropped for --failed.  An unknown one exits 2
+    and changes nothing, and one that is not failed is named and left alone."""
+    service = start_service()
+    client = Client(*service.address)
+    parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
+    unlayered = client.ingest(one_point_body())[1]["delivery_id"]
+    wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
+    assert service.stop()
+
+    before = journal(data_dir)
+    result = run_cli("refold", "--data", data_dir, "--failed", 999)
+    assert (result.returncode, journal(data_dir)) == (2, before), result.stdout
+    assert "no delivery 999" in result.stderr
+
+    result = run_cli("refold", "--data", data_dir, "--failed", parsed)
+    assert result.returncode == 0, result.stderr
+    assert "delivery %d is parsed, not failed: left as it is" % parsed in result.stdout
+    assert statuses(data_dir, [parsed, unlayered]) == ["parsed", "pending"]
+
+
+def test_fold_15_3_an_unreadable_first_body_counts_while_later_bodies_can_be_read(
+        quick_service, logs):
+    """The archive gives the bodies queued after the broken one even when none was folded
+    yet (a new data directory): the fault follows that one body, so its tries count, and
+    the queue moves past it."""
+    client = Client(*quick_service.address)
+    data_dir = quick_service.config.data_dir
+    ids = []
+    for n in range(3):
+        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
+                                        headers=HEADERS)
+        assert status == 200
+        ids.append(payload["delivery_id"])
+    broken, *after = ids
+    path = data_dir / row(data_dir, broken)["archive_path"]
+    path.unlink()
+    path.mkdir()
+    with open(str(data_dir / row(data_dir, after[0])["archive_path"]), "rb") as readable:
+        assert readable.read(1) == b"{"  # the archive gives the next body
+
+    quick_service.worker.gate.set()
+
+    def tries() -> int:
+        return len(logs.find(DEFERRED_ARCHIVE, level="ERROR"))
+
+    # Three counted tries 0.1 s apart, then the give-up: a fourth try means they were not.
+    wait_for(lambda: statuses(data_dir, [broken]) == ["failed"] or tries() > 3, timeout=60,
+             what="the broken delivery is failed, or tried a fourth time")
+    found = row(data_dir, broken)
+    assert (found["parse_status"], found["error"]) == ("failed", healthlog.ATTEMPTS_EXHAUSTED), (
+        "tried %d times and still %s with %d attempts (error %s): the fault was taken for one"
+        " of the whole archive, and the queue behind it waits forever"
+        % (tries(), found["parse_status"], found["attempts"], found["error"]))
+    wait_for(lambda: statuses(data_dir, after) == ["parsed", "parsed"], timeout=60)
