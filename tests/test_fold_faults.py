@@ -1,0 +1,754 @@
+"""Faults that must not stop the fold: a delivery that kills the process, a busy database,
+memory running out, an archive that cannot be read, one body that cannot be read, and the
+way back for what failed (``healthlog refold``).
+
+Everything is real: real SQLite files, real archive folders, real Cheroot servers on
+127.0.0.1:0 and real ``healthlog.py serve`` subprocesses, killed for real.
+
+- The OOM killer is a watchdog thread of the test that reads the serve process's VmRSS from
+  ``/proc`` every 2 ms and sends SIGKILL above a cap; the test restarts serve after each
+  death, as systemd would.
+- Memory running out is ``RLIMIT_AS`` set on a real serve process (an exec wrapper, as
+  test_storage_faults.py sets ``RLIMIT_FSIZE``), raised again with ``prlimit`` while it runs.
+- An archive that cannot be read is a day folder with mode 000.  CI runs as root, and root
+  reads it anyway, so there serve runs as root without the two capabilities that bypass
+  file permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): it then meets a real EACCES.
+  Running it as ``nobody`` instead does not work on these machines: the virtualenv's
+  interpreter lives under /root (mode 700), which nobody cannot enter.
+- One body that cannot be read is a directory put where its file was (EISDIR).
+
+Deliveries are either posted to a service, or journaled with ``healthlog import`` with the
+file's modification time as their place in the journal, so that nothing is folded before
+the test starts the serve that must fold them.
+
+Names carry the fold spec's scenario IDs (openspec/specs/fold/spec.md, FOLD-14 to FOLD-16).
+"""
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import hae_factory as hf
+import healthlog
+from conftest import (ROOT, TOKEN, Client, GatedWorker, Passes, assert_no_leaks, db_rows,
+                      parse_logfmt, wait_for)
+
+pytestmark = pytest.mark.json_agnostic  # faults of the machine: no JSON library plays a part
+
+AUTOMATION = hf.Automation("Fold faults", "Minutes", "Since Last Sync")
+HEADERS = hf.headers_for(AUTOMATION, session_id="5E0B7C1A-3F2D-4C8B-9A61-7D2E4F6A8B90")
+DAY = dt.date(2024, 3, 8)
+MIB = 1 << 20
+
+DEFERRED_MEMORY = "fold deferred: memory ran out"
+DEFERRED_ARCHIVE = "fold deferred: the archived body cannot be read"
+GAVE_UP = "without an outcome"
+
+
+# ---------------------------------------------------------------------------------------------
+# Bodies, the journal, the command line.
+
+
+def small_body(seed: int, day: dt.date = DAY) -> bytes:
+    """A real-shaped HAE delivery of two hours of step counts (about 5 KB)."""
+    start = dt.datetime.combine(day, dt.time(9))
+    return hf.dumps_hae(hf.metrics_payload(seed, ("step_count",), start,
+                                           start + dt.timedelta(hours=2)))
+
+
+def one_point_body() -> bytes:
+    """One step count and no automation headers: no rule can tell its layer."""
+    return hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
+        {"date": "2024-03-08 10:17:00 -0800", "qty": 41, "source": hf.OWNER_WATCH}],
+        "count")]))
+
+
+def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python3 healthlog.py ARGS``; its output must not leak health data or the token."""
+    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
+                            capture_output=True, text=True, timeout=timeout)
+    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
+    return result
+
+
+def import_bodies(data_dir: Path, folder: Path, bodies: list, first: dt.datetime) -> list:
+    """Journal ``bodies`` with ``healthlog import``, one second apart from ``first`` in
+    journal order (import takes a file's modification time as its ``received_at``, and
+    files it as received that day); returns their delivery ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, body in enumerate(bodies):
+        path = folder / ("export-%d.json" % index)
+        path.write_bytes(body)
+        moment = (first + dt.timedelta(seconds=index)).timestamp()
+        os.utime(str(path), (moment, moment))
+        paths.append(path)
+    result = run_cli("import", "--data", data_dir, "--aggregation", "Minutes", *paths)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ids = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
+           if line.startswith("accepted ")]
+    assert len(ids) == len(bodies), result.stdout
+    return ids
+
+
+def row(data_dir: Path, delivery_id: int) -> dict:
+    [found] = db_rows(data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
+    return found
+
+
+def statuses(data_dir: Path, ids) -> list:
+    return [row(data_dir, i)["parse_status"] for i in ids]
+
+
+def objects_of(data_dir: Path, delivery_id: int) -> int:
+    return db_rows(data_dir, "SELECT count(*) AS n FROM object WHERE delivery_id = ?"
+                   " OR updated_by = ?", (delivery_id, delivery_id))[0]["n"]
+
+
+def records(lines) -> list:
+    return [json.loads(line) if line.startswith("{") else parse_logfmt(line) for line in lines]
+
+
+def find(lines, msg_part: str, level: str = None) -> list:
+    return [r for r in records(lines) if msg_part in r.get("msg", "")
+            and (level is None or r.get("level") == level)]
+
+
+def healthz(client: Client) -> tuple:
+    return client.request("GET", "/healthz", token=False)
+
+
+def healthy(client: Client) -> bool:
+    """/healthz answers 200 "ok" and names no fault."""
+    status, health = healthz(client)
+    return status == 200 and health["status"] == "ok" and "fault" not in health
+
+
+def proc_status(pid: int) -> dict:
+    """The Vm* figures of /proc/PID/status, in bytes ({} once the process is gone)."""
+    figures = {}
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key.startswith("Vm"):
+                    figures[key] = int(value.split()[0]) * 1024
+    except OSError:  # ended, or a zombie without figures
+        return {}
+    return figures
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 14: no delivery can stop the fold.
+
+
+class OomWatchdog(threading.Thread):
+    """The OOM killer of one process: SIGKILL once its resident memory exceeds ``cap``."""
+
+    def __init__(self, pid: int, cap: int):
+        super().__init__(name="test-oom-watchdog", daemon=True)
+        self.pid, self.cap = pid, cap
+        self.killed_at = None  # the VmRSS that got the process killed
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            rss = proc_status(self.pid).get("VmRSS")
+            if rss is None:
+                return
+            if rss > self.cap:
+                os.kill(self.pid, signal.SIGKILL)
+                self.killed_at = rss
+                return
+            self.done.wait(0.002)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(30)
+
+
+def serve_command(data_dir: Path) -> list:
+    return [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+            "--listen", "127.0.0.1:0", "--token", TOKEN]
+
+
+def port_of(log_path: Path) -> int:
+    """The port a serve process logged with ``serving`` (0 before it has)."""
+    for record in records(log_path.read_text(errors="replace").splitlines()):
+        if record.get("msg") == "serving":
+            return int(record["listen"].rsplit(":", 1)[1])
+    return 0
+
+
+@contextlib.contextmanager
+def watched_serves(tmp_path: Path):
+    """Start serve processes (each under its own watchdog); all are ended afterwards, and
+    their logs checked for leaks."""
+    started = []
+
+    def start(data_dir: Path, cap: int) -> tuple:
+        log_path = tmp_path / ("serve-%d.log" % len(started))
+        with open(str(log_path), "wb") as log:
+            proc = subprocess.Popen(serve_command(data_dir), stdout=subprocess.DEVNULL,
+                                    stderr=log)
+        watchdog = OomWatchdog(proc.pid, cap)
+        watchdog.start()
+        started.append((proc, watchdog, log_path))
+        return proc, watchdog, log_path
+
+    try:
+        yield start
+    finally:
+        for proc, watchdog, log_path in started:
+            watchdog.finish()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+            assert_no_leaks(log_path.read_text(errors="replace").splitlines())
+
+
+def idle_serve_figures(serve_process, tmp_path: Path, **kw) -> dict:
+    """/proc figures of a serve process idling on an empty data directory, after it has
+    answered one request (its HTTP threads are up)."""
+    proc = serve_process(tmp_path / "idle-data", **kw)
+    assert healthz(proc.client)[0] == 200
+    figures = proc_status(proc.proc.pid)
+    assert proc.terminate() == 0
+    return figures
+
+
+def test_fold_14_1_a_delivery_that_kills_the_process_three_times_is_failed_and_the_queue_moves(
+        serve_process, data_dir, tmp_path):
+    big_body = hf.big_metrics_body(32 * MIB, seed=14)
+    idle = idle_serve_figures(serve_process, tmp_path)["VmRSS"]
+    # The fold of a body this size needs about twice the body over idle (FOLD-13), the
+    # small folds almost nothing: the cap lets serve start, idle and fold the small ones.
+    cap = idle + 20 * MIB
+    first = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    big, *small = import_bodies(data_dir, tmp_path / "exports",
+                                [big_body, small_body(1), small_body(2, DAY.replace(day=9))],
+                                first)
+
+    def settled() -> bool:
+        assert statuses(data_dir, [big]) != ["parsed"], "the watchdog let the big fold through"
+        return (statuses(data_dir, [big]) == ["failed"]
+                and statuses(data_dir, small) == ["parsed", "parsed"])
+
+    kills = []
+    with watched_serves(tmp_path) as start:
+        for _ in range(1 + 4):  # the first start, then at most 4 restarts
+            proc, watchdog, log_path = start(data_dir, cap)
+            wait_for(lambda proc=proc: proc.poll() is not None or settled(), timeout=120,
+                     what="serve is killed, or the queue has moved past the big delivery")
+            if proc.poll() is None:
+                break
+            watchdog.finish()
+            assert proc.returncode == -signal.SIGKILL and watchdog.killed_at, (
+                "serve died, not by the watchdog:\n" + log_path.read_text())
+            kills.append(row(data_dir, big)["attempts"])
+        else:
+            raise AssertionError("the big delivery still stops the queue after 4 restarts")
+        # Each death left its counted attempt; the fourth start gave up before folding.
+        assert kills == [1, 2, 3]
+
+        [failed] = db_rows(data_dir, "SELECT * FROM delivery WHERE id = ?", (big,))
+        assert (failed["parse_status"], failed["error"], failed["attempts"]) == (
+            "failed", healthlog.ATTEMPTS_EXHAUSTED, 3)
+        assert objects_of(data_dir, big) == 0
+        archived = data_dir / failed["archive_path"]
+        assert sha256_of(archived) == hashlib.sha256(big_body).hexdigest() \
+            == failed["body_sha256"]
+        for delivery_id in small:
+            assert row(data_dir, delivery_id)["attempts"] == 1
+
+        lines = log_path.read_text(errors="replace").splitlines()
+        [error] = find(lines, "", level="ERROR")
+        assert GAVE_UP in error["msg"] and "healthlog refold %d" % big in error["msg"]
+        assert error["delivery_id"] == str(big)
+        assert float(error["body_mib"]) == round(len(big_body) / MIB, 1)
+        assert error["last_fault"] == "died"
+
+        client = Client("127.0.0.1", wait_for(lambda: port_of(log_path)))
+        status, health = healthz(client)
+        assert status == 200
+        assert (health["status"], health["failed_after_attempts"]) == ("degraded", 1)
+        assert "fault" not in health
+
+        result = run_cli("status", "--data", data_dir, "--json")
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["failed_worth_retrying"] == 1
+        assert summary["failed_by_error"] == {healthlog.ATTEMPTS_EXHAUSTED: 1}
+        text = run_cli("status", "--data", data_dir).stdout
+        assert "1 delivery failed for a reason of the machine" in text
+        assert "refold --failed" in text
+
+        status, metrics = client.request("GET", "/metrics")
+        assert status == 200
+        assert 'healthlog_failed_deliveries{error="fold_attempts_exhausted"} 1' \
+            in metrics.decode().splitlines()
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+class LockedAtWrite(healthlog.FoldEngine):
+    """The real engine; for the next ``defer`` folds a second real connection takes the
+    write lock after the fold's attempt was counted, just before the fold writes."""
+
+    def __init__(self, conn, config, defer: int):
+        super().__init__(conn, config)
+        self.defer = defer
+        self.holder = None
+
+    def apply(self, plan):
+        if self.defer:
+            self.defer -= 1
+            self.holder = sqlite3.connect(str(self.config.db_path), isolation_level=None,
+                                          check_same_thread=False)  # Passes' thread
+            self.holder.execute("BEGIN IMMEDIATE")
+        return super().apply(plan)
+
+    def release(self) -> None:
+        if self.holder is not None:
+            self.holder.execute("ROLLBACK")
+            self.holder.close()
+            self.holder = None
+
+
+@contextlib.contextmanager
+def write_lock(config: healthlog.Config):
+    """A second real connection holding SQLite's write lock: a busy database."""
+    conn = sqlite3.connect(str(config.db_path), isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+@pytest.mark.parametrize("when", ["before its attempt", "at its write"])
+def test_fold_14_2_attempts_the_database_deferred_are_not_counted(start_service, logs,
+                                                                  monkeypatch, when):
+    # Busy retries a few ms apart instead of 0.1 and 0.5 s: five deferred passes, not 4 s.
+    monkeypatch.setattr(healthlog, "FOLD_BUSY_BACKOFF_S", (0.01, 0.01))
+    service = start_service(paused=True, busy_timeout_s=0.05)  # its fold thread never runs
+    status, payload = Client(*service.address).ingest(small_body(1), headers=HEADERS)
+    assert status == 200
+    delivery = payload["delivery_id"]
+    data_dir = service.config.data_dir
+    driver = Passes(service.config)
+    try:
+        if when == "before its attempt":  # the lock is held through the whole pass
+            with write_lock(service.config):
+                for _ in range(5):
+                    assert driver.run() == 0
+            expected_between = 0  # the count itself was deferred
+        else:  # the attempt is counted, then the fold's write finds the database busy
+            driver.engine = LockedAtWrite(driver.conn, driver.config, defer=5)
+            for _ in range(5):
+                try:
+                    assert driver.run() == 0
+                finally:
+                    driver.engine.release()
+            expected_between = 1  # the deferred fold's attempt is taken back at the next
+        deferred = logs.find("fold deferred", level="INFO")
+        assert [r["delivery_id"] for r in deferred] == [str(delivery)] * 5
+        found = row(data_dir, delivery)
+        assert (found["parse_status"], found["attempts"]) == ("pending", expected_between)
+
+        assert driver.run() == 1  # the lock is gone
+    finally:
+        driver.close()
+
+    found = row(data_dir, delivery)
+    assert (found["parse_status"], found["attempts"], found["error"]) == ("parsed", 1, None)
+    assert logs.find("", level="ERROR") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 15: a fault of the machine leaves the delivery pending.
+
+
+def address_space_limited(soft: int) -> list:
+    """The interpreter for ServeProcess: python that sets RLIMIT_AS's soft limit (the
+    hard one stays unlimited, so that the test can raise it again), then execs the real
+    ``healthlog.py serve …`` in the same process."""
+    code = ("import os, resource, sys;"
+            " resource.setrlimit(resource.RLIMIT_AS, (%d, resource.RLIM_INFINITY));"
+            " os.execv(sys.executable, [sys.executable] + sys.argv[1:])" % soft)
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY,
+                    reason="RLIMIT_AS has a hard limit here: it could not be raised again")
+def test_fold_15_1_memory_running_out_during_a_fold_leaves_the_delivery_pending(
+        serve_process, data_dir, tmp_path):
+    # glibc gives each thread that allocates an arena of its own, reserving 64 MiB of
+    # address space each: with serve's 20 threads the idle process would take over 1 GiB
+    # of address space it never uses, which drowns the fold's need.  Two arenas keep the
+    # idle figure near what the process really maps (about 270 MiB here).
+    env = dict(os.environ, MALLOC_ARENA_MAX="2")
+    idle_peak = idle_serve_figures(serve_process, tmp_path, env=env)["VmPeak"]
+    body = hf.big_metrics_body(32 * MIB, seed=15)
+    # The fold reads the 32 MiB body whole before anything else (FOLD-13): 24 MiB over
+    # idle lets serve start and answer, and not read it.
+    limit = idle_peak + 24 * MIB
+    [delivery] = import_bodies(data_dir, tmp_path / "exports", [body],
+                               dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1))
+
+    proc = serve_process(data_dir, python=address_space_limited(limit), env=env)
+    assert resource.prlimit(proc.proc.pid, resource.RLIMIT_AS)[0] == limit
+    wait_for(lambda: find(proc.log_lines(), DEFERRED_MEMORY, level="ERROR"), timeout=60,
+             what="the fold runs out of memory")
+    # /healthz answers 503 and names the fault while the fold loop pauses (1 s after the
+    # first try, 5 s after the second): poll, it may be folding again for a moment.
+    status, health = wait_for(lambda: (lambda h: h[0] == 503 and h)(healthz(proc.client)),
+                              timeout=30, what="/healthz answers 503 during the pause")
+    assert (health["status"], health.get("fault")) == ("failing", "memory")
+    found = row(data_dir, delivery)
+    assert (found["parse_status"], found["error"]) == ("pending", "retrying:memory")
+    # Memory faults follow the delivery: each counts an attempt, and the third try comes
+    # about 6 s after the first; raise the limit now, as freeing memory would.
+    resource.prlimit(proc.proc.pid, resource.RLIMIT_AS,
+                     (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+    wait_for(lambda: statuses(data_dir, [delivery]) != ["pending"], timeout=90,
+             what="the delivery is folded once memory is there")
+    found = row(data_dir, delivery)
+    assert (found["parse_status"], found["error"]) == ("parsed", None)
+    assert found["attempts"] in (2, 3)  # counted tries: one or two ran out of memory
+    assert objects_of(data_dir, delivery) == found["objects_written"] > 0
+    lines = proc.log_lines()
+    deferrals = find(lines, DEFERRED_MEMORY, level="ERROR")
+    assert len(deferrals) == found["attempts"] - 1
+    assert all((r["delivery_id"], r["fault"]) == (str(delivery), "memory") for r in deferrals)
+    assert find(lines, GAVE_UP) == []
+    # The fault is cleared when fold_one returns, a moment after the outcome's commit.
+    wait_for(lambda: healthy(proc.client), what="/healthz says ok and names no fault")
+    assert proc.terminate() == 0
+
+
+_DROP_DAC = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+    if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        sys.exit("cannot drop capability %d: %s" % (capability, os.strerror(ctypes.get_errno())))
+os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+"""
+
+
+def permission_bound_python(tmp_path: Path) -> list:
+    """An interpreter for ServeProcess that file permissions apply to, or skip.
+
+    Not root: the plain interpreter.  Root: one whose capability bounding set lacks
+    CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, so that the exec'd serve keeps uid 0 (and
+    reads the root-owned virtualenv, data directory and database) but meets EACCES in a
+    folder with mode 000.  Proven on a probe folder before it is used."""
+    python = [sys.executable] if os.geteuid() != 0 else [sys.executable, "-c", _DROP_DAC]
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "body.json").write_text("{}")
+    probe.chmod(0)
+    try:
+        result = subprocess.run(python + ["-c", "import sys; open(sys.argv[1]).read()",
+                                          str(probe / "body.json")],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        probe.chmod(0o755)
+    if "PermissionError" not in result.stderr:
+        pytest.skip("cannot run serve so that a folder with mode 000 is unreadable to it"
+                    " (as root without CAP_DAC_OVERRIDE): %s"
+                    % (result.stderr.strip() or "the probe read the file"))
+    return python
+
+
+def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
+        serve_process, data_dir, tmp_path):
+    python = permission_bound_python(tmp_path)
+    # One delivery folded first: the archive then has a body the worker can try to read
+    # besides the failing one, in the same day folder (received the same day).
+    first = dt.datetime(2024, 3, 8, 10, tzinfo=dt.timezone.utc)
+    [folded] = import_bodies(data_dir, tmp_path / "exports-1", [small_body(1)], first)
+    proc = serve_process(data_dir)
+    wait_for(lambda: statuses(data_dir, [folded]) == ["parsed"], timeout=60)
+    assert proc.terminate() == 0
+    ids = import_bodies(data_dir, tmp_path / "exports-2",
+                        [small_body(n, DAY + dt.timedelta(days=n)) for n in (2, 3, 4)],
+                        first + dt.timedelta(minutes=1))
+    day_folder = {(data_dir / row(data_dir, i)["archive_path"]).parent
+                  for i in [folded] + ids}
+    assert len(day_folder) == 1
+    [day_folder] = day_folder
+
+    day_folder.chmod(0)
+    try:
+        proc = serve_process(data_dir, python=python)
+        head = ids[0]
+        # Two tries: the first pass at start, and the one after the first pause (1 s).
+        deferrals = wait_for(lambda: (lambda d: len(d) >= 2 and d)(
+            find(proc.log_lines(), DEFERRED_ARCHIVE, level="ERROR")), timeout=60,
+            what="two tries meet the unreadable archive")
+        assert all((r["delivery_id"], r["fault"]) == (str(head), "archive:EACCES")
+                   for r in deferrals)
+        status, health = wait_for(lambda: (lambda h: h[0] == 503 and h)(healthz(proc.client)),
+                                  timeout=30, what="/healthz answers 503 during the pause")
+        assert (health["status"], health.get("fault")) == ("failing", "archive:EACCES")
+
+        # A fault of the archive is none of the delivery's: its attempt is taken back, and
+        # the pass stops at it (the others are not even tried).  Polled: during a try the
+        # attempt is counted for a moment.
+        def untouched() -> bool:
+            rows = [row(data_dir, i) for i in ids]
+            return ([(r["parse_status"], r["attempts"], r["folded_at"]) for r in rows]
+                    == [("pending", 0, None)] * 3
+                    and [r["error"] for r in rows] == ["retrying:archive:EACCES", None, None])
+
+        wait_for(untouched, timeout=30, what="the deliveries are pending, no attempt kept")
+        assert all(objects_of(data_dir, i) == 0 for i in ids)
+    finally:
+        day_folder.chmod(0o755)
+
+    wait_for(lambda: statuses(data_dir, ids) == ["parsed"] * 3, timeout=90,
+             what="the deliveries are folded once the archive can be read")
+    for delivery_id in ids:
+        found = row(data_dir, delivery_id)
+        assert (found["attempts"], found["error"]) == (1, None)
+    lines = proc.log_lines()
+    assert find(lines, GAVE_UP) == []
+    assert [int(r["delivery_id"]) for r in find(lines, "delivery folded")] == ids
+    # The fault is cleared when fold_one returns, a moment after the outcome's commit.
+    wait_for(lambda: healthy(proc.client), what="/healthz says ok and names no fault")
+    assert proc.terminate() == 0
+
+
+class QuickRetryWorker(GatedWorker):
+    """The real worker, held until ``gate`` is set, that starts its loop again 0.1 s after
+    a fault instead of 1, 5 and 15 s."""
+
+    restart_pauses_s = (0.1,)
+
+
+@pytest.fixture
+def quick_service(make_config):
+    """A real service whose fold loop pauses only 0.1 s and wakes every 0.2 s."""
+    service = healthlog.Service(make_config(fold_wake_s=0.2), announce=lambda token: None)
+    service.worker = QuickRetryWorker(service.config)
+    service.start()
+    yield service
+    assert service.stop()
+
+
+def exhaust_one_body(service: healthlog.Service) -> tuple:
+    """(first, broken, after, broken's body): four deliveries posted, the second one's
+    archived body replaced by a directory, and the worker let go until the broken one is
+    failed; the first and the last two are parsed."""
+    client = Client(*service.address)
+    data_dir = service.config.data_dir
+    ids = []
+    for n in range(4):
+        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
+                                        headers=HEADERS)
+        assert status == 200
+        ids.append(payload["delivery_id"])
+    first, broken, *after = ids
+    path = data_dir / row(data_dir, broken)["archive_path"]
+    body = path.read_bytes()
+    path.unlink()
+    path.mkdir()  # reading it gives EISDIR, while the archive gives the other bodies
+    service.worker.gate.set()
+    wait_for(lambda: statuses(data_dir, ids) == ["parsed", "failed", "parsed", "parsed"],
+             timeout=60, what="the broken delivery is failed and the others are folded")
+    wait_for(lambda: service.worker.state == "idle")
+    return first, broken, after, body
+
+
+def test_fold_15_3_one_body_that_cannot_be_read_counts_its_attempts(quick_service, logs):
+    first, broken, after, _ = exhaust_one_body(quick_service)
+    data_dir = quick_service.config.data_dir
+
+    found = row(data_dir, broken)
+    assert (found["parse_status"], found["error"], found["attempts"]) == (
+        "failed", healthlog.ATTEMPTS_EXHAUSTED, 3)
+    assert objects_of(data_dir, broken) == 0
+    # Three tries, each an ERROR naming the delivery and the fault, and counted: the
+    # archive gave another body (the first delivery's), so the fault follows this one.
+    tries = logs.find(DEFERRED_ARCHIVE, level="ERROR")
+    assert [(r["delivery_id"], r["fault"]) for r in tries] == [
+        (str(broken), "archive:EISDIR")] * 3
+    [gave_up] = logs.find(GAVE_UP, level="ERROR")
+    assert (gave_up["delivery_id"], gave_up["last_fault"]) == (str(broken), "archive:EISDIR")
+    assert "healthlog refold %d" % broken in gave_up["msg"]
+    # The barrier held until then: the deliveries after it were folded after it failed.
+    order = [(r["msg"], r.get("delivery_id")) for r in logs.records()]
+    gave_up_at = order.index((gave_up["msg"], str(broken)))
+    assert all(i < gave_up_at for i, (msg, _) in enumerate(order) if DEFERRED_ARCHIVE in msg)
+    folded = [(i, int(d)) for i, (msg, d) in enumerate(order) if msg == "delivery folded"]
+    assert [d for _, d in folded] == [first] + after
+    assert all(i > gave_up_at for i, d in folded if d in after)
+    assert all(row(data_dir, i)["attempts"] == 1 for i in [first] + after)
+    status, health = healthz(Client(*quick_service.address))
+    assert status == 200
+    assert (health["status"], health["failed_after_attempts"]) == ("degraded", 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requirement 16: failed deliveries can be folded again without a rebuild.
+
+
+def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
+    first, broken, after, body = exhaust_one_body(quick_service)
+    data_dir = quick_service.config.data_dir
+    client = Client(*quick_service.address)
+    assert healthz(client)[1]["status"] == "degraded"
+    path = data_dir / row(data_dir, broken)["archive_path"]
+    path.rmdir()
+    path.write_bytes(body)  # the fault is gone
+    assert sha256_of(path) == row(data_dir, broken)["body_sha256"]
+
+    result = run_cli("refold", "--data", data_dir, "--failed")
+
+    assert result.returncode == 0, result.stderr
+    assert "refold: 1 delivery set back to pending (%d)" % broken in result.stdout
+    assert "healthlog reindex" in result.stdout  # later deliveries are folded already
+    # The running service's periodic pass folds it; nobody restarts anything.
+    wait_for(lambda: statuses(data_dir, [broken]) == ["parsed"], timeout=60,
+             what="the running service folds the refolded delivery")
+    found = row(data_dir, broken)
+    assert (found["attempts"], found["error"]) == (1, None)
+    assert objects_of(data_dir, broken) == found["objects_written"] > 0
+    [late] = logs.find("folded after a later one", level="WARN")
+    assert late["delivery_id"] == str(broken)
+    status, health = wait_for(lambda: (lambda h: h[1]["status"] == "ok" and h)(healthz(client)))
+    assert (status, health["failed_after_attempts"]) == (200, 0)
+
+
+def journal(data_dir: Path) -> list:
+    return db_rows(data_dir)
+
+
+def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_dir, logs):
+    # What failed: a fold over its deadline (a slow machine: worth folding again) and a
+    # delivery whose layer no rule can tell (the body decides: it fails again).
+    service = start_service()
+    client = Client(*service.address)
+    parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
+    unlayered = client.ingest(one_point_body())[1]["delivery_id"]
+    wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
+    assert service.stop()
+    service = start_service(fold_deadline_s=1e-9)
+    slow = Client(*service.address).ingest(small_body(2, DAY.replace(day=9)),
+                                           headers=HEADERS)[1]["delivery_id"]
+    wait_for(lambda: statuses(data_dir, [slow]) == ["failed"])
+    assert service.stop()
+    assert [row(data_dir, i)["error"] for i in (unlayered, slow)] == [
+        "layer_not_inferable", "fold_deadline_exceeded"]
+
+    before = journal(data_dir)
+    result = run_cli("refold", "--data", data_dir, slow, parsed)
+    assert result.returncode == 0, result.stderr
+    assert "delivery %d is parsed, not failed: left as it is" % parsed in result.stdout
+    assert "refold: 1 delivery set back to pending (%d)" % slow in result.stdout
+    found = row(data_dir, slow)
+    assert (found["parse_status"], found["attempts"], found["error"], found["folded_at"],
+            found["layer"], found["points"]) == ("pending", 0, None, None, None, None)
+    assert [r for r in journal(data_dir) if r["id"] != slow] == [
+        r for r in before if r["id"] != slow]
+
+    before = journal(data_dir)
+    for ids in ([999], [unlayered, 999]):  # an unknown id, alone or beside a failed one
+        result = run_cli("refold", "--data", data_dir, *ids)
+        assert result.returncode == 2, result.stdout
+        assert "no delivery 999" in result.stderr
+        assert journal(data_dir) == before
+    result = run_cli("refold", "--data", data_dir)  # no id, no --failed
+    assert result.returncode == 2, result.stdout
+    assert "--failed" in result.stderr
+    assert journal(data_dir) == before
+
+    result = run_cli("refold", "--data", data_dir, unlayered)
+    assert result.returncode == 0, result.stderr
+    assert statuses(data_dir, [unlayered]) == ["pending"]
+
+    service = start_service()  # the next start folds them
+    wait_for(lambda: "pending" not in statuses(data_dir, [slow, unlayered]), timeout=60)
+    assert service.stop()
+    found = row(data_dir, slow)
+    assert (found["parse_status"], found["attempts"], found["error"]) == ("parsed", 1, None)
+    assert objects_of(data_dir, slow) == found["objects_written"] > 0
+    found = row(data_dir, unlayered)  # the body decides: it fails again, the same way
+    assert (found["parse_status"], found["error"]) == ("failed", "layer_not_inferable")
+
+
+def test_fold_16_2_an_unknown_id_beside_failed_changes_nothing(start_service, data_dir):
+    """`refold --failed ID…`: the ids are not dropped for --failed.  An unknown one exits 2
+    and changes nothing, and one that is not failed is named and left alone."""
+    service = start_service()
+    client = Client(*service.address)
+    parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
+    unlayered = client.ingest(one_point_body())[1]["delivery_id"]
+    wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
+    assert service.stop()
+
+    before = journal(data_dir)
+    result = run_cli("refold", "--data", data_dir, "--failed", 999)
+    assert (result.returncode, journal(data_dir)) == (2, before), result.stdout
+    assert "no delivery 999" in result.stderr
+
+    result = run_cli("refold", "--data", data_dir, "--failed", parsed)
+    assert result.returncode == 0, result.stderr
+    assert "delivery %d is parsed, not failed: left as it is" % parsed in result.stdout
+    assert statuses(data_dir, [parsed, unlayered]) == ["parsed", "pending"]
+
+
+def test_fold_15_3_an_unreadable_first_body_counts_while_later_bodies_can_be_read(
+        quick_service, logs):
+    """The archive gives the bodies queued after the broken one even when none was folded
+    yet (a new data directory): the fault follows that one body, so its tries count, and
+    the queue moves past it."""
+    client = Client(*quick_service.address)
+    data_dir = quick_service.config.data_dir
+    ids = []
+    for n in range(3):
+        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
+                                        headers=HEADERS)
+        assert status == 200
+        ids.append(payload["delivery_id"])
+    broken, *after = ids
+    path = data_dir / row(data_dir, broken)["archive_path"]
+    path.unlink()
+    path.mkdir()
+    with open(str(data_dir / row(data_dir, after[0])["archive_path"]), "rb") as readable:
+        assert readable.read(1) == b"{"  # the archive gives the next body
+
+    quick_service.worker.gate.set()
+
+    def tries() -> int:
+        return len(logs.find(DEFERRED_ARCHIVE, level="ERROR"))
+
+    # Three counted tries 0.1 s apart, then the give-up: a fourth try means they were not.
+    wait_for(lambda: statuses(data_dir, [broken]) == ["failed"] or tries() > 3, timeout=60,
+             what="the broken delivery is failed, or tried a fourth time")
+    found = row(data_dir, broken)
+    assert (found["parse_status"], found["error"]) == ("failed", healthlog.ATTEMPTS_EXHAUSTED), (
+        "tried %d times and still %s with %d attempts (error %s): the fault was taken for one"
+        " of the whole archive, and the queue behind it waits forever"
+        % (tries(), found["parse_status"], found["attempts"], found["error"]))
+    wait_for(lambda: statuses(data_dir, after) == ["parsed", "parsed"], timeout=60)
