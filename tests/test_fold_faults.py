@@ -636,7 +636,8 @@ def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
     assert objects_of(data_dir, broken) == found["objects_written"] > 0
     [late] = logs.find("folded after a later one", level="WARN")
     assert late["delivery_id"] == str(broken)
-    status, health = wait_for(lambda: (lambda h: h[1]["status"] == "ok" and h)(healthz(client)))
+    status, health = wait_for(lambda: (lambda h: h[1]["status"] == "ok" and h)(healthz(client)),
+                              timeout=60, what="/healthz is ok again")
     assert (status, health["failed_after_attempts"]) == (200, 0)
 
 
