@@ -64,7 +64,8 @@ import threading
 import time
 import urllib.parse
 import zlib
-from dataclasses import dataclass, field
+import zoneinfo
+from dataclasses import dataclass, field, replace as _replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
@@ -764,6 +765,115 @@ def format_instant(instant_us: int) -> str:
     if micros:
         text += (".%06d" % micros).rstrip("0")
     return text + "Z"
+
+
+# -- local time on the read side: the day and hour as the phone lived them -------------
+
+_OFFSET_TAIL: dict = {}
+"""`` -0500`` → -18000: the offset written at the end of HAE's own timestamps."""
+
+
+def text_offset(raw: Any, instant_us: int) -> int:
+    """Seconds east of UTC of the local time a timestamp was written in: HAE writes every
+    date in the phone's zone at that moment, so this is the offset the phone lived
+    (0 for epoch numbers, ``Z`` and texts without an offset; a date alone is its own
+    day)."""
+    if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
+        tail = raw[20:]
+        offset = _OFFSET_TAIL.get(tail)
+        if offset is None:
+            offset = _offset_seconds(tail[0], tail[1:3], tail[3:]) or 0
+            if len(_OFFSET_TAIL) < 4096:
+                _OFFSET_TAIL[tail] = offset
+        return offset
+    fields = local_day_and_second(raw)
+    if fields is None:
+        return 0
+    local_s = (fields[0] - _EPOCH_ORDINAL) * 86400 + fields[1]
+    return int(round((local_s - instant_us / US) / 60.0)) * 60
+
+
+class Zone:
+    """How a read places instants on local days and hours (read spec, READ-8).
+
+    ``local``: each point in the offset its own timestamp was written in, the day HAE
+    meant, across DST changes and travel; an IANA zone (``zoneinfo``, DST-aware); or a
+    fixed offset.  Offsets are seconds east of UTC."""
+
+    name = "local"
+
+    def point_offset(self, raw: Any, instant_us: int) -> int:
+        return text_offset(raw, instant_us)
+
+    def offset_at(self, instant_us: int) -> Optional[int]:
+        """The zone's offset at an instant; None for ``local`` (the points say)."""
+        return None
+
+    def midnight(self, ordinal: int, seen_offset: int) -> int:
+        """UTC µs of local midnight of the day ``ordinal``; ``seen_offset``: the offset of
+        a point of that day, which is all ``local`` knows."""
+        return ((ordinal - _EPOCH_ORDINAL) * 86400 - seen_offset) * US
+
+
+class FixedZone(Zone):
+    def __init__(self, offset_s: int):
+        self.offset_s = offset_s
+        self.name = format_offset(offset_s)
+
+    def point_offset(self, raw: Any, instant_us: int) -> int:
+        return self.offset_s
+
+    def offset_at(self, instant_us: int) -> Optional[int]:
+        return self.offset_s
+
+    def midnight(self, ordinal: int, seen_offset: int) -> int:
+        return ((ordinal - _EPOCH_ORDINAL) * 86400 - self.offset_s) * US
+
+
+class NamedZone(Zone):
+    def __init__(self, name: str, zone: Any):
+        self.name, self._zone = name, zone
+        self._offsets: dict = {}  # UTC hour -> offset (zones change on whole hours or less)
+
+    def offset_at(self, instant_us: int) -> Optional[int]:
+        minute = instant_us // (60 * US)
+        found = self._offsets.get(minute)
+        if found is None:
+            moment = _dt.datetime.fromtimestamp(minute * 60, _dt.timezone.utc)
+            found = int(moment.astimezone(self._zone).utcoffset().total_seconds())
+            if len(self._offsets) >= 1 << 16:
+                self._offsets.clear()
+            self._offsets[minute] = found
+        return found
+
+    def point_offset(self, raw: Any, instant_us: int) -> int:
+        return self.offset_at(instant_us)
+
+    def midnight(self, ordinal: int, seen_offset: int) -> int:
+        day = _dt.date.fromordinal(ordinal)
+        local = _dt.datetime(day.year, day.month, day.day, tzinfo=self._zone)
+        return int(local.timestamp()) * US
+
+
+LOCAL_ZONE = Zone()
+
+
+def format_offset(offset_s: int) -> str:
+    """``+02:00``, ``-05:30``."""
+    return "%s%02d:%02d" % ("-" if offset_s < 0 else "+", abs(offset_s) // 3600,
+                            abs(offset_s) % 3600 // 60)
+
+
+def local_iso(instant_us: int, offset_s: int) -> str:
+    """An instant as local ISO-8601 text with its offset: ``2025-04-15T07:30:00-04:00``."""
+    seconds = instant_us // US + offset_s
+    moment = _dt.datetime(1970, 1, 1) + _dt.timedelta(seconds=seconds)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + format_offset(offset_s)
+
+
+def local_ordinal(instant_us: int, offset_s: int) -> int:
+    """Proleptic ordinal of the local date of an instant."""
+    return (instant_us // US + offset_s) // 86400 + _EPOCH_ORDINAL
 
 
 def utc_now() -> _dt.datetime:
@@ -2471,12 +2581,16 @@ def accumulate(fields: dict, points: Sequence) -> int:
     return count
 
 
-def hour_summary(points: list) -> dict:
-    """An object's aggregates, kept beside it for bucketed reads: the number of points
-    and, per numeric top-level field, [count, min, max, sum] (:func:`accumulate`)."""
+def hour_summary(points: list, coords: Sequence) -> dict:
+    """An object's aggregates, kept beside it for bucketed reads: the number of points,
+    per numeric top-level field [count, min, max, sum] (:func:`accumulate`), and the
+    offsets its points' starts were written in (``o``, sorted), so that a read in each
+    point's local time knows the hour's local day without reading the points."""
     fields: dict = {}
     count = accumulate(fields, points)
-    return {"n": count, "f": fields}
+    offsets = {text_offset(raw_start(point), coord[0]) for point, coord in zip(points, coords)
+               if type(point) is dict}
+    return {"n": count, "f": fields, "o": sorted(offsets)}
 
 
 def object_hash(points: list) -> str:
@@ -2960,7 +3074,7 @@ class FoldEngine:
         return (written.metric, written.layer, written.hour, written.units,
                 coords[0][0] // US, coords[-1][0] // US, len(points), written.created_by,
                 written.updated_by, object_hash(points), int(written.sealed), blob,
-                compact_json(written.deliveries), compact_json(hour_summary(points)),
+                compact_json(written.deliveries), compact_json(hour_summary(points, coords)),
                 encode_spans(coords))
 
     @staticmethod
@@ -3888,37 +4002,175 @@ SNAPSHOT_HOLD_S = 5.0
 client still reading after that gets the rest from a file under ``DATA/tmp``, written at
 once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
 
-_GROUPS = (
-    ("sleep", ("sleep_analysis",)),
-    ("workouts", ("workouts",)),
-    ("mindfulness", ("state_of_mind", "mindful_minutes")),
-    ("heart", ("heart_rate", "resting_heart_rate", "walking_heart_rate_average",
-               "heart_rate_variability", "heart_rate_notifications", "blood_oxygen_saturation",
-               "ecg", "cardio_recovery", "vo2_max", "atrial_fibrillation_burden")),
-    ("body", ("weight_body_mass", "body_fat_percentage", "body_mass_index", "height",
-              "lean_body_mass", "blood_pressure", "body_temperature", "respiratory_rate",
-              "apple_sleeping_wrist_temperature", "waist_circumference", "blood_glucose")),
-    ("activity", ("step_count", "active_energy", "basal_energy_burned", "walking_running_distance",
-                  "cycling_distance", "swimming_distance", "flights_climbed",
-                  "apple_exercise_time", "apple_stand_hour", "apple_stand_time",
-                  "apple_move_time", "physical_effort", "walking_speed", "walking_step_length",
-                  "stair_speed_up", "stair_speed_down", "six_minute_walking_test_distance",
-                  "running_speed", "running_power", "time_in_daylight")),
+# -- what each metric means: one table, served with the catalog ------------------------
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a metric is, for everything that shows or exports it (the page, ``export``,
+    Grafana): its display name, its group, what its values are (``kind``), which fields
+    hold them (the first is the main one) and which way is better (``up``, ``down`` or
+    none; for trends).
+
+    Kinds: ``total`` (a bucket sums it: steps, energy, nutrients), ``average`` (a bucket
+    averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
+    ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
+    heart-rate notifications).
+    """
+
+    name: str
+    group: str
+    kind: str
+    fields: tuple = ("qty",)
+    better: Optional[str] = None
+
+    @property
+    def combine(self) -> Optional[str]:
+        """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
+        return {"total": "sum", "average": "avg"}.get(self.kind)
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "group": self.group, "kind": self.kind,
+                "fields": list(self.fields), "combine": self.combine, "better": self.better}
+
+
+def _totals(group: str, *items: tuple) -> dict:
+    return {metric: Meaning(name, group, "total", better=better)
+            for metric, name, better in items}
+
+
+def _averages(group: str, *items: tuple) -> dict:
+    return {metric: Meaning(name, group, "average", better=better)
+            for metric, name, better in items}
+
+
+MEANINGS = dict(
+    _totals("activity",
+            ("step_count", "Steps", "up"), ("active_energy", "Active energy", "up"),
+            ("basal_energy_burned", "Resting energy", None),
+            ("walking_running_distance", "Walking + running distance", "up"),
+            ("cycling_distance", "Cycling distance", "up"),
+            ("swimming_distance", "Swimming distance", "up"),
+            ("wheelchair_distance", "Wheelchair distance", "up"),
+            ("downhill_snow_sports", "Downhill snow sports distance", None),
+            ("flights_climbed", "Flights climbed", "up"),
+            ("apple_exercise_time", "Exercise minutes", "up"),
+            ("apple_stand_time", "Stand minutes", "up"),
+            ("apple_stand_hour", "Stand hours", "up"),
+            ("apple_move_time", "Move minutes", "up"),
+            ("time_in_daylight", "Time in daylight", "up"),
+            ("swim_stroke_count", "Swimming strokes", None),
+            ("wheelchair_push_count", "Wheelchair pushes", None),
+            ("number_of_times_fallen", "Falls", "down"),
+            ("number_of_alcoholic_beverages", "Alcoholic drinks", "down"),
+            ("inhaler_usage", "Inhaler uses", "down")),
+    **_totals("mindfulness", ("mindful_minutes", "Mindful minutes", "up")),
+    **_averages("activity",
+                ("physical_effort", "Physical effort", None),
+                ("walking_speed", "Walking speed", "up"),
+                ("walking_step_length", "Step length", "up"),
+                ("walking_asymmetry_percentage", "Walking asymmetry", "down"),
+                ("walking_double_support_percentage", "Double support time", "down"),
+                ("stair_speed_up", "Stair speed up", "up"),
+                ("stair_speed_down", "Stair speed down", "up"),
+                ("six_minute_walking_test_distance", "Six-minute walk", "up"),
+                ("running_speed", "Running speed", "up"),
+                ("running_power", "Running power", None),
+                ("running_stride_length", "Running stride length", None),
+                ("running_vertical_oscillation", "Vertical oscillation", None),
+                ("running_ground_contact_time", "Ground contact time", None),
+                ("cycling_cadence", "Cycling cadence", None),
+                ("cycling_power", "Cycling power", None),
+                ("cycling_speed", "Cycling speed", None),
+                ("cycling_functional_threshold_power", "Functional threshold power", "up")),
+    **_averages("heart",
+                ("resting_heart_rate", "Resting heart rate", "down"),
+                ("walking_heart_rate_average", "Walking heart rate", "down"),
+                ("heart_rate_variability", "Heart rate variability", "up"),
+                ("cardio_recovery", "Cardio recovery", "up"),
+                ("vo2_max", "VO2 max", "up"),
+                ("blood_oxygen_saturation", "Blood oxygen", None),
+                ("atrial_fibrillation_burden", "AFib history", "down"),
+                ("peripheral_perfusion_index", "Perfusion index", None)),
+    **_averages("body",
+                ("weight_body_mass", "Weight", None), ("body_mass_index", "Body mass index",
+                                                       None),
+                ("body_fat_percentage", "Body fat", "down"),
+                ("lean_body_mass", "Lean body mass", None), ("height", "Height", None),
+                ("waist_circumference", "Waist circumference", "down"),
+                ("body_temperature", "Body temperature", None),
+                ("basal_body_temperature", "Basal body temperature", None),
+                ("apple_sleeping_wrist_temperature", "Wrist temperature while asleep", None),
+                ("blood_glucose", "Blood glucose", None),
+                ("blood_alcohol_content", "Blood alcohol", "down"),
+                ("insulin_delivery", "Insulin", None),
+                ("electrodermal_activity", "Electrodermal activity", None),
+                ("forced_vital_capacity", "Forced vital capacity", "up"),
+                ("forced_expiratory_volume_1", "FEV1", "up"),
+                ("peak_expiratory_flow_rate", "Peak expiratory flow", "up"),
+                ("uv_exposure", "UV exposure", None),
+                ("environmental_audio_exposure", "Environmental sound level", "down"),
+                ("headphone_audio_exposure", "Headphone sound level", "down"),
+                ("under_water_depth", "Underwater depth", None),
+                ("under_water_temperature", "Water temperature", None)),
+    **_averages("sleep",
+                ("respiratory_rate", "Respiratory rate", None),
+                ("breathing_disturbances", "Breathing disturbances", "down")),
+    heart_rate=Meaning("Heart rate", "heart", "average", ("Avg", "Min", "Max")),
+    blood_pressure=Meaning("Blood pressure", "body", "average", ("systolic", "diastolic"),
+                           "down"),
+    sleep_analysis=Meaning("Sleep", "sleep", "sleep", ("asleep", "in_bed"), "up"),
+    workouts=Meaning("Workouts", "workouts", "workouts", ("duration", "energy", "distance")),
+    ecg=Meaning("ECG", "heart", "ecg", ("classification", "averageHeartRate")),
+    heart_rate_notifications=Meaning("Heart rate notifications", "heart", "events",
+                                     ("heartNotification", "threshold")),
+    state_of_mind=Meaning("State of mind", "mindfulness", "events",
+                          ("valenceClassification", "kind", "labels", "associations")),
+    sexual_activity=Meaning("Sexual activity", "other", "total",
+                            ("Unspecified", "Protection Used", "Protection Not Used")),
+    handwashing=Meaning("Handwashing", "other", "total", ("qty",), "up"),
+    toothbrushing=Meaning("Toothbrushing", "other", "total", ("qty",), "up"),
 )
-_GROUP_PREFIXES = (("dietary_", "nutrition"), ("symptoms/", "other"),
-                   ("cycle_tracking/", "body"), ("medications/", "other"))
+"""The meaning of every metric HAE names (its ``Supported Data`` list); any other metric is
+an ``average`` in ``other`` (:func:`meaning_of`)."""
+
+NUTRIENTS = (
+    ("dietary_energy", "Energy consumed"), ("carbohydrates", "Carbohydrates"),
+    ("protein", "Protein"), ("total_fat", "Total fat"), ("saturated_fat", "Saturated fat"),
+    ("monounsaturated_fat", "Monounsaturated fat"),
+    ("polyunsaturated_fat", "Polyunsaturated fat"), ("cholesterol", "Cholesterol"),
+    ("fiber", "Fiber"), ("dietary_sugar", "Sugar"), ("dietary_water", "Water"),
+    ("caffeine", "Caffeine"), ("dietary_caffeine", "Caffeine"), ("sodium", "Sodium"),
+    ("potassium", "Potassium"), ("calcium", "Calcium"), ("iron", "Iron"),
+    ("magnesium", "Magnesium"), ("zinc", "Zinc"), ("biotin", "Biotin"),
+    ("chloride", "Chloride"), ("chromium", "Chromium"), ("copper", "Copper"),
+    ("folate", "Folate"), ("iodine", "Iodine"), ("manganese", "Manganese"),
+    ("molybdenum", "Molybdenum"), ("niacin", "Niacin"),
+    ("pantothenic_acid", "Pantothenic acid"), ("riboflavin", "Riboflavin"),
+    ("selenium", "Selenium"), ("thiamin", "Thiamin"), ("vitamin_a", "Vitamin A"),
+    ("vitamin_b6", "Vitamin B6"), ("vitamin_b12", "Vitamin B12"), ("vitamin_c", "Vitamin C"),
+    ("vitamin_d", "Vitamin D"), ("vitamin_e", "Vitamin E"), ("vitamin_k", "Vitamin K"),
+    ("dietary_cholesterol", "Cholesterol"))
+MEANINGS.update((metric, Meaning(name, "nutrition", "total")) for metric, name in NUTRIENTS)
+
+_EVENT_SECTIONS = (("symptoms/", "Symptom", ("severity",)),
+                   ("medications/", "Medication", ("status", "dosage")),
+                   ("cycle_tracking/", "Cycle tracking", ("value",)))
 
 
-def metric_group(metric: str) -> str:
-    """The dashboard's group of a metric: activity, heart, sleep, body, nutrition,
-    workouts, mindfulness or other."""
-    for group, names in _GROUPS:
-        if metric in names:
-            return group
-    for prefix, group in _GROUP_PREFIXES:
+def meaning_of(metric: str) -> Meaning:
+    """The meaning of a metric: the table's, a nutrient's for any ``dietary_…``, a list of
+    events for symptoms, medications and cycle tracking, else a plain ``average``."""
+    found = MEANINGS.get(metric)
+    if found is not None:
+        return found
+    for prefix, label, fields in _EVENT_SECTIONS:
         if metric.startswith(prefix):
-            return group
-    return "other"
+            group = "body" if prefix == "cycle_tracking/" else "other"
+            return Meaning("%s: %s" % (label, metric[len(prefix):]), group, "events", fields)
+    if metric.startswith("dietary_"):
+        return Meaning(metric[len("dietary_"):].replace("_", " ").capitalize(), "nutrition",
+                       "total")
+    return Meaning(metric.replace("_", " ").capitalize(), "other", "average")
 
 
 def catalog(conn: sqlite3.Connection) -> list:
@@ -3928,7 +4180,8 @@ def catalog(conn: sqlite3.Connection) -> list:
     for metric, layer, unit in conn.execute(
             "SELECT DISTINCT metric, layer, units FROM object WHERE units IS NOT NULL"):
         units.setdefault((metric, layer), []).append(unit)
-    return [{"metric": metric, "layer": layer, "group": metric_group(metric),
+    return [{"metric": metric, "layer": layer, "group": meaning_of(metric).group,
+             "meaning": meaning_of(metric).as_json(),
              "units": sorted(units.get((metric, layer), [])),
              "first": format_instant(first * US), "last": format_instant(last * US),
              "objects": objects, "points": points}
@@ -3962,8 +4215,10 @@ class PointQuery:
     start: Optional[int] = None  # UTC µs, inclusive
     end: Optional[int] = None  # UTC µs, exclusive
     bucket: Optional[str] = None
-    offset_s: int = 0
+    zone: Zone = LOCAL_ZONE
     fmt: str = "json"
+    day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
+    day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
 
     @property
     def sleep_stages(self) -> bool:
@@ -3990,16 +4245,55 @@ def _query_time(name: str, text: Optional[str]) -> Optional[int]:
     return instant
 
 
-def _query_offset(text: Optional[str]) -> int:
-    if not text:
-        return 0
+_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{0,30}(/[A-Za-z0-9_+-]{1,30}){0,2}")
+MAX_OFFSET_S = 14 * 3600
+"""The farthest offsets from UTC in use (Kiribati's +14:00, Baker Island's -12:00): a
+local date-only bound selects objects this far on either side of UTC midnight."""
+
+
+def parse_zone(text: Optional[str]) -> Zone:
+    """``tz``: ``local`` (the default), an IANA zone name, or an offset such as ``+02:00``."""
+    if text is None or text.strip() in ("", "local"):
+        return LOCAL_ZONE
     if text.startswith(" "):
         text = "+" + text[1:]  # tz=+02:00 unencoded: the query string made it a space
-    match = re.fullmatch(r"([+-])([0-9]{2}):?([0-9]{2})", text.strip())
-    offset = _offset_seconds(*match.groups()) if match else None
-    if offset is None:
-        raise BadRequest("tz must be an offset such as +02:00 or -0700")
-    return offset
+    text = text.strip()
+    match = re.fullmatch(r"([+-])([0-9]{2}):?([0-9]{2})", text)
+    if match:
+        offset = _offset_seconds(*match.groups())
+        if offset is None:
+            raise BadRequest("tz must be local, a time zone such as Europe/Berlin, or an"
+                             " offset such as +02:00")
+        return FixedZone(offset)
+    if not _ZONE_NAME.fullmatch(text):
+        raise BadRequest("tz must be local, a time zone such as Europe/Berlin, or an offset"
+                         " such as +02:00")
+    try:
+        return NamedZone(text, zoneinfo.ZoneInfo(text))
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise BadRequest("tz: this machine has no time zone called %s (without a system"
+                         " time-zone database, install the tzdata package; tz=local or an"
+                         " offset such as +02:00 always works)" % text) from None
+
+
+_DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
+
+
+def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
+    """(instant, local date ordinal) of ``from``/``to``.  A date alone is local midnight in
+    ``zone``; with ``tz=local`` it is that date as written in each point, and the instant
+    only narrows the objects read (:data:`MAX_OFFSET_S` around UTC midnight)."""
+    match = _DATE_ONLY_QUERY.fullmatch(text or "")
+    if not match:
+        return _query_time(name, text), None
+    try:
+        ordinal = _dt.date(*map(int, match.groups())).toordinal()
+    except ValueError:
+        raise BadRequest("%s is not a date" % name) from None
+    if zone is LOCAL_ZONE:
+        midnight = (ordinal - _EPOCH_ORDINAL) * 86400
+        return (midnight + (MAX_OFFSET_S if is_end else -MAX_OFFSET_S)) * US, ordinal
+    return zone.midnight(ordinal, 0), None
 
 
 def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> PointQuery:
@@ -4008,8 +4302,11 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     metric = args.get("metric")
     if not metric:
         raise BadRequest("metric is required; see /api/catalog")
-    start, end = _query_time("from", args.get("from")), _query_time("to", args.get("to"))
-    if start is not None and end is not None and start >= end:
+    zone = parse_zone(args.get("tz"))
+    start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
+    end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
+    if (start is not None and end is not None and start >= end) or (
+            day_from is not None and day_to is not None and day_from >= day_to):
         raise BadRequest("from must be before to")
     bucket = args.get("bucket") or None
     if bucket is not None and bucket not in BUCKETS:
@@ -4017,17 +4314,32 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     fmt = args.get("format") or "json"
     if fmt not in ("json", "csv"):
         raise BadRequest("format must be json or csv")
-    offset = _query_offset(args.get("tz"))
+    if bucket is not None and metric == SLEEP_METRIC and bucket == "hour":
+        raise BadRequest("sleep is counted per night: bucket must be day or week")
     layers = [row[0] for row in conn.execute(
         "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
     if not layers:
         raise UnknownMetric([row[0] for row in conn.execute("SELECT DISTINCT metric FROM object")])
-    layer = args.get("layer") or min(layers, key=lambda name: (
-        LAYER_ORDER.index(name) if name in LAYER_ORDER else len(LAYER_ORDER), name))
+    layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
     if layer not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    return PointQuery(metric, layer, start, end, bucket, offset, fmt)
+    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to)
+
+
+def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
+                  start: Optional[int], end: Optional[int]) -> str:
+    """The finest layer with an object in the range (a store fed by a Minutes and a Days
+    automation answers each range from what it holds there), else the finest overall."""
+    def order(name: str) -> tuple:
+        return (LAYER_ORDER.index(name) if name in LAYER_ORDER else len(LAYER_ORDER), name)
+
+    low = -(1 << 62) if start is None else start // HOUR_US
+    high = (1 << 62) if end is None else (end - 1) // HOUR_US
+    present = [row[0] for row in conn.execute(
+        "SELECT DISTINCT layer FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
+        (metric, low, high))]
+    return min(present or layers, key=order)
 
 
 def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:
@@ -4040,7 +4352,8 @@ def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> 
             " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % column,
             (query.metric, query.layer, low, high)):
         whole = ((query.start is None or first_at * US >= query.start)
-                 and (query.end is None or (last_at + 1) * US <= query.end))
+                 and (query.end is None or (last_at + 1) * US <= query.end)
+                 and query.day_from is None and query.day_to is None)
         yield hour, units, whole, value
 
 
@@ -4055,14 +4368,21 @@ def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
     for units, raw, _ in _objects(conn, query):
         for point in loads_body(raw):
             coord = point_coordinate(point) if type(point) is dict else None
-            if _coord_in_range(coord, query):
+            if _coord_in_range(coord, query, point):
                 yield units, coord, point
 
 
-def _coord_in_range(coord: Optional[tuple], query: PointQuery) -> bool:
-    """Is the point's start in the query's ``[from, to)``?"""
-    return coord is not None and (query.start is None or coord[0] >= query.start) and (
-        query.end is None or coord[0] < query.end)
+def _coord_in_range(coord: Optional[tuple], query: PointQuery, point: Any = None) -> bool:
+    """Is the point's start in the query's ``[from, to)``: its instant, and with local
+    date bounds the date written in it?"""
+    if coord is None or (query.start is not None and coord[0] < query.start) or (
+            query.end is not None and coord[0] >= query.end):
+        return False
+    if query.day_from is None and query.day_to is None:
+        return True
+    day = local_ordinal(coord[0], query.zone.point_offset(raw_start(point), coord[0]))
+    return ((query.day_from is None or day >= query.day_from)
+            and (query.day_to is None or day < query.day_to))
 
 
 def _instant_or_null(instant: Optional[int]) -> Any:
@@ -4070,12 +4390,13 @@ def _instant_or_null(instant: Optional[int]) -> Any:
 
 
 def _head(query: PointQuery) -> dict:
-    head = {"metric": query.metric, "layer": query.layer}
+    head = {"metric": query.metric, "layer": query.layer, "tz": query.zone.name}
     if query.bucket:
         head["bucket"] = query.bucket
-        head["tz"] = "%s%02d:%02d" % ("-" if query.offset_s < 0 else "+",
-                                      abs(query.offset_s) // 3600, abs(query.offset_s) % 3600 // 60)
-    head["from"], head["to"] = _instant_or_null(query.start), _instant_or_null(query.end)
+    head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
+                    if query.day_from is not None else _instant_or_null(query.start))
+    head["to"] = (_dt.date.fromordinal(query.day_to).isoformat()
+                  if query.day_to is not None else _instant_or_null(query.end))
     return head
 
 
@@ -4094,7 +4415,10 @@ def _chunked(pieces: Iterator[bytes]) -> Iterator[bytes]:
 
 def render_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     """The reply to a point query, streamed: JSON or CSV, raw or bucketed."""
-    if query.bucket:
+    if query.bucket and query.sleep_stages:
+        nights = sleep_nights(conn, query)
+        pieces = _sleep_csv(nights, query) if query.fmt == "csv" else _sleep_json(nights, query)
+    elif query.bucket:
         runs = bucket_runs(conn, query)
         pieces = _bucket_csv(runs, query) if query.fmt == "csv" else _bucket_json(runs, query)
     elif query.fmt == "csv":
@@ -4131,7 +4455,8 @@ def _raw_json(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 
 
 def _in_range(point: Any, query: PointQuery) -> bool:
-    return _coord_in_range(point_coordinate(point) if type(point) is dict else None, query)
+    return _coord_in_range(point_coordinate(point) if type(point) is dict else None, query,
+                           point)
 
 
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -4182,67 +4507,133 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
                 for key in point:
                     fields.setdefault(key, None)
     names = list(fields)
+    zone = query.zone
 
     def rows() -> Iterator[list]:
-        yield ["start", "end", "units"] + names
+        yield list(RAW_CSV_COLUMNS) + [name + "_" if name in RAW_CSV_COLUMNS else name
+                                       for name in names]
         for units, coord, point in iter_points(conn, query):
             start = format_instant(coord[0])
             end = start if coord[1] == coord[0] else format_instant(coord[1])
-            yield [start, end, units or ""] + [_csv_cell(point.get(key)) for key in names]
+            offset = zone.point_offset(raw_start(point), coord[0])
+            yield ([start, end, units or "", local_iso(coord[0], offset),
+                    _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()]
+                   + [_csv_cell(point.get(key)) for key in names])
 
     yield from _csv_lines(rows())
+
+
+RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
+"""The columns raw CSV puts before the point's own keys (a key of the same name gets a
+trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
+(the query's ``tz``; ``local``: as the phone wrote it) with its date."""
 
 
 @dataclass
 class _Run:
     units: Optional[str]
-    buckets: dict = field(default_factory=dict)  # bucket start µs -> _Bucket
+    buckets: dict = field(default_factory=dict)  # bucket key -> _Bucket
 
 
 @dataclass
 class _Bucket:
     count: int = 0
     fields: dict = field(default_factory=dict)  # name -> [count, min, max, sum]
-    stages: dict = field(default_factory=dict)  # sleep stage -> hours
+    first: Optional[int] = None  # the earliest instant counted, and its offset:
+    offset: int = 0  # where ``tz=local`` learns the bucket's local midnight
+
+    def saw(self, instant_us: int, offset_s: int) -> None:
+        if self.first is None or instant_us < self.first:
+            self.first, self.offset = instant_us, offset_s
 
 
-NIGHT_SHIFT_US = 6 * HOUR_US
-"""A sleep record counts for the day (or week) of its end plus 6 hours: the night you
-wake up from, also for the segments that end before midnight (a nap that ends before
-18:00 stays on its own day)."""
+def bucket_key(instant_us: int, offset_s: int, bucket: str) -> int:
+    """The bucket of an instant seen at ``offset_s``: for days and weeks the local date's
+    ordinal (weeks: their Monday's), for hours the UTC µs of the local clock hour's start
+    (a DST day has 23 or 25 of them: the hour repeated in autumn is two buckets)."""
+    local_s = instant_us // US + offset_s
+    if bucket == "hour":
+        return (local_s // 3600 * 3600 - offset_s) * US
+    day = local_s // 86400 + _EPOCH_ORDINAL
+    return day if bucket == "day" else day - (day - 1) % 7  # ordinal 1 was a Monday
 
 
-def bucket_start(instant: int, bucket: str, offset_s: int) -> int:
-    """The UTC µs start of the bucket holding ``instant``, aligned in local time
-    (``offset_s`` east of UTC); weeks start on Monday (1970-01-01 was a Thursday)."""
-    width = BUCKETS[bucket] * US
-    shift = offset_s * US + (3 * 86400 * US if bucket == "week" else 0)
-    return (instant + shift) // width * width - shift
+def _bucket_place(query: PointQuery, key: int, bucket: _Bucket) -> dict:
+    """``start`` (UTC), ``local`` (its local time) and ``date`` of a bucket."""
+    if query.bucket == "hour":
+        start = key
+        offset = query.zone.offset_at(key)
+        offset = bucket.offset if offset is None else offset
+        return {"start": format_instant(start), "local": local_iso(start, offset),
+                "date": _dt.date.fromordinal(local_ordinal(start, offset)).isoformat()}
+    start = query.zone.midnight(key, bucket.offset)
+    offset = query.zone.offset_at(start)
+    return {"start": format_instant(start),
+            "local": local_iso(start, bucket.offset if offset is None else offset),
+            "date": _dt.date.fromordinal(key).isoformat()}
+
+
+def _hour_offsets(query: PointQuery, hour: int, summary: dict) -> Optional[list]:
+    """The offsets the points of a UTC hour are placed in, when known without reading them:
+    the zone's at the hour's start and end, or (``tz=local``) those the fold wrote in the
+    hour's summary."""
+    start = query.zone.offset_at(hour * HOUR_US)
+    if start is None:
+        return summary.get("o")
+    end = query.zone.offset_at((hour + 1) * HOUR_US - 1)
+    return [start] if end == start else [start, end]
+
+
+def _summary_bucket(query: PointQuery, hour: int, whole: bool, summary: Optional[dict]
+                    ) -> Optional[tuple]:
+    """(key, offset) of the one bucket a whole hour falls in, when its summary can stand for
+    its points, else None (the points are read)."""
+    if not whole or summary is None:
+        return None
+    offsets = _hour_offsets(query, hour, summary)
+    if not offsets or len(offsets) != 1:
+        return None
+    offset = offsets[0]
+    key = bucket_key(hour * HOUR_US, offset, query.bucket)
+    if bucket_key((hour + 1) * HOUR_US - 1, offset, query.bucket) != key:
+        return None  # a half-hour offset: the hour straddles two local hours or days
+    return key, offset
 
 
 def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
     """Per run of equal units, per bucket: count and count/min/max/sum of every numeric
-    field; sleep stage records as hours per stage, by the night they end
-    (:data:`NIGHT_SHIFT_US`; hour buckets by their end).
+    field, in the query's local time (:class:`Zone`).
 
-    When buckets are aligned on whole hours, an object wholly inside the range is
-    counted from its stored summary (:func:`hour_summary`) without decoding its points:
-    a year of minute data is 8,760 summaries instead of half a million points.
+    An object wholly inside the range whose points all fall in one bucket is counted
+    from its stored summary (:func:`hour_summary`) without decoding its points: a year of
+    minute data is 8,760 summaries instead of half a million points.  A run holds at
+    least one bucket.
     """
     runs: list = []
-    by_summary = not query.sleep_stages and query.offset_s % 3600 == 0
-    for hour, units, whole, summary in _in_range_rows(conn, query, "summary"):
+    for hour, units, whole, summary_text in _in_range_rows(conn, query, "summary"):
+        summary = json.loads(summary_text) if summary_text else None
         if not runs or runs[-1].units != units:
+            if runs and not runs[-1].buckets:
+                runs.pop()  # nothing of the last run fell in the range
             runs.append(_Run(units))
         buckets = runs[-1].buckets
-        if by_summary and whole and summary is not None:
-            key = bucket_start(hour * HOUR_US, query.bucket, query.offset_s)
-            _add_summary(buckets.setdefault(key, _Bucket()), json.loads(summary))
+        placed = _summary_bucket(query, hour, whole, summary)
+        if placed is not None:
+            target = buckets.setdefault(placed[0], _Bucket())
+            target.saw(hour * HOUR_US, placed[1])
+            _add_summary(target, summary)
             continue
         for point in loads_body(_object_blob(conn, query, hour)):
             coord = point_coordinate(point) if type(point) is dict else None
-            if _coord_in_range(coord, query):
-                _add_point_to_bucket(buckets, query, coord, point)
+            if _coord_in_range(coord, query, point):
+                offset = query.zone.point_offset(raw_start(point), coord[0])
+                target = buckets.setdefault(bucket_key(coord[0], offset, query.bucket),
+                                            _Bucket())
+                target.saw(coord[0], offset)
+                target.count += 1
+                accumulate(target.fields, (point,))
+    if runs and not runs[-1].buckets:
+        runs.pop()
     return runs
 
 
@@ -4262,23 +4653,7 @@ def _add_summary(target: _Bucket, summary: dict) -> None:
             stats[0] += count
             stats[1] = min(stats[1], low)
             stats[2] = max(stats[2], high)
-            both = None if stats[3] is None or total is None else stats[3] + total
-            stats[3] = both if both is not None and -math.inf < both < math.inf else None
-
-
-def _add_point_to_bucket(buckets: dict, query: PointQuery, coord: tuple, point: dict) -> None:
-    stage = point.get("value") if query.sleep_stages else None
-    if type(stage) is str:
-        night = coord[1] + (NIGHT_SHIFT_US if query.bucket != "hour" else 0)
-        target = buckets.setdefault(bucket_start(night, query.bucket, query.offset_s),
-                                    _Bucket())
-        target.count += 1
-        target.stages[stage] = target.stages.get(stage, 0.0) + (coord[1] - coord[0]) / HOUR_US
-        return
-    target = buckets.setdefault(bucket_start(coord[0], query.bucket, query.offset_s),
-                                _Bucket())
-    target.count += 1
-    accumulate(target.fields, (point,))
+            stats[3] = None if stats[3] is None or total is None else stats[3] + total
 
 
 def _field_stats(stats: list) -> dict:
@@ -4296,12 +4671,11 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
         yield (b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"buckets":['
         for j, key in enumerate(sorted(run.buckets)):
             bucket = run.buckets[key]
-            item: dict = {"start": format_instant(key), "count": bucket.count}
+            item = _bucket_place(query, key, bucket)
+            item["count"] = bucket.count
             if bucket.fields:
                 item["fields"] = {name: _field_stats(stats)
                                   for name, stats in bucket.fields.items()}
-            if bucket.stages:
-                item["stages"] = dict(sorted(bucket.stages.items()))
             yield (b"," if j else b"") + _json_bytes(item)
         yield b"]}"
     yield b"]}"
@@ -4309,32 +4683,373 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
 
 def _bucket_csv(runs: list, query: PointQuery) -> Iterator[bytes]:
     fields: dict = {}
-    stages: dict = {}
     for run in runs:
         for bucket in run.buckets.values():
             for name in bucket.fields:
                 fields.setdefault(name, None)
-            for name in bucket.stages:
-                stages.setdefault(name, None)
-    columns = ["start", "units", "count"] + [
+    columns = ["start", "local", "date", "units", "count"] + [
         "%s_%s" % (name, stat) for name in fields
-        for stat in ("count", "min", "max", "avg", "sum")] + list(stages)
+        for stat in ("count", "min", "max", "avg", "sum")]
 
     def rows() -> Iterator[list]:
         yield columns
         for run in runs:
             for key in sorted(run.buckets):
                 bucket = run.buckets[key]
-                row = [format_instant(key), run.units or "", bucket.count]
+                place = _bucket_place(query, key, bucket)
+                row = [place["start"], place["local"], place["date"], run.units or "",
+                       bucket.count]
                 for name in fields:
                     stats = bucket.fields.get(name)
                     row += ([_csv_cell(v) for v in _field_stats(stats).values()] if stats
                             else [""] * 5)
-                row += [_csv_cell(bucket.stages[name]) if name in bucket.stages else ""
-                        for name in stages]
                 yield row
 
     yield from _csv_lines(rows())
+
+
+# -- sleep: a night belongs to the day it ends -----------------------------------------
+
+SLEEP_STAGE_NAMES = {
+    "core": ("core", "asleepcore", "kern", "léger", "leger", "ligero", "leggero"),
+    "deep": ("deep", "asleepdeep", "tief", "profond", "profundo", "profondo"),
+    "rem": ("rem", "asleeprem", "paradoxal"),
+    "asleep": ("asleep", "unspecified", "asleepunspecified", "schlafend", "endormi",
+               "dormido"),
+    "awake": ("awake", "wach", "éveillé", "eveille", "despierto", "sveglio"),
+    "in_bed": ("inbed", "imbett", "aulit", "encama", "aletto"),
+}
+"""How each sleep stage is spelled in HAE's records (``value``): English, as HealthKit
+names it (``HKCategoryValueSleepAnalysisAsleepREM``), and in the languages seen in
+phones' exports; compared lower-case without spaces, ``_`` or ``-``."""
+_STAGE_OF = {spelling: stage for stage, spellings in SLEEP_STAGE_NAMES.items()
+             for spelling in spellings}
+ASLEEP_STAGES = ("core", "deep", "rem", "asleep")
+NIGHT_GAP_US = 3 * HOUR_US
+"""Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
+SUMMARY_STAGES = (("core", "core"), ("deep", "deep"), ("rem", "rem"), ("awake", "awake"))
+
+
+def sleep_stage(value: Any) -> Optional[str]:
+    """The stage a record's ``value`` names (``core``, ``deep``, ``rem``, ``asleep``,
+    ``awake``, ``in_bed``), or None."""
+    if type(value) is not str:
+        return None
+    key = re.sub(r"[\s_-]+", "", value.lower())
+    if key.startswith("hkcategoryvaluesleepanalysis"):
+        key = key[len("hkcategoryvaluesleepanalysis"):]
+    return _STAGE_OF.get(key)
+
+
+def _hours(value: Any) -> Optional[float]:
+    return float(value) if type(value) in (int, float) and value > 0 else None
+
+
+@dataclass
+class Night:
+    """One sleep, placed on the local date of its end."""
+
+    date: int  # local date ordinal
+    end: int  # UTC µs
+    end_offset: int
+    start: Optional[int]
+    start_offset: int
+    asleep: Optional[float]
+    in_bed: Optional[float]
+    stages: dict
+    form: str  # "summary" (one point per night) or "records" (one per stage segment)
+
+
+def _summary_night(point: dict, zone: Zone) -> Optional[Night]:
+    """A night from HAE's aggregated sleep, in any of its forms: placed by ``sleepEnd``,
+    else ``inBedEnd``, else ``date``; asleep is ``totalSleep``, else ``asleep``, else core
+    + deep + rem (a Watch's ≥ 6.6.2 summary has ``asleep: 0`` beside ``totalSleep``)."""
+    for key in ("sleepEnd", "inBedEnd", "date"):
+        end = parse_time(point.get(key))
+        if end is not None:
+            end_offset = zone.point_offset(point.get(key), end)
+            break
+    else:
+        return None
+    start_raw = point.get("sleepStart") or point.get("inBedStart")
+    start = parse_time(start_raw)
+    stages = {stage: _hours(point.get(name)) for stage, name in SUMMARY_STAGES}
+    stages = {stage: hours for stage, hours in stages.items() if hours}
+    asleep = _hours(point.get("totalSleep")) or _hours(point.get("asleep"))
+    if asleep is None and any(stage in stages for stage in ("core", "deep", "rem")):
+        asleep = sum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    return Night(local_ordinal(end, end_offset), end, end_offset, start,
+                 end_offset if start is None else zone.point_offset(start_raw, start),
+                 asleep, _hours(point.get("inBed")), stages, "summary")
+
+
+def _union_hours(spans: list) -> float:
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total / HOUR_US
+
+
+def _record_nights(records: list, zone: Zone) -> list:
+    """Nights from stage records ((start, end, stage, hours, end text)): records less than
+    :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its last end.
+    Stage hours are each record's ``qty`` (else its span); asleep and in bed are the
+    lengths of the union of their records, so that two devices recording one night are
+    not counted twice."""
+    nights, group = [], []
+    for record in sorted(records) + [None]:
+        if group and (record is None or record[0] - max(r[1] for r in group) > NIGHT_GAP_US):
+            last = max(group, key=lambda r: r[1])
+            end_offset = zone.point_offset(last[4], last[1])
+            stages: dict = {}
+            for _, _, stage, hours, _ in group:
+                stages[stage] = stages.get(stage, 0.0) + hours
+            asleep = [(r[0], r[1]) for r in group if r[2] in ASLEEP_STAGES]
+            in_bed = [(r[0], r[1]) for r in group if r[2] == "in_bed"]
+            start = min(r[0] for r in group)
+            nights.append(Night(local_ordinal(last[1], end_offset), last[1], end_offset, start,
+                                end_offset, _union_hours(asleep) if asleep else None,
+                                _union_hours(in_bed) if in_bed else None,
+                                {k: v for k, v in stages.items() if k != "in_bed"}, "records"))
+            group = []
+        if record is not None:
+            group.append(record)
+    return nights
+
+
+def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
+    """The nights whose end lies in the range, by local date: a date with a summary night
+    takes the summary (HAE's own aggregate, what Apple Health shows), else the nights
+    its stage records make.  The same night summarised twice (HAE re-sends a night with
+    ``date`` once the sleep start, once the wake time) counts once."""
+    widened = _replace(query, start=None if query.start is None
+                                  else query.start - 2 * 86400 * US, day_from=None,
+                                  day_to=None)
+    summaries: dict = {}
+    records = []
+    for _, _, point in iter_points(conn, widened):
+        stage = sleep_stage(point.get("value"))
+        if stage is not None:
+            start, end = point_span(point) or (None, None)
+            if start is None:
+                continue
+            hours = _hours(point.get("qty"))
+            raw_end = point.get("end") or point.get("endDate") or raw_start(point)
+            records.append((start, end, stage, (end - start) / HOUR_US if hours is None
+                            else hours, raw_end))
+            continue
+        night = _summary_night(point, query.zone)
+        if night is not None:
+            known = summaries.get(night.end)
+            if known is None or len(content_keys(point)) >= known[1]:
+                summaries[night.end] = (night, len(content_keys(point)))
+    by_date: dict = {}
+    for night, _ in summaries.values():
+        by_date.setdefault(night.date, []).append(night)
+    for night in _record_nights(records, query.zone):
+        if night.date not in by_date or by_date[night.date][0].form == "records":
+            by_date.setdefault(night.date, []).append(night)
+    return [night for date in sorted(by_date) for night in sorted(by_date[date],
+                                                                  key=lambda n: n.end)
+            if _night_in_range(night, query)]
+
+
+def _night_in_range(night: Night, query: PointQuery) -> bool:
+    if query.start is not None and query.day_from is None and night.end < query.start:
+        return False
+    if query.end is not None and query.day_to is None and night.end >= query.end:
+        return False
+    return ((query.day_from is None or night.date >= query.day_from)
+            and (query.day_to is None or night.date < query.day_to))
+
+
+def sleep_buckets(nights: list, query: PointQuery) -> list:
+    """Day buckets (a date's nights summed) or week buckets (the average night of the
+    nights there are), in the reply's shape."""
+    groups: dict = {}
+    for night in nights:
+        key = night.date if query.bucket == "day" else night.date - (night.date - 1) % 7
+        groups.setdefault(key, []).append(night)
+    out = []
+    for key in sorted(groups):
+        members = groups[key]
+        days = len({n.date for n in members})
+        share = 1.0 if query.bucket == "day" else 1.0 / days
+
+        def total(values: list, share: float = share) -> Optional[float]:
+            known = [v for v in values if v is not None]
+            return sum(known) * share if known else None
+
+        stages: dict = {}
+        for night in members:
+            for stage, hours in night.stages.items():
+                stages[stage] = stages.get(stage, 0.0) + hours * share
+        first = min(members, key=lambda n: n.end)
+        bucket = _Bucket(count=len(members), first=first.end, offset=first.end_offset)
+        item = _bucket_place(query, key, bucket)
+        starts = [n for n in members if n.start is not None]
+        item.update({"count": len(members), "nights": days,
+                     "asleep": total([n.asleep for n in members]),
+                     "in_bed": total([n.in_bed for n in members]),
+                     "stages": dict(sorted(stages.items())),
+                     "form": "summary" if all(n.form == "summary" for n in members)
+                     else "records" if all(n.form == "records" for n in members) else "mixed"})
+        if query.bucket == "day":
+            earliest = min(starts, key=lambda n: n.start) if starts else None
+            last = max(members, key=lambda n: n.end)
+            item["sleep_start"] = (local_iso(earliest.start, earliest.start_offset)
+                                   if earliest else None)
+            item["sleep_end"] = local_iso(last.end, last.end_offset)
+        out.append(item)
+    return out
+
+
+def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
+    head = _json_bytes(_head(query))
+    yield head[:-1] + b',"units":"hr","nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}"
+
+
+def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
+    buckets = sleep_buckets(nights, query)
+    stages = sorted({stage for item in buckets for stage in item["stages"]})
+    columns = ["start", "local", "date", "nights", "asleep", "in_bed"] + stages
+    if query.bucket == "day":
+        columns += ["sleep_start", "sleep_end", "form"]
+
+    def rows() -> Iterator[list]:
+        yield columns
+        for item in buckets:
+            row = [item["start"], item["local"], item["date"], item["nights"],
+                   _csv_cell(item["asleep"]), _csv_cell(item["in_bed"])]
+            row += [_csv_cell(item["stages"].get(stage)) for stage in stages]
+            if query.bucket == "day":
+                row += [item["sleep_start"] or "", item["sleep_end"], item["form"]]
+            yield row
+
+    yield from _csv_lines(rows())
+
+
+# -- records: workouts, ECG recordings and events as lists, newest first --------------
+
+RECORDS_LIMIT = (50, 500)
+"""Records per page: default and maximum."""
+
+
+def _quantity(value: Any) -> Optional[dict]:
+    """``{qty, units}`` as HAE writes a measured amount, when it is one."""
+    if type(value) is dict and type(value.get("qty")) in (int, float):
+        return {"qty": value["qty"], "units": value.get("units")}
+    return None
+
+
+def workout_item(point: dict, coord: tuple) -> dict:
+    """A workout of either export version: version 2 has ``id`` and ``duration`` (seconds),
+    ``activeEnergyBurned`` and a ``heartRate`` summary; version 1 has neither id nor
+    duration (it is the span), and ``activeEnergy``/``totalEnergy`` as amounts."""
+    duration = point.get("duration")
+    if type(duration) not in (int, float) or duration <= 0:
+        duration = (coord[1] - coord[0]) / US if coord[1] > coord[0] else None
+    energy = (_quantity(point.get("activeEnergyBurned")) or _quantity(point.get("activeEnergy"))
+              or _quantity(point.get("totalEnergy")))
+    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    average = _quantity(summary.get("avg")) or _quantity(point.get("avgHeartRate"))
+    highest = _quantity(summary.get("max")) or _quantity(point.get("maxHeartRate"))
+    name = point.get("name")
+    return {"name": name if type(name) is str else None, "duration_s": duration,
+            "energy": energy, "distance": _quantity(point.get("distance")),
+            "average_heart_rate": average, "max_heart_rate": highest,
+            "location": point.get("location") if type(point.get("location")) is str else None,
+            "version": 2 if "duration" in point or "id" in point else 1}
+
+
+def ecg_item(point: dict, coord: tuple) -> dict:
+    """An ECG recording without its samples (``/api/ecg`` gives those)."""
+    samples = point.get("voltageMeasurements")
+    frequency = point.get("samplingFrequency")
+    return {"classification": point.get("classification"),
+            "average_heart_rate": point.get("averageHeartRate"),
+            "sampling_frequency": frequency if type(frequency) in (int, float) else None,
+            "samples": len(samples) if type(samples) is list else 0}
+
+
+def event_item(point: dict, meaning: Meaning) -> dict:
+    """An event: the fields its meaning names, as they are."""
+    return {"details": {name: point[name] for name in meaning.fields if name in point}}
+
+
+def records(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/records``: the points of a workouts, ECG or events metric as a list,
+    newest first, each with its start in UTC and in local time (``tz``) and its local
+    date; paged by ``limit`` and ``before`` (a start, as ``next_before`` gives it)."""
+    query = point_query(conn, dict(args, bucket=None, format=None))
+    meaning = meaning_of(query.metric)
+    if meaning.kind not in ("workouts", "ecg", "events"):
+        raise BadRequest("%s is a series: ask /api/points" % loggable_metric(query.metric))
+    limit = _whole_number("limit", args.get("limit"), RECORDS_LIMIT[0], RECORDS_LIMIT[1])
+    before = _query_time("before", args.get("before"))
+    if before is not None:
+        query = _replace(query, end=before if query.end is None else min(query.end, before))
+    items: list = []
+    for _, coord, point in iter_points_newest(conn, query):
+        if len(items) == limit + 1:
+            break
+        offset = query.zone.point_offset(raw_start(point), coord[0])
+        item = {"start": format_instant(coord[0]),
+                "end": format_instant(coord[1]), "local_start": local_iso(coord[0], offset),
+                "date": _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()}
+        if meaning.kind == "workouts":
+            item.update(workout_item(point, coord))
+        elif meaning.kind == "ecg":
+            item.update(ecg_item(point, coord))
+        else:
+            item.update(event_item(point, meaning))
+        items.append(item)
+    more = len(items) > limit
+    items = items[:limit]
+    return {"metric": query.metric, "kind": meaning.kind, "tz": query.zone.name,
+            "items": items, "next_before": items[-1]["start"] if more else None}
+
+
+def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """:func:`iter_points`, newest first (an object at a time: a page of a year of workouts
+    decodes only the hours it shows)."""
+    low = -(1 << 62) if query.start is None else query.start // HOUR_US
+    high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
+    for units, blob in conn.execute(
+            "SELECT units, blob FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN"
+            " ? AND ? ORDER BY hour DESC", (query.metric, query.layer, low, high)):
+        found = []
+        for point in loads_body(decompress_blob(blob)):
+            coord = point_coordinate(point) if type(point) is dict else None
+            if _coord_in_range(coord, query, point):
+                found.append((units, coord, point))
+        yield from reversed(found)  # stored in time order
+
+
+def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/ecg?start=…``: the recording that starts then, with its voltages in the
+    order they were measured, at its sampling frequency."""
+    start = _query_time("start", args.get("start"))
+    if start is None:
+        raise BadRequest("start is required: a recording's start, as /api/records lists it")
+    zone = parse_zone(args.get("tz"))
+    query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
+    for _, coord, point in iter_points(conn, query):
+        samples = point.get("voltageMeasurements")
+        samples = samples if type(samples) is list else []
+        readings = sorted((item for item in samples if type(item) is dict
+                           and type(item.get("voltage")) in (int, float)),
+                          key=lambda item: parse_time(item.get("date")) or 0)
+        units = {item.get("units") for item in readings if type(item.get("units")) is str}
+        offset = zone.point_offset(raw_start(point), coord[0])
+        return dict(ecg_item(point, coord), start=format_instant(coord[0]),
+                    local_start=local_iso(coord[0], offset),
+                    units=units.pop() if len(units) == 1 else None,
+                    voltages=[item["voltage"] for item in readings])
+    raise NotFound("no ECG recording starts then")
 
 
 DELIVERY_FIELDS = ("id", "received_at", "body_bytes", "automation_name", "automation_id",
@@ -4603,14 +5318,16 @@ EXPORT_COLUMNS = ("qty", "value", "min", "avg", "max", "source")
 
 _EXPORT_SCHEMA = """
 CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT NULL,
-                     "end" TEXT NOT NULL, units TEXT, qty REAL, value TEXT, min REAL, avg REAL,
-                     max REAL, source TEXT, extra TEXT);
+                     "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_date TEXT NOT NULL,
+                     units TEXT, qty REAL, value TEXT, min REAL, avg REAL, max REAL,
+                     source TEXT, extra TEXT);
 CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
                       first TEXT, last TEXT);
 """
 _EXPORT_INDEXES = """
 CREATE INDEX points_metric ON points (metric, layer, start);
 CREATE INDEX points_start ON points (start);
+CREATE INDEX points_local_date ON points (local_date);
 """
 
 
@@ -4625,7 +5342,10 @@ def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, poi
             lowered[name] = value
         else:
             extra[key] = value
-    return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]), units)
+    offset = text_offset(raw_start(point), coord[0])
+    return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
+             local_iso(coord[0], offset),
+             _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat(), units)
             + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
             + (json.dumps(extra, ensure_ascii=False) if extra else None,))
 
@@ -4644,7 +5364,7 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
             rows = (_export_row(metric, layer, units, coord, point)
                     for units, coord, point in iter_points(conn, query))
             before = target.total_changes
-            target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             written += target.total_changes - before
         for item in catalog(conn):
             target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
@@ -4792,6 +5512,8 @@ class App:
                 ("/api/catalog", "GET", self.catalog),
                 ("/api/points", "GET", self.points),
                 ("/api/deliveries", "GET", self.deliveries),
+                ("/api/records", "GET", self.records),
+                ("/api/ecg", "GET", self.ecg),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
@@ -5082,6 +5804,16 @@ class App:
         """GET /api/deliveries: the journal, newest first, never bodies or values."""
         self.authenticate(environ, cookie=True)
         return self._ok(deliveries(self.pool.get(), _query_args(environ)))
+
+    def records(self, environ: dict) -> tuple:
+        """GET /api/records: workouts, ECG recordings and events, newest first."""
+        self.authenticate(environ, cookie=True)
+        return self._ok(records(self.pool.get(), _query_args(environ)))
+
+    def ecg(self, environ: dict) -> tuple:
+        """GET /api/ecg: one ECG recording's trace."""
+        self.authenticate(environ, cookie=True)
+        return self._ok(ecg_trace(self.pool.get(), _query_args(environ)))
 
     def metrics(self, environ: dict) -> tuple:
         """GET /metrics: Prometheus text format."""
@@ -6721,7 +7453,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
     export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
     export.add_argument("--bucket", choices=tuple(BUCKETS), help="aggregate per bucket")
-    export.add_argument("--tz", metavar="OFFSET", help="bucket alignment, e.g. +02:00")
+    export.add_argument("--tz", metavar="ZONE",
+                        help="local time of days and hours: local (default: as the phone wrote"
+                             " each point), a time zone such as Europe/Berlin, or an offset")
     export.add_argument("--format", choices=("csv", "json", "sqlite"), default="json",
                         help="json (default), csv, or sqlite (every metric, into OUT.db)")
     return parser

@@ -448,6 +448,21 @@ def crash_torture(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies,
     assert not lost, "%s: acknowledged deliveries lost:\n%s" % (context, "\n".join(lost[:20]))
     assert len({item.delivery_id for item in sent}) == len(sent), (
         "%s: one delivery id answered twice" % context)
+    # A delivery whose fold the kills cut three times in a row (it is the first folded after
+    # each restart, and a big body's fold outlasts a kill window) was failed so that the
+    # queue moves (FOLD-14): its body is whole, and `refold` brings it back.
+    exhausted = [i for (i, error) in query(
+        data_dir, "SELECT id, error FROM delivery WHERE parse_status = 'failed'")
+        if error == "fold_attempts_exhausted"]
+    if exhausted:
+        refolded = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "refold",
+                                   "--data", str(data_dir), "--failed"],
+                                  capture_output=True, text=True, timeout=60)
+        assert refolded.returncode == 0, refolded.stderr
+        serve = serve_process(data_dir)
+        logs.append(serve.log_path)
+        wait_drained(data_dir, drain_timeout, context)
+        assert serve.terminate() == 0, "%s: serve did not stop in order" % context
     statuses = dict(query(data_dir, "SELECT id, parse_status FROM delivery"))
     not_parsed = sorted((item.delivery_id, statuses[item.delivery_id]) for item in sent
                         if statuses[item.delivery_id] != "parsed")
@@ -459,16 +474,19 @@ def crash_torture(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies,
     missing = sorted(p for p in journaled if not (data_dir / p).is_file())
     assert not missing, "%s: journal rows without their body: %s" % (context, missing[:20])
     orphans = archive_bodies(data_dir) - journaled
-    errors = log_records(logs)
+    errors = [r for r in log_records(logs)
+              if not r.get("msg", "").startswith("a delivery was tried 3 times")]
     assert not errors, "%s: serve logged errors: %s" % (context, errors[:10])
     figures = check_store_matches_rebuild(data_dir, tmp_path, orphans, context)
 
     unacknowledged = len(journaled) - len(sent)
-    print("%s: kills survived %d, deliveries acknowledged %d (%d of 20 MiB), lost 0; "
+    print("%s: kills survived %d, deliveries acknowledged %d (%d of 20 MiB), lost 0, failed"
+          " after three cut folds and refolded %d; "
           "journaled without an answer %d, orphan bodies %d, posts cut off %d, 503 answers %d, "
           "uploads left in DATA/tmp by a kill and cleared at restart %d; objects %d, "
           "points %d, archive %.1f MiB; final drain %.1f s; wall %.1f s"
-          % (label, tally.kills, tally.acknowledged, tally.big_acknowledged, unacknowledged,
+          % (label, tally.kills, tally.acknowledged, tally.big_acknowledged, len(exhausted),
+             unacknowledged,
              len(orphans), tally.unanswered, tally.busy, tally.tmp_left_by_kill,
              figures["objects"], figures["points"], figures["archive_bytes"] / MIB, drained,
              time.monotonic() - started))
