@@ -6,14 +6,18 @@ Usage: ``python3 build_zipapp.py [--output PATH] [--wheels DIR]``
 What goes in:
   healthlog.py     the whole program, byte for byte
   __main__.py      generated: refuses Python < 3.9 with one line, then calls healthlog.main()
-  bottle, cheroot, jaraco.functools, more-itertools
+  bottle, cheroot, jaraco.functools, more-itertools, tzdata
                    unpacked from wheels pinned by version and sha256 (WHEELS below), which
                    must agree with pyproject.toml's [project] dependencies; each keeps its
                    METADATA and license files (the BSD and MIT licenses require the notices)
 
 How:
   1. Wheels missing from the cache directory (default build/wheels) are fetched with
-     ``pip download --require-hashes``; every wheel's sha256 is then checked here as well.
+     ``pip download --require-hashes``, or, where this Python has no pip (Debian's and
+     Raspberry Pi OS Lite's ``python3`` without the python3-pip package), by this script
+     itself from pip's ``find-links`` folders and package index (``PIP_INDEX_URL``, else
+     ``index-url`` in pip's configuration files, else PyPI), so mirrors keep working; every
+     wheel's sha256 is then checked here as well.
   2. Each wheel is read as a zip; package files are kept, tests, type stubs, scripts and
      install records are dropped, and a compiled extension anywhere stops the build.
   3. The archive is reproducible: entries sorted by name, every timestamp 1980-01-01, modes
@@ -25,16 +29,22 @@ How:
      output, made 0755, and renamed over the output.
 
 Byte-identical output needs the same zlib (deflate output may differ between zlib versions).
-The builder runs on Python 3.9 or newer and needs nothing but the standard library, plus pip
-when a wheel has to be downloaded.
+The builder runs on Python 3.9 or newer and needs nothing but the standard library.
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
 import hashlib
+import html.parser
+import importlib.util
 import json
 import os
+import shutil
+import ssl
+import urllib.parse
+import urllib.request
 import re
 import stat
 import subprocess
@@ -105,6 +115,10 @@ WHEELS = (
           "9eec1e36f45c818d9bf307c8948eb03b2b56cd44087b3cdc989abca1f20b9176"),
     Wheel("more-itertools", "10.8.0", "more_itertools-10.8.0-py3-none-any.whl",
           "52d4362373dcf7c52546bc4af9a86ee7c4579df9a8dc268be0a2f949d376cc9b"),
+    # The IANA time zones, for hosts without a system time-zone database (a minimal NAS or
+    # container image): zoneinfo reads the system's first and this package otherwise.
+    Wheel("tzdata", "2026.6", "tzdata-2026.6-py2.py3-none-any.whl",
+          "0a10eec6e13ef16b627fabed9a5f2ba61a62b1c67f327305f4e7e412a70b4aec"),
 )
 
 # A zip cannot import these (zipimport refuses dynamic modules) and the pyz must run on x86-64
@@ -218,7 +232,11 @@ def requirements_text(wheels: Iterable[Wheel]) -> str:
 
 
 def download(wheels: list[Wheel], wheels_dir: Path) -> None:
-    """Fetch `wheels` into `wheels_dir` with pip, which checks their hashes on the way."""
+    """Fetch `wheels` into `wheels_dir`: with pip, which checks their hashes on the way,
+    or without it where this Python has none (:func:`fetch_without_pip`)."""
+    if importlib.util.find_spec("pip") is None:
+        fetch_without_pip(wheels, wheels_dir)
+        return
     with tempfile.TemporaryDirectory(prefix="healthlog-build-") as scratch:
         requirements = Path(scratch) / "requirements.txt"
         requirements.write_text(requirements_text(wheels), encoding="utf-8")
@@ -232,6 +250,105 @@ def download(wheels: list[Wheel], wheels_dir: Path) -> None:
     if result.returncode != 0:
         raise BuildError(f"pip download failed with exit code {result.returncode} (the wheels "
                          f"can also be put into {wheels_dir} by hand):\n{result.stdout}")
+
+
+PYPI_SIMPLE = "https://pypi.org/simple/"
+FETCH_TIMEOUT_S = 60
+
+
+def pip_settings(environ: dict = os.environ) -> tuple[str, list[str], str | None]:
+    """(index URL, find-links locations, CA file) as pip would take them: its environment
+    variables first, then ``[download]`` and ``[global]`` of its configuration files (the
+    later file wins, as in pip), else PyPI."""
+    names = [Path("/etc/pip.conf"), Path("/etc/xdg/pip/pip.conf"),
+             Path(environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "pip" / "pip.conf",
+             Path.home() / ".pip" / "pip.conf"]
+    if environ.get("PIP_CONFIG_FILE"):
+        names.append(Path(environ["PIP_CONFIG_FILE"]))
+    config = configparser.ConfigParser(interpolation=None)
+    for path in names:
+        try:
+            config.read(path, encoding="utf-8")
+        except (OSError, configparser.Error):
+            continue
+
+    def setting(key: str) -> str | None:
+        value = environ.get("PIP_" + key.upper().replace("-", "_"))
+        for section in ("download", "global"):
+            if value is None and config.has_option(section, key):
+                value = config.get(section, key)
+        return value
+
+    index = setting("index-url") or PYPI_SIMPLE
+    links = (setting("find-links") or "").split()
+    return index, links, setting("cert")
+
+
+class _Links(html.parser.HTMLParser):
+    """The ``<a href>`` links of a PEP 503 simple-index page, by their text (the file name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: dict[str, str] = {}
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None and data.strip():
+            self.links[data.strip()] = self._href
+            self._href = None
+
+
+def _open(url: str, cafile: str | None):
+    context = ssl.create_default_context(cafile=cafile) if url.startswith("https:") else None
+    request = urllib.request.Request(url, headers={"User-Agent": "healthlog-build"})
+    return urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S, context=context)
+
+
+def fetch_without_pip(wheels: list[Wheel], wheels_dir: Path,
+                      environ: dict = os.environ) -> None:
+    """Fetch `wheels` with the standard library: from a local find-links folder when one
+    holds the file, else from the package index's simple page of the project.  Each file
+    is checked against its pinned sha256 before it enters `wheels_dir`."""
+    index, links, cafile = pip_settings(environ)
+    print(f"build_zipapp: no pip here; fetching {', '.join(w.filename for w in wheels)}"
+          f" from {index}", file=sys.stderr)
+    for wheel in wheels:
+        target = wheels_dir / wheel.filename
+        partial = wheels_dir / (wheel.filename + ".part")
+        local = [Path(urllib.parse.urlparse(link).path if link.startswith("file:") else link)
+                 / wheel.filename for link in links if "://" not in link
+                 or link.startswith("file:")]
+        found = next((path for path in local if path.is_file()
+                      and sha256_of(path) == wheel.sha256), None)
+        try:
+            if found is not None:
+                shutil.copyfile(found, partial)
+            else:
+                page_url = index.rstrip("/") + "/" + normalize_name(wheel.name) + "/"
+                with _open(page_url, cafile) as page:
+                    parser = _Links()
+                    parser.feed(page.read().decode("utf-8", "replace"))
+                href = parser.links.get(wheel.filename)
+                if href is None:
+                    raise BuildError(f"{page_url} does not list {wheel.filename}")
+                with _open(urllib.parse.urljoin(page_url, href), cafile) as source, \
+                        open(partial, "wb") as out:
+                    shutil.copyfileobj(source, out)
+        except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+            partial.unlink(missing_ok=True)
+            raise BuildError(f"cannot fetch {wheel.filename} from {index} ({exc}); install pip"
+                             f" (Debian: apt install python3-pip), or put the wheel into"
+                             f" {wheels_dir} by hand") from None
+        actual = sha256_of(partial)
+        if actual != wheel.sha256:
+            partial.unlink()
+            raise BuildError(f"{wheel.filename} from {index}: sha256 {actual}, expected"
+                             f" {wheel.sha256}")
+        os.replace(partial, target)
 
 
 def fetch_wheels(wheels_dir: Path, wheels: Iterable[Wheel] = WHEELS) -> list[Path]:

@@ -233,6 +233,111 @@ def test_downloaded_wheel_with_wrong_hash_stops_the_build(tmp_path, monkeypatch)
         build_zipapp.fetch_wheels(tmp_path, [wheel])
 
 
+class _Index:
+    """A PEP 503 simple index on 127.0.0.1 for the builder to fetch from, in a thread:
+    ``/simple/<project>/`` lists each wheel of ``files`` by its name; every path asked
+    is remembered."""
+
+    def __init__(self, root: Path, files: dict):
+        import http.server
+        import threading
+
+        for name, data in files.items():
+            (root / "files").mkdir(parents=True, exist_ok=True)
+            (root / "files" / name).write_bytes(data)
+        for wheel in build_zipapp.WHEELS:
+            page = root / "simple" / build_zipapp.normalize_name(wheel.name)
+            page.mkdir(parents=True, exist_ok=True)
+            (page / "index.html").write_text(
+                '<html><body><a href="../../files/%s#sha256=%s">%s</a></body></html>'
+                % (wheel.filename, wheel.sha256, wheel.filename))
+        asked = self.asked = []
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(root), **kwargs)
+
+            def log_message(self, *args):
+                asked.append(self.path)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d/simple/" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+def build_without_pip(tmp_path: Path, index: _Index) -> subprocess.CompletedProcess:
+    """``python3 -S -I build_zipapp.py`` (no site-packages: no pip) into empty caches, with
+    pip's own settings pointing at ``index`` (and no find-links folder)."""
+    env = dict(os.environ, PIP_INDEX_URL=index.url, PIP_FIND_LINKS="",
+               PIP_CONFIG_FILE=os.devnull)
+    return subprocess.run([sys.executable, "-S", "-I", str(build_zipapp.ROOT / "build_zipapp.py"),
+                           "--wheels", str(tmp_path / "wheels"),
+                           "--output", str(tmp_path / "out" / "healthlog.pyz")],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_without_pip_the_build_fetches_the_pinned_wheels_from_pips_index(pyz, tmp_path):
+    """A Python without pip (Debian's and Raspberry Pi OS Lite's python3 without
+    python3-pip, here `python3 -S -I`) builds the same archive from the index pip's
+    settings name (PIP_INDEX_URL: a mirror keeps working), each wheel hash-checked."""
+    files = {w.filename: (build_zipapp.DEFAULT_WHEELS / w.filename).read_bytes()
+             for w in build_zipapp.WHEELS}
+    index = _Index(tmp_path / "index", files)
+    try:
+        result = build_without_pip(tmp_path, index)
+    finally:
+        index.close()
+    assert result.returncode == 0, result.stderr
+    assert "no pip here" in result.stderr and index.url in result.stderr
+    assert (tmp_path / "out" / "healthlog.pyz").read_bytes() == pyz.read_bytes()
+    for wheel in build_zipapp.WHEELS:
+        assert any(path.endswith(wheel.filename) for path in index.asked), index.asked
+    assert sorted(p.name for p in (tmp_path / "wheels").iterdir()) == sorted(files)
+
+
+def test_without_pip_a_wheel_that_is_not_the_pinned_one_stops_the_build(pyz, tmp_path):
+    files = {w.filename: (build_zipapp.DEFAULT_WHEELS / w.filename).read_bytes()
+             for w in build_zipapp.WHEELS}
+    tampered = build_zipapp.WHEELS[1].filename
+    files[tampered] = files[tampered] + b"x"
+    index = _Index(tmp_path / "index", files)
+    try:
+        result = build_without_pip(tmp_path, index)
+    finally:
+        index.close()
+    assert result.returncode != 0
+    assert tampered in result.stderr and "sha256" in result.stderr
+    assert not (tmp_path / "wheels" / tampered).exists()
+    assert not list((tmp_path / "wheels").glob("*.part"))
+    assert not (tmp_path / "out" / "healthlog.pyz").exists()
+
+
+def test_without_pip_an_unreachable_index_says_what_to_do(tmp_path):
+    index = _Index(tmp_path / "index", {})
+    index.close()  # nothing listens there any more
+    result = build_without_pip(tmp_path, index)
+    assert result.returncode != 0
+    [line] = [line for line in result.stderr.splitlines() if "cannot fetch" in line]
+    assert "apt install python3-pip" in line and str(tmp_path / "wheels") in line
+
+
+def test_pip_settings_follow_pip_environment_then_its_configuration(tmp_path):
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nindex-url = https://mirror.example/simple\n"
+                      "find-links = /srv/wheels\n[download]\nindex-url = https://dl.example/s\n")
+    env = {"PIP_CONFIG_FILE": str(config), "HOME": str(tmp_path)}
+    assert build_zipapp.pip_settings(env)[:2] == ("https://dl.example/s", ["/srv/wheels"])
+    env["PIP_INDEX_URL"] = "https://env.example/simple"
+    env["PIP_FIND_LINKS"] = "/a /b"
+    assert build_zipapp.pip_settings(env)[:2] == ("https://env.example/simple", ["/a", "/b"])
+
+
 def test_requirements_file_pins_versions_and_hashes():
     text = build_zipapp.requirements_text(build_zipapp.WHEELS)
     for wheel in build_zipapp.WHEELS:
