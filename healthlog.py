@@ -2045,14 +2045,11 @@ def ensure_data_dir(path: Path) -> None:
         raise ConfigError("data directory %s is not writable" % path)
 
 
-def resolve_token(config: Config, announce: Callable[[str], None]) -> str:
-    """The token from the config, else ``DATA/token``, else a new one written there.
-
-    A new token is announced once (with the Health Auto Export setup hint), never
-    logged.
-    """
+def resolve_token(config: Config) -> tuple:
+    """(token, made now): the token from the config, else ``DATA/token``, else a new one
+    written there (shown once, in the start banner, never logged)."""
     if config.token:
-        return config.token
+        return config.token, False
     path = config.data_dir / TOKEN_NAME
     try:
         text = path.read_text(encoding="utf-8").strip()
@@ -2064,11 +2061,10 @@ def resolve_token(config: Config, announce: Callable[[str], None]) -> str:
         raise ConfigError("cannot read %s: it is not UTF-8 text (write the token there"
                           " again, or remove the file to have a new one made)" % path) from None
     if text is not None:
-        return check_token_length(_check_token(text, str(path)), str(path))
+        return check_token_length(_check_token(text, str(path)), str(path)), False
     token = secrets.token_urlsafe(32)
     write_durable(path, (token + "\n").encode(), mode=0o600)
-    announce(token)
-    return token
+    return token, True
 
 
 def count_pending(conn: sqlite3.Connection) -> int:
@@ -6383,7 +6379,7 @@ class Service:
 
     def __init__(self, config: Config, announce: Optional[Callable[[str], None]] = None):
         self.config = config
-        self.announce = announce or (lambda token: print_token_hint(config, token))
+        self.announce = announce or (lambda text: print(text, flush=True))
         self.lock = DataDirLock(config.data_dir)
         self.archive = Archive(config.data_dir)
         self.pool = ConnectionPool(config, synchronous="FULL")
@@ -6424,7 +6420,8 @@ class Service:
             self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
             self._bind()  # a taken port fails here: before a token is announced or a fold runs
             self.archive.clear_tmp()
-            self.app.set_token(resolve_token(self.config, self.announce))
+            token, made = resolve_token(self.config)
+            self.app.set_token(token)
             self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
             self._serve_thread.start()
             self.worker.start()
@@ -6436,6 +6433,7 @@ class Service:
             self.lock.release()
             raise
         host, port = self.address
+        self.announce(start_banner(self.config, host, port, token if made else None))
         log_event(logging.INFO, "serving", listen=format_address(host, port),
                   data=str(self.config.data_dir), version=__version__)
         warn_if_memory_short(self.config)
@@ -6599,17 +6597,74 @@ def warn_if_memory_short(config: Config) -> None:
               limit_mib=limit >> 20, limit_of=what, safe_max_body_mib=max(safe, 0))
 
 
-def print_token_hint(config: Config, token: str) -> None:
-    """Show a newly created token once, with what to type into Health Auto Export."""
-    host = config.host if config.host not in ("0.0.0.0", "::", "") else "<this-machine>"
-    print("healthlog: created an access token in %s (keep it secret; it is shown once)\n"
-          "\n"
-          "In Health Auto Export, add an automation of type REST API:\n"
-          "  URL:            http://%s/api/ingest\n"
-          "  Headers:        Authorization: Bearer %s\n"
-          "  Export Format:  JSON    (one time grouping per automation)\n"
-          % (config.data_dir / TOKEN_NAME, format_address(host, config.port), token),
-          flush=True)
+def local_addresses() -> list:
+    """This machine's addresses a phone on the LAN can use: IPv4 of every interface but
+    loopback, and global IPv6 (Linux: ``/proc/net/if_inet6``)."""
+    found = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                packed = fcntl.ioctl(probe.fileno(), 0x8915,
+                                     name.encode()[:15].ljust(40, b"\0"))
+            except OSError:
+                continue
+            address = socket.inet_ntoa(packed[20:24])
+            if not address.startswith("127.") and address not in found:
+                found.append(address)
+    except (OSError, AttributeError):  # no if_nameindex, or no such ioctl, off Linux
+        pass
+    finally:
+        probe.close()
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) >= 6 and fields[3] == "00" and fields[5] != "lo":  # global
+                    address = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(fields[0]))
+                    if address not in found:
+                        found.append(address)
+    except OSError:
+        pass
+    return found
+
+
+HAE_SETTINGS = (("Export Format", "JSON"), ("Export Version", "v2"),
+                ("Time Grouping", "one per automation (Minutes, and Days in a second one)"),
+                ("Batch Requests", "off (on for a big backfill)"))
+"""What to choose in Health Auto Export besides URL and headers, in the order its REST API
+automation screen shows them (README: Setting up Health Auto Export)."""
+
+
+def start_banner(config: Config, host: str, port: int, new_token: Optional[str]) -> str:
+    """What ``serve`` prints on standard output at each start: where the dashboard is and
+    what to type into Health Auto Export.  The token itself only when it was just made (and
+    never in a log record)."""
+    if host in ("0.0.0.0", "::", ""):
+        hosts = local_addresses() or ["<this-machine>"]
+        hosts += ["127.0.0.1"] if host == "0.0.0.0" else ["::1"]
+    else:
+        hosts = [host]
+    urls = ["http://%s" % format_address(name, port) for name in hosts]
+    lan = [url for url in urls if "127.0.0.1" not in url and "[::1]" not in url] or urls
+    if new_token is not None:
+        token = new_token
+        kept = ("a new access token, kept in %s (mode 0600; it is shown only this once)"
+                % (config.data_dir / TOKEN_NAME))
+    elif config.token:
+        token, kept = "<the token you gave>", "the token given with --token or HEALTHLOG_TOKEN"
+    else:
+        token = "<the token in %s>" % (config.data_dir / TOKEN_NAME)
+        kept = "the access token in %s" % (config.data_dir / TOKEN_NAME)
+    lines = ["healthlog %s: data in %s; %s" % (__version__, config.data_dir, kept), "",
+             "Dashboard (sign in with the token):"]
+    lines += ["  %s/" % url for url in urls]
+    lines += ["", "In Health Auto Export, add an automation of type REST API:",
+              "  %-16s%s/api/ingest" % ("URL:", lan[0])]
+    lines += ["  %-16s%s/api/ingest  (or this address)" % ("", url) for url in lan[1:]]
+    lines.append("  %-16sAuthorization: Bearer %s" % ("Headers:", token))
+    lines += ["  %-16s%s" % (name + ":", value) for name, value in HAE_SETTINGS]
+    return "\n".join(lines) + "\n"
 
 
 def run_serve(config: Config) -> int:
@@ -7157,8 +7212,8 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
                                        "bucket": args.bucket, "tz": args.tz,
                                        "format": args.format})
         except UnknownMetric:
-            raise ConfigError("no data of that metric; `healthlog export --format sqlite"
-                              " OUT.db` or GET /api/catalog lists the metrics") from None
+            raise ConfigError("no data of that metric; `healthlog catalog` lists the metrics"
+                              " there are") from None
         except HTTPFailure as exc:
             raise ConfigError(exc.message) from None
         for chunk in render_points(conn, query):
@@ -7167,6 +7222,33 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
         return 0
     finally:
         conn.close()
+
+
+def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
+    """``healthlog catalog``: what ``/api/catalog`` answers, as a table or as JSON (the
+    metric names ``export --metric`` takes).  Only reads."""
+    out = out or sys.stdout
+    conn = open_database(config, create=False, synchronous="NORMAL")
+    try:
+        items = catalog(conn)
+    finally:
+        conn.close()
+    if as_json:
+        out.write(json.dumps({"metrics": items}, indent=1, ensure_ascii=False) + "\n")
+        return 0
+    if not items:
+        out.write("the store is empty: nothing has been folded yet\n")
+        return 0
+    rows = [("METRIC", "LAYER", "UNITS", "FIRST", "LAST", "POINTS", "WHAT")] + [
+        (item["metric"], item["layer"], ",".join(item["units"]) or "-", item["first"][:16],
+         item["last"][:16], "{:,}".format(item["points"]),
+         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"])) for item in items]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        line = "  ".join(cell.ljust(width) if i != 5 else cell.rjust(width)
+                         for i, (cell, width) in enumerate(zip(row, widths)))
+        out.write((line + "  " + row[-1]).translate(_ESCAPES) + "\n")
+    return 0
 
 
 def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
@@ -7436,6 +7518,11 @@ def build_parser() -> argparse.ArgumentParser:
     importer.add_argument("--name", help="an automation name for these files (as in"
                                          " /api/ingest/<name>)")
 
+    listing = commands.add_parser("catalog", help="what the store holds: each metric and"
+                                  " layer with its units, first and last point, and points")
+    data_option(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON, as /api/catalog")
+
     refold = commands.add_parser("refold", help="set failed deliveries back to pending, to"
                                  " be folded again (beside serve or without it)")
     data_option(refold)
@@ -7484,6 +7571,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_import(config, args.files, args.aggregation, args.name)
         if args.command == "refold":
             return run_refold(config, args.ids, args.failed)
+        if args.command == "catalog":
+            return run_catalog(config, args.json)
         if args.command == "export":
             return run_export(config, args)
     except ConfigError as exc:

@@ -704,7 +704,7 @@ def test_rely_8_7_token_banner_is_shown_only_by_a_start_that_listens(data_dir):
         started.terminate()
         started.communicate(timeout=30)
     token = (data_dir / healthlog.TOKEN_NAME).read_text().strip()
-    assert "created an access token" in banner[0]
+    assert "a new access token" in banner[0]
     assert "Authorization: Bearer " + token in banner[-1]
     assert started.returncode == 0
 

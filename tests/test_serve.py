@@ -7,6 +7,8 @@ are inspected afterwards.  Names carry seed scenario IDs (ING-n.m) where one app
 import http.client
 import json
 import os
+import re
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -223,7 +225,8 @@ def test_ingest_15_2_token_is_generated_once_private_and_reused(make_config, dat
         token_file = data_dir / "token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
-        assert announced == [token] and len(token) >= 32
+        assert len(announced) == 1 and len(token) >= 32
+        assert "Authorization: Bearer " + token in announced[0]
         assert Client(*service.address, token=token).ingest(hae_body())[0] == 200
         assert Client(*service.address, token="x" * 40).ingest(hae_body())[0] == 401
     finally:
@@ -231,7 +234,8 @@ def test_ingest_15_2_token_is_generated_once_private_and_reused(make_config, dat
     again = healthlog.Service(config, announce=announced.append)
     again.start()
     again.stop()
-    assert announced == [token]
+    assert len(announced) == 2 and token not in announced[1]
+    assert "Bearer <the token in %s>" % token_file in announced[1]
 
 
 def test_ingest_15_1_first_start_prints_the_hae_setup_hint_once_and_never_logs_the_token(tmp_path):
@@ -254,6 +258,46 @@ def test_ingest_15_1_first_start_prints_the_hae_setup_hint_once_and_never_logs_t
     assert proc.returncode == 0
     assert "Authorization: Bearer " + token in out and "/api/ingest" in out
     assert token not in err
+    settings = [line.split(":")[0].strip() for line in out.splitlines()
+                if line.strip().startswith(("Export Format:", "Export Version:",
+                                            "Time Grouping:", "Batch Requests:"))]
+    assert settings == ["Export Format", "Export Version", "Time Grouping", "Batch Requests"]
+    assert "Export Format:  JSON" in out and "Export Version: v2" in out
+    assert re.search(r"http://127\.0\.0\.1:\d+/\n", out)  # the dashboard, where it listens
+
+
+def _addresses_from_ip() -> list:
+    """The machine's LAN addresses as `ip` (iproute2) reads them, apart from healthlog."""
+    shown = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True,
+                           timeout=30)
+    found = []
+    for line in shown.stdout.splitlines():
+        fields = line.split()
+        family, address = fields[2], fields[3].split("/")[0]
+        if family == "inet" and not address.startswith("127."):
+            found.append(address)
+        elif family == "inet6" and "scope global" in line:
+            found.append(address)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2's ip is not installed")
+def test_ingest_15_3_the_start_banner_names_every_address_a_phone_can_use(tmp_path):
+    config = healthlog.Config(data_dir=tmp_path)
+    lan = _addresses_from_ip()
+    assert sorted(healthlog.local_addresses()) == sorted(lan)
+    everywhere = healthlog.start_banner(config, "0.0.0.0", 8765, None)
+    dashboards = re.findall(r"^  (http://\S+)/$", everywhere, re.M)
+    assert dashboards == ["http://%s" % healthlog.format_address(a, 8765)
+                          for a in healthlog.local_addresses()] + ["http://127.0.0.1:8765"]
+    ingest = re.search(r"URL:\s+(\S+)", everywhere).group(1)
+    assert ingest.endswith(":8765/api/ingest") and "127.0.0.1" not in ingest or not lan
+    assert "http://[::1]:8765/" in healthlog.start_banner(config, "::", 8765, None)
+    one = healthlog.start_banner(config, "192.0.2.7", 9000, None)
+    assert re.findall(r"^  (http://\S+)/$", one, re.M) == ["http://192.0.2.7:9000"]
+    given = healthlog.start_banner(healthlog.Config(data_dir=tmp_path, token="g" * 20),
+                                   "0.0.0.0", 8765, None)
+    assert "g" * 20 not in given and "<the token you gave>" in given
 
 
 # -- configuration and the command line ----------------------------------------------
