@@ -4325,17 +4325,23 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
 
 def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
                   start: Optional[int], end: Optional[int]) -> str:
-    """The finest layer with an object in the range (a store fed by a Minutes and a Days
-    automation answers each range from what it holds there), else the finest overall."""
+    """The layer that answers a range best: of the layers with points in it, the finest
+    whose points reach back to its start, else the one reaching furthest back (finer on a
+    tie).  A store fed by a Minutes automation for the last days and a Days one for years
+    answers a year from the days and the last day from the minutes."""
     def order(name: str) -> tuple:
         return (LAYER_ORDER.index(name) if name in LAYER_ORDER else len(LAYER_ORDER), name)
 
     low = -(1 << 62) if start is None else start // HOUR_US
     high = (1 << 62) if end is None else (end - 1) // HOUR_US
-    present = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
-        (metric, low, high))]
-    return min(present or layers, key=order)
+    reach = dict(conn.execute(
+        "SELECT layer, min(hour) FROM object WHERE metric = ? AND hour BETWEEN ? AND ?"
+        " GROUP BY layer", (metric, low, high)))
+    if not reach:
+        return min(layers, key=order)
+    earliest = min(reach.values())
+    covering = [layer for layer, first in reach.items() if first <= max(low, earliest)]
+    return min(covering, key=order)
 
 
 def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:

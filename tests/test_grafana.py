@@ -1,0 +1,156 @@
+"""READ-9.2: the Grafana dashboard of contrib/ against a store fed as the README advises, by
+a Minutes and a Days automation, asked for the ranges a person looks at.
+
+Every `/api/points` and `/api/deliveries` query of contrib/grafana/healthlog-infinity.json
+is sent the way Grafana's Infinity backend sends it (its URL parameters with `${__from}` and
+`${__to}` in epoch milliseconds, `${tz}` and `${metric}` filled in) to a real server on
+127.0.0.1:0, and its root selector and columns are applied to the answer. The counts the
+answers must have are the test's own, from the bodies it posted.
+"""
+
+import datetime as dt
+import json
+import urllib.parse
+
+import pytest
+
+import hae_factory as hf
+from conftest import ROOT, ServeProcess, assert_no_leaks, db_rows, wait_for
+
+DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
+NEW_YORK = hf.Zone("America/New_York", -300, -240, "us")
+NOW = dt.datetime(2025, 4, 20, 15, 0, tzinfo=dt.timezone.utc)  # 11:00 in New York
+MINUTES = {"automation-name": "Fast", "automation-aggregation": "Minutes"}
+DAYS = {"automation-name": "Daily", "automation-aggregation": "Days"}
+
+
+def targets() -> list:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target) for panel in dashboard["panels"]
+            for target in panel.get("targets", [])]
+
+
+def local(day: dt.date, hour: int = 0, minute: int = 0) -> str:
+    moment = dt.datetime(day.year, day.month, day.day, hour, minute)
+    offset = -240 if dt.date(2025, 3, 9) <= day < dt.date(2025, 11, 2) else -300
+    return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
+                              abs(offset) // 60, abs(offset) % 60)
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    """60 days of daily steps (a Days automation, one point at each local midnight) and the
+    last 2 days by the minute, steps and heart rate (a Minutes automation), and a week of
+    sleep summaries, posted to a serve process and folded."""
+    base = tmp_path_factory.mktemp("grafana")
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    try:
+        client = proc.client
+        today = dt.date(2025, 4, 20)
+        days = [today - dt.timedelta(days=n) for n in range(60, -1, -1)]
+        daily = [{"date": local(day), "qty": 5000 + day.day * 100, "source": "Watch"}
+                 for day in days]
+        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+            "step_count", daily, "count")])), headers=DAYS)[0] == 200
+        for day in (today - dt.timedelta(days=1), today):
+            last = 24 * 60 if day < today else 11 * 60
+            steps = [{"date": local(day, m // 60, m % 60), "qty": 10 + m % 7, "source": "Watch"}
+                     for m in range(0, last, 3)]
+            heart = [{"date": local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
+                      "Max": 80, "source": "Watch"} for m in range(0, last, 5)]
+            assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
+                hf.metric("step_count", steps, "count"),
+                hf.metric("heart_rate", heart, "count/min")])), headers=MINUTES)[0] == 200
+        nights = [{"date": local(day, 7), "sleepStart": local(day - dt.timedelta(days=1), 23),
+                   "sleepEnd": local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
+                   "core": 4.0, "deep": 1.5, "rem": 2.0, "awake": 0.3, "source": "Watch"}
+                  for day in days[-7:]]
+        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+            "sleep_analysis", nights, "hr")])), headers=DAYS)[0] == 200
+        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+                 timeout=60, what="the store is folded")
+        yield client, days
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines())
+
+
+def grafana_url(target: dict, start: dt.datetime, end: dt.datetime, tz: str,
+                metric: str) -> str:
+    """The URL Infinity's backend asks for: the panel's parameters, its variables filled."""
+    values = {"${__from}": str(int(start.timestamp() * 1000)),
+              "${__to}": str(int(end.timestamp() * 1000)), "${tz}": tz, "${metric}": metric}
+    params = [(p["key"], values.get(p["value"], p["value"]))
+              for p in target["url_options"]["params"]]
+    return target["url"] + "?" + urllib.parse.urlencode(params)
+
+
+def select(answer: dict, root: str) -> list:
+    """JSONata's `a.b[]` and `a[]` as the dashboard uses them: the items under the path,
+    every list on the way flattened."""
+    items = [answer]
+    for part in root.rstrip("[]").split("."):
+        found = []
+        for item in items:
+            value = item.get(part) if isinstance(item, dict) else None
+            found += value if isinstance(value, list) else ([value] if value is not None else [])
+        items = found
+    return items
+
+
+def column(item: dict, selector: str):
+    for part in selector.split("."):
+        item = item.get(part) if isinstance(item, dict) else None
+    return item
+
+
+@pytest.mark.parametrize("span,expected", [
+    (dt.timedelta(days=30), {"Steps per day ($tz)": 30, "Sleep per night ($tz)": 7}),
+    (dt.timedelta(hours=24), {"Steps per hour": 24, "Heart rate per hour (avg, min, max)": 24,
+                              "$metric per hour (qty)": 24}),
+    (dt.timedelta(days=2), {"Steps per day ($tz)": 2, "Steps per hour": 35}),
+], ids=["30-days", "24-hours", "2-days"])
+def test_read_9_2_grafana_panels_answer_real_ranges_of_a_minutes_and_days_store(
+        fed, span, expected):
+    """WHEN each query of the dashboard is sent for the last 30 days, 24 hours and 2 days of
+    a store fed by a Days and a Minutes automation, with tz=local
+    THEN each answers 200, its selectors find a timestamp and a number in every row, and the
+    panels this range is for have the rows the test counts: a bucket per local day (Days
+    layer for 30 days, minutes for 2), per local hour, and per night."""
+    client, days = fed
+    end = NOW
+    start = end - span
+    rows_of = {}
+    for title, target in targets():
+        reply = client.request("GET", grafana_url(target, start, end, "local", "step_count"))
+        assert reply[0] == 200, (title, reply)
+        rows = select(reply[1], target["root_selector"])
+        for row in rows:
+            for col in target["columns"]:
+                value = column(row, col["selector"])
+                if col["type"] == "timestamp":
+                    assert value and value.endswith("Z"), (title, col, row)
+                elif col["type"] == "number" and col["selector"].startswith("fields."):
+                    assert isinstance(value, (int, float)) or value is None, (title, col, row)
+        rows_of[title] = rows
+    for title, count in expected.items():
+        assert len(rows_of[title]) >= count, (title, len(rows_of[title]))
+        numbers = [column(row, "fields.qty.sum") or column(row, "fields.Avg.avg")
+                   or column(row, "asleep") for row in rows_of[title]]
+        assert all(isinstance(n, (int, float)) and n > 0 for n in numbers), (title, numbers)
+    if "Steps per day ($tz)" in expected and span.days >= 30:
+        by_date = {row["date"]: row["fields"]["qty"]["sum"] for row in rows_of[
+            "Steps per day ($tz)"]}
+        for day in days[-30:-2]:  # whole days of the Days layer, on their written dates
+            assert by_date[day.isoformat()] == 5000 + day.day * 100, day
+
+
+def test_read_9_2_the_dashboard_sends_tz_local_by_default():
+    dashboard = json.loads(DASHBOARD.read_text())
+    [tz] = [v for v in dashboard["templating"]["list"] if v["name"] == "tz"]
+    assert tz["current"]["value"] == "local"
+    for title, target in targets():
+        if target["url"] == "/api/points":
+            assert {"key": "tz", "value": "${tz}"} in target["url_options"]["params"], title
+            assert not any(p["key"] == "layer" for p in target["url_options"]["params"]), title
