@@ -5054,6 +5054,354 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     raise NotFound("no ECG recording starts then")
 
 
+# -- the summary: a day at a glance, against the person's own usual ---------------------
+
+SUMMARY_CARDS = (
+    ("movement", ("step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
+                  "walking_running_distance")),
+    ("heart", ("resting_heart_rate", "heart_rate_variability", "walking_heart_rate_average")),
+)
+SUMMARY_BODY = ("weight_body_mass", "body_fat_percentage", "blood_pressure")
+USUAL_DAYS = 30
+"""The usual is the median of the day values of the 30 days before the day shown."""
+USUAL_MIN_DAYS = 5
+"""Fewer days with a value than this, and there is no usual (a median of two days is no
+one's usual)."""
+SPARK_DAYS = 14
+TREND_RECENT_DAYS = 90
+TREND_BASELINE_DAYS = 365
+TREND_MIN_RECENT, TREND_MIN_BASELINE = 30, 90
+"""A trend compares the mean day value of the last 90 days with that of the 365 days
+before, when the recent window holds at least 30 days with a value and the baseline 90; it
+is flagged when the difference exceeds one standard deviation of the baseline days."""
+DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
+"""Layers a day's value can come from, preferred first: a Days export's point is the
+phone's own total for the day; finer layers add up to it where there is none."""
+
+
+def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
+                    offset: Optional[int], low: int, high: int) -> Optional[list]:
+    """(epoch day, units, count, sum) per local day from the hourly summaries, in SQLite,
+    for the hours whose points all lie in one local day (their one offset a whole hour;
+    ``offset`` None: the offsets the fold wrote), and the hours left to read from points;
+    None where this SQLite has no JSON functions."""
+    path = '$.f."%s"' % field.replace('"', "")
+    if offset is None:
+        shift, single = ("json_extract(summary, '$.o[0]')",
+                         " AND json_array_length(summary, '$.o') = 1"
+                         " AND json_extract(summary, '$.o[0]') % 3600 = 0")
+    else:
+        shift, single = str(int(offset)), ""
+    try:
+        rows = conn.execute(
+            "SELECT (hour * 3600 + %s) / 86400, units, sum(json_extract(summary, ? || '[0]')),"
+            " sum(json_extract(summary, ? || '[3]')) FROM object WHERE metric = ? AND layer = ?"
+            " AND hour BETWEEN ? AND ? AND summary IS NOT NULL%s AND json_type(summary, ?)"
+            " IS NOT NULL GROUP BY 1, 2" % (shift, single),
+            (path, path, metric, layer, low, high, path)).fetchall()
+        left = [hour for (hour,) in conn.execute(
+            "SELECT hour FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
+            " AND NOT (summary IS NOT NULL%s)" % single, (metric, layer, low, high))]
+    except sqlite3.OperationalError:
+        return None
+    return rows, left
+
+
+def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
+               last: int) -> dict:
+    """Local date ordinal → (value, units) of a ``total`` or ``average`` metric over the
+    days ``first``..``last``: the day's sum or mean of its main field, from the first layer
+    of :data:`DAY_LAYERS` that holds that day."""
+    meaning = meaning_of(metric)
+    field = meaning.fields[0]
+    low = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
+    high = ((last + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
+    layers = [row[0] for row in conn.execute(
+        "SELECT DISTINCT layer FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
+        (metric, low, high))]
+    found: dict = {}
+    for layer in sorted((layer for layer in layers if layer in DAY_LAYERS),
+                        key=DAY_LAYERS.index):
+        totals: dict = {}  # (ordinal, units) -> [count, sum]
+        fast = None if isinstance(zone, NamedZone) else _day_values_sql(
+            conn, metric, layer, field, getattr(zone, "offset_s", None), low, high)
+        if fast is None:
+            hours = None
+        else:
+            rows, hours = fast
+            for epoch_day, units, count, total in rows:
+                if count:
+                    slot = totals.setdefault((epoch_day + _EPOCH_ORDINAL, units), [0, 0.0])
+                    slot[0] += count
+                    slot[1] += total or 0.0
+        query = PointQuery(metric, layer, low * HOUR_US, (high + 1) * HOUR_US, "day", zone)
+        for hour_range in ([None] if hours is None else _hour_spans(hours)):
+            part = query if hour_range is None else _replace(
+                query, start=hour_range[0] * HOUR_US, end=(hour_range[1] + 1) * HOUR_US)
+            for run in bucket_runs(conn, part):
+                for ordinal, bucket in run.buckets.items():
+                    stats = bucket.fields.get(field)
+                    if stats is not None and stats[3] is not None:
+                        slot = totals.setdefault((ordinal, run.units), [0, 0.0])
+                        slot[0] += stats[0]
+                        slot[1] += stats[3]
+        for (ordinal, units), (count, total) in totals.items():
+            if first <= ordinal <= last and ordinal not in found:
+                found[ordinal] = (total if meaning.kind == "total" else total / count, units)
+        if all(day in found for day in range(first, last + 1)):
+            break
+    return found
+
+
+def _hour_spans(hours: list) -> list:
+    """Runs of consecutive hours, as (first, last)."""
+    spans: list = []
+    for hour in sorted(hours):
+        if spans and hour == spans[-1][1] + 1:
+            spans[-1][1] = hour
+        else:
+            spans.append([hour, hour])
+    return spans
+
+
+def _median(values: list) -> Optional[float]:
+    values = sorted(values)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _usual(values: dict, day: int, units: Optional[str]) -> tuple:
+    """(median, days) of the day values of the :data:`USUAL_DAYS` before ``day`` in the
+    same units; the median is None with fewer than :data:`USUAL_MIN_DAYS` days."""
+    before = [value for ordinal, (value, unit) in values.items()
+              if day - USUAL_DAYS <= ordinal < day and unit == units]
+    return (_median(before) if len(before) >= USUAL_MIN_DAYS else None), len(before)
+
+
+def _spark(values: dict, day: int) -> list:
+    return [{"date": _dt.date.fromordinal(ordinal).isoformat(),
+             "value": values[ordinal][0] if ordinal in values else None}
+            for ordinal in range(day - SPARK_DAYS + 1, day + 1)]
+
+
+def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
+    return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
+            "to": _dt.date.fromordinal(day + 1).isoformat()}
+
+
+def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
+    values = day_values(conn, metric, zone, day - USUAL_DAYS, day)
+    if not values:
+        return None
+    meaning = meaning_of(metric)
+    value, units = values.get(day, (None, None))
+    if units is None:
+        units = values[max(values)][1]
+    usual, usual_days = _usual(values, day, units)
+    return {"metric": metric, "name": meaning.name, "kind": meaning.kind, "units": units,
+            "value": value, "usual": usual, "usual_days": usual_days,
+            "spark": _spark(values, day), "link": _link(metric, day)}
+
+
+def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict]:
+    layers = [row[0] for row in conn.execute(
+        "SELECT DISTINCT layer FROM object WHERE metric = ?", (SLEEP_METRIC,))]
+    if RECORD_LAYER not in layers:
+        return None
+    query = PointQuery(SLEEP_METRIC, RECORD_LAYER, None, None, "day", zone,
+                       day_from=day - USUAL_DAYS, day_to=day + 1)
+    query = _replace(query, start=((day - USUAL_DAYS - _EPOCH_ORDINAL) * 86400
+                                   - MAX_OFFSET_S) * US,
+                     end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
+    nights = {_dt.date.fromisoformat(item["date"]).toordinal(): item
+              for item in sleep_buckets(sleep_nights(conn, query), query)}
+    if not nights:
+        return None
+    asleep = {ordinal: (item["asleep"], "hr") for ordinal, item in nights.items()
+              if item["asleep"] is not None}
+    usual, usual_days = _usual(asleep, day, "hr")
+    night = nights.get(day)
+    return {"metric": SLEEP_METRIC, "name": "Last night", "units": "hr",
+            "asleep": night["asleep"] if night else None,
+            "in_bed": night["in_bed"] if night else None,
+            "stages": night["stages"] if night else {},
+            "sleep_start": night["sleep_start"] if night else None,
+            "sleep_end": night["sleep_end"] if night else None,
+            "usual": usual, "usual_days": usual_days, "spark": _spark(asleep, day),
+            "link": _link(SLEEP_METRIC, day)}
+
+
+def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict]:
+    """The day's lowest, average and highest heart rate, from the finest layer with it."""
+    query = PointQuery("heart_rate", "", None, None, "day", zone, day_from=day,
+                       day_to=day + 1)
+    for layer in ("seconds", "default", "minutes", "hours", "days"):
+        part = _replace(query, layer=layer,
+                        start=((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US,
+                        end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
+        for run in bucket_runs(conn, part):
+            bucket = run.buckets.get(day)
+            if bucket is None:
+                continue
+            low, mean, high = (bucket.fields.get(name) for name in ("Min", "Avg", "Max"))
+            if mean is None:
+                continue
+            return {"metric": "heart_rate", "name": "Heart rate", "units": run.units,
+                    "layer": layer, "min": (low or mean)[1], "max": (high or mean)[2],
+                    "avg": None if mean[3] is None else mean[3] / mean[0],
+                    "link": _link("heart_rate", day, 1)}
+    return None
+
+
+def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
+    """The last measurement of a body metric on or before the day."""
+    meaning = meaning_of(metric)
+    end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
+    layers = [row[0] for row in conn.execute(
+        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
+    best = None
+    for layer in layers:
+        query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
+        for units, coord, point in iter_points_newest(conn, query):
+            if best is None or coord[0] > best[1][0]:
+                best = (units, coord, point)
+            break
+    if best is None:
+        return None
+    units, coord, point = best
+    offset = zone.point_offset(raw_start(point), coord[0])
+    values = {name: point.get(name) for name in meaning.fields
+              if type(point.get(name)) in (int, float)}
+    return {"metric": metric, "name": meaning.name, "units": units, "values": values,
+            "measured": local_iso(coord[0], offset), "link": _link(metric, day, 90)}
+
+
+def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
+    """Everything else recorded on the day: a value per series, a count per list."""
+    low = ((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
+    high = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
+    metrics = sorted({row[0] for row in conn.execute(
+        "SELECT DISTINCT metric FROM object WHERE hour BETWEEN ? AND ?", (low, high))} - shown)
+    out = []
+    for metric in metrics:
+        meaning = meaning_of(metric)
+        if meaning.kind in ("total", "average"):
+            found = day_values(conn, metric, zone, day, day).get(day)
+            if found is not None:
+                out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
+                            "value": found[0], "units": found[1], "link": _link(metric, day)})
+        elif meaning.kind == "events":
+            query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
+                               None, zone, day_from=day, day_to=day + 1)
+            count = sum(1 for _ in iter_points(conn, query))
+            if count:
+                out.append({"metric": metric, "name": meaning.name, "kind": "events",
+                            "value": count, "units": None, "link": _link(metric, day)})
+    return out
+
+
+def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
+    """Per series metric where a direction means something (the meaning's ``better``), the
+    mean day value of the last :data:`TREND_RECENT_DAYS` days against the
+    :data:`TREND_BASELINE_DAYS` before; flagged past one standard deviation of the baseline
+    days, when both windows hold enough days (:data:`TREND_MIN_RECENT`,
+    :data:`TREND_MIN_BASELINE`)."""
+    first = day - TREND_RECENT_DAYS - TREND_BASELINE_DAYS + 1
+    out = []
+    for (metric,) in conn.execute("SELECT DISTINCT metric FROM object ORDER BY metric"):
+        meaning = meaning_of(metric)
+        if meaning.kind not in ("total", "average") or meaning.better is None:
+            continue
+        values = day_values(conn, metric, zone, first, day)
+        if not values:
+            continue
+        units = values[max(values)][1]
+        recent = [v for o, (v, u) in values.items() if o > day - TREND_RECENT_DAYS and u == units]
+        base = [v for o, (v, u) in values.items() if o <= day - TREND_RECENT_DAYS and u == units]
+        if len(recent) < TREND_MIN_RECENT or len(base) < TREND_MIN_BASELINE:
+            continue
+        mean_recent, mean_base = sum(recent) / len(recent), sum(base) / len(base)
+        spread = math.sqrt(sum((v - mean_base) ** 2 for v in base) / (len(base) - 1))
+        change = mean_recent - mean_base
+        direction = "up" if change > 0 else "down" if change < 0 else None
+        out.append({"metric": metric, "name": meaning.name, "units": units,
+                    "recent": mean_recent, "baseline": mean_base, "baseline_sd": spread,
+                    "recent_days": len(recent), "baseline_days": len(base), "change": change,
+                    "flagged": abs(change) > spread, "direction": direction,
+                    "better": None if direction is None else direction == meaning.better,
+                    "link": _link(metric, day, TREND_RECENT_DAYS + TREND_BASELINE_DAYS)})
+    return out
+
+
+def _week_of_workouts(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
+    """The workouts of the 7 days ending on the day, newest first (as /api/records)."""
+    if conn.execute("SELECT 1 FROM object WHERE metric = 'workouts' LIMIT 1").fetchone() is None:
+        return []
+    return records(conn, {"metric": "workouts", "tz": zone.name, "limit": "100",
+                          "from": _dt.date.fromordinal(day - 6).isoformat(),
+                          "to": _dt.date.fromordinal(day + 1).isoformat()})["items"]
+
+
+def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
+    """The local date of the newest point of any series or night (today, for a phone that
+    pushes): where a person opening the page expects to land."""
+    row = conn.execute("SELECT metric, layer, hour FROM object WHERE layer != 'record'"
+                       " OR metric = ? ORDER BY last_at DESC LIMIT 1",
+                       (SLEEP_METRIC,)).fetchone()
+    if row is None:
+        return utc_now().date().toordinal()
+    metric, layer, hour = row
+    query = PointQuery(metric, layer, hour * HOUR_US, (hour + 1) * HOUR_US, None, zone)
+    newest = None
+    for _, coord, point in iter_points(conn, query):
+        newest = (coord[0], zone.point_offset(raw_start(point), coord[0]))
+    if newest is None:
+        return utc_now().date().toordinal()
+    return local_ordinal(*newest)
+
+
+def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
+    day (default: the day of the newest point, in its own local time)."""
+    zone = parse_zone(args.get("tz"))
+    text = args.get("date")
+    if text:
+        match = _DATE_ONLY_QUERY.fullmatch(text)
+        try:
+            day = _dt.date(*map(int, match.groups())).toordinal() if match else None
+        except ValueError:
+            day = None
+        if day is None:
+            raise BadRequest("date must be YYYY-MM-DD")
+    else:
+        day = _newest_day(conn, zone)
+    cards: dict = {}
+    shown = {SLEEP_METRIC, "heart_rate", "workouts"} | set(SUMMARY_BODY)
+    for name, metrics in SUMMARY_CARDS:
+        found = [_series_card(conn, metric, zone, day) for metric in metrics]
+        cards[name] = [card for card in found if card is not None]
+        shown |= set(metrics)
+    heart_range = _heart_range(conn, zone, day)
+    if heart_range is not None:
+        cards["heart"].append(heart_range)
+    cards["sleep"] = _sleep_card(conn, zone, day)
+    cards["body"] = [card for card in (_latest(conn, m, zone, day) for m in SUMMARY_BODY)
+                     if card is not None]
+    cards["workouts"] = _week_of_workouts(conn, zone, day)
+    cards["other"] = _other_today(conn, zone, day, shown)
+    return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
+            "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
+            "cards": cards, "trends": trends(conn, zone, day),
+            "trend_rule": {"recent_days": TREND_RECENT_DAYS,
+                           "baseline_days": TREND_BASELINE_DAYS,
+                           "min_recent_days": TREND_MIN_RECENT,
+                           "min_baseline_days": TREND_MIN_BASELINE,
+                           "flagged_when": "the difference of the means exceeds one standard"
+                                           " deviation of the baseline days"}}
+
+
 DELIVERY_FIELDS = ("id", "received_at", "body_bytes", "automation_name", "automation_id",
                    "automation_aggregation", "path_name", "parse_status", "layer", "error",
                    "uncovered_keys", "folded_at") + _COUNTERS
@@ -5516,6 +5864,7 @@ class App:
                 ("/api/deliveries", "GET", self.deliveries),
                 ("/api/records", "GET", self.records),
                 ("/api/ecg", "GET", self.ecg),
+                ("/api/summary", "GET", self.summary),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
@@ -5811,6 +6160,16 @@ class App:
         """GET /api/records: workouts, ECG recordings and events, newest first."""
         self.authenticate(environ, cookie=True)
         return self._ok(records(self.pool.get(), _query_args(environ)))
+
+    def summary(self, environ: dict) -> tuple:
+        """GET /api/summary: a day at a glance (the summary page's data)."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(summary(conn, _query_args(environ)))
+        finally:
+            conn.execute("COMMIT")
 
     def ecg(self, environ: dict) -> tuple:
         """GET /api/ecg: one ECG recording's trace."""
