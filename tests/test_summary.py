@@ -1,0 +1,279 @@
+"""READ-15: GET /api/summary, a day at a glance against the person's own usual
+(openspec/specs/read/spec.md).
+
+Bodies are built here the way HAE sends them (minute exports with the phone's offset in
+every timestamp, Days exports at local midnight, sleep summaries), for a phone in
+America/New_York whose days cross the DST change of 2025-03-09; they are posted to a real
+server on 127.0.0.1:0 and folded by its worker. Every expected number is computed here
+from the points by the date written in them, with zoneinfo, never by healthlog's code.
+"""
+
+import datetime as dt
+import json
+import statistics
+import zoneinfo
+
+import pytest
+
+import hae_factory as hf
+from conftest import ServeProcess, assert_no_leaks, db_rows, wait_for
+
+NY = zoneinfo.ZoneInfo("America/New_York")
+FIRST = dt.date(2025, 2, 20)
+DAYS = [FIRST + dt.timedelta(days=n) for n in range(45)]  # to 2025-04-05, across 03-09
+MISSING = {dt.date(2025, 3, 1), dt.date(2025, 3, 2), dt.date(2025, 3, 20)}
+KJ_FROM = dt.date(2025, 3, 22)  # the phone's energy unit switched to kJ that day
+MINUTES = {"automation-name": "Fast", "automation-aggregation": "Minutes"}
+DAILY = {"automation-name": "Daily", "automation-aggregation": "Days"}
+RECORDS = {"automation-name": "Sleep"}
+
+
+def stamp(day: dt.date, minute: int = 0) -> str:
+    """HAE's timestamp of the moment ``minute`` minutes after local midnight in New York
+    (elapsed time: a DST day has 23 or 25 hours), with the offset of that moment."""
+    midnight = dt.datetime(day.year, day.month, day.day, tzinfo=NY).astimezone(dt.timezone.utc)
+    moment = (midnight + dt.timedelta(minutes=minute)).astimezone(NY)
+    offset = int(moment.utcoffset().total_seconds()) // 60
+    return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
+                              abs(offset) // 60, abs(offset) % 60)
+
+
+def written_date(text: str) -> dt.date:
+    return dt.date.fromisoformat(text[:10])
+
+
+def steps_of(day: dt.date) -> list:
+    seed = day.toordinal()
+    points = [{"date": stamp(day, m), "qty": 5 + (seed * 7 + m * 13) % 17, "source": "Watch"}
+              for m in range(0, 25 * 60, 4)]
+    return [p for p in points if written_date(p["date"]) == day]  # that local day only
+
+
+def energy_of(day: dt.date) -> tuple:
+    kj = day >= KJ_FROM
+    points = [{"date": stamp(day, m), "qty": (1.5 + m % 5) * (4.184 if kj else 1.0),
+               "source": "Watch"} for m in range(6 * 60, 22 * 60, 10)]
+    return points, "kJ" if kj else "kcal"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    base = tmp_path_factory.mktemp("summary")
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    bodies = {"steps": [], "energy": [], "resting": [], "weight": [], "nights": []}
+    try:
+        client = proc.client
+        for day in DAYS:
+            if day in MISSING:
+                continue
+            steps = steps_of(day)
+            energy, units = energy_of(day)
+            bodies["steps"] += steps
+            bodies["energy"] += [(p, units) for p in energy]
+            assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
+                hf.metric("step_count", steps, "count"),
+                hf.metric("active_energy", energy, units)])), headers=MINUTES)[0] == 200
+        resting = [{"date": stamp(day), "qty": 50 + day.day % 6, "source": "Watch"}
+                   for day in DAYS if day not in MISSING]
+        weight = [{"date": stamp(day, 7 * 60 + 5), "qty": 70 + day.day / 10, "source": "Scale"}
+                  for day in DAYS[::6]]
+        bodies["resting"], bodies["weight"] = resting, weight
+        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("resting_heart_rate", resting, "count/min"),
+            hf.metric("weight_body_mass", weight, "kg")])), headers=DAILY)[0] == 200
+        nights = []
+        for n, day in enumerate(DAYS[-12:]):
+            wake = stamp(day, 6 * 60 + 40 + n)
+            start = stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
+            # HAE's `date`: the wake time some nights, the sleep start the evening before on
+            # others; form (a) old, (b) stages beside a non-zero asleep, (c) asleep: 0.
+            night = {"date": wake if n % 2 else start, "sleepStart": start, "sleepEnd": wake,
+                     "inBedStart": start, "inBedEnd": wake, "inBed": 7.9 + n / 100,
+                     "source": "Watch"}
+            if n % 3 == 0:
+                night.update(asleep=7.2 + n / 50, sleepSource="Watch", inBedSource="Phone")
+            elif n % 3 == 1:
+                night.update(asleep=7.0 + n / 40, core=3.5, deep=1.2, rem=1.6, awake=0.3)
+            else:
+                night.update(asleep=0, totalSleep=6.9 + n / 30, core=3.9, deep=1.1, rem=1.4,
+                             awake=0.2)
+            nights.append(night)
+        bodies["nights"] = nights
+        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("sleep_analysis", nights, "hr")])), headers=RECORDS)[0] == 200
+        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+                 timeout=120, what="every delivery is folded")
+        yield client, bodies
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines())
+
+
+def summary_of(client, day: dt.date) -> dict:
+    status, answer = client.request("GET", "/api/summary?date=%s" % day.isoformat())
+    assert status == 200, answer
+    return answer
+
+
+def by_date(points: list, value=lambda p: p["qty"]) -> dict:
+    out: dict = {}
+    for point in points:
+        out.setdefault(written_date(point["date"]), []).append(value(point))
+    return out
+
+
+def usual_of(days: dict, day: dt.date):
+    before = [v for d, v in days.items() if day - dt.timedelta(days=30) <= d < day]
+    return statistics.median(before) if len(before) >= 5 else None
+
+
+def card(answer: dict, group: str, metric: str) -> dict:
+    [found] = [c for c in answer["cards"][group] if c["metric"] == metric]
+    return found
+
+
+def close(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None
+                                         and abs(a - b) <= 1e-9 * max(1.0, abs(b)))
+
+
+@pytest.mark.parametrize("day", [dt.date(2025, 3, 9), dt.date(2025, 3, 10),
+                                 dt.date(2025, 4, 5), dt.date(2025, 3, 20)],
+                         ids=["dst-day", "after-dst", "last", "missing"])
+def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day):
+    client, bodies = served
+    answer = summary_of(client, day)
+    assert answer["date"] == day.isoformat() and answer["tz"] == "local"
+    steps = {d: sum(v) for d, v in by_date(bodies["steps"]).items()}
+    got = card(answer, "movement", "step_count")
+    assert got["units"] == "count" and got["name"] == "Steps"
+    assert close(got["value"], steps.get(day))  # null on a day without data, never 0
+    assert close(got["usual"], usual_of(steps, day))
+    spark = [(dt.date.fromisoformat(p["date"]), p["value"]) for p in got["spark"]]
+    assert [d for d, _ in spark] == [day - dt.timedelta(days=n) for n in range(13, -1, -1)]
+    for d, value in spark:
+        assert close(value, steps.get(d)), d
+    assert got["link"] == {"metric": "step_count",
+                           "from": (day - dt.timedelta(days=13)).isoformat(),
+                           "to": (day + dt.timedelta(days=1)).isoformat()}
+    resting = {d: statistics.mean(v) for d, v in by_date(bodies["resting"]).items()}
+    heart = card(answer, "heart", "resting_heart_rate")
+    assert close(heart["value"], resting.get(day)) and close(heart["usual"],
+                                                             usual_of(resting, day))
+    [weight] = [c for c in answer["cards"]["body"] if c["metric"] == "weight_body_mass"]
+    latest = max((p for p in bodies["weight"] if written_date(p["date"]) <= day),
+                 key=lambda p: p["date"][:19])
+    assert weight["values"] == {"qty": latest["qty"]} and weight["units"] == "kg"
+    assert weight["measured"][:19] == latest["date"][:19].replace(" ", "T")
+
+
+def test_read_15_2_last_night_in_every_summary_form(served):
+    client, bodies = served
+    for night in bodies["nights"]:
+        morning = written_date(night["sleepEnd"])
+        answer = summary_of(client, morning)
+        sleep = answer["cards"]["sleep"]
+        asleep = night.get("totalSleep") or night["asleep"]
+        assert close(sleep["asleep"], asleep), (morning, sleep)
+        assert close(sleep["in_bed"], night["inBed"])
+        stages = {k: night[k] for k in ("core", "deep", "rem", "awake") if night.get(k)}
+        assert sleep["stages"].keys() == stages.keys()
+        assert sleep["sleep_end"][:19] == night["sleepEnd"][:19].replace(" ", "T")
+        assert sleep["sleep_start"][:19] == night["sleepStart"][:19].replace(" ", "T")
+        earlier = [n.get("totalSleep") or n["asleep"] for n in bodies["nights"]
+                   if morning - dt.timedelta(days=30) <= written_date(n["sleepEnd"]) < morning]
+        assert close(sleep["usual"], statistics.median(earlier) if len(earlier) >= 5 else None)
+
+
+def test_read_15_4_a_metric_in_two_units(served):
+    client, bodies = served
+    day = dt.date(2025, 4, 2)
+    answer = summary_of(client, day)
+    energy = card(answer, "movement", "active_energy")
+    sums: dict = {}
+    for point, units in bodies["energy"]:
+        key = written_date(point["date"])
+        sums[key] = (sums.get(key, (0.0, units))[0] + point["qty"], units)
+    assert energy["units"] == "kJ" and close(energy["value"], sums[day][0])
+    kj_days = {d: v for d, (v, u) in sums.items() if u == "kJ"}
+    assert close(energy["usual"], usual_of(kj_days, day))
+
+
+def test_read_15_1_a_day_before_any_data_has_no_values(served):
+    client, _ = served
+    answer = summary_of(client, dt.date(2024, 6, 1))
+    assert answer["cards"]["sleep"] is None
+    for group in ("movement", "heart"):
+        for found in answer["cards"][group]:
+            assert found.get("value") is None and found.get("usual") is None
+    assert answer["cards"]["workouts"] == [] and answer["cards"]["other"] == []
+
+
+def test_read_15_1_without_a_date_the_day_of_the_newest_point(served):
+    client, _ = served
+    status, answer = client.request("GET", "/api/summary")
+    assert status == 200 and answer["date"] == DAYS[-1].isoformat()
+    assert client.request("GET", "/api/summary?date=2025-13-01")[0] == 400
+
+
+# -- READ-15.3: trends, on a store of their own ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trending(tmp_path_factory):
+    """455 days of Days exports: resting heart rate falling in the last 90 days (better:
+    down), steps rising (better: up), body fat flat, and VO2 max with too few recent days."""
+    base = tmp_path_factory.mktemp("trends")
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    last = dt.date(2025, 6, 30)
+    days = [last - dt.timedelta(days=n) for n in range(454, -1, -1)]
+    recent = set(days[-90:])
+    series = {
+        "resting_heart_rate": [(d, 60 + (d.day % 5) - (6 if d in recent else 0)) for d in days],
+        "step_count": [(d, 8000 + (d.day % 7) * 100 + (2500 if d in recent else 0))
+                       for d in days],
+        "body_fat_percentage": [(d, 22 + (d.day % 3) * 0.5) for d in days],
+        "vo2_max": [(d, 40 + d.day % 4) for d in days if d not in recent or d.day == 1],
+    }
+    try:
+        metrics = [hf.metric(name, [{"date": stamp(d), "qty": v, "source": "Watch"}
+                                    for d, v in points], "x")
+                   for name, points in series.items()]
+        assert proc.client.ingest(hf.dumps_hae(hf.envelope(metrics=metrics)),
+                                  headers=DAILY)[0] == 200
+        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+                 timeout=60, what="the year is folded")
+        yield proc.client, last, series
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines())
+
+
+def test_read_15_3_trends_up_down_and_flat_by_the_stated_rule(trending):
+    client, last, series = trending
+    answer = summary_of(client, last)
+    rule = answer["trend_rule"]
+    assert (rule["recent_days"], rule["baseline_days"]) == (90, 365)
+    trends = {t["metric"]: t for t in answer["trends"]}
+    assert "vo2_max" not in trends  # too few recent days
+    for metric, better in (("resting_heart_rate", "down"), ("step_count", "up"),
+                           ("body_fat_percentage", "down")):
+        values = series[metric]
+        recent = [v for d, v in values if d > last - dt.timedelta(days=90)]
+        base = [v for d, v in values if d <= last - dt.timedelta(days=90)]
+        mean_recent, mean_base = statistics.mean(recent), statistics.mean(base)
+        spread = statistics.stdev(base)
+        got = trends[metric]
+        assert close(got["recent"], mean_recent) and close(got["baseline"], mean_base)
+        assert close(got["baseline_sd"], spread)
+        assert got["flagged"] == (abs(mean_recent - mean_base) > spread)
+        direction = "up" if mean_recent > mean_base else "down"
+        assert (got["direction"], got["better"]) == (direction, direction == better)
+    assert trends["resting_heart_rate"]["flagged"] and trends["step_count"]["flagged"]
+    assert not trends["body_fat_percentage"]["flagged"]
+    assert (trends["resting_heart_rate"]["direction"], trends["resting_heart_rate"]["better"]) \
+        == ("down", True)
+    assert (trends["step_count"]["direction"], trends["step_count"]["better"]) == ("up", True)
+    json.dumps(answer)  # plain JSON, no NaN
