@@ -506,7 +506,7 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
     """The reply's ``nights`` against the tests' own: dates, counts, hours (to 1e-9, a stage
     missing in the reply is 0 h), local start and end, form; each item's ``start`` and
     ``local`` name local midnight of its date in an offset one of its sleeps ended in."""
-    assert [n["date"] for n in got] == [n["date"] for n in want]
+    assert [(n["date"], n["count"]) for n in got] == [(n["date"], n["count"]) for n in want]
     for g, w in zip(got, want):
         assert g["count"] == w["count"], (w["date"], g)
         assert_hours(g["asleep"], w["asleep"], (w["date"], "asleep"))

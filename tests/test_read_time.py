@@ -192,6 +192,19 @@ def build_corpus() -> Corpus:
     keep("12.3", "records", records)
     keep("12.3", "summaries", summaries)
     keep("12.3", "summaries", twice)
+    # A watch without an "In Bed" record from the phone (mornings 16-19 June): what a range
+    # that ends at midnight cuts.
+    june = hf.sleep_segments(SLEEP_SEED, dt.date(2025, 6, 16), dt.date(2025, 6, 20),
+                             phone=phone, rng=rng)
+    keep("cut", "records", [r for r in june if r["value"] != "In Bed"])
+    # Evening naps that end 3 h (15 July) and 2 h 59 min (17 July) before the night's first
+    # record: three hours apart are two sleeps, less is one.
+    gaps = []
+    for morning, gap in ((15, dt.timedelta(hours=3)), (17, dt.timedelta(hours=2, minutes=59))):
+        night = hf.sleep_segments(SLEEP_SEED, dt.date(2025, 7, morning), phone=phone, rng=rng)
+        first = min(written(r["start"]) for r in night)
+        gaps += night + hf.sleep_nap(first - gap - dt.timedelta(minutes=50), 50, phone=phone)
+    keep("gap", "records", gaps)
     return corpus
 
 
@@ -566,6 +579,36 @@ def test_read_12_2_stage_records_give_one_night_per_morning(store, bucket):
                                                                        "Asleep"))
     assert nights["2025-03-09"]["sleep_end"].endswith("-04:00")  # the change to daylight time
     assert nights["2025-03-09"]["sleep_start"].endswith("-05:00"), nights["2025-03-09"]
+
+
+@pytest.mark.parametrize("tz,last", [(NY, "2025-06-18"), ("local", "2025-06-18T00:00:00-04:00"),
+                                     ("-04:00", "2025-06-18")])
+def test_read_12_2_a_range_that_ends_inside_a_night_gives_no_part_of_it(store, tz, last):
+    """The nights whose end lies in the range: a range ending at midnight holds the nights
+    that ended before it, whole, and nothing of the night still running then (a watch
+    without the phone's "In Bed" record, so no record spans the night)."""
+    records = store.corpus.sleep["cut"]["records"]
+    by_date = nights_by_date([], records, tz)
+    assert [d.isoformat() for d in sorted(by_date)] == ["2025-06-%02d" % d
+                                                        for d in range(16, 20)]
+    want = night_items({d: n for d, n in by_date.items()
+                        if d.isoformat() in ("2025-06-16", "2025-06-17")}, tz)
+    reply = sleep_reply(store, "2025-06-16", last, tz=tz)
+    assert [(n["date"], n["count"]) for n in reply["nights"]] == [("2025-06-16", 1),
+                                                                  ("2025-06-17", 1)]
+    assert_nights_equal(reply["nights"], want)
+
+
+def test_read_12_2_records_three_hours_apart_are_two_sleeps(store):
+    """Records less than 3 h apart are one sleep: an evening nap that ends 3 h before the
+    night begins is a sleep of its own day; one that ends 2 h 59 min before is part of the
+    night."""
+    records = store.corpus.sleep["gap"]["records"]
+    reply = sleep_reply(store, "2025-07-14", "2025-07-18")
+    want = night_items(nights_by_date([], records))
+    assert [(n["date"], n["count"]) for n in want] == [("2025-07-14", 1), ("2025-07-15", 1),
+                                                       ("2025-07-17", 1)]
+    assert_nights_equal(reply["nights"], want)
 
 
 def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
