@@ -101,7 +101,7 @@ __all__ = [
     "headers_for", "heart_rate_notification", "iso_z", "local_midnight", "medications",
     "metric", "metric_points", "metrics_payload", "new_uuid", "records_sections", "resend",
     "same_value", "sleep_app_records", "sleep_nap", "sleep_nights", "sleep_segments",
-    "sleep_summaries", "state_of_mind", "symptoms",
+    "sleep_summaries", "sleep_summary_so_far", "state_of_mind", "symptoms",
     "utc_offset", "week_of_traffic", "workout_v1", "workout_v2", "workouts_between",
 ]
 
@@ -918,6 +918,33 @@ def sleep_summaries(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
             _with_source(row, phone.pick_source(rng, PIPED_SOURCE))
         rows.append(row)
     return rows
+
+
+def sleep_summary_so_far(row: dict, at: Any, *, phone: Phone = PHONE) -> dict:
+    """A summary of form (b) or (c) as HAE sends it when it runs during the night (the phone
+    unlocked at 3 am, the watch's samples synced so far): the night until ``at``, with
+    ``sleepEnd``/``inBedEnd`` (and ``date`` when it held the wake time) at ``at`` and the
+    hours scaled to the part slept. The morning's summary of the same night follows."""
+    start, end = _epoch_text(row["sleepStart"]), _epoch_text(row["sleepEnd"])
+    t = _epoch(at, phone.zone)
+    if not start < t < end:
+        raise ValueError("``at`` must lie inside the night")
+    share = (t - start) / (end - start)
+    out = dict(row)
+    for key in ("totalSleep", "asleep", "core", "deep", "rem", "awake"):
+        if isinstance(out.get(key), (int, float)):
+            out[key] = out[key] * share
+    if out["date"] == row["sleepEnd"]:
+        out["date"] = phone.time(t)
+    out["sleepEnd"] = out["inBedEnd"] = phone.time(t)
+    out["inBed"] = (t - _epoch_text(row["inBedStart"])) / 3600
+    return out
+
+
+def _epoch_text(text: str) -> float:
+    """Epoch seconds of a 24-hour HAE timestamp (the factory's own, for its own rows)."""
+    stamp = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z")
+    return stamp.timestamp()
 
 
 #: A sleep app on the phone: the second device recording the same nights.

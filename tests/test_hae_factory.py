@@ -297,6 +297,19 @@ def test_sleep_summaries_in_each_form(form):
     assert [r["date"] for r in wake] == [r["sleepEnd"] for r in rows]
 
 
+def test_a_sleep_summary_sent_during_the_night():
+    phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
+    [row] = hf.sleep_summaries(33, dt.date(2025, 8, 5), phone=phone, form="c")
+    early = hf.sleep_summary_so_far(row, dt.datetime(2025, 8, 5, 3, 10), phone=phone)
+    assert list(early) == list(row)
+    assert early["sleepEnd"] == early["inBedEnd"] == early["date"] == "2025-08-05 03:10:00 -0400"
+    assert early["sleepStart"] == row["sleepStart"] and early["asleep"] == 0
+    assert 0 < early["totalSleep"] < row["totalSleep"] and early["inBed"] < row["inBed"]
+    assert early["totalSleep"] == pytest.approx(early["core"] + early["deep"] + early["rem"])
+    with pytest.raises(ValueError):
+        hf.sleep_summary_so_far(row, dt.datetime(2025, 8, 5, 12, 0), phone=phone)
+
+
 def test_sleep_app_records_and_naps():
     """A second device (a sleep app) records the nights of the watch, shifted; a nap is
     core sleep with an awakening; stage names follow the phone's language."""

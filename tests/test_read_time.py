@@ -205,6 +205,13 @@ def build_corpus() -> Corpus:
         first = min(written(r["start"]) for r in night)
         gaps += night + hf.sleep_nap(first - gap - dt.timedelta(minutes=50), 50, phone=phone)
     keep("gap", "records", gaps)
+    # The night of 5 August summarised at 3:10 (the phone unlocked in the night), then in
+    # the morning; `date` is the wake time, so the two sends have two coordinates.
+    [night] = hf.sleep_summaries(SLEEP_SEED, dt.date(2025, 8, 5), phone=phone, form="c",
+                                 date_as="wake", rng=rng)
+    keep("so far", "summaries", [hf.sleep_summary_so_far(night, dt.datetime(2025, 8, 5, 3, 10),
+                                                         phone=phone)])
+    keep("so far", "summaries", [night])
     return corpus
 
 
@@ -609,6 +616,18 @@ def test_read_12_2_records_three_hours_apart_are_two_sleeps(store):
     assert [(n["date"], n["count"]) for n in want] == [("2025-07-14", 1), ("2025-07-15", 1),
                                                        ("2025-07-17", 1)]
     assert_nights_equal(reply["nights"], want)
+
+
+def test_read_12_3_a_night_summarised_while_it_ran_and_again_counts_once(store):
+    """HAE ran at 3:10 in the night and again in the morning: two summaries of one night,
+    the first ending at 3:10. The night counts once, with one of the two sends' hours (not
+    their sum)."""
+    early, morning = store.corpus.sleep["so far"]["summaries"]
+    assert early["sleepStart"] == morning["sleepStart"] and early["date"] != morning["date"]
+    reply = sleep_reply(store, "2025-08-05", "2025-08-06")
+    [night] = reply["nights"]
+    assert (night["date"], night["count"]) == ("2025-08-05", 1), night
+    assert night["asleep"] in (early["totalSleep"], morning["totalSleep"]), night
 
 
 def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
