@@ -372,7 +372,7 @@ def test_read_11_3_days_and_hours_of_a_half_hour_offset_are_whole(store, bucket)
     items = store.corpus.points("walking_running_distance", "minutes")
     for tz in ("local", "Asia/Kolkata", "+05:30"):
         reply = get_json(store.address, "/api/points", metric="walking_running_distance",
-                         bucket=bucket, tz=tz)
+                         layer="minutes", bucket=bucket, tz=tz)  # it has days too (READ-11.1)
         assert_buckets_equal(reply["runs"], aggregate(items, bucket, tz))
     if bucket == "day":
         assert [b["date"] for b in reply["runs"][0]["buckets"]] == [
