@@ -23,6 +23,8 @@ import pytest
 import build_zipapp
 import healthlog
 
+pytest.register_assert_rewrite("read_helpers")  # the read tests' oracle: say what differed
+
 
 @pytest.fixture(scope="session")
 def pyz(tmp_path_factory) -> Path:

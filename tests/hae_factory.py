@@ -90,17 +90,18 @@ from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 __all__ = [
     "BERLIN", "BRISBANE", "CANARY_QTY", "CANARY_SOURCE", "CANARY_STRINGS", "CANARY_TOKEN",
-    "DEFAULT_DAY", "DEFAULT_METRICS", "DST_FALL", "DST_SPRING", "ECG_SAMPLES", "FAST",
-    "GROUPINGS", "JOURNAL", "METRICS", "RAW", "RECORD_SECTIONS", "SLEEP", "TODAY", "WEEK",
-    "WORKOUTS",
+    "DAYS_METRICS", "DEFAULT_DAY", "DEFAULT_METRICS", "DST_FALL", "DST_SPRING", "ECG_SAMPLES",
+    "FAST", "GROUPINGS", "JOURNAL", "KOLKATA", "METRICS", "NEW_YORK", "RAW", "RECORD_SECTIONS",
+    "SLEEP", "SLEEP_APP", "SYDNEY", "TODAY", "WEEK", "WORKOUTS",
     "OWNER_PHONE", "OWNER_WATCH", "PACIFIC", "PERIODS", "PERTH", "PHONE", "PIPED_SOURCE",
     "SLEEP_VALUES", "TIME_STYLES", "UTC_ZONE", "WORKOUT_KINDS",
     "Automation", "MetricSpec", "Phone", "Push", "RawNumber", "Zone",
-    "big_metrics_body", "big_workouts_body", "canary_payload", "cycle_tracking",
-    "dumps_hae", "ecg_reading", "envelope", "hae_time", "headers_for",
-    "heart_rate_notification", "iso_z", "local_midnight", "medications", "metric",
-    "metric_points", "metrics_payload", "new_uuid", "records_sections", "resend",
-    "same_value", "sleep_nights", "sleep_segments", "state_of_mind", "symptoms",
+    "big_metrics_body", "big_workouts_body", "canary_payload", "cycle_tracking", "day_fields",
+    "days_export", "days_points", "dumps_hae", "ecg_reading", "envelope", "hae_time",
+    "headers_for", "heart_rate_notification", "iso_z", "local_midnight", "medications",
+    "metric", "metric_points", "metrics_payload", "new_uuid", "records_sections", "resend",
+    "same_value", "sleep_app_records", "sleep_nap", "sleep_nights", "sleep_segments",
+    "sleep_summaries", "sleep_summary_so_far", "state_of_mind", "symptoms",
     "utc_offset", "week_of_traffic", "workout_v1", "workout_v2", "workouts_between",
 ]
 
@@ -153,8 +154,10 @@ class Zone:
     """A phone time zone: offsets in minutes east of UTC and an optional DST rule.
 
     ``rule`` is ``"us"`` (DST from the 2nd Sunday of March 02:00 local standard time to the
-    1st Sunday of November 02:00 local daylight time) or ``"eu"`` (last Sunday of March to
-    last Sunday of October, 01:00 UTC); empty means a fixed offset.
+    1st Sunday of November 02:00 local daylight time), ``"eu"`` (last Sunday of March to
+    last Sunday of October, 01:00 UTC) or ``"au"`` (south-east Australia: from the 1st Sunday
+    of October 02:00 standard time to the 1st Sunday of April 03:00 daylight time, so
+    daylight time spans the new year); empty means a fixed offset.
     """
 
     name: str
@@ -167,6 +170,9 @@ PACIFIC = Zone("America/Los_Angeles", -480, -420, "us")
 BERLIN = Zone("Europe/Berlin", 60, 120, "eu")
 BRISBANE = Zone("Australia/Brisbane", 600)  # the +1000 of the 12-hour capture (E26)
 PERTH = Zone("Australia/Perth", 480)  # the +0800 of the 2023 sleep captures (E10)
+NEW_YORK = Zone("America/New_York", -300, -240, "us")
+SYDNEY = Zone("Australia/Sydney", 600, 660, "au")
+KOLKATA = Zone("Asia/Kolkata", 330)  # a half-hour offset: UTC hours straddle local hours
 UTC_ZONE = Zone("UTC", 0)
 
 #: Timestamp styles: None is 24-hour; otherwise (space before am/pm, upper-case am/pm).
@@ -211,6 +217,12 @@ def _dst_span(zone: Zone, year: int) -> tuple:
         start_day = _sunday_on_or_after(dt.date(year, 3, 25))  # the last Sunday
         end_day = _sunday_on_or_after(dt.date(year, 10, 25))
         return _day_number(start_day) * _DAY + 3600, _day_number(end_day) * _DAY + 3600
+    if zone.rule == "au":  # southern: start (October) comes after end (April) in a year
+        start_day = _sunday_on_or_after(dt.date(year, 10, 1))  # the 1st Sunday
+        end_day = _sunday_on_or_after(dt.date(year, 4, 1))
+        start = _day_number(start_day) * _DAY + 7200 - zone.std * 60
+        end = _day_number(end_day) * _DAY + 10800 - zone.dst * 60
+        return start, end
     raise ValueError("unknown DST rule %r" % zone.rule)
 
 
@@ -218,6 +230,8 @@ def _offset_at(zone: Zone, t: float) -> int:
     if not zone.rule:
         return zone.std
     start, end = _dst_span(zone, _date_of_day(int(t // _DAY)).year)
+    if end < start:  # southern hemisphere: standard time from April to October
+        return zone.std if end <= t < start else zone.dst
     return zone.dst if start <= t < end else zone.std
 
 
@@ -628,6 +642,94 @@ def metrics_payload(seed: int = 0, names: Sequence[str] = DEFAULT_METRICS,
 
 
 # ==========================================================================================
+# Days exports: one point per metric and local day, at local midnight (§2.2, §6).
+# ==========================================================================================
+
+#: The thirteen metrics of a typical Days automation ("daily totals"). On many days some of
+#: them have no sample and HAE sends the metric with ``"data": []``.
+DAYS_METRICS = ("step_count", "active_energy", "basal_energy_burned", "walking_running_distance",
+                "flights_climbed", "apple_exercise_time", "apple_stand_hour", "heart_rate",
+                "resting_heart_rate", "walking_heart_rate_average", "heart_rate_variability",
+                "blood_oxygen_saturation", "weight_body_mass")
+#: Chance that a metric has no sample on a day (weighed on some mornings only, and so on).
+_DAYS_MISSING = {"weight_body_mass": 0.75, "blood_oxygen_saturation": 0.3,
+                 "walking_heart_rate_average": 0.2, "flights_climbed": 0.25,
+                 "heart_rate_variability": 0.05}
+
+
+def day_fields(seed: int, name: str, day: dt.date, units: Optional[str] = None) -> Optional[dict]:
+    """The value keys of the Days point of metric ``name`` for local ``day``, or None on a day
+    without samples: a pure function of (seed, name, day), drawn per day (a year of days costs
+    a year of draws, not a year of minutes). Totals (``sum`` metrics) are a day's worth of
+    the metric's minutes; heart rate is the day's Min/Avg/Max; other metrics one reading."""
+    spec = METRICS[name]
+    salt = _salt("days:" + name)
+    number = _day_number(day)
+
+    def draw(j: int) -> float:
+        return _draw(seed, salt, number, j)
+
+    if draw(0) < _DAYS_MISSING.get(name, 0.0):
+        return None
+    if spec.kind == "sum":
+        minutes = 1440 * (1.0 if spec.rate >= 1 else spec.rate * 0.7)
+        value = spec.level * minutes * (0.55 + 0.9 * draw(1))
+        value = max(1, round(value)) if spec.integer else value
+        return {"qty": _convert(value, spec.units, units or spec.units)}
+    if spec.kind == "hr":
+        return {"Min": round(spec.level - 24 + 10 * draw(1)),
+                "Avg": spec.level + 6 * (2 * draw(2) - 1),
+                "Max": round(spec.level + 60 + 45 * draw(3))}
+    if spec.kind != "event":
+        raise ValueError("no Days points of %s" % name)
+    if spec.integer and spec.rate > 1:  # a count of events a day (stand hours)
+        return {"qty": max(1, round(spec.rate * (0.5 + 0.7 * draw(1))))}
+    value = spec.level + spec.spread * (2 * draw(1) - 1)
+    return {"qty": _convert(round(value) if spec.integer else value, spec.units,
+                            units or spec.units)}
+
+
+def _days(start: Any, end: Any) -> list:
+    first = start if isinstance(start, dt.date) else _date_of_day(int(_epoch(start) // _DAY))
+    if end is None:
+        return [first]
+    return [first + dt.timedelta(days=k) for k in range((end - first).days)]
+
+
+def days_points(seed: int, name: str, start: Any = DEFAULT_DAY, end: Optional[dt.date] = None,
+                *, phone: Phone = PHONE, rng: Optional[random.Random] = None,
+                units: Optional[str] = None) -> list:
+    """The Days points of ``name`` for the local days ``[start, end)`` (default: the day
+    ``start``), each at local midnight written in the offset of that midnight, so the
+    offset follows the phone's DST (``2025-04-15 00:00:00 -0400``). Keys: ``date``, the
+    value keys of `day_fields`, ``source`` as the phone's policy draws it."""
+    rng = rng or random.Random(seed)
+    points = []
+    for day in _days(start, end):
+        fields = day_fields(seed, name, day, units)
+        if fields is None:
+            continue
+        point = {"date": phone.time(local_midnight(phone.zone, day))}
+        point.update(fields)
+        points.append(_with_source(point, phone.pick_source(rng)))
+    return points
+
+
+def days_export(seed: int = 0, start: Any = DEFAULT_DAY, end: Optional[dt.date] = None, *,
+                phone: Phone = PHONE, names: Sequence[str] = DAYS_METRICS,
+                rng: Optional[random.Random] = None, units: Optional[dict] = None) -> dict:
+    """The body of a Days automation for the local days ``[start, end)``: every metric of
+    ``names`` in that order, with `days_points` (``"data": []`` when it has none). A
+    "Today" export is one day: thirteen metrics of one point each, some empty."""
+    rng = rng or random.Random(seed)
+    units = units or {}
+    return {"data": {"metrics": [
+        metric(name, days_points(seed, name, start, end, phone=phone, rng=rng,
+                                 units=units.get(name)), units.get(name))
+        for name in names]}}
+
+
+# ==========================================================================================
 # Sleep: nightly aggregated rows and stage segments (§2.5).
 # ==========================================================================================
 
@@ -749,6 +851,158 @@ def sleep_segments(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
                        qty=(finish - begin) / 3600, value=labels[stage])
             rows.append(_with_source(row, phone.pick_source(rng, device)))
     return rows
+
+
+#: The forms of nightly sleep summaries HAE has written (§2.5), see `sleep_summaries`.
+SLEEP_FORMS = ("a", "b", "c")
+
+
+def sleep_summaries(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
+                    phone: Phone = PHONE, form: str = "c", date_as: str = "wake",
+                    cutoff: Any = None, rng: Optional[random.Random] = None) -> list:
+    """Nightly sleep summaries (one point per night ending in the window) in the form of
+    one HAE era (§2.5):
+
+    * ``"a"`` old (2022-23): ``date, asleep, sleepStart, sleepEnd, sleepSource, inBed,
+      inBedStart, inBedEnd, inBedSource``; no stages;
+    * ``"b"``: ``date, asleep`` (non-zero, the hours asleep), ``core, deep, rem, awake``,
+      ``sleepStart, sleepEnd, inBed, inBedStart, inBedEnd, source``;
+    * ``"c"`` HAE >= 6.6.2 with a Watch: ``date, totalSleep, asleep`` (0), ``core, deep,
+      rem, awake, inBed, inBedStart, inBedEnd, sleepStart, sleepEnd, source``.
+
+    ``date_as`` is what ``date`` holds: ``"wake"`` the wake time (``sleepEnd``) or
+    ``"start"`` the sleep start the evening before (HAE has written both), ``"midnight"``
+    local midnight of the wake day (as `sleep_nights`), or ``"mixed"``: wake or start, drawn
+    per night. The nights are those of `sleep_segments` (same seed, same nights).
+    """
+    if form not in SLEEP_FORMS:
+        raise ValueError("unknown sleep summary form %r" % form)
+    rng = rng or random.Random(seed)
+    zone = phone.zone
+    rows = []
+    for night in _nights(seed, start, end, phone, cutoff):
+        hours = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
+        for begin, finish, stage in night.segments:
+            hours[stage] += (finish - begin) / 3600
+        asleep = [s for s in night.segments if s[2] != "awake"]
+        sleep_start, sleep_end = asleep[0][0], asleep[-1][1]
+        bed_start, bed_end = night.in_bed
+        wake_day = int((bed_end + _offset_at(zone, bed_end) * 60) // _DAY)
+        how = date_as
+        if how == "mixed":
+            how = "wake" if _draw(seed, _salt("sleep-date"), wake_day) < 0.5 else "start"
+        date = {"wake": sleep_end, "start": sleep_start,
+                "midnight": _local_epoch(zone, wake_day * _DAY)}[how]
+        total = _fsum((hours["core"], hours["deep"], hours["rem"]))
+        row: dict = {"date": phone.time(date)}
+        if form == "c":
+            row.update(totalSleep=total, asleep=0)
+        else:
+            row["asleep"] = total
+        if form != "a":
+            row.update(core=hours["core"], deep=hours["deep"], rem=hours["rem"],
+                       awake=hours["awake"])
+        if form == "c":
+            row.update(inBed=(bed_end - bed_start) / 3600, inBedStart=phone.time(bed_start),
+                       inBedEnd=phone.time(bed_end), sleepStart=phone.time(sleep_start),
+                       sleepEnd=phone.time(sleep_end))
+        else:
+            row.update(sleepStart=phone.time(sleep_start), sleepEnd=phone.time(sleep_end))
+            if form == "a":
+                row["sleepSource"] = phone.pick_source(rng) or OWNER_WATCH
+            row.update(inBed=(bed_end - bed_start) / 3600, inBedStart=phone.time(bed_start),
+                       inBedEnd=phone.time(bed_end))
+        if form == "a":
+            row["inBedSource"] = OWNER_PHONE
+        else:
+            _with_source(row, phone.pick_source(rng, PIPED_SOURCE))
+        rows.append(row)
+    return rows
+
+
+def sleep_summary_so_far(row: dict, at: Any, *, phone: Phone = PHONE) -> dict:
+    """A summary of form (b) or (c) as HAE sends it when it runs during the night (the phone
+    unlocked at 3 am, the watch's samples synced so far): the night until ``at``, with
+    ``sleepEnd``/``inBedEnd`` (and ``date`` when it held the wake time) at ``at`` and the
+    hours scaled to the part slept. The morning's summary of the same night follows."""
+    start, end = _epoch_text(row["sleepStart"]), _epoch_text(row["sleepEnd"])
+    t = _epoch(at, phone.zone)
+    if not start < t < end:
+        raise ValueError("``at`` must lie inside the night")
+    share = (t - start) / (end - start)
+    out = dict(row)
+    for key in ("totalSleep", "asleep", "core", "deep", "rem", "awake"):
+        if isinstance(out.get(key), (int, float)):
+            out[key] = out[key] * share
+    if out["date"] == row["sleepEnd"]:
+        out["date"] = phone.time(t)
+    out["sleepEnd"] = out["inBedEnd"] = phone.time(t)
+    out["inBed"] = (t - _epoch_text(row["inBedStart"])) / 3600
+    return out
+
+
+def _epoch_text(text: str) -> float:
+    """Epoch seconds of a 24-hour HAE timestamp (the factory's own, for its own rows)."""
+    stamp = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z")
+    return stamp.timestamp()
+
+
+#: A sleep app on the phone: the second device recording the same nights.
+SLEEP_APP = "AutoSleep"
+#: How a sleep app's unstaged sleep is spelled per phone language (HealthKit's "asleep
+#: unspecified"); other languages as in English.
+_ASLEEP_VALUES = {"hk": "HKCategoryValueSleepAnalysisAsleepUnspecified"}
+
+
+def _record(phone: Phone, begin: float, finish: float, value: str, variant: str,
+            night_date: Optional[float]) -> dict:
+    row = {}
+    if variant == "new":
+        row.update(date=phone.time(begin if night_date is None else night_date),
+                   start=phone.time(begin), end=phone.time(finish))
+    row.update(startDate=phone.time(begin), endDate=phone.time(finish),
+               qty=(finish - begin) / 3600, value=value)
+    return row
+
+
+def sleep_app_records(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
+                      phone: Phone = PHONE, app: str = SLEEP_APP, shift_s: int = 420,
+                      variant: str = "old", cutoff: Any = None) -> list:
+    """The nights of `sleep_segments` (same seed) as a second device records them: a sleep
+    app writes an "In Bed" span and unstaged "Asleep" blocks (the watch's asleep segments
+    between two awakenings, merged), all ``shift_s`` later than the watch saw them, so the
+    two devices' records overlap without matching. ``source`` is ``app`` on every row."""
+    labels = SLEEP_VALUES[phone.language]
+    asleep_value = _ASLEEP_VALUES.get(phone.language, "Asleep")
+    rows = []
+    for night in _nights(seed, start, end, phone, cutoff):
+        blocks: list = []
+        for begin, finish, stage in night.segments:
+            if stage == "awake":
+                blocks.append(None)
+            elif blocks and blocks[-1] is not None:
+                blocks[-1] = (blocks[-1][0], finish)
+            else:
+                blocks.append((begin, finish))
+        spans = [(night.in_bed[0] + shift_s, night.in_bed[1] + shift_s, labels["inbed"])]
+        spans += [(b + shift_s, f + shift_s, asleep_value) for b, f in filter(None, blocks)]
+        for begin, finish, value in spans:
+            row = _record(phone, begin, finish, value, variant, night.in_bed[0] + shift_s)
+            rows.append(_with_source(row, app))
+    return rows
+
+
+def sleep_nap(start: Any, minutes: float, *, phone: Phone = PHONE, variant: str = "new",
+              source: str = OWNER_WATCH) -> list:
+    """An afternoon nap as the watch records it: core sleep, a two-minute awakening, core
+    sleep again (``start``: a naive datetime is the phone's wall time)."""
+    labels = SLEEP_VALUES[phone.language]
+    t0 = _epoch(start, phone.zone)
+    first = t0 + int(minutes * 60 * 0.6)
+    spans = ((t0, first, "core"), (first, first + 120, "awake"),
+             (first + 120, t0 + int(minutes * 60), "core"))
+    return [_with_source(_record(phone, b, f, labels[stage], variant, t0), source)
+            for b, f, stage in spans]
 
 
 # ==========================================================================================
@@ -991,18 +1245,18 @@ def _ecg_microvolts(phase: float) -> float:
 
 
 def ecg_reading(rng: random.Random, when: Any, *, phone: Phone = PHONE,
-                samples: int = ECG_SAMPLES) -> dict:
+                samples: int = ECG_SAMPLES, hz: float = _ECG_HZ) -> dict:
     """An ECG: HAE-format ``start``/``end`` (30 s), ``classification``, ``severity``,
-    ``averageHeartRate``, ``numberOfVoltageMeasurements``, ``samplingFrequency``,
+    ``averageHeartRate``, ``numberOfVoltageMeasurements``, ``samplingFrequency`` (``hz``),
     ``voltageMeasurements [{date: epoch float, voltage, units: "mcV"}]``, ``source: "ECG"``."""
     t0 = float(int(_epoch(when, phone.zone)))
     bpm = rng.randint(58, 84)
-    volts = [{"date": t0 + k / _ECG_HZ,
-              "voltage": _ecg_microvolts((k / _ECG_HZ * bpm / 60) % 1) + rng.gauss(0, 12),
+    volts = [{"date": t0 + k / hz,
+              "voltage": _ecg_microvolts((k / hz * bpm / 60) % 1) + rng.gauss(0, 12),
               "units": "mcV"} for k in range(samples)]
     return {"start": phone.time(t0), "end": phone.time(t0 + 30), "classification": "Sinus Rhythm",
             "severity": "None", "averageHeartRate": bpm, "numberOfVoltageMeasurements": samples,
-            "samplingFrequency": _ECG_HZ, "voltageMeasurements": volts, "source": "ECG"}
+            "samplingFrequency": hz, "voltageMeasurements": volts, "source": "ECG"}
 
 
 def heart_rate_notification(rng: random.Random, when: Any, *, phone: Phone = PHONE,

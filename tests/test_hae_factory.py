@@ -198,7 +198,10 @@ def test_dst_rules_agree_with_the_tz_database():
     zoneinfo = pytest.importorskip("zoneinfo")
     try:
         zones = [(hf.PACIFIC, zoneinfo.ZoneInfo("America/Los_Angeles")),
-                 (hf.BERLIN, zoneinfo.ZoneInfo("Europe/Berlin"))]
+                 (hf.BERLIN, zoneinfo.ZoneInfo("Europe/Berlin")),
+                 (hf.NEW_YORK, zoneinfo.ZoneInfo("America/New_York")),
+                 (hf.SYDNEY, zoneinfo.ZoneInfo("Australia/Sydney")),
+                 (hf.KOLKATA, zoneinfo.ZoneInfo("Asia/Kolkata"))]
     except zoneinfo.ZoneInfoNotFoundError:
         pytest.skip("no tz database")
     for zone, tz in zones:
@@ -208,6 +211,144 @@ def test_dst_rules_agree_with_the_tz_database():
                 expected = t.astimezone(tz).utcoffset() // dt.timedelta(minutes=1)
                 assert hf.utc_offset(zone, t) == expected, (zone.name, t)
                 t += dt.timedelta(minutes=30)
+
+
+def test_days_exports_follow_the_phones_dst_across_a_year():
+    """Days exports (§6): one point per metric at local midnight, written in the offset of
+    that midnight, for New York, Berlin and Sydney (whose daylight time spans the new year);
+    a one-day export is thirteen metrics of one point each, some with ``"data": []``."""
+    for zone, written in ((hf.NEW_YORK, {"-0500", "-0400"}), (hf.BERLIN, {"+0100", "+0200"}),
+                          (hf.SYDNEY, {"+1100", "+1000"})):
+        phone = hf.Phone(zone=zone)
+        steps = hf.days_points(21, "step_count", dt.date(2025, 1, 1), dt.date(2026, 1, 1),
+                               phone=phone)
+        assert len(steps) == 365
+        assert all(HAE_24H.match(p["date"]) and p["date"][11:19] == "00:00:00" for p in steps)
+        assert [p["date"][:10] for p in steps] == [
+            (dt.date(2025, 1, 1) + dt.timedelta(days=k)).isoformat() for k in range(365)]
+        assert offsets(steps) == written
+        changes = [(a["date"], b["date"]) for a, b in zip(steps, steps[1:])
+                   if a["date"][-5:] != b["date"][-5:]]
+        assert len(changes) == 2, changes  # spring and autumn
+        assert all(4000 < p["qty"] < 30000 for p in steps)
+    ny = [p["date"] for p in hf.days_points(21, "step_count", dt.date(2025, 3, 8),
+                                            dt.date(2025, 3, 11), phone=hf.Phone(hf.NEW_YORK))]
+    assert ny == ["2025-03-08 00:00:00 -0500", "2025-03-09 00:00:00 -0500",
+                  "2025-03-10 00:00:00 -0400"]
+    sydney = hf.days_points(21, "step_count", dt.date(2025, 4, 5), dt.date(2025, 4, 8),
+                            phone=hf.Phone(hf.SYDNEY))
+    assert [p["date"][-5:] for p in sydney] == ["+1100", "+1100", "+1000"]
+    today = hf.days_export(21, dt.date(2025, 4, 15), phone=hf.Phone(hf.NEW_YORK))
+    parsed = json.loads(hf.dumps_hae(today))
+    assert [m["name"] for m in parsed["data"]["metrics"]] == list(hf.DAYS_METRICS)
+    assert len(hf.DAYS_METRICS) == 13
+    assert {len(m["data"]) for m in parsed["data"]["metrics"]} <= {0, 1}
+    assert metric_of(parsed, "step_count")["data"][0]["date"] == "2025-04-15 00:00:00 -0400"
+    heart = metric_of(parsed, "heart_rate")["data"][0]
+    assert heart["Min"] < heart["Avg"] < heart["Max"]
+    year = hf.days_export(21, dt.date(2025, 1, 1), dt.date(2026, 1, 1))
+    empty_days = Counter(m["name"] for m in year["data"]["metrics"] if len(m["data"]) < 300)
+    assert "weight_body_mass" in empty_days and "step_count" not in empty_days
+    days_with_weight = sum(
+        hf.day_fields(21, "weight_body_mass", dt.date(2025, 1, 1) + dt.timedelta(days=k))
+        is not None for k in range(365))
+    assert 30 < days_with_weight < 180
+    assert hf.days_points(21, "step_count", dt.date(2025, 5, 1)) == hf.days_points(
+        21, "step_count", dt.date(2025, 5, 1))  # a pure function of the seed
+
+
+@pytest.mark.parametrize("form", hf.SLEEP_FORMS)
+def test_sleep_summaries_in_each_form(form):
+    """§2.5 (a) old summaries without stages, (b) stages beside a non-zero asleep, (c)
+    HAE >= 6.6.2 with a Watch: asleep 0 beside totalSleep; ``date`` the wake time, the
+    sleep start the evening before, or either."""
+    phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
+    start, end = dt.date(2025, 1, 5), dt.date(2025, 1, 25)
+    rows = hf.sleep_summaries(31, start, end, phone=phone, form=form, date_as="mixed")
+    assert len(rows) == 20
+    keys = {"a": ["date", "asleep", "sleepStart", "sleepEnd", "sleepSource", "inBed",
+                  "inBedStart", "inBedEnd", "inBedSource"],
+            "b": ["date", "asleep", "core", "deep", "rem", "awake", "sleepStart", "sleepEnd",
+                  "inBed", "inBedStart", "inBedEnd", "source"],
+            "c": ["date", "totalSleep", "asleep", "core", "deep", "rem", "awake", "inBed",
+                  "inBedStart", "inBedEnd", "sleepStart", "sleepEnd", "source"]}[form]
+    segments = hf.sleep_segments(31, start, end, phone=phone)
+    for row in rows:
+        assert list(row) == keys
+        for key in keys:
+            if key in TIME_KEYS:
+                assert HAE_24H.match(row[key]), (key, row[key])
+        assert row["date"] in (row["sleepStart"], row["sleepEnd"])
+        assert row["inBedStart"] <= row["sleepStart"] < row["sleepEnd"] <= row["inBedEnd"]
+        total = row["totalSleep"] if form == "c" else row["asleep"]
+        assert 4 < total < row["inBed"] < 11
+        if form == "c":
+            assert row["asleep"] == 0
+        if form != "a":
+            assert total == pytest.approx(row["core"] + row["deep"] + row["rem"])
+        # the night of the stage segments of the same seed
+        night = [s for s in segments if s["date"] == row["inBedStart"]]
+        assert night and max(s["end"] for s in night) == row["inBedEnd"]
+    dates = Counter("wake" if r["date"] == r["sleepEnd"] else "start" for r in rows)
+    assert dates["wake"] > 3 and dates["start"] > 3
+    assert all(r["date"][:10] < r["sleepEnd"][:10] for r in rows if r["date"] == r["sleepStart"]
+               and r["sleepStart"][11:13] >= "18")
+    wake = hf.sleep_summaries(31, start, end, phone=phone, form=form, date_as="wake")
+    assert [r["date"] for r in wake] == [r["sleepEnd"] for r in rows]
+
+
+def test_a_sleep_summary_sent_during_the_night():
+    phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
+    [row] = hf.sleep_summaries(33, dt.date(2025, 8, 5), phone=phone, form="c")
+    early = hf.sleep_summary_so_far(row, dt.datetime(2025, 8, 5, 3, 10), phone=phone)
+    assert list(early) == list(row)
+    assert early["sleepEnd"] == early["inBedEnd"] == early["date"] == "2025-08-05 03:10:00 -0400"
+    assert early["sleepStart"] == row["sleepStart"] and early["asleep"] == 0
+    assert 0 < early["totalSleep"] < row["totalSleep"] and early["inBed"] < row["inBed"]
+    assert early["totalSleep"] == pytest.approx(early["core"] + early["deep"] + early["rem"])
+    with pytest.raises(ValueError):
+        hf.sleep_summary_so_far(row, dt.datetime(2025, 8, 5, 12, 0), phone=phone)
+
+
+def test_sleep_app_records_and_naps():
+    """A second device (a sleep app) records the nights of the watch, shifted; a nap is
+    core sleep with an awakening; stage names follow the phone's language."""
+    day = dt.date(2025, 2, 3)
+    for language, asleep in (("en", "Asleep"), ("de", "Asleep"),
+                             ("hk", "HKCategoryValueSleepAnalysisAsleepUnspecified")):
+        phone = hf.Phone(zone=hf.BERLIN, sources="single", language=language)
+        watch = hf.sleep_segments(32, day, phone=phone)
+        app = hf.sleep_app_records(32, day, phone=phone, shift_s=420)
+        assert {r["source"] for r in app} == {hf.SLEEP_APP}
+        assert set(app[0]) == {"startDate", "endDate", "qty", "value", "source"}
+        assert {r["value"] for r in app} == {hf.SLEEP_VALUES[language]["inbed"], asleep}
+        asleep_watch = [r for r in watch if r["value"] not in (
+            hf.SLEEP_VALUES[language]["inbed"], hf.SLEEP_VALUES[language]["awake"])]
+        blocks = [r for r in app if r["value"] == asleep]
+        assert 1 <= len(blocks) <= len(asleep_watch)
+        first, last = min(asleep_watch, key=lambda r: r["startDate"]), max(
+            asleep_watch, key=lambda r: r["endDate"])
+        assert first["startDate"] < blocks[0]["startDate"] < first["endDate"]  # overlapping
+        assert blocks[-1]["endDate"] > last["endDate"]
+        assert sum(r["qty"] for r in blocks) == pytest.approx(
+            sum(r["qty"] for r in asleep_watch), rel=0.01)
+        new = hf.sleep_app_records(32, day, phone=phone, variant="new")
+        assert {"date", "start", "end"} <= set(new[0])
+    nap = hf.sleep_nap(dt.datetime(2025, 2, 4, 14, 10), 40, phone=hf.Phone(
+        zone=hf.BERLIN, language="de"))
+    assert [r["value"] for r in nap] == ["Kern", "Wach", "Kern"]
+    assert nap[0]["start"] == "2025-02-04 14:10:00 +0100"
+    assert nap[-1]["end"] == "2025-02-04 14:50:00 +0100"
+    assert sum(r["qty"] for r in nap) == pytest.approx(40 / 60)
+    assert {r["date"] for r in nap} == {nap[0]["start"]}
+
+
+def test_ecg_at_another_sampling_frequency():
+    ecg = hf.ecg_reading(random.Random(3), dt.datetime(2025, 3, 1, 9, 0), samples=15360, hz=512)
+    assert ecg["samplingFrequency"] == 512 and ecg["numberOfVoltageMeasurements"] == 15360
+    dates = [v["date"] for v in ecg["voltageMeasurements"]]
+    assert dates == sorted(dates) and dates[-1] - dates[0] == pytest.approx(30 - 1 / 512)
+    assert {v["units"] for v in ecg["voltageMeasurements"]} == {"mcV"}
 
 
 # ---------------------------------------------------------------------------- serialisation

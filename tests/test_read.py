@@ -11,11 +11,14 @@ state of their own (counters that move) start their own in-process Service.
 
 Every expectation is computed in the test: from what was posted (the points are stored
 verbatim, so raw reads give them back), from the ``object`` table, and from the test's own
-aggregation of the posted points; none from healthlog's read code.
+aggregation of the posted points in the phone's local time (tests/read_helpers.py: each point
+in the offset its timestamp was written in, or the ``tz`` asked); none from healthlog's code.
 
 Names carry the scenario IDs READ-n.m: READ-1 catalog, READ-2 raw points, READ-3 buckets,
 READ-4 CSV, READ-5 deliveries, READ-6 /metrics, READ-7 page, session and security headers,
-READ-8 the export CLI.
+READ-8 the export CLI, READ-12 the corpus's nights. Time zones, DST and sleep in all its forms
+are in tests/test_read_time.py, the meaning table and the lists of records in
+tests/test_read_records.py.
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ import datetime as dt
 import gzip
 import hashlib
 import hmac
-import http.client
 import io
 import json
-import math
 import random
 import re
 import sqlite3
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import zoneinfo
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -44,6 +46,10 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import ROOT, TOKEN, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
+from read_helpers import (Reply, aggregate, assert_buckets_equal, assert_error,
+                          assert_nights_equal, call, close, coordinate, get, get_json, in_range,
+                          instant_us, iso_local, nights_by_date, numeric, raw_start, read_csv,
+                          runs_of, utc_iso, week_items, night_items, written)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -97,17 +103,6 @@ class Corpus:
     def points(self, metric: str, layer: str) -> list:
         """(point, units) of a metric and layer in the order reads must give them."""
         return sorted(self.posted[(metric, layer)], key=lambda item: coordinate(item[0]))
-
-
-def coordinate(point: dict) -> tuple:
-    """(start µs, end µs, category) as the storage spec defines it, read here."""
-    start = point.get("start", point.get("startDate", point.get("date")))
-    end = point.get("end", point.get("endDate", start))
-    category = point.get("value")
-    if not isinstance(category, str):
-        category = point.get("kind")
-    return (healthlog.parse_time(start), healthlog.parse_time(end),
-            category if isinstance(category, str) else "")
 
 
 def build_corpus() -> Corpus:
@@ -192,60 +187,7 @@ CORPUS = build_corpus()
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP with headers, and the module store.
-
-class Reply(NamedTuple):
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    def json(self):
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8")
-
-
-def call(address: tuple, method: str, path: str, body: bytes = None, headers: dict = None,
-         auth: bool = True) -> Reply:
-    """One request on a fresh connection; Bearer token unless ``auth`` is false."""
-    conn = http.client.HTTPConnection(address[0], address[1], timeout=60)
-    try:
-        sent = {"Authorization": "Bearer " + TOKEN} if auth else {}
-        sent.update(headers or {})
-        conn.request(method, path, body=body, headers=sent)
-        response = conn.getresponse()
-        return Reply(response.status, response.headers, response.read())
-    finally:
-        conn.close()
-
-
-def url(path: str, **query) -> str:
-    """``path?query``; ``from_`` stands for ``from``; None values are left out."""
-    pairs = [(k.rstrip("_"), v) for k, v in query.items() if v is not None]
-    return path + ("?" + urllib.parse.urlencode(pairs) if pairs else "")
-
-
-def get(address: tuple, path: str, **query) -> Reply:
-    return call(address, "GET", url(path, **query))
-
-
-def get_json(address: tuple, path: str, **query):
-    reply = get(address, path, **query)
-    assert reply.status == 200, (path, query, reply.status, reply.body[:500])
-    return reply.json()
-
-
-def assert_error(reply: Reply, status: int, code: str) -> dict:
-    """The one JSON error shape."""
-    assert reply.status == status, (reply.status, reply.body[:500])
-    assert reply.headers.get_content_type() == "application/json"
-    error = reply.json()["error"]
-    assert error["status"] == status and error["code"] == code, error
-    assert isinstance(error["message"], str) and error["message"]
-    return error
-
+# The module store.
 
 class Store(NamedTuple):
     data_dir: Path
@@ -283,123 +225,13 @@ def objects(data_dir: Path, metric: str = None) -> list:
                              " FROM object %s ORDER BY metric, layer, hour" % where, args)
 
 
-def iso(instant_us: int) -> str:
-    """The read spec's reply time: healthlog.format_instant (seconds, fraction if non-zero)."""
-    return healthlog.format_instant(instant_us)
+def iso(us: int) -> str:
+    """The read spec's reply time: ISO-8601 UTC with ``Z`` (a fraction only when not zero)."""
+    return utc_iso(us)
 
 
 # ---------------------------------------------------------------------------------------------
-# The test's own reading of the points: runs and bucket aggregates.
-
-def runs_of(items: list) -> list:
-    """[(units, [point, …])]: a new run whenever the units change between consecutive
-    hourly objects (all points of one hour share their object's units)."""
-    runs: list = []
-    last_hour = None
-    for point, units in items:
-        hour = coordinate(point)[0] // HOUR_US
-        if not runs or (hour != last_hour and units != runs[-1][0]):
-            runs.append((units, []))
-        runs[-1][1].append(point)
-        last_hour = hour
-    return runs
-
-
-def in_range(items: list, start: Optional[int], end: Optional[int]) -> list:
-    return [(p, u) for p, u in items if (start is None or coordinate(p)[0] >= start)
-            and (end is None or coordinate(p)[0] < end)]
-
-
-def parse_offset(tz: str) -> int:
-    sign = -1 if tz[0] == "-" else 1
-    return sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
-
-
-def bucket_start_us(instant_us: int, bucket: str, offset_s: int) -> int:
-    """Start (UTC µs) of the hour/day/week holding an instant, aligned in the offset;
-    weeks start on Monday 00:00 local (epoch day 4 was a Monday)."""
-    local = instant_us // US + offset_s
-    if bucket == "hour":
-        start = local - local % 3600
-    elif bucket == "day":
-        start = local - local % 86400
-    else:
-        day = local // 86400
-        start = (day - (day - 4) % 7) * 86400
-    return (start - offset_s) * US
-
-
-def numeric(value) -> bool:
-    return type(value) in (int, float)
-
-
-def aggregate(items: list, bucket: str, tz: str = "+00:00") -> list:
-    """The test's own bucket aggregates, shaped as the reply's ``runs``."""
-    offset = parse_offset(tz)
-    out = []
-    for units, points in runs_of(items):
-        buckets: dict = {}
-        for point in points:
-            key = bucket_start_us(coordinate(point)[0], bucket, offset)
-            entry = buckets.setdefault(key, {"count": 0, "fields": {}})
-            entry["count"] += 1
-            for name, value in point.items():
-                if numeric(value):
-                    entry["fields"].setdefault(name, []).append(value)
-        out.append({"units": units, "buckets": [
-            {"start": iso(key), "count": entry["count"],
-             "fields": {name: {"count": len(values), "min": min(values), "max": max(values),
-                               "avg": math.fsum(values) / len(values), "sum": math.fsum(values)}
-                        for name, values in entry["fields"].items()}}
-            for key, entry in sorted(buckets.items())]})
-    return out
-
-
-def sleep_stages(items: list, bucket: str, tz: str) -> list:
-    """Hours per stage, bucketed by the night each record ends: the local date (or week)
-    of its END plus 6 hours (hour buckets: of its end)."""
-    offset = parse_offset(tz)
-    out = []
-    for units, points in runs_of(items):
-        buckets: dict = {}
-        for point in points:
-            start, end, stage = coordinate(point)
-            night = end + (6 * 3600 * US if bucket != "hour" else 0)
-            entry = buckets.setdefault(bucket_start_us(night, bucket, offset),
-                                       {"count": 0, "stages": {}})
-            entry["count"] += 1
-            entry["stages"][stage] = entry["stages"].get(stage, 0.0) + (end - start) / 3600e6
-        out.append({"units": units, "buckets": [
-            dict(entry, start=iso(key)) for key, entry in sorted(buckets.items())]})
-    return out
-
-
-def close(a, b) -> bool:
-    return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
-
-
-def assert_buckets_equal(got: list, want: list) -> None:
-    """Bucket runs equal: counts, min and max exactly; avg, sum and stage hours to 1e-9."""
-    assert [r["units"] for r in got] == [r["units"] for r in want]
-    for got_run, want_run in zip(got, want):
-        assert [b["start"] for b in got_run["buckets"]] == [
-            b["start"] for b in want_run["buckets"]], want_run["units"]
-        for g, w in zip(got_run["buckets"], want_run["buckets"]):
-            assert g["count"] == w["count"], w["start"]
-            if "stages" in w:
-                assert set(g["stages"]) == set(w["stages"]), w["start"]
-                for stage, hours in w["stages"].items():
-                    assert close(g["stages"][stage], hours), (w["start"], stage)
-                continue
-            assert set(g["fields"]) == set(w["fields"]), w["start"]
-            for name, stats in w["fields"].items():
-                mine = g["fields"][name]
-                assert set(mine) == {"count", "min", "max", "avg", "sum"}, mine
-                assert (mine["count"], mine["min"], mine["max"]) == (
-                    stats["count"], stats["min"], stats["max"]), (w["start"], name)
-                assert close(mine["avg"], stats["avg"]) and close(mine["sum"], stats["sum"]), (
-                    w["start"], name, mine, stats)
-
+# The test's own reading of the points (runs and bucket aggregates: tests/read_helpers.py).
 
 def raw_runs(items: list) -> list:
     return [{"units": units, "points": points} for units, points in runs_of(items)]
@@ -428,7 +260,8 @@ def expected_catalog(data_dir: Path) -> list:
 def test_read_1_1_catalog_lists_every_metric_and_layer_with_exact_counts_and_span(store):
     catalog = get_json(store.address, "/api/catalog")["metrics"]
     want = expected_catalog(store.data_dir)
-    assert [{k: v for k, v in e.items() if k != "group"} for e in catalog] == want
+    assert [{k: v for k, v in e.items() if k not in ("group", "meaning")} for e in catalog] == want
+    assert all(e["meaning"]["group"] == e["group"] for e in catalog)  # READ-13: one table
     # … and the object table holds exactly what was posted (stored verbatim, nothing lost).
     assert {(e["metric"], e["layer"]) for e in want} == set(store.corpus.posted)
     for entry in catalog:
@@ -514,17 +347,31 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
     rows = read_csv(get(store.address, "/api/points", metric="step_count", format="csv",
                         from_=spellings[3][0], to=spellings[3][1]))
     assert [row[0] for row in rows[1:]] == [iso(coordinate(p)[0]) for p in want[0]["points"]]
-    # date-only bounds are UTC midnight; either bound may be left open
+    # a date alone with tz an offset is that offset's midnight, echoed as the UTC instant;
+    # with tz=local (the default) it is the date written in each point, echoed as the date;
+    # either bound may be left open
     heart = store.corpus.points("heart_rate", "minutes")
     day9, day10 = (DAY0 + 86400) * US, (DAY0 + 2 * 86400) * US
     reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-09",
-                     to="2024-03-10")
+                     to="2024-03-10", tz="+00:00")
     assert (reply["from"], reply["to"]) == ("2024-03-09T00:00:00Z", "2024-03-10T00:00:00Z")
     assert reply["runs"] == raw_runs(in_range(heart, day9, day10))
-    reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-10")
-    assert reply["to"] is None and reply["runs"] == raw_runs(in_range(heart, day10, None))
-    reply = get_json(store.address, "/api/points", metric="heart_rate", to="2024-03-09")
-    assert reply["from"] is None and reply["runs"] == raw_runs(in_range(heart, None, day9))
+    reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-10",
+                     tz="-08:00")
+    assert (reply["from"], reply["to"]) == ("2024-03-10T08:00:00Z", None)
+    assert reply["runs"] == raw_runs(in_range(heart, day10 + 8 * HOUR_US, None))
+
+    def written_on(first: Optional[str], last: Optional[str]) -> list:
+        return [(p, u) for p, u in heart if (first is None or raw_start(p)[:10] >= first)
+                and (last is None or raw_start(p)[:10] < last)]
+
+    for first, last in (("2024-03-09", "2024-03-11"), (None, "2024-03-09"),
+                        ("2024-03-11", None)):
+        reply = get_json(store.address, "/api/points", metric="heart_rate", from_=first,
+                         to=last)
+        assert (reply["tz"], reply["from"], reply["to"]) == ("local", first, last)
+        assert reply["runs"] == raw_runs(written_on(first, last)), (first, last)
+        assert reply["runs"] != raw_runs(in_range(heart, day9, day9 + 2 * 86400 * US))
     empty = get_json(store.address, "/api/points", metric="heart_rate", from_="2030-01-01")
     assert empty["runs"] == []
 
@@ -583,12 +430,15 @@ def test_read_3_1_a_sum_beyond_a_double_is_null(start_service):
     {"metric": "step_count", "bucket": "month"},
     {"metric": "step_count", "bucket": "hour", "tz": "+25:00"},
     {"metric": "step_count", "bucket": "day", "tz": "PST"},
-    {"metric": "step_count", "tz": "Europe/Berlin"},
+    {"metric": "step_count", "tz": "Mars/Olympus_Mons"},
+    {"metric": "step_count", "tz": "../../etc/passwd"},
     {"metric": "step_count", "format": "xml"},
     {"metric": "step_count", "bucket": "day", "format": "sqlite"},
+    {"metric": "sleep_analysis", "bucket": "hour"},
+    {"metric": "step_count", "from_": "2024-02-30"},
 ], ids=["no-metric", "empty-metric", "bad-from", "bad-to", "from-equals-to", "from-after-to",
-        "bad-bucket", "tz-out-of-range", "tz-name", "tz-zone-id", "bad-format",
-        "sqlite-over-http"])
+        "bad-bucket", "tz-out-of-range", "tz-name", "tz-unknown-zone", "tz-path",
+        "bad-format", "sqlite-over-http", "sleep-per-hour", "no-such-date"])
 def test_read_2_5_unreadable_parameters_are_400(store, query):
     assert_error(get(store.address, "/api/points", **query), 400, "bad_request")
 
@@ -624,10 +474,16 @@ def test_read_2_6_an_unknown_metric_is_404_listing_names_with_entered_values_mas
 def test_read_3_1_bucket_aggregates_equal_the_tests_own(store, metric, bucket):
     reply = get_json(store.address, "/api/points", metric=metric, bucket=bucket)
     assert (reply["metric"], reply["layer"], reply["bucket"], reply["tz"]) == (
-        metric, "minutes", bucket, "+00:00")
+        metric, "minutes", bucket, "local")
     assert (reply["from"], reply["to"]) == (None, None)
-    want = aggregate(store.corpus.points(metric, "minutes"), bucket)
+    want = aggregate(store.corpus.points(metric, "minutes"), bucket)  # tz=local: as written
     assert_buckets_equal(reply["runs"], want)
+    if bucket != "hour":  # each point on the date written in it, not on its UTC date
+        dates = {raw_start(p)[:10] for p, _ in store.corpus.points(metric, "minutes")}
+        if bucket == "day":
+            assert {b["date"] for r in reply["runs"] for b in r["buckets"]} == dates
+        assert all(b["local"][11:19] == "00:00:00" for r in reply["runs"]
+                   for b in r["buckets"])
     if metric == "heart_rate":  # per-field counts differ: every tenth point lacks Max
         fields = reply["runs"][0]["buckets"][0]["fields"]
         assert set(fields) == {"Min", "Avg", "Max"}
@@ -639,16 +495,25 @@ def test_read_3_1_bucket_aggregates_equal_the_tests_own(store, metric, bucket):
 def test_read_3_2_buckets_are_aligned_in_the_requested_offset(store):
     heart = store.corpus.points("heart_rate", "minutes")
     for bucket, tz in (("day", "-07:00"), ("day", "+05:30"), ("hour", "+05:30"),
-                       ("week", "-08:00"), ("week", "+14:00")):
+                       ("hour", "-08:00"), ("week", "-08:00"), ("week", "+14:00")):
         reply = get_json(store.address, "/api/points", metric="heart_rate", bucket=bucket, tz=tz)
         assert reply["tz"] == tz
         assert_buckets_equal(reply["runs"], aggregate(heart, bucket, tz))
+        for entry in reply["runs"][0]["buckets"]:
+            assert entry["local"].endswith(tz) and entry["local"][:10] == entry["date"]
+            if bucket != "hour":
+                assert entry["local"][10:19] == "T00:00:00", entry
+            if bucket == "week":
+                assert dt.date.fromisoformat(entry["date"]).weekday() == 0, entry
     shifted = get_json(store.address, "/api/points", metric="heart_rate", bucket="day",
                        tz="-07:00")["runs"][0]["buckets"]
     assert shifted[0]["start"] == "2024-03-07T07:00:00Z"  # 2024-03-08 00:00Z is the 7th at -7
+    assert (shifted[0]["local"], shifted[0]["date"]) == ("2024-03-07T00:00:00-07:00",
+                                                         "2024-03-07")
     half = get_json(store.address, "/api/points", metric="heart_rate", bucket="hour",
                     tz="+05:30")["runs"][0]["buckets"]
-    assert all(b["start"].endswith(":30:00Z") for b in half)
+    assert all(b["start"].endswith(":30:00Z") and b["local"][13:] == ":00:00+05:30"
+               for b in half)
     ranged = get_json(store.address, "/api/points", metric="heart_rate", bucket="day",
                       tz="-07:00", from_="2024-03-09T07:00:00Z", to="2024-03-11T07:00:00Z")
     assert_buckets_equal(ranged["runs"], aggregate(
@@ -668,32 +533,29 @@ def test_read_3_3_a_bucket_never_mixes_units(store):
                              aggregate(store.corpus.points("active_energy", "minutes"), bucket))
 
 
-@pytest.mark.parametrize("bucket,tz", [("day", "-08:00"), ("day", "+00:00"), ("week", "-07:00")])
-def test_read_3_4_sleep_stage_records_give_hours_per_stage_by_the_night_they_end(store,
-                                                                                 bucket, tz):
+@pytest.mark.parametrize("bucket,tz", [("day", "local"), ("day", "-08:00"), ("day", "+00:00"),
+                                       ("week", "-07:00"), ("week", "local")])
+def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bucket, tz):
+    """The corpus's four nights of stage records (in bed from the phone, stages from the
+    watch, one across the change to daylight time on 2024-03-10): one night on each morning,
+    stage hours the sums of the records' ``qty``, asleep the union of the asleep records."""
     reply = get_json(store.address, "/api/points", metric="sleep_analysis", bucket=bucket,
                      tz=tz)
-    assert reply["layer"] == "record"
-    want = sleep_stages(store.corpus.points("sleep_analysis", "record"), bucket, tz)
-    assert_buckets_equal(reply["runs"], want)
-    for run in reply["runs"]:
-        for entry in run["buckets"]:
-            assert "fields" not in entry
-            assert set(entry["stages"]) <= {"Core", "Deep", "REM", "Awake", "In Bed"}
-    if bucket == "day" and tz == "-08:00":  # four nights, each whole on the day it ends
-        starts = [b["start"] for b in reply["runs"][0]["buckets"]]
-        assert starts == ["2024-03-%02dT08:00:00Z" % d for d in (9, 10, 11, 12)]
-        assert all(sum(b["stages"].values()) > 5 for b in reply["runs"][0]["buckets"])
+    assert (reply["layer"], reply["tz"], reply["units"]) == ("record", tz, "hr")
+    assert "runs" not in reply
+    records = [p for p, _ in store.corpus.points("sleep_analysis", "record")]
+    by_date = nights_by_date([], records, tz)
+    if bucket == "day":
+        assert_nights_equal(reply["nights"], night_items(by_date, tz))
+        assert [n["date"] for n in reply["nights"]] == ["2024-03-%02d" % d
+                                                        for d in (9, 10, 11, 12)]
+        assert all(n["count"] == 1 and n["asleep"] > 5 for n in reply["nights"])
+    else:
+        assert_nights_equal(reply["nights"], week_items(by_date), week=True)
 
 
 # ---------------------------------------------------------------------------------------------
 # READ-4: CSV
-
-def read_csv(reply: Reply) -> list:
-    assert reply.status == 200, reply.body[:500]
-    assert reply.headers["Content-Type"].replace(" ", "").lower() == "text/csv;charset=utf-8"
-    return list(csv.reader(io.StringIO(reply.text, newline="")))
-
 
 def assert_cell(cell: str, value) -> None:
     """A CSV cell against a stored value: numbers as floats, objects/arrays as JSON text,
@@ -720,58 +582,99 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
     keys: list = []
     for point, _ in items:
         keys += [k for k in point if k not in keys]
-    assert rows[0] == ["start", "end", "units"] + keys
+    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date"] + keys
     assert len(rows) == 1 + len(items)
     for row, (point, units) in zip(rows[1:], items):
         start, end, _ = coordinate(point)
-        assert row[:3] == [iso(start), iso(end), units or ""]
-        for key, cell in zip(keys, row[3:]):
+        moment = written(raw_start(point))  # the local start and date as the point wrote them
+        assert row[:5] == [iso(start), iso(end), units or "", iso_local(moment),
+                           moment.date().isoformat()]
+        for key, cell in zip(keys, row[5:]):
             if key in point:
                 assert_cell(cell, point[key])
             else:
                 assert cell == "", (key, row)
+    if metric == "heart_rate":  # across the change to daylight time: both offsets, as written
+        assert {row[3][-6:] for row in rows[1:]} == {"-08:00", "-07:00"}
 
 
-def test_read_4_2_bucket_csv_has_five_columns_per_field_equal_to_the_json(store):
-    query = dict(metric="heart_rate", bucket="day", tz="-07:00")
+def test_read_4_1_raw_csv_in_another_zone_and_a_key_named_like_a_column(start_service):
+    """With ``tz`` the local start and date are the zone's; a key named like one of the first
+    five columns gets a trailing ``_``, so no two columns have one name."""
+    service = start_service()
+    points = [{"date": "2024-03-08 23:%02d:00 -0800" % m, "qty": m, "units": "odd",
+               "local_date": "x%d" % m} for m in range(3)]
+    body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", points, "count")]))
+    assert Client(*service.address).ingest(body, headers={"automation-aggregation":
+                                                          "Minutes"})[0] == 200
+    wait_for(lambda: db_rows(service.config.data_dir, "SELECT parse_status FROM delivery")
+             [0]["parse_status"] == "parsed", what="the delivery is folded")
+    rows = read_csv(get(service.address, "/api/points", metric="step_count", format="csv",
+                        tz="Europe/Berlin"))
+    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date", "date",
+                       "qty", "units_", "local_date_"]
+    for row, point in zip(rows[1:], points):
+        berlin = written(point["date"]).astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
+        assert row[3:5] == [iso_local(berlin), "2024-03-09"]  # 08:0x in Berlin next day
+        assert row[7:] == ["odd", point["local_date"]]
+
+
+@pytest.mark.parametrize("query", [dict(metric="heart_rate", bucket="day", tz="-07:00"),
+                                   dict(metric="heart_rate", bucket="hour"),
+                                   dict(metric="heart_rate", bucket="week",
+                                        tz="America/Los_Angeles")],
+                         ids=["day-offset", "hour-local", "week-zone"])
+def test_read_4_2_bucket_csv_has_five_columns_per_field_equal_to_the_json(store, query):
     want = get_json(store.address, "/api/points", **query)
     rows = read_csv(get(store.address, "/api/points", format="csv", **query))
     header = rows[0]
-    assert header[:3] == ["start", "units", "count"]
-    fields = [column[:-len("_count")] for column in header[3::5]]
+    assert header[:5] == ["start", "local", "date", "units", "count"]
+    fields = [column[:-len("_count")] for column in header[5::5]]
     assert sorted(fields) == ["Avg", "Max", "Min"]
     stats = ("count", "min", "max", "avg", "sum")
-    assert header[3:] == ["%s_%s" % (f, s) for f in fields for s in stats]
+    assert header[5:] == ["%s_%s" % (f, s) for f in fields for s in stats]
     flat = [(run["units"], b) for run in want["runs"] for b in run["buckets"]]
     assert len(rows) == 1 + len(flat)
     for row, (units, entry) in zip(rows[1:], flat):
-        assert row[:3] == [entry["start"], units, str(entry["count"])]
+        assert row[:5] == [entry["start"], entry["local"], entry["date"], units,
+                           str(entry["count"])]
         for i, field in enumerate(fields):
-            cells = row[3 + 5 * i: 8 + 5 * i]
+            cells = row[5 + 5 * i: 10 + 5 * i]
             for stat, cell in zip(stats, cells):
-                assert_cell(cell, entry["fields"][field][stat])
+                if field in entry["fields"]:
+                    assert_cell(cell, entry["fields"][field][stat])
+                else:
+                    assert cell == "", (field, row)
+    assert_buckets_equal(want["runs"], aggregate(store.corpus.points("heart_rate", "minutes"),
+                                                 query["bucket"], query.get("tz", "local")))
     energy = read_csv(get(store.address, "/api/points", metric="active_energy", bucket="day",
                           format="csv"))
-    assert [row[1] for row in energy[1:]] == ["kcal", "kJ", "kcal"]
+    assert [row[3] for row in energy[1:]] == ["kcal", "kJ", "kcal"]
 
 
-def test_read_4_3_sleep_bucket_csv_has_one_hours_column_per_stage(store):
-    query = dict(metric="sleep_analysis", bucket="day", tz="-08:00")
+@pytest.mark.parametrize("tz", ["local", "-08:00"])
+def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
+    query = dict(metric="sleep_analysis", bucket="day", tz=tz)
     want = get_json(store.address, "/api/points", **query)
     rows = read_csv(get(store.address, "/api/points", format="csv", **query))
-    assert rows[0][:3] == ["start", "units", "count"]
-    stages = rows[0][3:]
-    assert sorted(stages) == sorted({s for run in want["runs"] for b in run["buckets"]
-                                     for s in b["stages"]})
-    flat = [(run["units"], b) for run in want["runs"] for b in run["buckets"]]
-    assert len(rows) == 1 + len(flat)
-    for row, (units, entry) in zip(rows[1:], flat):
-        assert row[:3] == [entry["start"], units, str(entry["count"])]
-        for stage, cell in zip(stages, row[3:]):
-            if stage in entry["stages"]:
-                assert close(float(cell), entry["stages"][stage])
-            else:
-                assert cell in ("", "0", "0.0"), (stage, cell)
+    stages = sorted({s for n in want["nights"] for s in n["stages"]})
+    assert stages == ["awake", "core", "deep", "rem"]
+    assert rows[0] == ["start", "local", "date", "nights", "asleep", "in_bed"] + stages + [
+        "sleep_start", "sleep_end", "form"]
+    assert len(rows) == 1 + len(want["nights"]) == 5
+    for row, night in zip(rows[1:], want["nights"]):
+        cells = dict(zip(rows[0], row))
+        assert [cells[k] for k in ("start", "local", "date", "nights", "sleep_start",
+                                   "sleep_end", "form")] == [
+            "" if night[k] is None else str(night[k]) for k in (
+                "start", "local", "date", "nights", "sleep_start", "sleep_end", "form")]
+        for key in ("asleep", "in_bed"):
+            assert close(float(cells[key]), night[key]), key
+        for stage in stages:
+            assert close(float(cells[stage] or 0), night["stages"].get(stage, 0.0)), stage
+    weeks = read_csv(get(store.address, "/api/points", format="csv", bucket="week",
+                         metric="sleep_analysis", tz=tz))
+    assert weeks[0] == ["start", "local", "date", "nights", "asleep", "in_bed"] + stages
 
 
 FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",
@@ -805,7 +708,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
         return "'" + text
 
     header = raw[0]
-    assert header[:3] == ["start", "end", "units"]
+    assert header[:5] == ["utc_start", "utc_end", "units", "local_start", "local_date"]
     assert [neutral(f) for f in FORMULAS] == [k for k in header if k.startswith("'")]
     for row, point in zip(raw[1:], points):
         cells = dict(zip(header, row))
@@ -818,7 +721,8 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
             for cell in row:
                 assert not cell.startswith(("=", "+", "@", "\t", "\r")), cell
                 assert not cell.startswith("-") or float(cell) < 0, cell
-    assert buckets[1][1] == neutral(units)
+    assert buckets[0][:5] == ["start", "local", "date", "units", "count"]
+    assert buckets[1][3] == neutral(units)
     assert neutral(FORMULAS[0]) + "_sum" in buckets[0]
 
 
@@ -842,7 +746,7 @@ def expected_delivery(row: dict) -> dict:
     out["status"] = row["parse_status"]
     out["uncovered_keys"] = json.loads(row["uncovered_keys"])
     for key in ("received_at", "folded_at"):
-        out[key] = row[key] and healthlog.parse_time(row[key])
+        out[key] = row[key] and instant_us(row[key])
     return out
 
 
@@ -851,8 +755,8 @@ def test_read_5_1_deliveries_are_the_journal_newest_first(store):
     rows = journal_newest_first(store.data_dir)
     assert len(rows) == len(store.corpus.deliveries)
     assert [set(d) for d in reply["deliveries"]] == [DELIVERY_KEYS] * len(rows)
-    instants = [dict(d, received_at=healthlog.parse_time(d["received_at"]),
-                     folded_at=d["folded_at"] and healthlog.parse_time(d["folded_at"]))
+    instants = [dict(d, received_at=instant_us(d["received_at"]),
+                     folded_at=d["folded_at"] and instant_us(d["folded_at"]))
                 for d in reply["deliveries"]]
     assert instants == [expected_delivery(row) for row in rows]
     assert reply["next_before"] is None
@@ -860,7 +764,7 @@ def test_read_5_1_deliveries_are_the_journal_newest_first(store):
         name for name, _, _ in reversed(store.corpus.deliveries)]
     # times are spelled as every reply spells them: format_instant (no trailing zeros)
     spelled = [d[k] for d in reply["deliveries"] for k in ("received_at", "folded_at") if d[k]]
-    assert [t for t in spelled if t != iso(healthlog.parse_time(t))] == []
+    assert [t for t in spelled if t != iso(instant_us(t))] == []
 
 
 def test_read_5_2_limit_and_before_page_through_the_journal(store):
@@ -1386,8 +1290,11 @@ def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     dict(metric="heart_rate", bucket="week", format="csv"),
     dict(metric="sleep_analysis", layer="record", bucket="day", tz="-08:00", format="csv"),
     dict(metric="workouts", format="csv"),
+    dict(metric="heart_rate", bucket="hour", tz="America/Los_Angeles"),
+    dict(metric="heart_rate", from_="2024-03-09", to="2024-03-11", bucket="day", format="csv"),
+    dict(metric="sleep_analysis", bucket="week"),
 ], ids=["raw-csv", "raw-json-range", "runs", "bucket-json-tz", "bucket-csv", "sleep-csv",
-        "nested-csv"])
+        "nested-csv", "bucket-zone", "local-dates-csv", "sleep-weeks"])
 def test_read_8_1_export_prints_the_bytes_the_route_answers(store, query):
     route = get(store.address, "/api/points", **query)
     assert route.status == 200, route.body[:300]
@@ -1396,6 +1303,27 @@ def test_read_8_1_export_prints_the_bytes_the_route_answers(store, query):
     result = export("--data", store.data_dir, *args)  # beside the running serve
     assert result.returncode == 0, result.stderr
     assert result.stdout == route.body
+
+
+def test_read_8_1_export_reads_in_local_time_by_default(store):
+    """``--tz`` defaults to ``local``: without it, export prints what the route answers with
+    ``tz=local``, each point on the date and hour written in it."""
+    for query in (dict(metric="heart_rate", bucket="day", format="csv"),
+                  dict(metric="heart_rate", format="csv"),
+                  dict(metric="sleep_analysis", bucket="day")):
+        route = get(store.address, "/api/points", tz="local", **query)
+        assert route.status == 200, route.body[:300]
+        result = export("--data", store.data_dir,
+                        *["--%s=%s" % (key, val) for key, val in query.items()])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == route.body, query
+    exported = export("--data", store.data_dir, "--metric=heart_rate", "--bucket=day",
+                      "--format=csv")
+    days = list(csv.reader(io.StringIO(exported.stdout.decode(), newline="")))
+    written_dates = sorted({raw_start(p)[:10]
+                            for p, _ in store.corpus.points("heart_rate", "minutes")})
+    assert [row[2] for row in days[1:]] == written_dates
+    assert days[1][1] == "2024-03-07T00:00:00-08:00"  # the first point: 16:00 -0800 the 7th
 
 
 def test_read_8_2_export_of_an_unknown_metric_exits_2_with_one_line(store):
@@ -1408,8 +1336,9 @@ def test_read_8_2_export_of_an_unknown_metric_exits_2_with_one_line(store):
 
 
 POINTS_COLUMNS = [("metric", "TEXT"), ("layer", "TEXT"), ("start", "TEXT"), ("end", "TEXT"),
-                  ("units", "TEXT"), ("qty", "REAL"), ("value", "TEXT"), ("min", "REAL"),
-                  ("avg", "REAL"), ("max", "REAL"), ("source", "TEXT"), ("extra", "TEXT")]
+                  ("local_start", "TEXT"), ("local_date", "TEXT"), ("units", "TEXT"),
+                  ("qty", "REAL"), ("value", "TEXT"), ("min", "REAL"), ("avg", "REAL"),
+                  ("max", "REAL"), ("source", "TEXT"), ("extra", "TEXT")]
 COLUMN_KEYS = {"qty", "value", "min", "avg", "max", "source", "Min", "Avg", "Max"}
 TIME_KEYS = {"date", "start", "end", "startDate", "endDate"}
 
@@ -1429,6 +1358,7 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
         indexed = [[c["name"] for c in conn.execute("PRAGMA index_info(%s)" % i["name"])]
                    for i in conn.execute("PRAGMA index_list(points)")]
         assert ["metric", "layer", "start"] in indexed and ["start"] in indexed
+        assert ["local_date"] in indexed
         store_rows = objects(store.data_dir)
         total = conn.execute("SELECT count(*) FROM points").fetchone()[0]
         assert total == sum(row["points"] for row in store_rows)
@@ -1449,8 +1379,18 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
                                 " ORDER BY start, rowid", (metric, layer)).fetchall()
             items = store.corpus.points(metric, layer)
             assert len(rows) == len(items)
-            for row, (point, units) in list(zip(rows, items))[:40]:
+            pairs = list(zip(rows, items))
+            for row, (point, units) in pairs[:40] + pairs[-40:]:
                 assert_export_row(row, point, units)
+        # the local start and date as each point wrote them, both offsets of the DST change
+        offsets = {r[0][-6:] for r in conn.execute(
+            "SELECT local_start FROM points WHERE metric = 'heart_rate'")}
+        assert offsets == {"-08:00", "-07:00"}
+        mood = conn.execute("SELECT local_start, local_date FROM points"
+                            " WHERE metric = 'state_of_mind'").fetchall()
+        assert [tuple(r) for r in mood] == [(iso_local(written(p["start"])), p["start"][:10])
+                                           for p, _ in store.corpus.points("state_of_mind",
+                                                                           "record")]
     finally:
         conn.close()
 
@@ -1458,6 +1398,9 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
 def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str]) -> None:
     start, end, _ = coordinate(point)
     assert (row["start"], row["end"], row["units"]) == (iso(start), iso(end), units), dict(row)
+    moment = written(raw_start(point))
+    assert (row["local_start"], row["local_date"]) == (iso_local(moment),
+                                                       moment.date().isoformat()), dict(row)
     for column, keys in (("qty", ("qty",)), ("min", ("min", "Min")), ("avg", ("avg", "Avg")),
                          ("max", ("max", "Max"))):
         given = [point[k] for k in keys if numeric(point.get(k))]

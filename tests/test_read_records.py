@@ -1,0 +1,364 @@
+"""What a metric means, and the metrics that are lists: the meaning table in the catalog
+(READ-13), /api/records for workouts, ECG recordings and events and /api/ecg for a trace
+(READ-14), end to end.
+
+One store (`store`), built once: HAE-shaped bodies made by tests/hae_factory.py (workouts of
+export versions 2 and 1, ECG recordings of 30 s at 512 Hz with epoch-dated voltages in µV,
+state of mind, symptoms, medications, cycle tracking, heart-rate notifications, Days exports
+of steps, heart rate, weight and nutrients, sleep summaries, and a metric no table knows) are
+posted over HTTP to a real ``healthlog.py serve`` subprocess on 127.0.0.1:0 and folded by its
+worker into a real SQLite file. The phone was in Berlin, then in New York.
+
+Every expectation is computed here from the bodies posted (times read with ``datetime`` from
+the text the phone wrote, tests/read_helpers.py), never from healthlog's code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+import hae_factory as hf
+from conftest import ServeProcess, assert_no_leaks, db_rows, wait_for
+from read_helpers import (assert_error, get, get_json, instant_us, iso_local, raw_end,
+                          raw_start, utc_iso, written)
+
+SEED = 14
+BERLIN = hf.Phone(zone=hf.BERLIN, sources="single")
+NEW_YORK = hf.Phone(zone=hf.NEW_YORK, sources="single")
+NUTRIENTS = {"dietary_energy": "kcal", "dietary_sugar": "g", "protein": "g",
+             "carbohydrates": "g", "total_fat": "g", "fiber": "g", "vitamin_c": "mg"}
+UNKNOWN = "apple_sleep_score"  # a name a later HAE might send, in no table
+#: Strings of the bodies that no log record above DEBUG may carry (beside conftest's).
+EXTRA_CANARIES = ("Ibuprofen", "Cetirizine", "Headache", "Sinus Rhythm")
+
+JOURNAL = hf.Automation("Journal", "Default", "Since Last Sync")
+WORKOUTS = hf.Automation("Workouts", "Default", "Since Last Sync")
+DAYS = hf.Automation("Daily totals", "Days", "Previous 7 Days")
+
+
+class Corpus(NamedTuple):
+    deliveries: list  # (headers, body bytes)
+    records: dict  # metric -> [point as sent]
+
+
+def build_corpus() -> Corpus:
+    rng = random.Random(SEED)
+    corpus = Corpus([], {})
+
+    def post(automation: hf.Automation, body: dict) -> dict:
+        sent = hf.dumps_hae(body, rng)
+        corpus.deliveries.append((hf.headers_for(automation, hf.new_uuid(rng)), sent))
+        parsed = json.loads(sent)["data"]
+        names = {"workouts": lambda p: "workouts", "ecg": lambda p: "ecg",
+                 "stateOfMind": lambda p: "state_of_mind",
+                 "heartRateNotifications": lambda p: "heart_rate_notifications",
+                 "symptoms": lambda p: "symptoms/" + p["name"],
+                 "cycleTracking": lambda p: "cycle_tracking/" + p["name"],
+                 "medications": lambda p: "medications/" + p["displayText"]}
+        for section, name_of in names.items():
+            for point in parsed.get(section, []):
+                corpus.records.setdefault(name_of(point), []).append(point)
+        return parsed
+
+    # Workouts: version 2 in Berlin, then version 1 (HAE 8.1.2) and 2 in New York.
+    post(WORKOUTS, hf.envelope(workouts=[
+        hf.workout_v2(SEED, dt.datetime(2025, 5, 3, 7, 10), name="Running", minutes=31.5,
+                      phone=BERLIN, route_points=5, rng=rng),
+        hf.workout_v2(SEED, dt.datetime(2025, 5, 4, 23, 40), name="Yoga", minutes=45,
+                      phone=BERLIN, route_points=0, rng=rng)]))
+    post(WORKOUTS, hf.envelope(workouts=[
+        hf.workout_v1(SEED, dt.datetime(2025, 5, 10, 18, 2), name="Outdoor Walk", minutes=12,
+                      phone=NEW_YORK, route_points=4, rng=rng),
+        hf.workout_v1(SEED, dt.datetime(2025, 5, 11, 6, 45), name="Running", minutes=42,
+                      phone=NEW_YORK, route_points=4, rng=rng)]))
+    post(WORKOUTS, hf.envelope(workouts=[
+        hf.workout_v2(SEED, dt.datetime(2025, 5, 12, 21, 30), name="Outdoor Cycling",
+                      minutes=55, phone=NEW_YORK, route_points=6, rng=rng)]))
+    # ECG: three recordings of 30 s at 512 Hz.
+    post(JOURNAL, hf.envelope(ecg=[
+        hf.ecg_reading(rng, dt.datetime(2025, 5, 4, 9, 12), phone=BERLIN, samples=15360,
+                       hz=512)]))
+    post(JOURNAL, hf.envelope(ecg=[
+        hf.ecg_reading(rng, dt.datetime(2025, 5, 11, 8, 30), phone=NEW_YORK, samples=15360,
+                       hz=512),
+        hf.ecg_reading(rng, dt.datetime(2025, 5, 12, 22, 5), phone=NEW_YORK, samples=15360,
+                       hz=512)]))
+    # Events: a daily mood and an emotion logged in the same moment, more moods, symptoms,
+    # medications (one without end and scheduledDate), cycle tracking, a notification.
+    moment = dt.datetime(2025, 5, 10, 21, 5, tzinfo=dt.timezone.utc)
+    moods = [hf.state_of_mind(rng, moment, kind="daily_mood"),
+             hf.state_of_mind(rng, moment, kind="momentary_emotion")]
+    moods += [hf.state_of_mind(rng, moment + dt.timedelta(days=d, hours=h), kind=kind)
+              for d, h, kind in ((-7, 0, "daily_mood"), (-6, 3, "momentary_emotion"),
+                                 (1, -9, "momentary_emotion"), (2, 0, "daily_mood"))]
+    doses = hf.medications(rng, dt.datetime(2025, 5, 11, 8, 0), phone=NEW_YORK)
+    doses += hf.medications(rng, dt.datetime(2025, 5, 3, 8, 15), phone=BERLIN)
+    for key in ("end", "scheduledDate"):
+        doses[-1].pop(key, None)
+    post(JOURNAL, hf.envelope(
+        stateOfMind=moods,
+        symptoms=hf.symptoms(rng, dt.datetime(2025, 5, 4, 16, 20), phone=BERLIN)
+        + hf.symptoms(rng, dt.datetime(2025, 5, 12, 11, 0), phone=NEW_YORK, count=1),
+        medications=doses,
+        cycleTracking=hf.cycle_tracking(rng, dt.date(2025, 5, 3), phone=BERLIN, cycle_day=0)
+        + hf.cycle_tracking(rng, dt.date(2025, 5, 11), phone=NEW_YORK, cycle_day=8),
+        heartRateNotifications=[hf.heart_rate_notification(rng, dt.datetime(2025, 5, 11, 3, 20),
+                                                           phone=NEW_YORK)]))
+    # Series for the meaning table: Days exports of steps, heart rate, weight, nutrients,
+    # nightly sleep summaries and a metric no table knows.
+    days = hf.days_export(SEED, dt.date(2025, 5, 3), dt.date(2025, 5, 6), phone=BERLIN,
+                          names=("step_count", "heart_rate", "weight_body_mass"), rng=rng)
+    nutrition = [hf.metric(name, [{"date": BERLIN.time(hf.local_midnight(
+        hf.BERLIN, dt.date(2025, 5, 3 + k))), "qty": 10.5 * (i + 1) + k}
+        for k in range(3)], units) for i, (name, units) in enumerate(NUTRIENTS.items())]
+    days["data"]["metrics"] += nutrition + [hf.metric(UNKNOWN, [
+        {"date": BERLIN.time(hf.local_midnight(hf.BERLIN, dt.date(2025, 5, 3))), "qty": 81}],
+        "count")]
+    post(DAYS, days)
+    post(DAYS, hf.envelope(metrics=[hf.metric("sleep_analysis", hf.sleep_summaries(
+        SEED, dt.date(2025, 5, 3), dt.date(2025, 5, 6), phone=BERLIN, form="c", rng=rng))]))
+    return corpus
+
+
+CORPUS = build_corpus()
+
+
+class Store(NamedTuple):
+    data_dir: Path
+    address: tuple
+    corpus: Corpus
+
+
+def pending(data_dir: Path) -> int:
+    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
+                             " WHERE parse_status = 'pending'")[0]["n"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    base = tmp_path_factory.mktemp("read-records")
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    try:
+        client = proc.client
+        for headers, body in CORPUS.deliveries:
+            status, answer = client.ingest(body, headers=dict(headers))
+            assert status == 200, answer
+        wait_for(lambda: pending(data_dir) == 0, timeout=120, what="every delivery folded")
+        statuses = {row["parse_status"] for row in db_rows(data_dir)}
+        assert statuses == {"parsed"}, statuses
+        yield Store(data_dir, ("127.0.0.1", proc.port), CORPUS)
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines(), extra=EXTRA_CANARIES)
+
+
+def page_through(store: Store, metric: str, limit: int, **query) -> list:
+    """Every item of /api/records, following ``next_before`` from page to page."""
+    items, before = [], None
+    for _ in range(1000):
+        page = get_json(store.address, "/api/records", metric=metric, limit=limit,
+                        before=before, **query)
+        assert page["metric"] == metric and len(page["items"]) <= limit
+        items += page["items"]
+        if page["next_before"] is None:
+            return items
+        assert len(page["items"]) == limit, page  # a full page has a next one
+        before = page["next_before"]  # passed on as the reply gave it
+    raise AssertionError("paging did not end")
+
+
+def placed(point: dict) -> dict:
+    """UTC start and end, local start and date of a record as the phone wrote them."""
+    start = written(raw_start(point))
+    return {"start": utc_iso(instant_us(raw_start(point))),
+            "end": utc_iso(instant_us(raw_end(point))),
+            "local_start": iso_local(start), "date": start.date().isoformat()}
+
+
+def newest_first(points: list) -> list:
+    """In coordinate order (start, end, category: the storage spec's), reversed."""
+    def category(point: dict) -> str:
+        for key in ("value", "kind"):
+            if isinstance(point.get(key), str):
+                return point[key]
+        return ""
+
+    return sorted(points, key=lambda p: (instant_us(raw_start(p)), instant_us(raw_end(p)),
+                                         category(p)), reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-13: the meaning table
+
+def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
+    catalog = get_json(store.address, "/api/catalog")["metrics"]
+    meanings = {e["metric"]: e["meaning"] for e in catalog}
+    for entry in catalog:
+        meaning = entry["meaning"]
+        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better"}
+        assert meaning["group"] == entry["group"] and meaning["name"].strip()
+        assert meaning["combine"] == {"total": "sum", "average": "avg"}.get(meaning["kind"])
+        assert meaning["better"] in ("up", "down", None)
+        assert meaning["fields"] and all(isinstance(f, str) for f in meaning["fields"])
+        assert meanings[entry["metric"]] == meaning  # one meaning per metric, every layer
+
+    def kind(metric: str) -> tuple:
+        m = meanings[metric]
+        return m["kind"], m["combine"], m["group"]
+
+    assert kind("step_count") == ("total", "sum", "activity")
+    for nutrient in NUTRIENTS:
+        assert kind(nutrient) == ("total", "sum", "nutrition"), nutrient
+    assert kind("heart_rate") == ("average", "avg", "heart")
+    assert meanings["heart_rate"]["fields"][0] == "Avg"
+    assert sorted(meanings["heart_rate"]["fields"]) == ["Avg", "Max", "Min"]
+    assert kind("weight_body_mass") == ("average", "avg", "body")
+    assert (kind("sleep_analysis"), kind("workouts"), kind("ecg")) == (
+        ("sleep", None, "sleep"), ("workouts", None, "workouts"), ("ecg", None, "heart"))
+    events = [m for m in meanings if m == "state_of_mind" or m.startswith(
+        ("symptoms/", "medications/", "cycle_tracking/")) or m == "heart_rate_notifications"]
+    assert len(events) == len(CORPUS.records) - 2  # all but workouts and ecg
+    for metric in events:
+        assert meanings[metric]["kind"] == "events" and meanings[metric]["combine"] is None
+    assert meanings["state_of_mind"]["group"] == "mindfulness"
+    assert kind(UNKNOWN) == ("average", "avg", "other")
+    assert {meanings[m]["fields"][0] for m in ("step_count", "weight_body_mass", UNKNOWN)
+            } == {"qty"}
+    # a name made of what the user entered is not in the display name's place of a log; the
+    # catalog shows it to the signed-in user as the metric it is
+    assert any(m.startswith("medications/Ibuprofen") for m in meanings)
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-14: lists of records
+
+def expected_workout(point: dict) -> dict:
+    """A workout as the list must give it, read from its body: version 2's ``duration``, else
+    end - start; the energy and distance amounts in the units sent; the heart rate."""
+    version = 2 if "id" in point or "duration" in point else 1
+    span = (instant_us(point["end"]) - instant_us(point["start"])) / 1e6
+    summary = point.get("heartRate") or {}
+
+    def amount(value):
+        return None if value is None else {"qty": value["qty"], "units": value["units"]}
+
+    return dict(placed(point), name=point["name"],
+                duration_s=point["duration"] if version == 2 else span,
+                energy=amount(point.get("activeEnergyBurned") or point.get("activeEnergy")),
+                distance=amount(point.get("distance")),
+                average_heart_rate=amount(summary.get("avg") or point.get("avgHeartRate")),
+                max_heart_rate=amount(summary.get("max") or point.get("maxHeartRate")),
+                location=point.get("location"), version=version)
+
+
+@pytest.mark.parametrize("limit", [2, 50])
+def test_read_14_1_workouts_of_both_versions(store, limit):
+    workouts = CORPUS.records["workouts"]
+    assert {("id" in w, "duration" in w) for w in workouts} == {(True, True), (False, False)}
+    items = page_through(store, "workouts", limit)
+    want = [expected_workout(w) for w in newest_first(workouts)]
+    assert [i["start"] for i in items] == [w["start"] for w in want]  # once each, newest first
+    for item, expected in zip(items, want):
+        assert {k: item.get(k) for k in expected} == expected
+    walk = next(i for i in items if i["name"] == "Outdoor Walk")
+    assert (walk["version"], walk["duration_s"]) == (1, 720)  # 12 minutes of HAE 8.1.2
+    assert walk["energy"]["units"] == "kcal" and walk["distance"]["units"] == "mi"
+    assert walk["local_start"] == "2025-05-10T18:02:00-04:00" and walk["date"] == "2025-05-10"
+    run = next(i for i in items if i["name"] == "Running" and i["version"] == 2)
+    assert run["energy"]["units"] == "kJ" and run["distance"]["units"] == "km"
+    assert run["local_start"].startswith("2025-05-03T07:10:00+02:00")
+    yoga = next(i for i in items if i["name"] == "Yoga")
+    assert yoga["date"] == "2025-05-04" and yoga["start"].startswith("2025-05-04T21:40")
+    reply = get_json(store.address, "/api/records", metric="workouts")
+    assert (reply["kind"], reply["tz"], reply["next_before"]) == ("workouts", "local", None)
+    # in another zone, the local start and date are that zone's
+    tokyo = get_json(store.address, "/api/records", metric="workouts", tz="Asia/Tokyo")
+    late = next(i for i in tokyo["items"] if i["name"] == "Outdoor Cycling")
+    assert (late["local_start"][:16], late["date"]) == ("2025-05-13T10:30", "2025-05-13")
+    ranged = get_json(store.address, "/api/records", metric="workouts", from_="2025-05-10",
+                      to="2025-05-12")
+    assert [i["name"] for i in ranged["items"]] == ["Running", "Outdoor Walk"]
+
+
+def test_read_14_2_an_ecg_recording_and_its_trace(store):
+    recordings = newest_first(CORPUS.records["ecg"])
+    listed = get_json(store.address, "/api/records", metric="ecg")
+    assert listed["kind"] == "ecg"
+    assert [i["start"] for i in listed["items"]] == [placed(r)["start"] for r in recordings]
+    for item, recording in zip(listed["items"], recordings):
+        assert {k: item[k] for k in ("start", "end", "local_start", "date")} == placed(recording)
+        assert (item["classification"], item["average_heart_rate"], item["sampling_frequency"],
+                item["samples"]) == (recording["classification"],
+                                     recording["averageHeartRate"], 512, 15360)
+        assert "voltageMeasurements" not in json.dumps(item)
+    for item, recording in zip(listed["items"], recordings):
+        trace = get_json(store.address, "/api/ecg", start=item["start"])
+        measured = sorted(recording["voltageMeasurements"], key=lambda v: v["date"])
+        assert trace["voltages"] == [v["voltage"] for v in measured]
+        assert len(trace["voltages"]) == recording["numberOfVoltageMeasurements"] == 15360
+        assert (trace["units"], trace["sampling_frequency"], trace["start"],
+                trace["local_start"]) == ("mcV", 512, item["start"], item["local_start"])
+    again = get_json(store.address, "/api/ecg",
+                     start=recordings[0]["start"])  # HAE's own spelling of the start
+    assert again["start"] == listed["items"][0]["start"]
+    late = utc_iso(instant_us(recordings[0]["start"]) + 1_000_000)
+    assert_error(get(store.address, "/api/ecg", start=late), 404, "not_found")
+    assert_error(get(store.address, "/api/ecg"), 400, "bad_request")
+
+
+@pytest.mark.parametrize("limit", [2, 50])  # pages that do not split the pair below
+def test_read_14_3_events_of_every_kind_as_lists(store, limit):
+    meanings = {e["metric"]: e["meaning"] for e in get_json(store.address,
+                                                             "/api/catalog")["metrics"]}
+    events = {m: points for m, points in CORPUS.records.items()
+              if m not in ("workouts", "ecg")}
+    assert {m.split("/")[0] for m in events} == {
+        "state_of_mind", "symptoms", "medications", "cycle_tracking",
+        "heart_rate_notifications"}
+    for metric, points in events.items():
+        fields = meanings[metric]["fields"]
+        items = page_through(store, metric, limit)
+        want = newest_first(points)
+        assert len(items) == len(want), (metric, limit)
+        for item, point in zip(items, want):
+            assert {k: item[k] for k in ("start", "end", "local_start", "date")} == placed(
+                point), metric
+            assert item["details"] == {f: point[f] for f in fields if f in point}, metric
+            assert item["details"], (metric, "no field of its meaning came")
+    mood = get_json(store.address, "/api/records", metric="state_of_mind")["items"]
+    assert {"valenceClassification", "kind", "labels"} <= set(mood[0]["details"])
+    assert mood[0]["local_start"].endswith("+00:00")  # written in UTC (ISO with Z)
+    symptom = next(m for m in events if m.startswith("symptoms/"))
+    item = get_json(store.address, "/api/records", metric=symptom)["items"][0]
+    assert "severity" in item["details"]
+    notification = get_json(store.address, "/api/records",
+                            metric="heart_rate_notifications")["items"][0]
+    assert notification["details"] == {"heartNotification": "low_heart_rate_notification",
+                                       "threshold": 45}
+    assert notification["local_start"].startswith("2025-05-11T03:20:00-04:00")
+    for series in ("step_count", "heart_rate", "sleep_analysis", UNKNOWN, "protein"):
+        assert_error(get(store.address, "/api/records", metric=series), 400, "bad_request")
+    assert_error(get(store.address, "/api/records", metric="no_such_metric"), 404,
+                 "unknown_metric")
+    for query in ({"limit": "0"}, {"limit": "501"}, {"before": "yesterday"}, {"tz": "Mars/X"}):
+        assert_error(get(store.address, "/api/records", metric="state_of_mind", **query), 400,
+                     "bad_request")
+
+
+def test_read_14_3_a_mood_and_an_emotion_of_one_moment_both_come_through_the_pages(store):
+    """A daily mood and a momentary emotion logged in the same moment share their start
+    (their kinds tell them apart): paging by ``next_before`` must give each once."""
+    moods = CORPUS.records["state_of_mind"]
+    starts = [m["start"] for m in moods]
+    assert len(starts) - len(set(starts)) == 1
+    want = [placed(m)["start"] for m in newest_first(moods)]
+    for limit in (1, 2, 3, 4):
+        items = page_through(store, "state_of_mind", limit)
+        assert [i["start"] for i in items] == want, limit
