@@ -4327,8 +4327,9 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
                   start: Optional[int], end: Optional[int]) -> str:
     """The layer that answers a range best: of the layers with points in it, the finest
     whose points reach back to its start, else the one reaching furthest back (finer on a
-    tie).  A store fed by a Minutes automation for the last days and a Days one for years
-    answers a year from the days and the last day from the minutes."""
+    tie); without a start, the finest.  A store fed by a Minutes automation for the last
+    days and a Days one for years answers a year from the days and the last day from the
+    minutes."""
     def order(name: str) -> tuple:
         return (LAYER_ORDER.index(name) if name in LAYER_ORDER else len(LAYER_ORDER), name)
 
@@ -4339,6 +4340,8 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
         " GROUP BY layer", (metric, low, high)))
     if not reach:
         return min(layers, key=order)
+    if start is None:
+        return min(reach, key=order)
     earliest = min(reach.values())
     covering = [layer for layer, first in reach.items() if first <= max(low, earliest)]
     return min(covering, key=order)
@@ -4796,24 +4799,25 @@ def _union_hours(spans: list) -> float:
 
 
 def _record_nights(records: list, zone: Zone) -> list:
-    """Nights from stage records ((start, end, stage, hours, end text)): records less than
-    :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its last end.
+    """Nights from stage records ((start, end, stage, hours, end text, start text)): records
+    less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its last end.
     Stage hours are each record's ``qty`` (else its span); asleep and in bed are the
     lengths of the union of their records, so that two devices recording one night are
     not counted twice."""
     nights, group = [], []
     for record in sorted(records) + [None]:
-        if group and (record is None or record[0] - max(r[1] for r in group) > NIGHT_GAP_US):
+        if group and (record is None or record[0] - max(r[1] for r in group) >= NIGHT_GAP_US):
             last = max(group, key=lambda r: r[1])
+            first = min(group, key=lambda r: r[0])
             end_offset = zone.point_offset(last[4], last[1])
             stages: dict = {}
-            for _, _, stage, hours, _ in group:
+            for _, _, stage, hours, _, _ in group:
                 stages[stage] = stages.get(stage, 0.0) + hours
             asleep = [(r[0], r[1]) for r in group if r[2] in ASLEEP_STAGES]
             in_bed = [(r[0], r[1]) for r in group if r[2] == "in_bed"]
-            start = min(r[0] for r in group)
-            nights.append(Night(local_ordinal(last[1], end_offset), last[1], end_offset, start,
-                                end_offset, _union_hours(asleep) if asleep else None,
+            nights.append(Night(local_ordinal(last[1], end_offset), last[1], end_offset,
+                                first[0], zone.point_offset(first[5], first[0]),
+                                _union_hours(asleep) if asleep else None,
                                 _union_hours(in_bed) if in_bed else None,
                                 {k: v for k, v in stages.items() if k != "in_bed"}, "records"))
             group = []
@@ -4826,7 +4830,8 @@ def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
     """The nights whose end lies in the range, by local date: a date with a summary night
     takes the summary (HAE's own aggregate, what Apple Health shows), else the nights
     its stage records make.  The same night summarised twice (HAE re-sends a night with
-    ``date`` once the sleep start, once the wake time) counts once."""
+    ``date`` once the sleep start, once the wake time; or sends it while it runs, and again
+    in the morning) counts once: the summary of the latest end of a sleep start."""
     widened = _replace(query, start=None if query.start is None
                                   else query.start - 2 * 86400 * US, day_from=None,
                                   day_to=None)
@@ -4841,13 +4846,15 @@ def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
             hours = _hours(point.get("qty"))
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
             records.append((start, end, stage, (end - start) / HOUR_US if hours is None
-                            else hours, raw_end))
+                            else hours, raw_end, raw_start(point)))
             continue
         night = _summary_night(point, query.zone)
-        if night is not None:
-            known = summaries.get(night.end)
-            if known is None or len(content_keys(point)) >= known[1]:
-                summaries[night.end] = (night, len(content_keys(point)))
+        if night is not None:  # one night, however often summarised: the latest end wins
+            key = night.end if night.start is None else night.start
+            rank = (night.end, len(content_keys(point)))
+            known = summaries.get(key)
+            if known is None or rank >= known[1]:
+                summaries[key] = (night, rank)
     by_date: dict = {}
     for night, _ in summaries.values():
         by_date.setdefault(night.date, []).append(night)
@@ -4917,14 +4924,14 @@ def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
 def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
     buckets = sleep_buckets(nights, query)
     stages = sorted({stage for item in buckets for stage in item["stages"]})
-    columns = ["start", "local", "date", "nights", "asleep", "in_bed"] + stages
+    columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
     if query.bucket == "day":
         columns += ["sleep_start", "sleep_end", "form"]
 
     def rows() -> Iterator[list]:
         yield columns
         for item in buckets:
-            row = [item["start"], item["local"], item["date"], item["nights"],
+            row = [item["start"], item["local"], item["date"], item["count"], item["nights"],
                    _csv_cell(item["asleep"]), _csv_cell(item["in_bed"])]
             row += [_csv_cell(item["stages"].get(stage)) for stage in stages]
             if query.bucket == "day":
@@ -4991,11 +4998,25 @@ def records(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
     if meaning.kind not in ("workouts", "ecg", "events"):
         raise BadRequest("%s is a series: ask /api/points" % loggable_metric(query.metric))
     limit = _whole_number("limit", args.get("limit"), RECORDS_LIMIT[0], RECORDS_LIMIT[1])
-    before = _query_time("before", args.get("before"))
+    # ``before``: a start, or the cursor next_before gives (start|end|category): the items
+    # before it in (start, end, category) order, so that no record of a start shared by
+    # two pages is lost between them
+    start_text, _, rest = (args.get("before") or "").partition("|")
+    before = _query_time("before", start_text)
+    cursor = None
+    if before is not None and rest:
+        end_text, _, category = rest.partition("|")
+        end = _query_time("before", end_text)
+        if end is None:
+            raise BadRequest("before is not a cursor next_before gave")
+        cursor, before = (before, end, category), before + 1
     if before is not None:
         query = _replace(query, end=before if query.end is None else min(query.end, before))
     items: list = []
+    coords: list = []
     for _, coord, point in iter_points_newest(conn, query):
+        if cursor is not None and coord >= cursor:
+            continue  # shown on an earlier page: the same start, a later end or category
         if len(items) == limit + 1:
             break
         offset = query.zone.point_offset(raw_start(point), coord[0])
@@ -5009,10 +5030,13 @@ def records(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
         else:
             item.update(event_item(point, meaning))
         items.append(item)
+        coords.append(coord)
     more = len(items) > limit
     items = items[:limit]
+    last = coords[limit - 1] if more else None
     return {"metric": query.metric, "kind": meaning.kind, "tz": query.zone.name,
-            "items": items, "next_before": items[-1]["start"] if more else None}
+            "items": items, "next_before": None if last is None else "%s|%s|%s" % (
+                format_instant(last[0]), format_instant(last[1]), last[2])}
 
 
 def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:

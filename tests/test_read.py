@@ -659,22 +659,23 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
     rows = read_csv(get(store.address, "/api/points", format="csv", **query))
     stages = sorted({s for n in want["nights"] for s in n["stages"]})
     assert stages == ["awake", "core", "deep", "rem"]
-    assert rows[0] == ["start", "local", "date", "nights", "asleep", "in_bed"] + stages + [
-        "sleep_start", "sleep_end", "form"]
+    assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
+        stages + ["sleep_start", "sleep_end", "form"]
     assert len(rows) == 1 + len(want["nights"]) == 5
     for row, night in zip(rows[1:], want["nights"]):
         cells = dict(zip(rows[0], row))
-        assert [cells[k] for k in ("start", "local", "date", "nights", "sleep_start",
+        assert [cells[k] for k in ("start", "local", "date", "count", "nights", "sleep_start",
                                    "sleep_end", "form")] == [
             "" if night[k] is None else str(night[k]) for k in (
-                "start", "local", "date", "nights", "sleep_start", "sleep_end", "form")]
+                "start", "local", "date", "count", "nights", "sleep_start", "sleep_end",
+                "form")]
         for key in ("asleep", "in_bed"):
             assert close(float(cells[key]), night[key]), key
         for stage in stages:
             assert close(float(cells[stage] or 0), night["stages"].get(stage, 0.0)), stage
     weeks = read_csv(get(store.address, "/api/points", format="csv", bucket="week",
                          metric="sleep_analysis", tz=tz))
-    assert weeks[0] == ["start", "local", "date", "nights", "asleep", "in_bed"] + stages
+    assert weeks[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
 
 
 FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",

@@ -560,9 +560,11 @@ def test_storage_3_2_each_object_carries_the_summary_of_its_points(store):
     row = store.object("step_count", at(10))
     stored = row["decoded"]
     qty = [p["qty"] for p in stored]
+    offsets = sorted({-8 * 3600 if p["date"].endswith("-0800") else None for p in stored})
+    assert offsets == [-8 * 3600]  # what the points were written in: Pacific standard time
     assert json.loads(row["summary"]) == {
         "n": len(stored), "f": {"qty": [len(qty), min(qty), max(qty), sum(qty)],
-                                "Min": [1, 4, 4, 4]}}
+                                "Min": [1, 4, 4, 4]}, "o": offsets}
 
 
 def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_service):
@@ -592,7 +594,9 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
     assert row == {"metric": "step_count", "summary": None, "spans": None}  # computed when read
     reply = Client(*service.address).request(
         "GET", "/api/points?metric=step_count&bucket=day")[1]
-    assert reply["runs"][0]["buckets"] == [{"start": "2024-01-28T00:00:00Z", "count": 1,
+    assert reply["runs"][0]["buckets"] == [{"start": "2024-01-28T00:00:00Z",
+                                            "local": "2024-01-28T00:00:00+00:00",
+                                            "date": "2024-01-28", "count": 1,
                                             "fields": {"qty": {"count": 1, "min": 5, "max": 5,
                                                                "avg": 5.0, "sum": 5}}}]
 
