@@ -8028,7 +8028,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // where in a night's bar); a stage not listed is drawn after these, awake last.
   const STAGE_ORDER = ['deep', 'core', 'rem', 'asleep'];
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
-  const LOCAL_RE = /^(\d{4}-\d{2}-\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(Z|[+-]\d{2}:\d{2})$/;
+  const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
+    '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
 
   // ---------------------------------------------------------------------------------
   // Calendar dates as text (YYYY-MM-DD): arithmetic on the calendar alone, in UTC, so
@@ -8118,7 +8119,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const to = addDays(opts.custom.to, 1);
       const bucket = bucketFor(daysBetween(from, to), kind);
       return {
-        range: range, bucket: bucket, from: from, to: to, axis: bucket === 'hour' ? 'hours' : 'dates',
+        range: range, bucket: bucket, from: from, to: to,
+        axis: bucket === 'hour' ? 'hours' : 'dates',
         slots: bucket === 'hour' ? null : dateSlots(from, to, bucket), t0: null, t1: null,
       };
     }
@@ -8355,8 +8357,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         starts.push(i);
       }
     });
-    let every = 1;
-    while (starts.length / every > limit && every < 12) every = every === 1 ? 2 : every === 2 ? 3 : every === 3 ? 6 : 12;
+    const everies = [1, 2, 3, 6, 12];
+    let every = 12;
+    for (let i = 0; i < everies.length; i++) {
+      if (starts.length / everies[i] <= limit) {
+        every = everies[i];
+        break;
+      }
+    }
     starts.forEach(function (i) {
       const d = slots[i];
       const month = +d.slice(5, 7) - 1;
@@ -9016,7 +9024,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const plotH = height - margin.top - margin.bottom;
     const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
-    const longest = Math.max.apply(null, ticks.map(function (v) { return formatNumber(v).length; }));
+    const longest = Math.max.apply(null, ticks.map(function (v) {
+      return formatNumber(v).length;
+    }));
     margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const plotW = width - margin.left - margin.right;
     const g = {
@@ -9079,7 +9089,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       hourTicks(g.t0, g.t1, buckets, room).forEach(function (tick) {
         const x = g.margin.left + (tick.t - g.t0) / HOUR * g.slotW;
         grid.appendChild(svg('line', {
-          x1: x, x2: x, y1: g.margin.top, y2: g.margin.top + g.plotH, class: tick.major ? 'major' : null,
+          x1: x, x2: x, y1: g.margin.top, y2: g.margin.top + g.plotH,
+          class: tick.major ? 'major' : null,
         }));
         grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
       });
@@ -9152,14 +9163,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return (plan.bucket === 'week' ? 'Week of ' : '') + formatDate(bucket.date);
   }
 
-  function mark(node, g, pos, text) {
+  function markOf(node, g, pos, text) {
     node.setAttribute('tabindex', '0');
     node.appendChild(svg('title', {}, text));
     return { node: node, x: g.x(pos), text: text };
   }
 
   function drawSeries(chart, view) {
-    const meaning = view.metric.meaning;
     const runs = ((view.data && view.data.runs) || []).filter(function (r) {
       return r.buckets && r.buckets.length;
     });
@@ -9325,10 +9335,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         text += formatNumber(r.value) + (units ? ' ' + units : '');
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); }).join(', ') + ')';
+            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); })
+            .join(', ') + ')';
         }
       } else {
-        const isolated = !placed.some(function (o) { return o !== r && Math.abs(o.pos - r.pos) <= 1.5; });
+        const isolated = !placed.some(function (o) {
+          return o !== r && Math.abs(o.pos - r.pos) <= 1.5;
+        });
         drawn.forEach(function (f, i) {
           const v = r.values[f];
           if (v === null) return;
@@ -9354,7 +9367,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(mark(node, g, r.pos, text));
+      marks.push(markOf(node, g, r.pos, text));
     });
     root.appendChild(data);
     panel.appendChild(root);
@@ -9447,7 +9460,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       });
       if (bar.inBed !== null) {
         node.appendChild(svg('rect', {
-          class: 'stage stage-inbed', x: (x - barW / 2 - 3).toFixed(1), y: g.y(bar.inBed).toFixed(1),
+          class: 'stage stage-inbed', x: (x - barW / 2 - 3).toFixed(1),
+          y: g.y(bar.inBed).toFixed(1),
           width: (barW + 6).toFixed(1), height: Math.max(1, g.y(0) - g.y(bar.inBed)).toFixed(1),
         }));
       }
@@ -9468,7 +9482,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       if (bar.inBed !== null) parts.push('in bed ' + formatHours(bar.inBed));
       const stages = Object.keys(n.stages || {}).filter(function (k) { return n.stages[k] > 0; });
       if (stages.length) {
-        parts.push(stages.map(function (k) { return k + ' ' + formatHours(n.stages[k]); }).join(', '));
+        parts.push(stages.map(function (k) {
+          return k + ' ' + formatHours(n.stages[k]);
+        }).join(', '));
       }
       const start = splitLocal(n.sleep_start);
       const end = splitLocal(n.sleep_end);
@@ -9483,7 +9499,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(mark(node, g, pos, text));
+      marks.push(markOf(node, g, pos, text));
     });
     root.appendChild(data);
     panel.appendChild(root);
@@ -9545,7 +9561,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(mark(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
+      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
     root.appendChild(data);
@@ -9560,7 +9576,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // Lists: workouts, ECG recordings, events
   // ---------------------------------------------------------------------------------
 
-  function field(list, label, value) {
+  function addField(list, label, value) {
     const item = el('div', 'rec-field');
     item.appendChild(el('dt', null, label));
     item.appendChild(el('dd', null, value));
@@ -9583,11 +9599,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       head.appendChild(el('span', 'rec-when', formatLocal(w.local_start)));
       li.appendChild(head);
       const dl = el('dl', 'rec-fields');
-      field(dl, 'Duration', formatSeconds(w.duration_s));
-      field(dl, 'Energy', quantityText(w.energy));
-      field(dl, 'Distance', quantityText(w.distance));
-      if (w.average_heart_rate) field(dl, 'Heart rate', quantityText(w.average_heart_rate));
-      if (w.location) field(dl, 'Where', w.location);
+      addField(dl, 'Duration', formatSeconds(w.duration_s));
+      addField(dl, 'Energy', quantityText(w.energy));
+      addField(dl, 'Distance', quantityText(w.distance));
+      if (w.average_heart_rate) addField(dl, 'Heart rate', quantityText(w.average_heart_rate));
+      if (w.location) addField(dl, 'Where', w.location);
       li.appendChild(dl);
       list.appendChild(li);
     });
@@ -9641,9 +9657,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         head.appendChild(el('span', 'rec-when', formatLocal(r.local_start)));
         pick.appendChild(head);
         const dl = el('dl', 'rec-fields');
-        field(dl, 'Average heart rate', detailText(r.average_heart_rate));
-        field(dl, 'Samples', formatCount(r.samples));
-        field(dl, 'Sampling', r.sampling_frequency ? formatNumber(r.sampling_frequency) + ' Hz'
+        addField(dl, 'Average heart rate', detailText(r.average_heart_rate));
+        addField(dl, 'Samples', formatCount(r.samples));
+        addField(dl, 'Sampling', r.sampling_frequency ? formatNumber(r.sampling_frequency) + ' Hz'
           : '–');
         pick.appendChild(dl);
         pick.addEventListener('click', function () {

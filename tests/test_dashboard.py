@@ -22,7 +22,6 @@ README shows them) and, with the other views', to tests/artifacts/ (ignored by g
 
 import datetime as dt
 import json
-import os
 import random
 import re
 import threading
@@ -35,11 +34,8 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
+from dashboard_browser import launched
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
@@ -47,23 +43,6 @@ WAIT_MS = 20_000
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-
-
-def require_browser():
-    """Playwright's sync_playwright, or skip; a failure instead when CI demands the browser."""
-    problem = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-        problem = "the playwright package is not installed (pip install -e '.[test]')"
-    if problem is None and not os.access(str(CHROMIUM), os.X_OK):
-        problem = "%s is missing (apt-get install chromium)" % CHROMIUM
-    if problem is not None:
-        if os.environ.get("HEALTHLOG_REQUIRE_BROWSER") == "1":
-            pytest.fail(problem + "; HEALTHLOG_REQUIRE_BROWSER=1 demands the browser test")
-        pytest.skip(problem)
-    return sync_playwright
 
 
 # -- the data --------------------------------------------------------------------------
@@ -263,13 +242,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_playwright = require_browser()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    yield from launched()
 
 
 # -- helpers ---------------------------------------------------------------------------
