@@ -7933,7 +7933,7 @@ table.list { width: 100%; border-collapse: collapse; font-size: 0.88rem; }
   white-space: nowrap;
   vertical-align: top;
 }
-.list th { color: var(--muted); font-weight: 600; }
+.list th { color: var(--muted); font-weight: 600; white-space: normal; vertical-align: bottom; }
 .list td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .list td.error { color: var(--danger); white-space: normal; min-width: 8rem; }
 .status { font-weight: 600; }
@@ -7988,12 +7988,17 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   /* the journal as cards: one delivery a block, each cell named by its column */
   table.journal, .journal tbody, .journal tr, .journal td { display: block; width: 100%; }
   .journal thead { display: none; }
-  .journal tr { border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
-    margin-bottom: 0.5rem; }
-  .journal td {
-    display: flex; justify-content: space-between; gap: 1rem; border: 0; padding: 0.1rem 0;
-    white-space: normal; text-align: right; overflow-wrap: anywhere;
+  .journal tr {
+    display: grid; grid-template-columns: 1fr 1fr; gap: 0 1rem;
+    border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
+    margin-bottom: 0.5rem;
   }
+  .journal td {
+    display: flex; justify-content: space-between; gap: 0.5rem; border: 0; padding: 0.1rem 0;
+    white-space: normal; text-align: right; overflow-wrap: anywhere; min-width: 0;
+    width: auto;
+  }
+  .journal td.error { grid-column: 1 / -1; }
   .journal td::before { content: attr(data-label); color: var(--muted); text-align: left; }
   .journal td.num { text-align: right; }
   .journal td:empty { display: none; }
@@ -8233,7 +8238,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const options = {
         long: { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' },
         short: { day: 'numeric', month: 'short' },
-        weekday: { weekday: 'short', day: 'numeric' },
+        weekday: { weekday: 'short' },
         month: { month: 'short' },
         year: { year: 'numeric' },
       }[key];
@@ -8257,6 +8262,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (t === null) return '–';
     const options = {
       day: 'numeric', month: 'short', year: 'numeric', hour: '2-digit', minute: '2-digit',
+      hourCycle: 'h23',
     };
     if (zone && zone !== 'local') options.timeZone = zone;
     try {
@@ -8330,8 +8336,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const limit = Math.max(2, room);
     if (bucket === 'day' && n <= limit) {
       slots.forEach(function (d, i) {
-        out.push({ index: i, date: d, label: formatDate(d, n <= 8 ? 'weekday' : 'short'),
-          major: d.slice(8) === '01' });
+        out.push({
+          index: i, date: d, major: d.slice(8) === '01',
+          label: n <= 8 ? formatDate(d, 'weekday') + ' ' + (+d.slice(8)) : formatDate(d, 'short'),
+        });
       });
       return out;
     }
@@ -9096,11 +9104,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       });
     } else {
       dateTicks(g.slots, plan.bucket, room).forEach(function (tick) {
-        const x = plan.bucket === 'week' || g.slots.length > 8
-          ? g.margin.left + tick.index * g.slotW : g.x(tick.index);
-        if (plan.bucket === 'week' || g.slots.length > 8) {
+        // a day's label sits under its bar; a week's or a month's at the slot it starts
+        const edge0 = g.margin.left + tick.index * g.slotW;
+        const x = plan.bucket === 'day' ? g.x(tick.index) : edge0;
+        if (plan.bucket !== 'day' || tick.major) {
           grid.appendChild(svg('line', {
-            x1: x, x2: x, y1: g.margin.top, y2: g.margin.top + g.plotH,
+            x1: edge0, x2: edge0, y1: g.margin.top, y2: g.margin.top + g.plotH,
             class: tick.major ? 'major' : null,
           }));
         }
@@ -9659,8 +9668,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         const dl = el('dl', 'rec-fields');
         addField(dl, 'Average heart rate', detailText(r.average_heart_rate));
         addField(dl, 'Samples', formatCount(r.samples));
-        addField(dl, 'Sampling', r.sampling_frequency ? formatNumber(r.sampling_frequency) + ' Hz'
-          : '–');
+        addField(dl, 'Sampling', r.sampling_frequency
+          ? formatNumber(r.sampling_frequency, 1) + ' Hz' : '–');
         pick.appendChild(dl);
         pick.addEventListener('click', function () {
           state.ecg = r.start;
@@ -9768,7 +9777,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       root.appendChild(line);
     }
     chart.appendChild(root);
-    $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz) +
+    $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz, 1) +
       ' Hz (' + formatNumber(seconds, 1) + ' s), ' + formatNumber(lo) + ' to ' +
       formatNumber(hi) + ' ' + (trace.units || 'µV');
   }

@@ -286,10 +286,15 @@ class Session:
         self.timezone = timezone
 
     def sign_in(self, hash_=""):
+        """Sign in through the form (which answers with the page at /), then open
+        ``hash_`` as a bookmark would."""
         page = self.page
-        page.goto(self.store.base + "/" + hash_)
+        page.goto(self.store.base + "/")
         sign_in(page)
         page.wait_for_selector('#chart[data-state="ready"]')
+        if hash_:
+            page.goto(self.store.base + "/" + hash_)
+            self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
         return self
 
     def open(self, **params):
@@ -357,11 +362,12 @@ def assert_security_headers(headers: dict) -> None:
 
 
 def screenshot(page, name: str, tracked: bool = False) -> None:
+    """What the screen shows (the window, not the whole page: the journal runs on)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / name))
     if tracked:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+        page.screenshot(path=str(SCREENSHOTS / name))
 
 
 # -- the tests -------------------------------------------------------------------------
@@ -772,3 +778,133 @@ def test_read_10_9_a_stale_reply_never_paints_over_a_newer_view(session):
     shown = buckets(page)
     assert len(shown) == 30 and shown[-1]["date"] == "2025-12-31"
     assert page.locator("#chart .chart-panel").count() == 1
+
+
+def test_read_10_10_the_address_keeps_the_view_and_the_zone(session):
+    s = session(timezone="Europe/Lisbon").sign_in()
+    page = s.page
+    zones = page.eval_on_selector_all("#zone option", "os => os.map(o => o.value)")
+    assert zones == ["local", "Europe/Lisbon", "UTC"]  # the browser's zone from Intl
+    page = s.open(metric="step_count", range="30d", tz="local")
+    local = buckets(page)
+    page.reload()
+    s.wait({"metric": "step_count", "range": "30d", "tz": "local"})
+    assert buckets(page) == local
+    assert page.input_value("#zone") == "local"
+    assert page.eval_on_selector('#range button[aria-pressed="true"]', "b => b.dataset.range") \
+        == "30d"
+
+    # In UTC, Sydney's midnights (13:00 or 14:00 UTC the day before) are UTC's days.
+    with page.expect_request(lambda r: "/api/points" in r.url and "tz=UTC" in r.url
+                             and "bucket=day" in r.url and "from=2025-" in r.url):
+        page.select_option("#zone", "UTC")
+    s.wait({"metric": "step_count", "range": "30d", "tz": "UTC"})
+    assert "tz=UTC" in page.url
+    utc = {}
+    for p in CORPUS.days["Australia/Sydney"]["step_count"]:
+        date = dt.datetime.fromtimestamp(_epoch(p["date"]), dt.timezone.utc).date().isoformat()
+        utc[date] = utc.get(date, 0) + p["qty"]
+    shown = buckets(page)
+    assert shown[-1]["date"] == "2025-12-30"  # the latest point, 2025-12-30T13:00Z
+    assert {b["date"]: float(b["value"]) for b in shown} == {
+        b["date"]: utc[b["date"]] for b in shown}
+    assert {b["date"] for b in shown} == {d for d in utc if "2025-12-01" <= d <= "2025-12-30"}
+
+    # A custom range is in the address too, and survives a reload.
+    page = s.open(metric="heart_rate", range="custom", tz="UTC",
+                  **{"from": "2024-03-25", "to": "2024-04-02"})
+    page.reload()
+    s.wait({"metric": "heart_rate", "range": "custom", "from": "2024-03-25", "tz": "UTC"})
+    assert (page.input_value("#from"), page.input_value("#to")) == ("2024-03-25", "2024-04-02")
+    assert page.is_visible("#custom")
+    # Changing a date in the form redraws and rewrites the address.
+    page.fill("#to", "2024-04-09")
+    page.dispatch_event("#to", "change")
+    s.wait({"metric": "heart_rate", "range": "custom", "from": "2024-03-25", "tz": "UTC"})
+    page.wait_for_function("() => location.hash.includes('to=2024-04-09')")
+    assert len(buckets(page)) == 16
+
+
+def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
+    s = session(timezone="America/Chicago").sign_in()
+    page = s.open(metric="heart_rate", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    dates = [b["date"] for b in buckets(page)]
+    assert not set(dates) & GAPS and len(dates) == 31 - len(GAPS)
+    path = page.get_attribute('#chart path.series[data-field="Avg"]', "d")
+    assert path.count("M") == 2  # May 1-9 and 16-31; the lone 13th is a dot, not a line
+    lone = page.locator('#chart .bucket[data-date="%s"] circle' % LONE_DAY)
+    assert "lone" in lone.get_attribute("class")
+    box = lone.bounding_box()
+    assert box["width"] >= 6 and box["height"] >= 6
+    assert page.locator("#chart rect.band").count() == 1  # the lone day's band
+    page = s.open(metric="step_count", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    assert not {b["date"] for b in buckets(page)} & GAPS  # no bar, not a zero bar
+    assert page.locator("#chart rect.bar").count() == 31 - len(GAPS)
+    # A range holding one bucket draws it where it can be seen.
+    for metric, shape in (("step_count", "rect.bar"), ("heart_rate", "circle.pt")):
+        page = s.open(metric=metric, range="custom", tz="local",
+                      **{"from": LONE_DAY, "to": LONE_DAY})
+        assert len(buckets(page)) == 1
+        box = page.locator("#chart .bucket " + shape).bounding_box()
+        assert box["width"] >= 4 and box["height"] >= 1, box
+
+
+VIEWS = (
+    ("steps", {"metric": "step_count", "range": "30d", "tz": "local"}),
+    ("heart-rate", {"metric": "heart_rate", "range": "7d", "tz": "local"}),
+    ("sleep", {"metric": "sleep_analysis", "range": "custom", "tz": "local",
+               "from": "2026-01-09", "to": "2026-01-17"}),
+    ("workouts", {"metric": "workouts", "range": "custom", "tz": "local",
+                  "from": "2026-01-01", "to": "2026-01-31"}),
+    ("ecg", {"metric": "ecg", "range": "30d", "tz": "local"}),
+    ("events", {"metric": "state_of_mind", "range": "7d", "tz": "local"}),
+)
+
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  for (const e of document.querySelectorAll('body *')) {
+    if (e.closest('svg') && e.tagName.toLowerCase() !== 'svg') continue;
+    const r = e.getBoundingClientRect();
+    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
+      out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + r.left + '..' + r.right);
+    }
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
+        && e.clientWidth) {
+      out.push('scrolls: ' + e.tagName + '#' + e.id + '.' + e.className);
+    }
+  }
+  return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
+}"""
+
+
+def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
+    phone = session(timezone="America/Chicago", width=360, height=780, phone=True)
+    phone.sign_in("#" + urllib.parse.urlencode(VIEWS[0][1]))
+    for name, params in VIEWS:
+        page = phone.open(**params)
+        if name == "ecg":
+            page.wait_for_selector("#chart svg.ecg-trace")
+        found = page.evaluate(OVERFLOW)
+        assert found["scroll"] <= 360 and not found["out"], (name, found)
+        box = page.locator("#chart svg").first.bounding_box() if name != "events" else None
+        assert box is None or 300 <= box["width"] <= 360
+        screenshot(page, "dashboard-phone-%s.png" % name)
+    page.wait_for_selector("#journal tbody tr")
+    found = page.evaluate(OVERFLOW)
+    assert found["scroll"] <= 360 and not found["out"], ("journal", found)
+    phone.open(**VIEWS[0][1])
+    screenshot(page, "dashboard-phone.png", tracked=True)
+
+    desktop = session(timezone="America/Chicago", width=1280, height=900)
+    desktop.sign_in("#" + urllib.parse.urlencode(VIEWS[0][1]))
+    page = desktop.page
+    page.wait_for_selector("#journal tbody tr")
+    screenshot(page, "dashboard.png", tracked=True)
+    for name, params in VIEWS[1:]:
+        page = desktop.open(**params)
+        if name == "ecg":
+            page.wait_for_selector("#chart svg.ecg-trace")
+        screenshot(page, "dashboard-%s.png" % name, tracked=name in ("sleep", "workouts"))
