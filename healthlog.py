@@ -9996,10 +9996,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     $('journal-more').addEventListener('click', function () { loadJournal(true); });
     $('refresh').addEventListener('click', function () {
+      // new deliveries may have brought new metrics and a later "latest data"
       state.anchors = {};
+      state.metrics = [];
+      loadCatalog();
       loadJournal(false);
       loadHealth();
-      showView();
     });
     window.addEventListener('hashchange', function () {
       if (!state.metrics.length) return;

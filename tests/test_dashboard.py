@@ -908,3 +908,5 @@ def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
         if name == "ecg":
             page.wait_for_selector("#chart svg.ecg-trace")
         screenshot(page, "dashboard-%s.png" % name, tracked=name in ("sleep", "workouts"))
+    page.emulate_media(color_scheme="dark")
+    screenshot(page, "dashboard-dark.png")
