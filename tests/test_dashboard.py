@@ -362,12 +362,19 @@ def assert_security_headers(headers: dict) -> None:
 
 
 def screenshot(page, name: str, tracked: bool = False) -> None:
-    """What the screen shows (the window, not the whole page: the journal runs on)."""
+    """What the screen shows (the window, not the whole page: the journal runs on) into
+    tests/artifacts/; ``tracked``: also the header and the view, down to the view's end,
+    into contrib/screenshots/ (without the journal, whose receive times change every run,
+    so that a run leaves the tracked pictures as they were)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name))
     if tracked:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / name))
+        page.evaluate("() => window.scrollTo(0, 0)")
+        box = page.locator("main section.panel").first.bounding_box()
+        width = page.viewport_size["width"]
+        page.screenshot(path=str(SCREENSHOTS / name), full_page=True, clip={
+            "x": 0, "y": 0, "width": width, "height": box["y"] + box["height"] + 12})
 
 
 # -- the tests -------------------------------------------------------------------------
