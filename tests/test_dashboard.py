@@ -914,6 +914,6 @@ def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
         page = desktop.open(**params)
         if name == "ecg":
             page.wait_for_selector("#chart svg.ecg-trace")
-        screenshot(page, "dashboard-%s.png" % name, tracked=name in ("sleep", "workouts"))
+        screenshot(page, "dashboard-%s.png" % name)
     page.emulate_media(color_scheme="dark")
     screenshot(page, "dashboard-dark.png")
