@@ -763,12 +763,12 @@ def test_read_10_9_a_stale_reply_never_paints_over_a_newer_view(session):
     page = s.page
     held = []
     page.route(lambda url: "/api/points" in url and "metric=heart_rate" in url,
-               lambda route: held.append(route))
-    page.click('#range button[data-range="30d"]')
-    page.wait_for_function("() => document.querySelector('#chart').dataset.range === '30d'")
-    wait_for(lambda: held, what="the held heart-rate request")
+               lambda route: held.append(route))  # answered only below, after the switch
+    with page.expect_request(lambda r: "metric=heart_rate" in r.url and "bucket=day" in r.url):
+        page.click('#range button[data-range="30d"]')
     page.select_option("#catalog", "step_count")
     page.wait_for_selector('#chart[data-state="ready"][data-metric="step_count"]')
+    assert held  # the heart-rate reply is still held while steps were drawn
     steps = buckets(page)
     for route in held:  # the old reply arrives late (or not at all: it was aborted)
         try:
