@@ -917,3 +917,22 @@ def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
         screenshot(page, "dashboard-%s.png" % name)
     page.emulate_media(color_scheme="dark")
     screenshot(page, "dashboard-dark.png")
+
+
+@pytest.mark.parametrize("metric, hours, every", [
+    ("step_count", True, "week"), ("heart_rate", True, "week"),
+    ("sleep_analysis", False, "day"), ("workouts", False, "day")])
+def test_read_10_1_every_range_draws_its_buckets(session, metric, hours, every):
+    """24 h, 1 y and All end on the latest data too, in the bucket their length asks for
+    (All: weeks for the three years of steps and heart rate, days for eight nights and
+    two months of workouts)."""
+    s = session(timezone="Asia/Tokyo").sign_in()
+    for key, bucket in (("24h", "hour" if hours else "day"), ("1y", "week"), ("all", every)):
+        page = s.open(metric=metric, range=key, tz="local")
+        shown = buckets(page)
+        assert shown, (metric, key)
+        if metric != "workouts":  # workouts are counted from their list, per day or week
+            assert page.get_attribute("#chart", "data-bucket") == bucket, (metric, key)
+        if bucket == "week":
+            weeks = [b["date"] for b in shown]
+            assert all(dt.date.fromisoformat(d).weekday() == 0 for d in weeks), weeks
