@@ -8041,35 +8041,45 @@ DASHBOARD_HTML = r"""<!doctype html>
   <noscript><p class="message">This page needs JavaScript.</p></noscript>
   <p id="message" class="message" role="alert" hidden></p>
 
-  <section class="panel" aria-labelledby="chart-title">
+  <section class="panel" aria-labelledby="view-title">
     <div class="controls">
-      <label class="field">
+      <label class="field metric-field">
         <span>Metric</span>
         <select id="catalog" disabled><option>Loading…</option></select>
       </label>
-      <div id="range" class="range" role="group" aria-label="Time range">
-        <button type="button" data-range="24h">24 h</button>
-        <button type="button" data-range="7d">7 d</button>
-        <button type="button" data-range="30d">30 d</button>
-        <button type="button" data-range="1y">1 y</button>
-        <button type="button" data-range="custom">Custom</button>
+      <label class="field" id="layer-field" hidden>
+        <span>Layer</span>
+        <select id="layer"></select>
+      </label>
+      <div class="field">
+        <span id="range-label">Range</span>
+        <div id="range" class="range" role="group" aria-labelledby="range-label">
+          <button type="button" data-range="24h">24 h</button>
+          <button type="button" data-range="7d">7 d</button>
+          <button type="button" data-range="30d">30 d</button>
+          <button type="button" data-range="1y">1 y</button>
+          <button type="button" data-range="all">All</button>
+          <button type="button" data-range="custom">Custom</button>
+        </div>
       </div>
+      <label class="field">
+        <span>Time zone</span>
+        <select id="zone"></select>
+      </label>
       <div id="custom" class="custom" hidden>
         <label class="field"><span>From</span><input type="date" id="from"></label>
         <label class="field"><span>To</span><input type="date" id="to"></label>
       </div>
     </div>
-    <h2 id="chart-title">Chart</h2>
-    <p id="chart-meta" class="meta"></p>
+    <h2 id="view-title">Chart</h2>
+    <p id="view-meta" class="meta"></p>
     <div id="chart" class="chart" data-state="idle"></div>
     <p id="readout" class="readout" aria-live="polite"></p>
-    <p class="actions"><a id="csv" class="button">Download CSV</a></p>
-  </section>
-
-  <section class="panel" aria-labelledby="workouts-title">
-    <h2 id="workouts-title">Workouts</h2>
-    <p id="workouts-meta" class="meta"></p>
-    <div id="workouts" class="scroll"></div>
+    <div id="records" class="records"></div>
+    <p class="actions">
+      <button id="records-more" type="button" hidden>More</button>
+      <a id="csv" class="button">Download CSV</a>
+    </p>
   </section>
 
   <section class="panel" aria-labelledby="journal-title">
@@ -8078,7 +8088,8 @@ DASHBOARD_HTML = r"""<!doctype html>
       <button id="refresh" type="button">Refresh</button>
     </div>
     <p id="health" class="meta"></p>
-    <div id="journal" class="scroll"></div>
+    <div id="journal"></div>
+    <p class="actions"><button id="journal-more" type="button" hidden>More deliveries</button></p>
   </section>
 </main>
 </body>
@@ -8248,6 +8259,8 @@ main {
 }
 .field select, .field input { color: var(--text); font-size: 1rem; }
 #catalog { min-width: 14rem; max-width: 100%; }
+#zone, #layer { max-width: 100%; }
+.field { min-width: 0; max-width: 100%; }
 
 .range { display: flex; flex-wrap: wrap; }
 .range button { border-radius: 0; margin-left: -1px; min-width: 3.2rem; }
@@ -8317,24 +8330,79 @@ main {
 .series.s5 { stroke: var(--c5); }
 .band { fill: var(--band); stroke: none; }
 .bar { fill: var(--bar); }
+.bar.s1 { fill: var(--c1); }
+.bar.s2 { fill: var(--c2); }
+.bar.s3 { fill: var(--c3); }
+.bar.s4 { fill: var(--c4); }
+.bar.s5 { fill: var(--c5); }
+.pt { stroke: var(--panel); stroke-width: 1; }
+.pt.s0 { fill: var(--c0); }
+.pt.s1 { fill: var(--c1); }
+.pt.s2 { fill: var(--c2); }
+.pt.s3 { fill: var(--c3); }
+.pt.s4 { fill: var(--c4); }
+.pt.s5 { fill: var(--c5); }
+.bucket { outline: none; }
+.bucket.on .bar, .bucket:focus .bar, .bucket.on .stage, .bucket:focus .stage { opacity: 0.75; }
+.bucket.on .pt, .bucket:focus .pt { stroke: var(--text); stroke-width: 2; }
+.trace {
+  fill: none;
+  stroke: var(--danger);
+  stroke-width: 1.2;
+  stroke-linejoin: round;
+  vector-effect: non-scaling-stroke;
+}
+.ecg-trace { display: block; width: 100%; height: auto; }
 .stage { stroke: none; }
 .stage-deep { fill: var(--deep); }
 .stage-core { fill: var(--core); }
 .stage-rem { fill: var(--rem); }
 .stage-awake { fill: var(--awake); }
 .stage-asleep { fill: var(--asleep); }
-.stage-other { fill: var(--other); }
+.stage-other, .stage-unstaged { fill: var(--other); }
 .stage-inbed { fill: var(--inbed); }
+.swatch.stage-inbed { background: var(--inbed); }
+.swatch.stage-unstaged { background: var(--other); }
 .cursor { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
 .hit { fill: transparent; cursor: crosshair; }
+.chart-head .units + span { color: var(--muted); }
 
 .empty { color: var(--muted); padding: 2rem 0; text-align: center; margin: 0; }
 .empty p { margin: 0.3rem 0; }
 .actions { margin: 0.4rem 0 0; }
 
+/* ---- lists: workouts, ECG recordings, events ----------------------------- */
+
+.records:empty { display: none; }
+.record-list { list-style: none; margin: 0.6rem 0 0; padding: 0; display: grid; gap: 0.5rem;
+  grid-template-columns: repeat(auto-fill, minmax(16rem, 1fr)); }
+.record {
+  border: 1px solid var(--line);
+  border-radius: 10px;
+  padding: 0.55rem 0.7rem;
+  min-width: 0;
+  overflow-wrap: anywhere;
+}
+.record.active { border-color: var(--accent); box-shadow: 0 0 0 1px var(--accent); }
+.rec-head { display: flex; flex-wrap: wrap; justify-content: space-between; gap: 0.2rem 0.8rem; }
+.rec-name { font-weight: 600; }
+.rec-when, .rec-time { color: var(--muted); font-variant-numeric: tabular-nums; }
+.rec-fields { display: flex; flex-wrap: wrap; gap: 0.2rem 1rem; margin: 0.35rem 0 0; }
+.rec-field { display: flex; gap: 0.35rem; min-width: 0; }
+.rec-field dt { color: var(--muted); }
+.rec-field dd { margin: 0; font-variant-numeric: tabular-nums; }
+.rec-pick {
+  display: block; width: 100%; text-align: left; border: 0; padding: 0; min-height: 0;
+  background: none;
+}
+.timeline .day h3 { font-size: 0.95rem; margin: 0.9rem 0 0.2rem; }
+.timeline .record-list { grid-template-columns: 1fr; margin-top: 0.3rem; }
+.timeline .record { display: flex; gap: 0.8rem; align-items: baseline; }
+.timeline .rec-fields { margin: 0; }
+
 /* ---- tables --------------------------------------------------------------- */
 
-.scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; }
+#journal { overflow-x: auto; }
 table.list { width: 100%; border-collapse: collapse; font-size: 0.88rem; }
 .list th, .list td {
   text-align: left;
@@ -8343,13 +8411,15 @@ table.list { width: 100%; border-collapse: collapse; font-size: 0.88rem; }
   white-space: nowrap;
   vertical-align: top;
 }
-.list th { color: var(--muted); font-weight: 600; }
+.list th { color: var(--muted); font-weight: 600; white-space: normal; vertical-align: bottom; }
 .list td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .list td.error { color: var(--danger); white-space: normal; min-width: 8rem; }
 .status { font-weight: 600; }
 .status-parsed { color: var(--ok); }
 .status-partial, .status-pending { color: var(--warn); }
 .status-failed { color: var(--danger); }
+.list td.flag { color: var(--warn); font-weight: 600; }
+.actions { display: flex; flex-wrap: wrap; gap: 0.5rem; }
 
 /* ---- sign-in page --------------------------------------------------------- */
 
@@ -8393,60 +8463,532 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   .controls { flex-direction: column; align-items: stretch; }
   #catalog { min-width: 0; width: 100%; }
   .range button { flex: 1 1 auto; min-width: 0; padding-left: 0.3rem; padding-right: 0.3rem; }
-  .list th, .list td { padding: 0.3rem 0.4rem; }
-  .list .opt { display: none; }
+  /* the journal as cards: one delivery a block, each cell named by its column */
+  table.journal, .journal tbody, .journal tr, .journal td { display: block; width: 100%; }
+  .journal thead { display: none; }
+  .journal tr {
+    display: grid; grid-template-columns: 1fr 1fr; gap: 0 1rem;
+    border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
+    margin-bottom: 0.5rem;
+  }
+  .journal td {
+    display: flex; justify-content: space-between; gap: 0.5rem; border: 0; padding: 0.1rem 0;
+    white-space: normal; text-align: right; overflow-wrap: anywhere; min-width: 0;
+    width: auto;
+  }
+  .journal td.error { grid-column: 1 / -1; }
+  .journal td::before { content: attr(data-label); color: var(--muted); text-align: left; }
+  .journal td.num { text-align: right; }
+  .journal td:empty { display: none; }
+  .record-list { grid-template-columns: 1fr; }
+  .top { flex-wrap: wrap; padding: 0.5rem 0.75rem; }
+  .signout { display: flex; flex-wrap: wrap; gap: 0.4rem; }
 }
 """
 
 APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
-// Everything that comes from the data (metric names, units, values, automation names,
-// errors) reaches the page through textContent or SVG attributes, never through innerHTML.
+// The page only draws: what a metric means (its name, group, total or average, fields) comes
+// from the catalog, and every day, night and hour it shows is the one the server names
+// (tz=local: the day the phone lived). The browser's own clock and offset never decide a
+// day. Everything that comes from the data reaches the page through textContent or SVG
+// attributes, never through innerHTML.
 'use strict';
 
 (function () {
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const HOUR = 3600e3;
-  const DAY = 24 * HOUR;
-  const WEEK = 7 * DAY;
-  const BUCKET_MS = { hour: HOUR, day: DAY, week: WEEK };
-
-  const GROUPS = [
-    ['activity', 'Activity'], ['heart', 'Heart'], ['sleep', 'Sleep'], ['body', 'Body'],
-    ['nutrition', 'Nutrition'], ['workouts', 'Workouts'], ['mindfulness', 'Mindfulness'],
-    ['other', 'Other'],
-  ];
-  const PREFERRED = ['step_count', 'heart_rate', 'active_energy', 'sleep_analysis'];
-
-  // Metrics whose natural per-bucket number is a total, not an average.
-  const CUMULATIVE = new RegExp('^(step_count|active_energy|basal_energy_burned|' +
-    'flights_climbed|apple_exercise_time|apple_stand_time|apple_stand_hour|apple_move_time|' +
-    'push_count|swimming_stroke_count|time_in_daylight|mindful_minutes|' +
-    'number_of_times_fallen|inhaler_usage|toothbrushing|handwashing|sexual_activity|' +
-    'dietary_.*|.*distance.*)$');
-
-  // Sleep stage labels (English, HAE 6.6.2, German, HealthKit identifiers) to one key.
-  const STAGES = [
-    ['inbed', /in ?bed|im bett/i],
-    ['deep', /deep|tief/i],
-    ['rem', /rem/i],
-    ['core', /core|kern/i],
-    ['awake', /awake|wach/i],
-    ['asleep', /asleep|unspecified|schlaf/i],
-  ];
-  const STAGE_ORDER = ['deep', 'core', 'rem', 'asleep', 'other', 'awake'];
-
-  const state = {
-    catalog: [],       // entries of /api/catalog
-    entry: null,       // the chosen entry
-    range: '7d',
-    custom: null,      // {from: Date, to: Date} for the custom range (to exclusive)
-    seq: 0,            // request counter: a late answer to an old request is dropped
-    shown: null,       // {view, data} of the chart on screen, for redrawing on resize
-    fieldColors: {},   // field name -> colour index, stable while the page lives
-  };
+  const DAY_MS = 24 * HOUR;
+  const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
+  const RANGE_DAYS = { '24h': 1, '7d': 7, '30d': 30, '1y': 365 };
+  const HOUR_MAX_DAYS = 2; // hour buckets for ranges of two days or less
+  const DAY_MAX_DAYS = 186; // day buckets up to half a year, weeks beyond
+  const LIST_KINDS = ['workouts', 'ecg', 'events'];
+  const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
+  const RECORDS_MAX_PAGES = 50;
+  const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
+  const JOURNAL_PAGE = 20;
+  // Drawing order of the stages the server names (presentation only: which colour goes
+  // where in a night's bar); a stage not listed is drawn after these, awake last.
+  const STAGE_ORDER = ['deep', 'core', 'rem', 'asleep'];
+  const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
+  const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
+    '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
 
   // ---------------------------------------------------------------------------------
-  // Small helpers
+  // Calendar dates as text (YYYY-MM-DD): arithmetic on the calendar alone, in UTC, so
+  // that the browser's zone never moves a date.
+  // ---------------------------------------------------------------------------------
+
+  function dayNumber(date) {
+    const m = DATE_RE.exec(date);
+    if (!m) throw new Error('not a date: ' + date);
+    return Math.round(Date.UTC(+m[1], +m[2] - 1, +m[3]) / DAY_MS);
+  }
+
+  function dateOf(n) { return new Date(n * DAY_MS).toISOString().slice(0, 10); }
+
+  function addDays(date, n) { return dateOf(dayNumber(date) + n); }
+
+  function daysBetween(from, to) { return dayNumber(to) - dayNumber(from); }
+
+  /** 0 for Monday … 6 for Sunday (1970-01-01 was a Thursday). */
+  function weekdayOf(date) { return (((dayNumber(date) + 3) % 7) + 7) % 7; }
+
+  function mondayOf(date) { return addDays(date, -weekdayOf(date)); }
+
+  function isDate(text) { return typeof text === 'string' && DATE_RE.test(text); }
+
+  /** The slots of a date axis: every day of [from, to), or the Monday of every week. */
+  function dateSlots(from, to, bucket) {
+    const out = [];
+    const step = bucket === 'week' ? 7 : 1;
+    let d = bucket === 'week' ? mondayOf(from) : from;
+    for (let guard = 0; d < to && guard < 5000; guard++) {
+      out.push(d);
+      d = addDays(d, step);
+    }
+    return out;
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Instants and local times as the server writes them
+  // ---------------------------------------------------------------------------------
+
+  /** ISO-8601 UTC without milliseconds: 2024-03-08T18:00:00Z. */
+  function isoZ(ms) { return new Date(ms).toISOString().replace(/\.\d{3}Z$/, 'Z'); }
+
+  function instant(text) {
+    const t = Date.parse(text);
+    return isNaN(t) ? null : t;
+  }
+
+  /** The parts of a local time the server wrote (2025-04-15T07:30:00-04:00): its date,
+   *  wall clock and offset, read from the text (never converted to the browser's zone). */
+  function splitLocal(text) {
+    const m = LOCAL_RE.exec(text || '');
+    if (!m) return null;
+    const offset = m[5] === 'Z' ? '+00:00' : m[5];
+    const sign = offset.charAt(0) === '-' ? -1 : 1;
+    const offsetMin = sign * (+offset.slice(1, 3) * 60 + +offset.slice(4, 6));
+    return {
+      date: m[1], hour: +m[2], minute: +m[3], time: m[2] + ':' + m[3], offset: offset,
+      offsetMs: offsetMin * 60e3,
+    };
+  }
+
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+
+  // ---------------------------------------------------------------------------------
+  // Ranges: what to ask for and the axis to draw it on
+  // ---------------------------------------------------------------------------------
+
+  function bucketFor(days, kind) {
+    if (kind === 'total' || kind === 'average') {
+      if (days <= HOUR_MAX_DAYS) return 'hour';
+    }
+    return days <= DAY_MAX_DAYS ? 'day' : 'week';
+  }
+
+  /** What a view asks for. ``anchor``: {date, instant} of the metric's latest data in the
+   *  chosen zone (the date the server named); ``custom``: {from, to} dates, both shown;
+   *  ``span``: {first, last} instants of the metric (for All). Dates stay text; an hour
+   *  range is instants. Pure. */
+  function planView(opts) {
+    const kind = opts.kind;
+    const series = kind === 'total' || kind === 'average';
+    const range = opts.range;
+    if (range === 'custom' && opts.custom) {
+      const from = opts.custom.from;
+      const to = addDays(opts.custom.to, 1);
+      const bucket = bucketFor(daysBetween(from, to), kind);
+      return {
+        range: range, bucket: bucket, from: from, to: to,
+        axis: bucket === 'hour' ? 'hours' : 'dates',
+        slots: bucket === 'hour' ? null : dateSlots(from, to, bucket), t0: null, t1: null,
+      };
+    }
+    if (range === 'all') {
+      const span = opts.span || {};
+      const days = span.first !== undefined && span.last !== undefined
+        ? (span.last - span.first) / DAY_MS + 1 : Infinity;
+      const bucket = bucketFor(days, kind);
+      return {
+        range: range, bucket: bucket, from: null, to: null,
+        axis: bucket === 'hour' ? 'hours' : 'dates', slots: null, t0: null, t1: null,
+      };
+    }
+    const anchor = opts.anchor;
+    if (range === '24h' && series) {
+      const t1 = Math.floor(anchor.instant / HOUR) * HOUR + HOUR;
+      const t0 = t1 - 24 * HOUR;
+      return {
+        range: range, bucket: 'hour', from: isoZ(t0), to: isoZ(t1), axis: 'hours', slots: null,
+        t0: t0, t1: t1,
+      };
+    }
+    const days = RANGE_DAYS[range] || 7;
+    const to = addDays(anchor.date, 1);
+    const bucket = bucketFor(days, series ? 'day-only' : kind);
+    const from = bucket === 'week' ? mondayOf(addDays(to, -days)) : addDays(to, -days);
+    return {
+      range: range, bucket: bucket, from: from, to: to, axis: 'dates',
+      slots: dateSlots(from, to, bucket), t0: null, t1: null,
+    };
+  }
+
+  /** The stored layer to read for a range when a metric has several (a Minutes and a Days
+   *  automation): the densest one that holds the range's start, else the one that begins
+   *  earliest in the range, so that a month is not read from its last two days of minutes;
+   *  null lets the server choose. Date bounds are compared leniently (a local midnight is
+   *  within 14 h of UTC's). */
+  function chooseLayer(layers, plan) {
+    if (!layers || layers.length < 2) return null;
+    const first = function (l) { return instant(l.first); };
+    const last = function (l) { return instant(l.last); };
+    const density = function (l) {
+      return l.points / Math.max(HOUR, last(l) - first(l) + HOUR);
+    };
+    const bound = function (value, slack) {
+      if (value === null || value === undefined) return null;
+      if (typeof value === 'number') return value;
+      return isDate(value) ? dayNumber(value) * DAY_MS + slack : instant(value);
+    };
+    const start = plan.t0 !== null && plan.t0 !== undefined ? plan.t0 : bound(plan.from, 0);
+    const end = plan.t1 !== null && plan.t1 !== undefined ? plan.t1 : bound(plan.to, 0);
+    const slack = isDate(plan.from) ? 14 * HOUR : 0;
+    const overlapping = layers.filter(function (l) {
+      return (start === null || last(l) >= start - slack) &&
+        (end === null || first(l) < end + slack);
+    });
+    if (!overlapping.length) return null;
+    const holding = overlapping.filter(function (l) {
+      return start !== null && first(l) <= start + slack;
+    });
+    const byDensity = function (a, b) { return density(b) - density(a); };
+    if (holding.length) return holding.sort(byDensity)[0].layer;
+    const earliest = Math.min.apply(null, overlapping.map(first));
+    return overlapping.filter(function (l) { return first(l) === earliest; })
+      .sort(byDensity)[0].layer;
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Numbers and words
+  // ---------------------------------------------------------------------------------
+
+  const numberFormats = {};
+
+  /** Every number on the page goes through here: one grouping, one rounding rule. */
+  function formatNumber(v, digits) {
+    if (typeof v !== 'number' || !isFinite(v)) return '–';
+    if (digits === undefined) {
+      const abs = Math.abs(v);
+      digits = abs >= 100 ? 0 : abs >= 10 ? 1 : 2;
+    }
+    if (!numberFormats[digits]) {
+      numberFormats[digits] = new Intl.NumberFormat(undefined, {
+        maximumFractionDigits: digits, useGrouping: true,
+      });
+    }
+    return numberFormats[digits].format(v);
+  }
+
+  function formatCount(n) { return formatNumber(n, 0); }
+
+  /** Minutes as "45 min" or "7 h 05 min". */
+  function formatMinutes(minutes) {
+    if (typeof minutes !== 'number' || !isFinite(minutes) || minutes < 0) return '–';
+    const whole = Math.round(minutes);
+    if (whole < 60) return whole + ' min';
+    return Math.floor(whole / 60) + ' h ' + pad(whole % 60) + ' min';
+  }
+
+  function formatHours(hours) { return formatMinutes(hours * 60); }
+
+  function formatSeconds(seconds) { return formatMinutes(seconds / 60); }
+
+  const dateFormats = {};
+
+  /** A calendar date in words ("Tue, Apr 15, 2025"), formatted as a UTC date so that no
+   *  zone moves it. */
+  function formatDate(date, style) {
+    const key = style || 'long';
+    if (!dateFormats[key]) {
+      const options = {
+        long: { weekday: 'short', day: 'numeric', month: 'short', year: 'numeric' },
+        short: { day: 'numeric', month: 'short' },
+        weekday: { weekday: 'short' },
+        month: { month: 'short' },
+        year: { year: 'numeric' },
+      }[key];
+      options.timeZone = 'UTC';
+      dateFormats[key] = new Intl.DateTimeFormat(undefined, options);
+    }
+    return dateFormats[key].format(new Date(dayNumber(date) * DAY_MS));
+  }
+
+  /** A local time the server wrote, in words: its date and wall clock as written. */
+  function formatLocal(text, withOffset) {
+    const p = splitLocal(text);
+    if (!p) return text || '–';
+    return formatDate(p.date) + ', ' + p.time + (withOffset ? ' (UTC' + p.offset + ')' : '');
+  }
+
+  /** An instant (a delivery's receive time) in the chosen zone, or the browser's for
+   *  "local" (a server event has no phone zone). */
+  function formatInstant(text, zone) {
+    const t = instant(text);
+    if (t === null) return '–';
+    const options = {
+      day: 'numeric', month: 'short', year: 'numeric', hour: '2-digit', minute: '2-digit',
+      hourCycle: 'h23',
+    };
+    if (zone && zone !== 'local') options.timeZone = zone;
+    try {
+      return new Intl.DateTimeFormat(undefined, options).format(new Date(t));
+    } catch (err) {
+      delete options.timeZone;
+      return new Intl.DateTimeFormat(undefined, options).format(new Date(t));
+    }
+  }
+
+  /** "valenceClassification" -> "valence classification", "slightly_pleasant" ->
+   *  "slightly pleasant": field names and slugs as words, nothing renamed. */
+  function words(text) {
+    return String(text).replace(/_/g, ' ').replace(/([a-z])([A-Z])/g, '$1 $2').toLowerCase();
+  }
+
+  function capitalise(text) { return text.charAt(0).toUpperCase() + text.slice(1); }
+
+  function detailText(value) {
+    if (value === null || value === undefined) return '–';
+    if (Array.isArray(value)) return value.length ? value.map(detailText).join(', ') : '–';
+    if (typeof value === 'number') return formatNumber(value);
+    if (typeof value === 'boolean') return value ? 'yes' : 'no';
+    if (typeof value === 'object') {
+      if (typeof value.qty === 'number') {
+        return formatNumber(value.qty) + (value.units ? ' ' + value.units : '');
+      }
+      return Object.keys(value).map(function (k) {
+        return words(k) + ' ' + detailText(value[k]);
+      }).join(', ');
+    }
+    return /^[a-z]+(_[a-z]+)+$/.test(value) ? words(value) : String(value);
+  }
+
+  function quantityText(q) {
+    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '')
+      : '–';
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Axes: ticks for values, dates and hours
+  // ---------------------------------------------------------------------------------
+
+  /** Round ticks covering [lo, hi]. */
+  function niceTicks(lo, hi, count) {
+    if (!(hi > lo)) {
+      const room = Math.abs(hi) > 0 ? Math.abs(hi) * 0.1 : 1;
+      lo -= room;
+      hi += room;
+    }
+    const raw = (hi - lo) / Math.max(1, count);
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const norm = raw / mag;
+    const step = (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10) * mag;
+    const start = Math.floor(lo / step + 1e-9) * step;
+    const end = Math.ceil(hi / step - 1e-9) * step;
+    const ticks = [];
+    for (let i = 0, v = start; v <= end + step / 2 && i < 50; i++, v = start + i * step) {
+      ticks.push(Math.round(v / step) * step);
+    }
+    return ticks;
+  }
+
+  /** Which slots of a date axis get a label, at most ``room`` of them: every day, every
+   *  Monday, every other Monday, or month starts (every 1, 2, 3 or 6 months, years
+   *  named). Returns [{index, date, label, major}]. */
+  function dateTicks(slots, bucket, room) {
+    const n = slots.length;
+    const out = [];
+    if (!n) return out;
+    const limit = Math.max(2, room);
+    if (bucket === 'day' && n <= limit) {
+      slots.forEach(function (d, i) {
+        out.push({
+          index: i, date: d, major: d.slice(8) === '01',
+          label: n <= 8 ? formatDate(d, 'weekday') + ' ' + (+d.slice(8)) : formatDate(d, 'short'),
+        });
+      });
+      return out;
+    }
+    if (bucket === 'day') {
+      const mondays = slots.filter(function (d) { return weekdayOf(d) === 0; }).length;
+      for (const every of [1, 2]) {
+        if (mondays / every <= limit) {
+          let k = 0;
+          slots.forEach(function (d, i) {
+            if (weekdayOf(d) === 0 && k++ % every === 0) {
+              out.push({ index: i, date: d, label: formatDate(d, 'short'), major: false });
+            }
+          });
+          return out;
+        }
+      }
+    }
+    // months: the first slot of each month (a week's slot is its Monday)
+    const starts = [];
+    slots.forEach(function (d, i) {
+      if (i === 0 ? d.slice(8) === '01' || bucket === 'week' && +d.slice(8) <= 7
+        : d.slice(5, 7) !== slots[i - 1].slice(5, 7)) {
+        starts.push(i);
+      }
+    });
+    const everies = [1, 2, 3, 6, 12];
+    let every = 12;
+    for (let i = 0; i < everies.length; i++) {
+      if (starts.length / everies[i] <= limit) {
+        every = everies[i];
+        break;
+      }
+    }
+    starts.forEach(function (i) {
+      const d = slots[i];
+      const month = +d.slice(5, 7) - 1;
+      if (month % every !== 0) return;
+      const first = month === 0;
+      out.push({
+        index: i, date: d, label: first ? d.slice(0, 4) : formatDate(d, 'month'), major: first,
+      });
+    });
+    return out;
+  }
+
+  /** Hour ticks over [t0, t1): each whole hour labelled by the wall clock it had, in the
+   *  offset of the nearest bucket the server placed (its ``local``); midnights carry the
+   *  date and are major. At most ``room`` labels. Returns [{t, label, major, date}]. */
+  function hourTicks(t0, t1, buckets, room) {
+    const known = buckets.map(function (b) {
+      return { t: instant(b.start), p: splitLocal(b.local) };
+    }).filter(function (k) { return k.t !== null && k.p; })
+      .sort(function (a, b) { return a.t - b.t; });
+    if (!known.length) return [];
+    const offsetAt = function (t) {
+      let best = known[0];
+      for (let i = 0; i < known.length; i++) {
+        if (known[i].t <= t) best = known[i];
+        else break;
+      }
+      return best.p.offsetMs;
+    };
+    const hours = [];
+    for (let t = Math.ceil(t0 / HOUR) * HOUR; t < t1; t += HOUR) {
+      const wall = new Date(t + offsetAt(t));
+      hours.push({ t: t, hour: wall.getUTCHours(), date: wall.toISOString().slice(0, 10) });
+    }
+    const steps = [1, 2, 3, 4, 6, 12, 24];
+    let step = steps[steps.length - 1];
+    for (let i = 0; i < steps.length; i++) {
+      const shown = hours.filter(function (h) { return h.hour % steps[i] === 0; }).length;
+      if (shown <= Math.max(2, room)) {
+        step = steps[i];
+        break;
+      }
+    }
+    return hours.filter(function (h) { return h.hour % step === 0; }).map(function (h) {
+      return {
+        t: h.t, date: h.date, major: h.hour === 0,
+        label: h.hour === 0 ? formatDate(h.date, 'short') : pad(h.hour) + ':00',
+      };
+    });
+  }
+
+  // ---------------------------------------------------------------------------------
+  // From replies to what is drawn (pure)
+  // ---------------------------------------------------------------------------------
+
+  /** The value of a bucket's field as the metric's meaning combines it (sum or avg). */
+  function bucketValue(bucket, field, combine) {
+    const stats = bucket.fields && bucket.fields[field];
+    if (!stats) return null;
+    const v = stats[combine === 'sum' ? 'sum' : 'avg'];
+    return typeof v === 'number' && isFinite(v) ? v : null;
+  }
+
+  /** The fields a series draws: the meaning's (main first) that the buckets hold; without
+   *  any of them, the numeric fields the buckets hold. */
+  function seriesFields(meaning, buckets) {
+    const present = [];
+    buckets.forEach(function (b) {
+      Object.keys(b.fields || {}).forEach(function (f) {
+        if (present.indexOf(f) < 0) present.push(f);
+      });
+    });
+    const named = (meaning.fields || []).filter(function (f) { return present.indexOf(f) >= 0; });
+    return named.length ? named : present;
+  }
+
+  /** Runs of positions without a gap: a missing bucket breaks a line. Positions are slot
+   *  numbers (a date's index, or hours since the axis start). */
+  function segmentsOf(points) {
+    const out = [];
+    let current = [];
+    points.forEach(function (p, i) {
+      if (i && p.pos - points[i - 1].pos > 1.5) {
+        out.push(current);
+        current = [];
+      }
+      current.push(p);
+    });
+    if (current.length) out.push(current);
+    return out;
+  }
+
+  /** Workout minutes per slot of a date axis, from the items' own duration and date:
+   *  {date: {minutes, count}}; weeks add up on their Monday. */
+  function workoutMinutes(items, bucket) {
+    const out = {};
+    items.forEach(function (w) {
+      if (!isDate(w.date) || typeof w.duration_s !== 'number') return;
+      const key = bucket === 'week' ? mondayOf(w.date) : w.date;
+      const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
+      slot.minutes += w.duration_s / 60;
+      slot.count += 1;
+    });
+    return out;
+  }
+
+  /** A night's bar: stage segments bottom up, the asleep hours always (form (a) has no
+   *  stages: its asleep hours are the bar), awake on top, in bed behind. */
+  function nightBar(night) {
+    const stages = night.stages || {};
+    const keys = Object.keys(stages).filter(function (k) {
+      return typeof stages[k] === 'number' && stages[k] > 0;
+    });
+    const rank = function (k) {
+      const i = STAGE_ORDER.indexOf(k);
+      return k === 'awake' ? 100 : i < 0 ? 50 : i;
+    };
+    keys.sort(function (a, b) { return rank(a) - rank(b); });
+    const parts = [];
+    let staged = 0;
+    keys.forEach(function (k) {
+      if (k === 'awake') return;
+      parts.push({ stage: k, hours: stages[k] });
+      staged += stages[k];
+    });
+    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
+    if (asleep !== null && asleep - staged > 1 / 60) {
+      parts.push({ stage: staged ? 'unstaged' : 'asleep', hours: asleep - staged });
+    }
+    if (keys.indexOf('awake') >= 0) parts.push({ stage: 'awake', hours: stages.awake });
+    let top = 0;
+    parts.forEach(function (p) { top += p.hours; });
+    return { parts: parts, top: top, asleep: asleep,
+      inBed: typeof night.in_bed === 'number' ? night.in_bed : null };
+  }
+
+  // ---------------------------------------------------------------------------------
+  // DOM helpers
   // ---------------------------------------------------------------------------------
 
   function $(id) { return document.getElementById(id); }
@@ -8461,7 +9003,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function svg(tag, attrs, text) {
     const node = document.createElementNS(SVG_NS, tag);
     Object.keys(attrs || {}).forEach(function (name) {
-      node.setAttribute(name, String(attrs[name]));
+      if (attrs[name] !== null && attrs[name] !== undefined) {
+        node.setAttribute(name, String(attrs[name]));
+      }
     });
     if (text !== undefined) node.textContent = String(text);
     return node;
@@ -8471,102 +9015,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     while (node.firstChild) node.removeChild(node.firstChild);
   }
 
-  function pad(n) { return (n < 10 ? '0' : '') + n; }
-
-  function isNumber(v) { return typeof v === 'number' && isFinite(v); }
-
-  /** The browser's current UTC offset as ±HH:MM. */
-  function tzText(date) {
-    const minutes = -(date || new Date()).getTimezoneOffset();
-    const abs = Math.abs(minutes);
-    return (minutes < 0 ? '-' : '+') + pad(Math.floor(abs / 60)) + ':' + pad(abs % 60);
-  }
-
-  /** ISO-8601 UTC without milliseconds: 2024-03-08T18:00:00Z. */
-  function iso(date) { return date.toISOString().replace(/\.\d{3}Z$/, 'Z'); }
-
-  function localDay(date) { return new Date(date.getFullYear(), date.getMonth(), date.getDate()); }
-
-  function addDays(date, n) {
-    return new Date(date.getFullYear(), date.getMonth(), date.getDate() + n);
-  }
-
-  function monday(date) { return addDays(localDay(date), -((date.getDay() + 6) % 7)); }
-
-  function dateInputValue(date) {
-    return date.getFullYear() + '-' + pad(date.getMonth() + 1) + '-' + pad(date.getDate());
-  }
-
-  function parseDateInput(text) {
-    const m = /^(\d{4})-(\d{2})-(\d{2})$/.exec(text || '');
-    return m ? new Date(+m[1], +m[2] - 1, +m[3]) : null;
-  }
-
-  /** A time as HAE writes it ("2024-03-08 17:30:00 -0800", 12-hour forms included),
-   *  ISO-8601, or epoch seconds/milliseconds; null when unreadable. */
-  function parseTime(value) {
-    if (isNumber(value)) return new Date(value > 1e11 ? value : value * 1000);
-    if (typeof value !== 'string') return null;
-    const m = new RegExp('^(\\d{4})-(\\d{2})-(\\d{2})[ T](\\d{1,2}):(\\d{2})' +
-      '(?::(\\d{2})(?:\\.\\d+)?)?[\\s\\u00a0\\u202f]*([ap]\\.?m\\.?)?' +
-      '\\s*(Z|[+-]\\d{2}:?\\d{2})?$', 'i')
-      .exec(value.trim());
-    if (!m) {
-      const t = Date.parse(value);
-      return isNaN(t) ? null : new Date(t);
-    }
-    let hour = +m[4];
-    if (m[7]) {
-      const pm = m[7].charAt(0).toLowerCase() === 'p';
-      hour = (hour % 12) + (pm ? 12 : 0);
-    }
-    const utc = Date.UTC(+m[1], +m[2] - 1, +m[3], hour, +m[5], +(m[6] || 0));
-    if (!m[8]) return new Date(+m[1], +m[2] - 1, +m[3], hour, +m[5], +(m[6] || 0));
-    if (m[8].toUpperCase() === 'Z') return new Date(utc);
-    const off = m[8].replace(':', '');
-    const minutes = (+off.slice(1, 3)) * 60 + (+off.slice(3, 5));
-    return new Date(utc - (off.charAt(0) === '-' ? -minutes : minutes) * 60e3);
-  }
-
-  function formatNumber(v) {
-    if (!isNumber(v)) return '–';
-    const abs = Math.abs(v);
-    const digits = abs >= 100 ? 0 : abs >= 10 ? 1 : 2;
-    return v.toLocaleString(undefined, { maximumFractionDigits: digits });
-  }
-
-  function formatDateTime(date) {
-    return date.toLocaleString(undefined, {
-      weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit',
+  function setData(node, values) {
+    Object.keys(values).forEach(function (k) {
+      const v = values[k];
+      if (v !== null && v !== undefined) node.dataset[k] = String(v);
     });
-  }
-
-  /** Short, for table cells: "Nov 30, 05:35 AM". */
-  function formatStamp(date) {
-    return date.toLocaleString(undefined, {
-      day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit',
-    });
-  }
-
-  function formatDate(date, withYear) {
-    const opts = { weekday: 'short', day: 'numeric', month: 'short' };
-    if (withYear) opts.year = 'numeric';
-    return date.toLocaleDateString(undefined, opts);
-  }
-
-  function formatDuration(seconds) {
-    if (!isNumber(seconds) || seconds < 0) return '–';
-    const minutes = Math.round(seconds / 60);
-    return Math.floor(minutes / 60) + ':' + pad(minutes % 60);
-  }
-
-  /** "step_count" -> "Step count"; "symptoms/Headache" -> "Symptoms: Headache". */
-  function metricLabel(name) {
-    const slash = name.indexOf('/');
-    const head = slash >= 0 ? name.slice(0, slash) : name;
-    let text = head.replace(/^apple_/, '').replace(/_/g, ' ');
-    text = text.charAt(0).toUpperCase() + text.slice(1);
-    return slash >= 0 ? text + ': ' + name.slice(slash + 1) : text;
   }
 
   function showMessage(text) {
@@ -8582,17 +9035,18 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
   }
 
-  async function getJSON(url) {
+  async function getJSON(url, signal) {
     let response;
     try {
       response = await fetch(url, {
-        credentials: 'same-origin', headers: { Accept: 'application/json' },
+        credentials: 'same-origin', headers: { Accept: 'application/json' }, signal: signal,
       });
     } catch (err) {
+      if (err && err.name === 'AbortError') throw err;
       throw new HttpError('The server cannot be reached (' + err.message + ').', 0);
     }
     if (response.status === 401) {
-      // The session expired or the token changed: back to the sign-in page.
+      // The session ended (signed out elsewhere, or the token changed): the sign-in page.
       window.location.assign('/');
       throw new HttpError('Signed out.', 401);
     }
@@ -8600,6 +9054,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     try {
       body = await response.json();
     } catch (err) {
+      if (err && err.name === 'AbortError') throw err;
       body = null;
     }
     if (!response.ok) {
@@ -8609,12 +9064,181 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return body;
   }
 
+  function query(path, params) {
+    const search = new URLSearchParams();
+    Object.keys(params).forEach(function (k) {
+      if (params[k] !== null && params[k] !== undefined && params[k] !== '') {
+        search.set(k, params[k]);
+      }
+    });
+    return path + '?' + search.toString();
+  }
+
   // ---------------------------------------------------------------------------------
-  // Catalog
+  // State, the address (hash) and the controls
   // ---------------------------------------------------------------------------------
 
-  async function loadCatalog() {
+  const state = {
+    metrics: [], // one per metric: {metric, meaning, layers: [catalog entries], first, last}
+    metric: null,
+    layer: '', // '' = chosen for the range (chooseLayer), else a stored layer
+    range: '7d',
+    custom: null, // {from, to}: dates, both shown
+    tz: 'local',
+    ecg: null, // the start of the chosen ECG recording
+    token: 0, // every view load takes a number; a reply to an older one is dropped
+    controller: null,
+    anchors: {}, // "metric|layer|tz|last" -> {date, instant}
+    shown: null, // what the chart shows, for redrawing on resize
+    more: null, // loads the next page of the list shown
+    journalNext: null,
+  };
+
+  function readHash() {
+    const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
+    const out = {};
+    ['metric', 'layer', 'range', 'tz', 'from', 'to', 'ecg'].forEach(function (k) {
+      const v = params.get(k);
+      if (v) out[k] = v;
+    });
+    return out;
+  }
+
+  function writeHash() {
+    if (!state.metric) return;
+    const params = new URLSearchParams();
+    params.set('metric', state.metric.metric);
+    if (state.layer) params.set('layer', state.layer);
+    params.set('range', state.range);
+    if (state.range === 'custom' && state.custom) {
+      params.set('from', state.custom.from);
+      params.set('to', state.custom.to);
+    }
+    params.set('tz', state.tz);
+    if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('ecg', state.ecg);
+    const hash = '#' + params.toString();
+    if (window.location.hash !== hash) window.history.replaceState(null, '', hash);
+  }
+
+  function applyHash(wanted) {
+    const found = state.metrics.find(function (m) { return m.metric === wanted.metric; });
+    if (found) state.metric = found;
+    if (!state.metric) state.metric = defaultMetric();
+    state.layer = wanted.layer && state.metric.layers.some(function (l) {
+      return l.layer === wanted.layer;
+    }) ? wanted.layer : '';
+    if (wanted.range && RANGE_KEYS.indexOf(wanted.range) >= 0) state.range = wanted.range;
+    if (state.range === 'custom') {
+      if (isDate(wanted.from) && isDate(wanted.to) && wanted.from <= wanted.to) {
+        state.custom = { from: wanted.from, to: wanted.to };
+      } else if (!state.custom) {
+        state.range = '7d';
+      }
+    }
+    if (wanted.tz) {
+      state.tz = wanted.tz;
+      ensureZoneOption(wanted.tz);
+    }
+    state.ecg = wanted.ecg || null;
+  }
+
+  /** The metric a first visit opens on: the series with the latest data. */
+  function defaultMetric() {
+    const series = state.metrics.filter(function (m) {
+      return m.meaning.kind === 'total' || m.meaning.kind === 'average';
+    });
+    const pool = series.length ? series : state.metrics;
+    return pool.slice().sort(function (a, b) {
+      return b.last - a.last || (a.metric < b.metric ? -1 : 1);
+    })[0];
+  }
+
+  function browserZone() {
+    try {
+      return Intl.DateTimeFormat().resolvedOptions().timeZone || null;
+    } catch (err) {
+      return null;
+    }
+  }
+
+  function ensureZoneOption(zone) {
+    const select = $('zone');
+    const known = Array.prototype.some.call(select.options, function (o) {
+      return o.value === zone;
+    });
+    if (!known) select.appendChild(new Option(zone, zone));
+    select.value = zone;
+  }
+
+  function fillZones() {
+    const select = $('zone');
+    clear(select);
+    select.appendChild(new Option('As recorded on the phone', 'local'));
+    const own = browserZone();
+    if (own && own !== 'UTC' && own !== 'Etc/UTC') {
+      select.appendChild(new Option('This browser: ' + own, own));
+    }
+    select.appendChild(new Option('UTC', 'UTC'));
+    select.value = state.tz;
+  }
+
+  function groupLabel(group) { return capitalise(words(group || 'other')); }
+
+  function fillCatalog() {
     const select = $('catalog');
+    clear(select);
+    const groups = [];
+    state.metrics.forEach(function (m) {
+      if (groups.indexOf(m.meaning.group) < 0) groups.push(m.meaning.group);
+    });
+    groups.sort(function (a, b) {
+      return (a === 'other') - (b === 'other') || (a < b ? -1 : a > b ? 1 : 0);
+    });
+    groups.forEach(function (group) {
+      const optgroup = el('optgroup');
+      optgroup.label = groupLabel(group);
+      state.metrics.filter(function (m) { return m.meaning.group === group; })
+        .sort(function (a, b) { return a.meaning.name.localeCompare(b.meaning.name); })
+        .forEach(function (m) {
+          const option = el('option', null, m.meaning.name);
+          option.value = m.metric;
+          option.dataset.metric = m.metric;
+          option.dataset.kind = m.meaning.kind;
+          optgroup.appendChild(option);
+        });
+      select.appendChild(optgroup);
+    });
+    select.disabled = false;
+  }
+
+  function fillLayers() {
+    const field = $('layer-field');
+    const select = $('layer');
+    clear(select);
+    const layers = state.metric ? state.metric.layers : [];
+    field.hidden = layers.length < 2;
+    select.appendChild(new Option('Best for the range', ''));
+    layers.forEach(function (l) { select.appendChild(new Option(l.layer, l.layer)); });
+    select.value = state.layer;
+  }
+
+  function markControls() {
+    Array.prototype.forEach.call(document.querySelectorAll('#range button'), function (b) {
+      const on = b.dataset.range === state.range;
+      b.classList.toggle('active', on);
+      b.setAttribute('aria-pressed', on ? 'true' : 'false');
+    });
+    $('custom').hidden = state.range !== 'custom';
+    if (state.custom) {
+      $('from').value = state.custom.from;
+      $('to').value = state.custom.to;
+    }
+    if (state.metric) $('catalog').value = state.metric.metric;
+    $('zone').value = state.tz;
+    fillLayers();
+  }
+
+  async function loadCatalog() {
     let data;
     try {
       data = await getJSON('/api/catalog');
@@ -8622,825 +9246,1155 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       if (err.status !== 401) showMessage('Catalog: ' + err.message);
       return;
     }
-    state.catalog = (data && data.metrics) || [];
-    const layers = {};
-    state.catalog.forEach(function (entry) {
-      layers[entry.metric] = (layers[entry.metric] || 0) + 1;
+    const byMetric = {};
+    ((data && data.metrics) || []).forEach(function (entry) {
+      let m = byMetric[entry.metric];
+      if (!m) {
+        m = byMetric[entry.metric] = {
+          metric: entry.metric, meaning: entry.meaning || {
+            name: entry.metric, group: entry.group || 'other', kind: 'average', fields: [],
+            combine: 'avg',
+          },
+          layers: [], first: Infinity, last: -Infinity, points: 0,
+        };
+        state.metrics.push(m);
+      }
+      m.layers.push(entry);
+      m.first = Math.min(m.first, instant(entry.first));
+      m.last = Math.max(m.last, instant(entry.last));
+      m.points += entry.points || 0;
     });
-    clear(select);
-    if (!state.catalog.length) {
+    if (!state.metrics.length) {
+      const select = $('catalog');
+      clear(select);
       select.appendChild(el('option', null, 'No data yet'));
-      select.disabled = true;
-      setChartState('empty');
-      $('chart-title').textContent = 'No data yet';
-      $('chart-meta').textContent = 'Point a Health Auto Export automation at /api/ingest.';
+      $('chart').dataset.state = 'empty';
+      $('view-title').textContent = 'No data yet';
+      $('view-meta').textContent = 'Point a Health Auto Export automation at /api/ingest.';
       return;
     }
-    GROUPS.forEach(function (group) {
-      const members = [];
-      state.catalog.forEach(function (entry, index) {
-        const key = GROUPS.some(function (g) { return g[0] === entry.group; })
-          ? entry.group : 'other';
-        if (key === group[0]) members.push([entry, index]);
-      });
-      if (!members.length) return;
-      const optgroup = el('optgroup');
-      optgroup.label = group[1];
-      members.forEach(function (pair) {
-        const entry = pair[0];
-        let label = metricLabel(entry.metric);
-        if (layers[entry.metric] > 1) label += ' (' + entry.layer + ')';
-        const option = el('option', null, label);
-        option.value = String(pair[1]);
-        option.dataset.metric = entry.metric;
-        option.dataset.layer = entry.layer;
-        optgroup.appendChild(option);
-      });
-      select.appendChild(optgroup);
+    fillCatalog();
+    applyHash(readHash());
+    markControls();
+    showView();
+  }
+
+  // ---------------------------------------------------------------------------------
+  // One view: the chosen metric over the chosen range, in the chosen zone
+  // ---------------------------------------------------------------------------------
+
+  /** {date, instant} of the metric's latest data in the chosen zone, as the server dates
+   *  it. */
+  async function anchorOf(metric, layer, signal) {
+    const key = [metric.metric, layer, state.tz, metric.last].join('|');
+    if (state.anchors[key]) return state.anchors[key];
+    const kind = metric.meaning.kind;
+    const last = metric.last;
+    let anchor = { date: isoZ(last).slice(0, 10), instant: last };
+    if (LIST_KINDS.indexOf(kind) >= 0) {
+      const data = await getJSON(query('/api/records', {
+        metric: metric.metric, tz: state.tz, limit: 1,
+      }), signal);
+      const item = data && data.items && data.items[0];
+      if (item) anchor = { date: item.date, instant: instant(item.start) };
+    } else if (kind === 'sleep') {
+      const data = await getJSON(query('/api/points', {
+        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
+        from: isoZ(last - 2 * DAY_MS), to: isoZ(last + 2 * DAY_MS),
+      }), signal);
+      const nights = (data && data.nights) || [];
+      if (nights.length) anchor = { date: nights[nights.length - 1].date, instant: last };
+    } else {
+      const data = await getJSON(query('/api/points', {
+        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
+        from: isoZ(last), to: isoZ(last + 1000),
+      }), signal);
+      const runs = (data && data.runs) || [];
+      const buckets = runs.length ? runs[runs.length - 1].buckets : [];
+      if (buckets.length) anchor = { date: buckets[buckets.length - 1].date, instant: last };
+    }
+    state.anchors[key] = anchor;
+    return anchor;
+  }
+
+  function layerOfLast(metric) {
+    let best = metric.layers[0];
+    metric.layers.forEach(function (l) {
+      if (instant(l.last) > instant(best.last)) best = l;
     });
-    select.disabled = false;
-
-    const wanted = readHash();
-    let chosen = -1;
-    if (wanted.metric) {
-      chosen = state.catalog.findIndex(function (e) {
-        return e.metric === wanted.metric && (!wanted.layer || e.layer === wanted.layer);
-      });
-    }
-    for (let i = 0; chosen < 0 && i < PREFERRED.length; i++) {
-      chosen = state.catalog.findIndex(function (e) { return e.metric === PREFERRED[i]; });
-    }
-    if (chosen < 0) chosen = 0;
-    if (wanted.range && (RANGE_KEYS.indexOf(wanted.range) >= 0)) state.range = wanted.range;
-    select.value = String(chosen);
-    state.entry = state.catalog[chosen];
-    markRange();
-    loadChart();
-    loadWorkouts();
+    return best.layer;
   }
 
-  // The chosen metric and range live in the address (#metric=…&layer=…&range=…), so a
-  // view can be bookmarked and survives a reload.
-  function readHash() {
-    const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
-    return { metric: params.get('metric'), layer: params.get('layer'), range: params.get('range') };
-  }
-
-  function writeHash() {
-    if (!state.entry) return;
-    const params = new URLSearchParams();
-    params.set('metric', state.entry.metric);
-    params.set('layer', state.entry.layer);
-    if (state.range !== 'custom') params.set('range', state.range);
-    window.history.replaceState(null, '', '#' + params.toString());
-  }
-
-  // ---------------------------------------------------------------------------------
-  // Ranges and the request for one chart
-  // ---------------------------------------------------------------------------------
-
-  const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'custom'];
-
-  /** [from, to) of the chosen range, in local time, and the bucket that fits it. */
-  function currentRange() {
-    const now = new Date();
-    const today = localDay(now);
-    const tomorrow = addDays(today, 1);
-    switch (state.range) {
-      case '24h': {
-        const to = new Date(now.getTime());
-        to.setMinutes(0, 0, 0);
-        to.setTime(to.getTime() + HOUR);
-        return { from: new Date(to.getTime() - DAY), to: to, bucket: 'hour' };
-      }
-      case '30d':
-        return { from: addDays(today, -29), to: tomorrow, bucket: 'day' };
-      case '1y':
-        return { from: monday(addDays(today, -364)), to: tomorrow, bucket: 'week' };
-      case 'custom': {
-        const custom = state.custom || { from: addDays(today, -6), to: tomorrow };
-        const days = (custom.to - custom.from) / DAY;
-        const bucket = days <= 10 ? 'hour' : days <= 120 ? 'day' : 'week';
-        return { from: custom.from, to: custom.to, bucket: bucket };
-      }
-      default:
-        return { from: addDays(today, -6), to: tomorrow, bucket: 'hour' };
-    }
-  }
-
-  function isSleep(entry) { return entry.metric === 'sleep_analysis'; }
-
-  function isWorkouts(entry) { return entry.metric === 'workouts'; }
-
-  /** What to ask /api/points for: the range, the bucket, and the chart's time axis. */
-  function planView(entry) {
-    const range = currentRange();
-    let from = range.from;
-    let to = range.to;
-    let bucket = range.bucket;
-    let requestFrom = from;
-    if (isSleep(entry) || isWorkouts(entry)) {
-      // Nights and workouts are counted per day (per week over a year); a night belongs to
-      // the day one wakes up, so its first segments start the evening before.
-      bucket = bucket === 'week' ? 'week' : 'day';
-      from = bucket === 'week' ? monday(from) : localDay(from);
-      if (to.getTime() !== localDay(to).getTime()) to = addDays(localDay(to), 1);
-      requestFrom = isSleep(entry) ? new Date(from.getTime() - 12 * HOUR) : from;
-    }
-    return { entry: entry, from: from, to: to, bucket: bucket, requestFrom: requestFrom };
-  }
-
-  function pointsURL(view, format) {
-    const params = new URLSearchParams();
-    params.set('metric', view.entry.metric);
-    params.set('layer', view.entry.layer);
-    params.set('from', iso(view.requestFrom));
-    params.set('to', iso(view.to));
-    params.set('bucket', view.bucket);
-    params.set('tz', tzText());
-    if (format) params.set('format', format);
-    return '/api/points?' + params.toString();
-  }
-
-  function markRange() {
-    Array.prototype.forEach.call(document.querySelectorAll('#range button'), function (b) {
-      const on = b.dataset.range === state.range;
-      b.classList.toggle('active', on);
-      b.setAttribute('aria-pressed', on ? 'true' : 'false');
-    });
-    $('custom').hidden = state.range !== 'custom';
-  }
-
-  function setChartState(value) {
-    $('chart').dataset.state = value;
-  }
-
-  // ---------------------------------------------------------------------------------
-  // Loading and drawing the chart
-  // ---------------------------------------------------------------------------------
-
-  async function loadChart() {
-    const entry = state.entry;
-    if (!entry) return;
-    writeHash();
-    const view = planView(entry);
-    const url = pointsURL(view);
-    const seq = ++state.seq;
-
-    $('chart-title').textContent = metricLabel(entry.metric);
-    const metaParts = [entry.metric + ' · ' + entry.layer];
-    if (entry.units && entry.units.length) metaParts.push(entry.units.join(', '));
-    if (isNumber(entry.points)) metaParts.push(formatNumber(entry.points) + ' points stored');
-    $('chart-meta').textContent = metaParts.join(' · ');
-
-    const csv = $('csv');
-    csv.href = pointsURL(view, 'csv');
-    csv.setAttribute('download', (entry.metric + '-' + entry.layer + '-' + state.range)
-      .replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
-
+  function setChart(values) {
     const chart = $('chart');
-    chart.dataset.metric = entry.metric;
-    chart.dataset.layer = entry.layer;
-    chart.dataset.range = state.range;
-    chart.dataset.bucket = view.bucket;
-    setChartState('loading');
-    chart.setAttribute('aria-busy', 'true');
-
-    let data;
-    try {
-      data = await getJSON(url);
-    } catch (err) {
-      if (seq !== state.seq) return;
-      chart.removeAttribute('aria-busy');
-      clear(chart);
-      chart.appendChild(el('p', 'empty', 'Could not load the chart: ' + err.message));
-      setChartState('error');
-      return;
-    }
-    if (seq !== state.seq) return;
-    chart.removeAttribute('aria-busy');
-    state.shown = { view: view, data: data };
-    drawChart();
+    Object.keys(values).forEach(function (k) {
+      if (values[k] === null || values[k] === undefined) delete chart.dataset[k];
+      else chart.dataset[k] = String(values[k]);
+    });
   }
 
-  function drawChart() {
-    const shown = state.shown;
-    if (!shown) return;
-    const view = shown.view;
+  function rangeText(plan) {
+    if (!plan.from) return 'all stored data';
+    if (plan.axis === 'hours' && !isDate(plan.from)) {
+      return '24 hours to ' + isoZ(instant(plan.to)).slice(11, 16) + ' UTC';
+    }
+    const last = addDays(plan.to, -1);
+    return plan.from === last ? formatDate(last)
+      : formatDate(plan.from) + ' – ' + formatDate(last);
+  }
+
+  function zoneText() {
+    return state.tz === 'local' ? 'times as recorded on the phone' : 'times in ' + state.tz;
+  }
+
+  async function showView() {
+    const metric = state.metric;
+    if (!metric) return;
+    if (state.controller) state.controller.abort();
+    const controller = new AbortController();
+    state.controller = controller;
+    const token = ++state.token;
+    const current = function () { return token === state.token; };
+    const kind = metric.meaning.kind;
+    writeHash();
+    markControls();
+    state.more = null;
+    $('records-more').hidden = true;
+    $('view-title').textContent = metric.meaning.name;
+    $('readout').textContent = '';
+    const chart = $('chart');
+    chart.hidden = kind === 'events';
+    setChart({
+      metric: metric.metric, kind: kind, range: state.range, tz: state.tz, state: 'loading',
+      bucket: null, from: null, to: null, layer: null,
+    });
+    chart.setAttribute('aria-busy', 'true');
+    try {
+      const needsAnchor = state.range !== 'all' && state.range !== 'custom';
+      const anchor = needsAnchor
+        ? await anchorOf(metric, state.layer || layerOfLast(metric), controller.signal) : null;
+      if (!current()) return;
+      const plan = planView({
+        kind: kind, range: state.range, anchor: anchor, custom: state.custom,
+        span: { first: metric.first, last: metric.last },
+      });
+      if (plan.from && isDate(plan.from) && !state.custom) {
+        // the dates a switch to Custom starts from
+        $('from').value = plan.from;
+        $('to').value = addDays(plan.to, -1);
+      }
+      const layer = state.layer || chooseLayer(metric.layers, plan);
+      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket,
+        from: plan.from, to: plan.to });
+      $('view-meta').textContent = capitalise(rangeText(plan)) + ' · ' + zoneText() +
+        (metric.meaning.kind === 'total' ? ' · totals per ' + plan.bucket
+          : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
+      const params = {
+        metric: metric.metric, layer: layer, from: plan.from, to: plan.to, tz: state.tz,
+      };
+      setCsv(params, plan, kind);
+      let view;
+      if (kind === 'total' || kind === 'average' || kind === 'sleep') {
+        const data = await getJSON(query('/api/points', Object.assign({ bucket: plan.bucket },
+          params)), controller.signal);
+        if (!current()) return;
+        view = { kind: kind, metric: metric, plan: plan, data: data };
+        setChart({ layer: data.layer });
+      } else if (kind === 'workouts') {
+        const items = await allRecords(params, controller.signal);
+        if (!current()) return;
+        view = { kind: kind, metric: metric, plan: plan, items: items };
+      } else {
+        const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
+          params)), controller.signal);
+        if (!current()) return;
+        view = { kind: kind, metric: metric, plan: plan, items: page.items || [],
+          next: page.next_before, params: params };
+      }
+      state.shown = view;
+      draw(view);
+      if (kind === 'ecg') await showTrace(view, token, controller.signal);
+      if (!current()) return;
+      chart.removeAttribute('aria-busy');
+      chart.dataset.state = 'ready';
+    } catch (err) {
+      if (!current() || (err && err.name === 'AbortError')) return;
+      chart.removeAttribute('aria-busy');
+      chart.hidden = false;
+      clear(chart);
+      chart.appendChild(el('p', 'empty', 'Could not load ' + metric.meaning.name + ': ' +
+        err.message));
+      chart.dataset.state = 'error';
+    }
+  }
+
+  function setCsv(params, plan, kind) {
+    const csv = $('csv');
+    const csvParams = Object.assign({}, params, { format: 'csv' });
+    if (LIST_KINDS.indexOf(kind) < 0) csvParams.bucket = plan.bucket;
+    csv.href = query('/api/points', csvParams);
+    csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
+      .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
+  }
+
+  async function allRecords(params, signal) {
+    const items = [];
+    let before = null;
+    for (let page = 0; page < RECORDS_MAX_PAGES; page++) {
+      const data = await getJSON(query('/api/records', Object.assign({
+        limit: RECORDS_PAGE, before: before,
+      }, params)), signal);
+      (data.items || []).forEach(function (item) { items.push(item); });
+      before = data.next_before;
+      if (!before) break;
+    }
+    return items;
+  }
+
+  function draw(view) {
     const chart = $('chart');
     clear(chart);
-    $('readout').textContent = '';
-    const fromMs = view.from.getTime();
-    const toMs = view.to.getTime();
-    const runs = ((shown.data && shown.data.runs) || []).map(function (run) {
-      const buckets = (run.buckets || []).filter(function (b) {
-        const t = Date.parse(b.start);
-        return t >= fromMs && t < toMs;
-      });
-      return { units: run.units, buckets: buckets };
-    }).filter(function (run) { return run.buckets.length; });
-
-    if (!runs.length) {
-      drawEmpty(chart, view);
-      setChartState('empty');
-      return;
-    }
-    // One panel per units: a run in kcal and a run in kJ never share an axis.
-    const byUnits = [];
-    runs.forEach(function (run) {
-      const key = run.units === null || run.units === undefined ? '' : String(run.units);
-      let group = byUnits.find(function (g) { return g.units === key; });
-      if (!group) {
-        group = { units: key, runs: [] };
-        byUnits.push(group);
-      }
-      group.runs.push(run);
-    });
-    byUnits.forEach(function (group) {
-      chart.appendChild(drawPanel(view, group, byUnits.length > 1));
-    });
-    setChartState('ready');
+    clear($('records'));
+    const kind = view.kind;
+    if (kind === 'total' || kind === 'average') drawSeries(chart, view);
+    else if (kind === 'sleep') drawNights(chart, view);
+    else if (kind === 'workouts') {
+      drawWorkoutMinutes(chart, view);
+      drawWorkoutList($('records'), view.items);
+    } else if (kind === 'ecg') drawEcgList($('records'), view);
+    else drawEvents($('records'), view);
   }
 
-  function drawEmpty(chart, view) {
-    const box = el('div', 'empty');
-    box.appendChild(el('p', null, 'No data in this range.'));
-    const entry = view.entry;
-    const last = entry.last ? Date.parse(entry.last) : NaN;
-    if (!isNaN(last) && last < view.from.getTime()) {
-      const p = el('p', null, 'The latest is from ' + formatDate(new Date(last), true) + '. ');
-      const jump = el('button', 'link', 'Show that week');
-      jump.type = 'button';
-      jump.addEventListener('click', function () {
-        const end = addDays(localDay(new Date(last)), 1);
-        state.custom = { from: addDays(end, -7), to: end };
-        state.range = 'custom';
-        $('from').value = dateInputValue(state.custom.from);
-        $('to').value = dateInputValue(addDays(end, -1));
-        markRange();
-        loadChart();
-        loadWorkouts();
-      });
-      p.appendChild(jump);
-      box.appendChild(p);
+  function redraw() {
+    const view = state.shown;
+    if (!view || $('chart').dataset.state !== 'ready') return;
+    if (view.kind === 'total' || view.kind === 'average') {
+      clear($('chart'));
+      drawSeries($('chart'), view);
+    } else if (view.kind === 'sleep') {
+      clear($('chart'));
+      drawNights($('chart'), view);
+    } else if (view.kind === 'workouts') {
+      clear($('chart'));
+      drawWorkoutMinutes($('chart'), view);
+    } else if (view.kind === 'ecg' && view.trace) {
+      clear($('chart'));
+      drawTrace($('chart'), view.trace);
     }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Charts: a frame (axes, grid, readout) and what each kind draws in it
+  // ---------------------------------------------------------------------------------
+
+  function emptyNote(chart, text) {
+    const box = el('div', 'empty');
+    box.appendChild(el('p', null, text || 'No data in this range.'));
     chart.appendChild(box);
   }
 
-  function colorOf(field) {
-    if (!(field in state.fieldColors)) {
-      state.fieldColors[field] = Object.keys(state.fieldColors).length % 6;
-    }
-    return state.fieldColors[field];
-  }
-
-  function stageKey(label) {
-    for (let i = 0; i < STAGES.length; i++) {
-      if (STAGES[i][1].test(label)) return STAGES[i][0];
-    }
-    return 'other';
-  }
-
-  /** Everything one panel draws, from its runs: series, band, bars or stacks. */
-  function buildLayers(view, group) {
-    const entry = view.entry;
-    const cumulative = CUMULATIVE.test(entry.metric);
-    const step = BUCKET_MS[view.bucket];
-    const out = { lines: [], bands: [], bars: [], stacks: [], stageLabels: [], zeroBase: false };
-    group.runs.forEach(function (run) {
-      const hasStages = run.buckets.some(function (b) { return b.stages; });
-      const fieldNames = [];
-      run.buckets.forEach(function (b) {
-        Object.keys(b.fields || {}).forEach(function (f) {
-          if (fieldNames.indexOf(f) < 0) fieldNames.push(f);
-        });
-      });
-      const summary = isSleep(entry) && ['core', 'deep', 'rem'].every(function (f) {
-        return fieldNames.indexOf(f) >= 0;
-      });
-      if (hasStages || summary) {
-        // Sleep: hours per stage per night, stacked; "in bed" drawn behind as an outline.
-        out.zeroBase = true;
-        run.buckets.forEach(function (b) {
-          const parts = [];
-          let inBed = null;
-          if (hasStages) {
-            Object.keys(b.stages || {}).forEach(function (label) {
-              const hours = b.stages[label];
-              if (!isNumber(hours)) return;
-              const key = stageKey(label);
-              if (key === 'inbed') inBed = (inBed || 0) + hours;
-              else parts.push({ key: key, label: label, value: hours });
-            });
-          } else {
-            ['deep', 'core', 'rem', 'awake'].forEach(function (f) {
-              const s = b.fields[f];
-              if (s && isNumber(s.avg)) parts.push({ key: f, label: f, value: s.avg });
-            });
-            if (b.fields.inBed && isNumber(b.fields.inBed.avg)) inBed = b.fields.inBed.avg;
-          }
-          parts.sort(function (a, c) {
-            return STAGE_ORDER.indexOf(a.key) - STAGE_ORDER.indexOf(c.key);
-          });
-          parts.forEach(function (p) {
-            if (out.stageLabels.every(function (s) { return s.label !== p.label; })) {
-              out.stageLabels.push({ key: p.key, label: p.label });
-            }
-          });
-          out.stacks.push({ t: Date.parse(b.start), parts: parts, inBed: inBed, units: run.units });
-        });
-        return;
-      }
-      if (isWorkouts(entry) || !fieldNames.length) {
-        // Records without numbers (or workouts): how many per bucket, and for workouts the
-        // minutes spent.
-        out.zeroBase = true;
-        run.buckets.forEach(function (b) {
-          const d = b.fields && b.fields.duration;
-          const minutes = d && isNumber(d.sum) ? d.sum / 60 : null;
-          out.bars.push({
-            t: Date.parse(b.start), value: minutes !== null ? minutes : b.count,
-            count: b.count, minutes: minutes,
-          });
-        });
-        out.barLabel = isWorkouts(entry) ? 'minutes' : 'count';
-        return;
-      }
-      const band = fieldNames.indexOf('Min') >= 0 && fieldNames.indexOf('Max') >= 0 &&
-        fieldNames.indexOf('Avg') >= 0;
-      if (cumulative) out.zeroBase = true;
-      const stat = cumulative ? 'sum' : 'avg';
-      fieldNames.forEach(function (field) {
-        if (band && (field === 'Min' || field === 'Max')) return;
-        const values = [];
-        run.buckets.forEach(function (b) {
-          const s = b.fields && b.fields[field];
-          if (s && isNumber(s[stat])) {
-            values.push({ t: Date.parse(b.start), v: s[stat], s: s, count: b.count });
-          }
-        });
-        if (values.length) {
-          out.lines.push({ field: field, stat: stat, values: values, fill: cumulative,
-                           color: colorOf(field) });
-        }
-      });
-      if (band) {
-        const values = [];
-        run.buckets.forEach(function (b) {
-          const lo = b.fields.Min && b.fields.Min.min;
-          const hi = b.fields.Max && b.fields.Max.max;
-          if (isNumber(lo) && isNumber(hi)) values.push({ t: Date.parse(b.start), lo: lo, hi: hi });
-        });
-        if (values.length) out.bands.push({ values: values });
-      }
-    });
-    out.step = step;
-    return out;
-  }
-
-  /** Nice round ticks covering [lo, hi]. */
-  function niceTicks(lo, hi, count) {
-    if (!(hi > lo)) {
-      const pad0 = Math.abs(hi) > 0 ? Math.abs(hi) * 0.1 : 1;
-      lo -= pad0;
-      hi += pad0;
-    }
-    const raw = (hi - lo) / Math.max(1, count);
-    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-    const norm = raw / mag;
-    const step = (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10) * mag;
-    const start = Math.floor(lo / step) * step;
-    const end = Math.ceil(hi / step) * step;
-    const ticks = [];
-    for (let v = start; v <= end + step / 2; v += step) ticks.push(Math.round(v / step) * step);
-    return ticks;
-  }
-
-  /** Time-axis ticks at local hour/day/week/month boundaries, at most one per ~70 px. */
-  function timeTicks(fromMs, toMs, width) {
-    const span = toMs - fromMs;
-    const room = Math.max(2, Math.floor(width / 72));
-    const hourSteps = [1, 2, 3, 6, 12];
-    for (let i = 0; i < hourSteps.length; i++) {
-      if (span / (hourSteps[i] * HOUR) <= room) {
-        const ticks = [];
-        const t = new Date(fromMs);
-        t.setMinutes(0, 0, 0);
-        for (; t.getTime() < toMs; t.setTime(t.getTime() + HOUR)) {
-          if (t.getTime() >= fromMs && t.getHours() % hourSteps[i] === 0) {
-            const midnight = t.getHours() === 0;
-            ticks.push({
-              t: t.getTime(), major: midnight,
-              label: midnight
-                ? t.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric' })
-                : pad(t.getHours()) + ':00',
-            });
-          }
-        }
-        return ticks;
-      }
-    }
-    const daySteps = [1, 2, 7, 14];
-    for (let i = 0; i < daySteps.length; i++) {
-      if (span / (daySteps[i] * DAY) <= room) {
-        const ticks = [];
-        const n = daySteps[i];
-        let d = localDay(new Date(fromMs));
-        if (d.getTime() < fromMs) d = addDays(d, 1);
-        let k = 0;
-        for (; d.getTime() < toMs; d = addDays(d, 1)) {
-          const keep = n >= 7 ? d.getDay() === 1 && (n === 7 || k++ % 2 === 0)
-            : Math.round(d.getTime() / DAY) % n === 0;
-          if (keep) {
-            ticks.push({
-              t: d.getTime(), major: d.getDate() === 1 || n === 1,
-              label: span <= 8 * DAY
-                ? d.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric' })
-                : d.toLocaleDateString(undefined, { day: 'numeric', month: 'short' }),
-            });
-          }
-        }
-        return ticks;
-      }
-    }
-    const monthStep = span / (30.4 * DAY) <= room ? 1 : span / (91 * DAY) <= room ? 3 : 12;
-    const ticks = [];
-    const first = new Date(fromMs);
-    let m = new Date(first.getFullYear(), first.getMonth() + (first.getDate() > 1 ? 1 : 0), 1);
-    for (; m.getTime() < toMs; m = new Date(m.getFullYear(), m.getMonth() + 1, 1)) {
-      if (m.getMonth() % monthStep !== 0) continue;
-      ticks.push({
-        t: m.getTime(), major: m.getMonth() === 0,
-        label: m.getMonth() === 0 ? String(m.getFullYear())
-          : m.toLocaleDateString(undefined, { month: 'short' }),
-      });
-    }
-    return ticks;
-  }
-
-  /** A line through the bucket centres; gaps break it, except for totals, where a bucket
-   *  with no points between two with points counts as zero. */
-  function linePath(values, x, y, step, fill) {
-    let d = '';
-    let prev = null;
-    values.forEach(function (p) {
-      if (prev !== null && p.t - prev.t > step * 1.5) {
-        if (fill) {
-          d += ' L' + x(prev.t + step * 1.5).toFixed(1) + ' ' + y(0).toFixed(1) +
-            ' L' + x(p.t - step / 2).toFixed(1) + ' ' + y(0).toFixed(1);
-        } else {
-          prev = null;
-        }
-      }
-      const cmd = prev === null ? (d ? ' M' : 'M') : ' L';
-      const px = x(p.t + step / 2);
-      d += cmd + px.toFixed(1) + ' ' + y(p.v).toFixed(1);
-      if (prev === null && !fill) {
-        // a lone bucket still shows as a dot (round line caps)
-        d += ' L' + (px + 0.01).toFixed(2) + ' ' + y(p.v).toFixed(1);
-      }
-      prev = p;
-    });
-    return d;
-  }
-
-  /** The min-max band: one closed shape per stretch of consecutive buckets. */
-  function bandPath(values, x, y, step) {
-    const pieces = [];
-    let piece = [];
-    values.forEach(function (p, i) {
-      if (i && p.t - values[i - 1].t > step * 1.5) {
-        pieces.push(piece);
-        piece = [];
-      }
-      piece.push(p);
-    });
-    if (piece.length) pieces.push(piece);
-    return pieces.map(function (ps) {
-      const top = ps.map(function (p, i) {
-        return (i ? 'L' : 'M') + x(p.t + step / 2).toFixed(1) + ' ' + y(p.hi).toFixed(1);
-      });
-      const bottom = ps.slice().reverse().map(function (p) {
-        return 'L' + x(p.t + step / 2).toFixed(1) + ' ' + y(p.lo).toFixed(1);
-      });
-      if (ps.length === 1) {
-        // a single bucket: a thin vertical bar
-        const cx = x(ps[0].t + step / 2);
-        return 'M' + (cx - 1.5).toFixed(1) + ' ' + y(ps[0].hi).toFixed(1) + ' H' +
-          (cx + 1.5).toFixed(1) + ' V' + y(ps[0].lo).toFixed(1) +
-          ' H' + (cx - 1.5).toFixed(1) + ' Z';
-      }
-      return top.concat(bottom).join(' ') + ' Z';
-    }).join(' ');
-  }
-
-  function drawPanel(view, group, several) {
-    const layers = buildLayers(view, group);
-    const chart = $('chart');
-    const width = Math.max(280, Math.round(chart.clientWidth || 600));
+  /** The plot's geometry: width from the page, the axis' slots and positions. */
+  function frame(chart, plan, buckets, yLo, yHi, zeroBase) {
+    const width = Math.max(300, Math.round(chart.clientWidth || 600));
     const height = width < 520 ? 220 : 280;
-    const margin = { top: 12, right: 12, bottom: 26, left: 46 };
-    const plotH = height - margin.top - margin.bottom;
-    const fromMs = view.from.getTime();
-    const toMs = view.to.getTime();
-    const step = BUCKET_MS[view.bucket];
-
-    // y domain
-    let lo = Infinity;
-    let hi = -Infinity;
-    function see(v) {
-      if (isNumber(v)) {
-        lo = Math.min(lo, v);
-        hi = Math.max(hi, v);
-      }
+    const margin = { top: 12, right: 10, bottom: 28, left: 40 };
+    let lo = yLo;
+    let hi = yHi;
+    if (zeroBase) {
+      lo = Math.min(lo, 0);
+      hi = Math.max(hi, 0);
     }
-    layers.lines.forEach(function (s) { s.values.forEach(function (p) { see(p.v); }); });
-    layers.bands.forEach(function (b) {
-      b.values.forEach(function (p) { see(p.lo); see(p.hi); });
-    });
-    layers.bars.forEach(function (b) { see(b.value); });
-    layers.stacks.forEach(function (s) {
-      let sum = 0;
-      s.parts.forEach(function (p) { sum += p.value; });
-      see(sum);
-      see(s.inBed);
-    });
-    if (layers.zeroBase) see(0);
-    if (!isFinite(lo)) {
+    if (!isFinite(lo) || !isFinite(hi)) {
       lo = 0;
       hi = 1;
     }
+    const plotH = height - margin.top - margin.bottom;
     const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
-    const y0 = ticks[0];
-    const y1 = ticks[ticks.length - 1];
-    // room for the longest y label (11 px digits are about 6.5 px wide)
     const longest = Math.max.apply(null, ticks.map(function (v) {
       return formatNumber(v).length;
     }));
-    margin.left = Math.max(30, Math.ceil(10 + 6.5 * longest));
+    margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const plotW = width - margin.left - margin.right;
-    const x = function (t) { return margin.left + (t - fromMs) / (toMs - fromMs) * plotW; };
-    const y = function (v) { return margin.top + plotH - (v - y0) / (y1 - y0) * plotH; };
+    const g = {
+      width: width, height: height, margin: margin, plotW: plotW, plotH: plotH, ticks: ticks,
+      y0: ticks[0], y1: ticks[ticks.length - 1],
+    };
+    g.y = function (v) { return margin.top + plotH - (v - g.y0) / (g.y1 - g.y0) * plotH; };
+    if (plan.axis === 'hours') {
+      let t0 = plan.t0;
+      let t1 = plan.t1;
+      const starts = buckets.map(function (b) { return instant(b.start); });
+      if (t0 === null || t1 === null) {
+        // a range of dates read per hour: from the first date's local midnight, in the
+        // offset the server wrote for its first hour, to the last date's end
+        const first = buckets.length ? splitLocal(buckets[0].local) : null;
+        const last = buckets.length ? splitLocal(buckets[buckets.length - 1].local) : null;
+        t0 = plan.from && first ? dayNumber(plan.from) * DAY_MS - first.offsetMs
+          : Math.min.apply(null, starts);
+        t1 = plan.to && last ? dayNumber(plan.to) * DAY_MS - last.offsetMs
+          : Math.max.apply(null, starts) + HOUR;
+        t0 = Math.min(t0, Math.min.apply(null, starts));
+        t1 = Math.max(t1, Math.max.apply(null, starts) + HOUR);
+      }
+      g.t0 = t0;
+      g.t1 = t1;
+      g.count = Math.max(1, Math.round((t1 - t0) / HOUR));
+      g.pos = function (b) { return (instant(b.start) - t0) / HOUR; };
+    } else {
+      let slots = plan.slots;
+      if (!slots) {
+        const dates = buckets.map(function (b) { return b.date; }).filter(isDate).sort();
+        slots = dates.length ? dateSlots(dates[0], addDays(dates[dates.length - 1], 1),
+          plan.bucket) : [];
+      }
+      const index = {};
+      slots.forEach(function (d, i) { index[d] = i; });
+      g.slots = slots;
+      g.count = Math.max(1, slots.length);
+      g.pos = function (b) { return b.date in index ? index[b.date] : null; };
+    }
+    g.slotW = plotW / g.count;
+    g.x = function (pos) { return margin.left + (pos + 0.5) * g.slotW; };
+    return g;
+  }
+
+  function drawGrid(root, g, plan, buckets) {
+    const grid = svg('g', { class: 'grid' });
+    g.ticks.forEach(function (v) {
+      grid.appendChild(svg('line', {
+        x1: g.margin.left, x2: g.width - g.margin.right, y1: g.y(v), y2: g.y(v),
+      }));
+      grid.appendChild(svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
+        formatNumber(v)));
+    });
+    const room = Math.floor(g.plotW / 64);
+    const edge = function (x) {
+      return Math.min(g.width - g.margin.right - 14, Math.max(g.margin.left + 14, x));
+    };
+    if (plan.axis === 'hours') {
+      hourTicks(g.t0, g.t1, buckets, room).forEach(function (tick) {
+        const x = g.margin.left + (tick.t - g.t0) / HOUR * g.slotW;
+        grid.appendChild(svg('line', {
+          x1: x, x2: x, y1: g.margin.top, y2: g.margin.top + g.plotH,
+          class: tick.major ? 'major' : null,
+        }));
+        grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
+      });
+    } else {
+      dateTicks(g.slots, plan.bucket, room).forEach(function (tick) {
+        // a day's label sits under its bar; a week's or a month's at the slot it starts
+        const edge0 = g.margin.left + tick.index * g.slotW;
+        const x = plan.bucket === 'day' ? g.x(tick.index) : edge0;
+        if (plan.bucket !== 'day' || tick.major) {
+          grid.appendChild(svg('line', {
+            x1: edge0, x2: edge0, y1: g.margin.top, y2: g.margin.top + g.plotH,
+            class: tick.major ? 'major' : null,
+          }));
+        }
+        grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
+      });
+    }
+    root.appendChild(grid);
+  }
+
+  function svgRoot(g, label) {
+    return svg('svg', {
+      viewBox: '0 0 ' + g.width + ' ' + g.height, width: '100%', role: 'img',
+      preserveAspectRatio: 'xMidYMid meet', 'aria-label': label,
+    });
+  }
+
+  /** Hover, tap and keyboard: the bucket under the pointer writes its readout. */
+  function wireReadout(root, g, marks, summary) {
+    const readout = $('readout');
+    readout.textContent = summary;
+    const cursor = svg('line', {
+      class: 'cursor', x1: 0, x2: 0, y1: g.margin.top, y2: g.margin.top + g.plotH,
+      visibility: 'hidden',
+    });
+    root.appendChild(cursor);
+    const show = function (mark) {
+      readout.textContent = mark.text;
+      cursor.setAttribute('x1', mark.x);
+      cursor.setAttribute('x2', mark.x);
+      cursor.setAttribute('visibility', 'visible');
+      marks.forEach(function (m) { m.node.classList.toggle('on', m === mark); });
+    };
+    const at = function (event) {
+      const box = root.getBoundingClientRect();
+      if (!box.width || !marks.length) return;
+      const px = (event.clientX - box.left) * g.width / box.width;
+      let best = null;
+      marks.forEach(function (m) {
+        if (best === null || Math.abs(m.x - px) < Math.abs(best.x - px)) best = m;
+      });
+      if (best && Math.abs(best.x - px) <= Math.max(g.slotW, 12)) show(best);
+    };
+    root.addEventListener('pointermove', at);
+    root.addEventListener('click', at);
+    root.addEventListener('pointerleave', function () {
+      cursor.setAttribute('visibility', 'hidden');
+    });
+    marks.forEach(function (m) {
+      m.node.addEventListener('focus', function () { show(m); });
+    });
+  }
+
+  function whenText(plan, bucket) {
+    if (plan.bucket === 'hour') {
+      const p = splitLocal(bucket.local);
+      if (!p) return bucket.local;
+      return formatDate(p.date) + ', ' + p.time + '–' + pad((p.hour + 1) % 24) + ':' +
+        pad(p.minute) + ' (UTC' + p.offset + ')';
+    }
+    return (plan.bucket === 'week' ? 'Week of ' : '') + formatDate(bucket.date);
+  }
+
+  function markOf(node, g, pos, text) {
+    node.setAttribute('tabindex', '0');
+    node.appendChild(svg('title', {}, text));
+    return { node: node, x: g.x(pos), text: text };
+  }
+
+  function drawSeries(chart, view) {
+    const runs = ((view.data && view.data.runs) || []).filter(function (r) {
+      return r.buckets && r.buckets.length;
+    });
+    if (!runs.length) {
+      emptyNote(chart);
+      $('readout').textContent = '';
+      return;
+    }
+    // One panel per units: kcal and kJ never share an axis.
+    const byUnits = [];
+    runs.forEach(function (run) {
+      const key = run.units === null || run.units === undefined ? '' : String(run.units);
+      let group = byUnits.find(function (u) { return u.units === key; });
+      if (!group) byUnits.push(group = { units: key, buckets: [] });
+      run.buckets.forEach(function (b) { group.buckets.push(b); });
+    });
+    const summaries = [];
+    byUnits.forEach(function (group) {
+      summaries.push(drawSeriesPanel(chart, view, group, byUnits.length > 1));
+    });
+    $('readout').textContent = summaries.join(' · ');
+    chart.dataset.summary = summaries.join(' · ');
+  }
+
+  function drawSeriesPanel(chart, view, group, several) {
+    const meaning = view.metric.meaning;
+    const plan = view.plan;
+    const total = meaning.kind === 'total';
+    const combine = meaning.combine || (total ? 'sum' : 'avg');
+    const buckets = group.buckets.slice().sort(function (a, b) {
+      return instant(a.start) - instant(b.start);
+    });
+    const fields = seriesFields(meaning, buckets);
+    const band = !total && fields.indexOf('Min') >= 0 && fields.indexOf('Max') >= 0;
+    const lines = band ? fields.filter(function (f) { return f !== 'Min' && f !== 'Max'; })
+      : fields;
+    const drawn = total ? fields : lines;
+    const units = group.units;
+
+    // values per bucket
+    let lo = Infinity;
+    let hi = -Infinity;
+    const rows = buckets.map(function (b) {
+      const values = {};
+      drawn.forEach(function (f) { values[f] = bucketValue(b, f, combine); });
+      let value = drawn.length ? values[drawn[0]] : null;
+      if (total) {
+        value = null;
+        drawn.forEach(function (f) {
+          if (values[f] !== null) value = (value || 0) + values[f];
+        });
+      }
+      const row = { b: b, values: values, value: value, lo: null, hi: null };
+      if (band) {
+        row.lo = b.fields.Min ? b.fields.Min.min : null;
+        row.hi = b.fields.Max ? b.fields.Max.max : null;
+      }
+      [row.value, row.lo, row.hi].concat(total ? [] : drawn.map(function (f) {
+        return values[f];
+      })).forEach(function (v) {
+        if (typeof v === 'number' && isFinite(v)) {
+          lo = Math.min(lo, v);
+          hi = Math.max(hi, v);
+        }
+      });
+      return row;
+    });
 
     const panel = el('div', 'chart-panel');
+    panel.dataset.units = units;
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', group.units ? group.units
-      : layers.bars.length ? layers.barLabel : 'no units'));
-    if (several) head.appendChild(el('span', 'note', '(the units changed in this range)'));
+    head.appendChild(el('span', 'units', units || 'no units'));
+    if (several) head.appendChild(el('span', 'note', 'the units changed in this range'));
     const legend = el('span', 'legend');
-    function legendItem(cls, text) {
+    const legendItem = function (cls, text) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch ' + cls));
       item.appendChild(document.createTextNode(text));
       legend.appendChild(item);
-    }
-    const seenFields = [];
-    layers.lines.forEach(function (s) {
-      if (seenFields.indexOf(s.field) >= 0) return;
-      seenFields.push(s.field);
-      legendItem('s' + s.color, s.field + ' (' + s.stat + ')');
+    };
+    drawn.forEach(function (f, i) {
+      legendItem((total ? 'bar-swatch' : 's' + (i % 6)) + (total && i ? ' s' + (i % 6) : ''),
+        (drawn.length > 1 || f !== 'qty' ? words(f) + ', ' : '') +
+        (total ? 'total per ' + plan.bucket : 'average per ' + plan.bucket));
     });
-    if (layers.bands.length) legendItem('band-swatch', 'Min–Max');
-    if (layers.bars.length) legendItem('bar-swatch', layers.barLabel);
-    layers.stageLabels.forEach(function (s) { legendItem('stage-' + s.key, s.label); });
-    if (layers.stacks.some(function (s) { return s.inBed !== null; })) {
-      legendItem('inbed-swatch', 'In bed');
+    if (band) legendItem('band-swatch', 'lowest – highest');
+    head.appendChild(legend);
+    panel.appendChild(head);
+    chart.appendChild(panel);
+
+    const g = frame(chart, plan, buckets, lo, hi, total);
+    const root = svgRoot(g, meaning.name + (units ? ' in ' + units : ''));
+    drawGrid(root, g, plan, buckets);
+    const data = svg('g', { class: 'data' });
+    const marks = [];
+    const placed = rows.map(function (r) { return Object.assign({ pos: g.pos(r.b) }, r); })
+      .filter(function (r) { return r.pos !== null; });
+
+    if (band) {
+      segmentsOf(placed.filter(function (r) {
+        return typeof r.lo === 'number' && typeof r.hi === 'number';
+      })).forEach(function (seg) {
+        if (seg.length === 1) {
+          const w = Math.max(3, Math.min(10, g.slotW * 0.5));
+          data.appendChild(svg('rect', {
+            class: 'band', x: (g.x(seg[0].pos) - w / 2).toFixed(1), y: g.y(seg[0].hi).toFixed(1),
+            width: w.toFixed(1), height: Math.max(1, g.y(seg[0].lo) - g.y(seg[0].hi)).toFixed(1),
+          }));
+          return;
+        }
+        const top = seg.map(function (r, i) {
+          return (i ? 'L' : 'M') + g.x(r.pos).toFixed(1) + ' ' + g.y(r.hi).toFixed(1);
+        });
+        const bottom = seg.slice().reverse().map(function (r) {
+          return 'L' + g.x(r.pos).toFixed(1) + ' ' + g.y(r.lo).toFixed(1);
+        });
+        data.appendChild(svg('path', { class: 'band', d: top.concat(bottom).join(' ') + ' Z' }));
+      });
+    }
+    if (!total) {
+      lines.forEach(function (f, i) {
+        const pts = placed.filter(function (r) { return r.values[f] !== null; });
+        const d = segmentsOf(pts).filter(function (seg) { return seg.length > 1; })
+          .map(function (seg) {
+            return seg.map(function (r, k) {
+              return (k ? 'L' : 'M') + g.x(r.pos).toFixed(1) + ' ' + g.y(r.values[f]).toFixed(1);
+            }).join(' ');
+          }).join(' ');
+        if (d) {
+          const path = svg('path', { class: 'series s' + (i % 6), d: d });
+          path.dataset.field = f;
+          data.appendChild(path);
+        }
+      });
+    }
+    const barW = Math.max(1, Math.min(g.slotW * 0.75, 48));
+    placed.forEach(function (r) {
+      const b = r.b;
+      if (r.value === null && !drawn.some(function (f) { return r.values[f] !== null; })) return;
+      const node = svg('g', { class: 'bucket' });
+      setData(node, {
+        date: b.date, local: b.local, start: b.start, count: b.count, value: r.value,
+        min: r.lo, max: r.hi, units: units,
+      });
+      const x = g.x(r.pos);
+      let text = whenText(plan, b) + ': ';
+      if (total) {
+        let base = 0;
+        drawn.forEach(function (f, i) {
+          const v = r.values[f];
+          if (v === null) return;
+          const top = g.y(base + v);
+          const rect = svg('rect', {
+            class: 'bar' + (i ? ' s' + (i % 6) : ''), x: (x - barW / 2).toFixed(1),
+            y: Math.min(top, g.y(base) - 1).toFixed(1), width: barW.toFixed(1),
+            height: Math.max(1, g.y(base) - top).toFixed(1),
+          });
+          rect.dataset.field = f;
+          rect.dataset.value = String(v);
+          node.appendChild(rect);
+          base += v;
+        });
+        text += formatNumber(r.value) + (units ? ' ' + units : '');
+        if (drawn.length > 1) {
+          text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
+            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); })
+            .join(', ') + ')';
+        }
+      } else {
+        const isolated = !placed.some(function (o) {
+          return o !== r && Math.abs(o.pos - r.pos) <= 1.5;
+        });
+        drawn.forEach(function (f, i) {
+          const v = r.values[f];
+          if (v === null) return;
+          const dot = svg('circle', {
+            class: 'pt s' + (i % 6) + (isolated ? ' lone' : ''), cx: x.toFixed(1),
+            cy: g.y(v).toFixed(1), r: isolated ? 4 : placed.length > 120 ? 1.5 : 2.5,
+          });
+          dot.dataset.field = f;
+          dot.dataset.value = String(v);
+          node.appendChild(dot);
+        });
+        text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
+          return (drawn.length > 1 ? words(f) + ' ' : '') +
+            formatNumber(r.values[f]) + (units ? ' ' + units : '');
+        }).join(', ');
+        if (band && r.lo !== null && r.hi !== null) {
+          text += ' (lowest ' + formatNumber(r.lo) + ', highest ' + formatNumber(r.hi) + ')';
+        }
+      }
+      text += ' · ' + formatCount(b.count) + (b.count === 1 ? ' point' : ' points');
+      node.appendChild(svg('rect', {
+        class: 'hit', x: (x - g.slotW / 2).toFixed(1), y: g.margin.top, width: g.slotW.toFixed(2),
+        height: g.plotH,
+      }));
+      data.appendChild(node);
+      marks.push(markOf(node, g, r.pos, text));
+    });
+    root.appendChild(data);
+    panel.appendChild(root);
+
+    // the range at a glance
+    let summary;
+    const withValue = placed.filter(function (r) { return r.value !== null; });
+    const per = plan.bucket === 'hour' ? 'an hour' : plan.bucket === 'week' ? 'a week' : 'a day';
+    if (total) {
+      let sum = 0;
+      withValue.forEach(function (r) { sum += r.value; });
+      summary = 'Total ' + formatNumber(sum) + (units ? ' ' + units : '') + ' · ' +
+        formatNumber(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
+        ' on average (' + withValue.length + ' with data)';
+    } else {
+      let n = 0;
+      let s = 0;
+      let low = Infinity;
+      let high = -Infinity;
+      placed.forEach(function (r) {
+        const main = r.b.fields && r.b.fields[drawn[0]];
+        if (main && typeof main.sum === 'number') {
+          n += main.count;
+          s += main.sum;
+        }
+        const l = r.lo !== null ? r.lo : main && main.min;
+        const h = r.hi !== null ? r.hi : main && main.max;
+        if (typeof l === 'number') low = Math.min(low, l);
+        if (typeof h === 'number') high = Math.max(high, h);
+      });
+      summary = 'Average ' + formatNumber(n ? s / n : NaN) + (units ? ' ' + units : '') +
+        ' · lowest ' + formatNumber(low) + ' · highest ' + formatNumber(high);
+    }
+    wireReadout(root, g, marks, summary);
+    return summary;
+  }
+
+  function drawNights(chart, view) {
+    const plan = view.plan;
+    const nights = (view.data && view.data.nights) || [];
+    if (!nights.length) {
+      emptyNote(chart, 'No nights in this range.');
+      $('readout').textContent = '';
+      return;
+    }
+    const bars = nights.map(function (n) { return { n: n, bar: nightBar(n) }; });
+    let hi = 0;
+    bars.forEach(function (b) { hi = Math.max(hi, b.bar.top, b.bar.inBed || 0); });
+    const panel = el('div', 'chart-panel');
+    const head = el('div', 'chart-head');
+    head.appendChild(el('span', 'units', 'hours per night' + (plan.bucket === 'week'
+      ? ' (the average night of each week)' : ', on the morning it ended')));
+    const legend = el('span', 'legend');
+    const seen = [];
+    bars.forEach(function (b) {
+      b.bar.parts.forEach(function (p) { if (seen.indexOf(p.stage) < 0) seen.push(p.stage); });
+    });
+    seen.forEach(function (s) {
+      const item = el('span', 'legend-item');
+      item.appendChild(el('span', 'swatch stage-' + s));
+      item.appendChild(document.createTextNode(s === 'unstaged' ? 'asleep, no stage' : s));
+      legend.appendChild(item);
+    });
+    if (bars.some(function (b) { return b.bar.inBed !== null; })) {
+      const item = el('span', 'legend-item');
+      item.appendChild(el('span', 'swatch stage-inbed'));
+      item.appendChild(document.createTextNode('in bed'));
+      legend.appendChild(item);
     }
     head.appendChild(legend);
     panel.appendChild(head);
-
-    const root = svg('svg', {
-      viewBox: '0 0 ' + width + ' ' + height, width: '100%',
-      preserveAspectRatio: 'xMidYMid meet', role: 'img',
-      'aria-label': metricLabel(view.entry.metric) + ' in ' + (group.units || 'no units'),
-    });
-
-    // grid and axes
-    const grid = svg('g', { class: 'grid' });
-    ticks.forEach(function (v) {
-      grid.appendChild(svg('line',
-        { x1: margin.left, x2: width - margin.right, y1: y(v), y2: y(v) }));
-      grid.appendChild(svg('text', { x: margin.left - 6, y: y(v) + 4, class: 'ylabel' },
-        formatNumber(v)));
-    });
-    timeTicks(fromMs, toMs, plotW).forEach(function (tick) {
-      const tx = x(tick.t);
-      grid.appendChild(svg('line', {
-        x1: tx, x2: tx, y1: margin.top, y2: margin.top + plotH, class: tick.major ? 'major' : '',
-      }));
-      grid.appendChild(svg('text', { x: tx, y: height - 8, class: 'xlabel' }, tick.label));
-    });
-    root.appendChild(grid);
-
-    // data
+    chart.appendChild(panel);
+    const g = frame(chart, plan, nights, 0, hi, true);
+    const root = svgRoot(g, 'Sleep per night in hours');
+    drawGrid(root, g, plan, nights);
     const data = svg('g', { class: 'data' });
-    layers.bands.forEach(function (b) {
-      data.appendChild(svg('path', { class: 'band', d: bandPath(b.values, x, y, step) }));
-    });
-    const barW = Math.max(1, (plotW * step / (toMs - fromMs)) * 0.72);
-    layers.bars.forEach(function (b) {
-      const top = y(b.value);
-      data.appendChild(svg('rect', {
-        class: 'bar', x: (x(b.t + step / 2) - barW / 2).toFixed(1), y: top.toFixed(1),
-        width: barW.toFixed(1), height: Math.max(0, y(0) - top).toFixed(1),
-      }));
-    });
-    layers.stacks.forEach(function (s) {
-      const cx = x(s.t + step / 2);
-      if (s.inBed !== null) {
-        data.appendChild(svg('rect', {
-          class: 'stage stage-inbed', x: (cx - barW / 2 - 1).toFixed(1), y: y(s.inBed).toFixed(1),
-          width: (barW + 2).toFixed(1), height: Math.max(0, y(0) - y(s.inBed)).toFixed(1),
+    const marks = [];
+    const barW = Math.max(2, Math.min(g.slotW * 0.7, 44));
+    bars.forEach(function (item) {
+      const n = item.n;
+      const bar = item.bar;
+      const pos = g.pos(n);
+      if (pos === null) return;
+      const x = g.x(pos);
+      const node = svg('g', { class: 'bucket night' });
+      setData(node, {
+        date: n.date, local: n.local, start: n.start, asleep: bar.asleep, inBed: bar.inBed,
+        nights: n.nights, form: n.form, sleepStart: n.sleep_start, sleepEnd: n.sleep_end,
+        value: bar.asleep,
+      });
+      if (bar.inBed !== null) {
+        node.appendChild(svg('rect', {
+          class: 'stage stage-inbed', x: (x - barW / 2 - 3).toFixed(1),
+          y: g.y(bar.inBed).toFixed(1),
+          width: (barW + 6).toFixed(1), height: Math.max(1, g.y(0) - g.y(bar.inBed)).toFixed(1),
         }));
       }
       let base = 0;
-      s.parts.forEach(function (p) {
-        const top = y(base + p.value);
-        const bottom = y(base);
-        data.appendChild(svg('rect', {
-          class: 'stage stage-' + p.key, x: (cx - barW / 2).toFixed(1), y: top.toFixed(1),
-          width: barW.toFixed(1), height: Math.max(0, bottom - top).toFixed(1),
-        }));
-        base += p.value;
+      bar.parts.forEach(function (p) {
+        const rect = svg('rect', {
+          class: 'stage stage-' + p.stage, x: (x - barW / 2).toFixed(1),
+          y: g.y(base + p.hours).toFixed(1), width: barW.toFixed(1),
+          height: Math.max(1, g.y(base) - g.y(base + p.hours)).toFixed(1),
+        });
+        rect.dataset.stage = p.stage;
+        rect.dataset.hours = String(p.hours);
+        node.appendChild(rect);
+        base += p.hours;
       });
-    });
-    layers.lines.forEach(function (s) {
-      const path = svg('path', {
-        class: 'series s' + s.color, d: linePath(s.values, x, y, step, s.fill),
-      });
-      path.dataset.field = s.field;
-      data.appendChild(path);
+      const parts = [];
+      parts.push('asleep ' + (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      if (bar.inBed !== null) parts.push('in bed ' + formatHours(bar.inBed));
+      const stages = Object.keys(n.stages || {}).filter(function (k) { return n.stages[k] > 0; });
+      if (stages.length) {
+        parts.push(stages.map(function (k) {
+          return k + ' ' + formatHours(n.stages[k]);
+        }).join(', '));
+      }
+      const start = splitLocal(n.sleep_start);
+      const end = splitLocal(n.sleep_end);
+      if (start || end) {
+        parts.push('bed ' + (start ? start.time : '–') + ', wake ' + (end ? end.time : '–'));
+      }
+      if (n.nights > 1) parts.push(n.nights + (plan.bucket === 'week' ? ' nights' : ' sleeps'));
+      const text = (plan.bucket === 'week' ? 'Week of ' + formatDate(n.date) + ', average night'
+        : 'Night to ' + formatDate(n.date)) + ': ' + parts.join(' · ');
+      node.appendChild(svg('rect', {
+        class: 'hit', x: (x - g.slotW / 2).toFixed(1), y: g.margin.top, width: g.slotW.toFixed(2),
+        height: g.plotH,
+      }));
+      data.appendChild(node);
+      marks.push(markOf(node, g, pos, text));
     });
     root.appendChild(data);
-
-    // hover / tap readout
-    const cursor = svg('line', {
-      class: 'cursor', x1: margin.left, x2: margin.left, y1: margin.top, y2: margin.top + plotH,
-      visibility: 'hidden',
-    });
-    root.appendChild(cursor);
-    const hit = svg('rect', {
-      class: 'hit', x: margin.left, y: margin.top, width: plotW, height: plotH,
-    });
-    root.appendChild(hit);
-    const readAt = function (event) {
-      const box = root.getBoundingClientRect();
-      if (!box.width) return;
-      const px = (event.clientX - box.left) * width / box.width;
-      const t = fromMs + (px - margin.left) / plotW * (toMs - fromMs);
-      const bucketStart = describeAt(layers, t, step);
-      if (bucketStart === null) return;
-      const cx = x(bucketStart + step / 2);
-      cursor.setAttribute('x1', cx);
-      cursor.setAttribute('x2', cx);
-      cursor.setAttribute('visibility', 'visible');
-    };
-    hit.addEventListener('pointermove', readAt);
-    hit.addEventListener('click', readAt);
     panel.appendChild(root);
-    return panel;
-  }
-
-  /** Write what the panel shows at time t into #readout; the bucket's start, or null. */
-  function describeAt(layers, t, step) {
-    const inBucket = function (p) { return p.t <= t && t < p.t + step; };
-    const parts = [];
-    let start = null;
-    layers.lines.forEach(function (s) {
-      const p = s.values.find(inBucket);
-      if (!p) return;
-      start = p.t;
-      let text = s.field + ' ' + formatNumber(p.v);
-      if (s.stat === 'avg' && p.s.count > 1) {
-        text += ' (' + formatNumber(p.s.min) + '–' + formatNumber(p.s.max) + ')';
+    let asleep = 0;
+    let counted = 0;
+    bars.forEach(function (b) {
+      if (b.bar.asleep !== null) {
+        asleep += b.bar.asleep;
+        counted += 1;
       }
-      parts.push(text);
     });
-    layers.bands.forEach(function (b) {
-      const p = b.values.find(inBucket);
-      if (p) parts.push('range ' + formatNumber(p.lo) + '–' + formatNumber(p.hi));
+    const summary = nights.length + (plan.bucket === 'week' ? ' weeks' : nights.length === 1
+      ? ' night' : ' nights') + ' · asleep ' + formatHours(counted ? asleep / counted : NaN) +
+      ' a night on average';
+    wireReadout(root, g, marks, summary);
+  }
+
+  function drawWorkoutMinutes(chart, view) {
+    const plan = view.plan;
+    const items = view.items;
+    const perSlot = workoutMinutes(items, plan.bucket === 'week' ? 'week' : 'day');
+    const buckets = Object.keys(perSlot).sort().map(function (date) {
+      return { date: date, minutes: perSlot[date].minutes, count: perSlot[date].count };
     });
-    const bar = layers.bars.find(inBucket);
-    if (bar) {
-      start = bar.t;
-      parts.push(bar.count + (bar.count === 1 ? ' record' : ' records') +
-        (bar.minutes !== null ? ', ' + formatNumber(bar.minutes) + ' min' : ''));
+    if (!buckets.length) {
+      emptyNote(chart, 'No workouts in this range.');
+      $('readout').textContent = '';
+      return;
     }
-    const stack = layers.stacks.find(inBucket);
-    if (stack) {
-      start = stack.t;
-      stack.parts.forEach(function (p) {
-        parts.push(p.label + ' ' + formatNumber(p.value) + ' h');
+    const datePlan = Object.assign({}, plan, {
+      bucket: plan.bucket === 'week' ? 'week' : 'day', axis: 'dates',
+    });
+    let hi = 0;
+    buckets.forEach(function (b) { hi = Math.max(hi, b.minutes); });
+    const panel = el('div', 'chart-panel');
+    const head = el('div', 'chart-head');
+    head.appendChild(el('span', 'units', 'workout minutes per ' + datePlan.bucket));
+    panel.appendChild(head);
+    chart.appendChild(panel);
+    const g = frame(chart, datePlan, buckets, 0, hi, true);
+    const root = svgRoot(g, 'Workout minutes per ' + datePlan.bucket);
+    drawGrid(root, g, datePlan, buckets);
+    const data = svg('g', { class: 'data' });
+    const marks = [];
+    const barW = Math.max(2, Math.min(g.slotW * 0.7, 44));
+    buckets.forEach(function (b) {
+      const pos = g.pos(b);
+      if (pos === null) return;
+      const x = g.x(pos);
+      const node = svg('g', { class: 'bucket' });
+      setData(node, { date: b.date, value: b.minutes, count: b.count, units: 'min' });
+      const top = g.y(b.minutes);
+      node.appendChild(svg('rect', {
+        class: 'bar', x: (x - barW / 2).toFixed(1), y: Math.min(top, g.y(0) - 1).toFixed(1),
+        width: barW.toFixed(1), height: Math.max(1, g.y(0) - top).toFixed(1),
+      }));
+      node.appendChild(svg('rect', {
+        class: 'hit', x: (x - g.slotW / 2).toFixed(1), y: g.margin.top, width: g.slotW.toFixed(2),
+        height: g.plotH,
+      }));
+      data.appendChild(node);
+      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
+        ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
+    });
+    root.appendChild(data);
+    panel.appendChild(root);
+    let minutes = 0;
+    buckets.forEach(function (b) { minutes += b.minutes; });
+    wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
+      ' · ' + formatMinutes(minutes) + ' in all');
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Lists: workouts, ECG recordings, events
+  // ---------------------------------------------------------------------------------
+
+  function addField(list, label, value) {
+    const item = el('div', 'rec-field');
+    item.appendChild(el('dt', null, label));
+    item.appendChild(el('dd', null, value));
+    list.appendChild(item);
+  }
+
+  function drawWorkoutList(box, items) {
+    if (!items.length) return;
+    const list = el('ol', 'record-list workouts');
+    items.forEach(function (w) {
+      const li = el('li', 'record workout');
+      setData(li, {
+        date: w.date, local: w.local_start, start: w.start, durationS: w.duration_s,
+        energy: w.energy ? w.energy.qty : null, energyUnits: w.energy ? w.energy.units : null,
+        distance: w.distance ? w.distance.qty : null,
+        distanceUnits: w.distance ? w.distance.units : null, version: w.version,
       });
-      if (stack.inBed !== null) parts.push('in bed ' + formatNumber(stack.inBed) + ' h');
-    }
-    if (start === null) return null;
-    const when = step >= DAY ? formatDate(new Date(start), step >= WEEK)
-      : formatDateTime(new Date(start));
-    $('readout').textContent = (step === WEEK ? 'Week of ' : '') + when + ': ' + parts.join(', ');
-    return start;
+      const head = el('div', 'rec-head');
+      head.appendChild(el('span', 'rec-name', w.name || 'Workout'));
+      head.appendChild(el('span', 'rec-when', formatLocal(w.local_start)));
+      li.appendChild(head);
+      const dl = el('dl', 'rec-fields');
+      addField(dl, 'Duration', formatSeconds(w.duration_s));
+      addField(dl, 'Energy', quantityText(w.energy));
+      addField(dl, 'Distance', quantityText(w.distance));
+      if (w.average_heart_rate) addField(dl, 'Heart rate', quantityText(w.average_heart_rate));
+      if (w.location) addField(dl, 'Where', w.location);
+      li.appendChild(dl);
+      list.appendChild(li);
+    });
+    box.appendChild(list);
   }
 
-  // ---------------------------------------------------------------------------------
-  // Workouts
-  // ---------------------------------------------------------------------------------
-
-  /** {qty, units} of a summary field, or null (v2's activeEnergy is a per-minute series). */
-  function quantity(value) {
-    if (value && !Array.isArray(value) && typeof value === 'object' && isNumber(value.qty)) {
-      return value;
-    }
-    return null;
+  function moreButton(view, render) {
+    const button = $('records-more');
+    button.hidden = !view.next;
+    state.more = !view.next ? null : async function () {
+      const token = state.token;
+      button.disabled = true;
+      try {
+        const page = await getJSON(query('/api/records', Object.assign({
+          limit: LIST_PAGE, before: view.next,
+        }, view.params)), state.controller ? state.controller.signal : undefined);
+        if (token !== state.token) return;
+        view.items = view.items.concat(page.items || []);
+        view.next = page.next_before;
+        render(page.items || []);
+        button.hidden = !view.next;
+      } catch (err) {
+        if (err && err.name === 'AbortError') return;
+        showMessage('Could not load more: ' + err.message);
+      } finally {
+        button.disabled = false;
+      }
+    };
   }
 
-  function formatQuantity(q) {
-    return q ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '') : '–';
-  }
-
-  async function loadWorkouts() {
-    const box = $('workouts');
-    const meta = $('workouts-meta');
-    const entry = state.catalog.find(function (e) { return e.metric === 'workouts'; });
-    clear(box);
-    if (!entry) {
-      meta.textContent = 'No workouts stored.';
+  function drawEcgList(box, view) {
+    const chart = $('chart');
+    if (!view.items.length) {
+      emptyNote(chart, 'No ECG recordings in this range.');
       return;
     }
-    const range = currentRange();
-    // Workouts are sent verbatim with their routes (one point per second outdoors), so the
-    // list never asks for more than the newest 31 days of the range.
-    let from = range.from;
-    let clipped = false;
-    if (range.to - from > 31 * DAY) {
-      from = addDays(range.to, -31);
-      clipped = true;
-    }
-    const params = new URLSearchParams();
-    params.set('metric', 'workouts');
-    params.set('layer', entry.layer);
-    params.set('from', iso(from));
-    params.set('to', iso(range.to));
-    meta.textContent = 'Loading…';
-    let data;
-    try {
-      data = await getJSON('/api/points?' + params.toString());
-    } catch (err) {
-      meta.textContent = 'Could not load the workouts: ' + err.message;
+    const list = el('ol', 'record-list ecgs');
+    box.appendChild(list);
+    const render = function (items) {
+      items.forEach(function (r) {
+        const li = el('li', 'record ecg');
+        setData(li, {
+          date: r.date, local: r.local_start, start: r.start, samples: r.samples,
+          frequency: r.sampling_frequency, classification: r.classification,
+        });
+        const pick = el('button', 'rec-pick');
+        pick.type = 'button';
+        const head = el('span', 'rec-head');
+        head.appendChild(el('span', 'rec-name', r.classification ? words(r.classification)
+          .replace(/^./, function (c) { return c.toUpperCase(); }) : 'ECG'));
+        head.appendChild(el('span', 'rec-when', formatLocal(r.local_start)));
+        pick.appendChild(head);
+        const dl = el('dl', 'rec-fields');
+        addField(dl, 'Average heart rate', detailText(r.average_heart_rate));
+        addField(dl, 'Samples', formatCount(r.samples));
+        addField(dl, 'Sampling', r.sampling_frequency
+          ? formatNumber(r.sampling_frequency, 1) + ' Hz' : '–');
+        pick.appendChild(dl);
+        pick.addEventListener('click', function () {
+          state.ecg = r.start;
+          writeHash();
+          const token = state.token;
+          showTrace(view, token, state.controller ? state.controller.signal : undefined)
+            .catch(function (err) {
+              if (!(err && err.name === 'AbortError')) showMessage('ECG: ' + err.message);
+            });
+        });
+        li.appendChild(pick);
+        list.appendChild(li);
+      });
+      markEcg();
+    };
+    render(view.items);
+    moreButton(view, render);
+  }
+
+  function markEcg() {
+    Array.prototype.forEach.call(document.querySelectorAll('#records li.ecg'), function (li) {
+      const on = li.dataset.start === state.ecg;
+      li.classList.toggle('active', on);
+      li.querySelector('button').setAttribute('aria-pressed', on ? 'true' : 'false');
+    });
+  }
+
+  async function showTrace(view, token, signal) {
+    if (!view.items.length) return;
+    const chosen = view.items.find(function (r) { return r.start === state.ecg; }) || view.items[0];
+    state.ecg = chosen.start;
+    writeHash();
+    markEcg();
+    const chart = $('chart');
+    chart.dataset.state = 'loading';
+    const trace = await getJSON(query('/api/ecg', { start: chosen.start, tz: state.tz }), signal);
+    if (token !== state.token) return;
+    view.trace = trace;
+    clear(chart);
+    drawTrace(chart, trace);
+    chart.dataset.state = 'ready';
+  }
+
+  /** The trace: µV against time at the recording's sampling frequency, in strips of 10 s
+   *  (as a paper ECG is read), one polyline point per sample. */
+  function drawTrace(chart, trace) {
+    const volts = trace.voltages || [];
+    const hz = trace.sampling_frequency;
+    const head = el('div', 'chart-head');
+    head.appendChild(el('span', 'units', (trace.units || 'µV') + ' against seconds'));
+    head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
+      (trace.classification ? words(trace.classification) : 'no classification') +
+      ' · average heart rate ' + detailText(trace.average_heart_rate)));
+    chart.appendChild(head);
+    if (!volts.length || !(hz > 0)) {
+      emptyNote(chart, 'This recording holds no samples.');
       return;
     }
-    const rows = [];
-    ((data && data.runs) || []).forEach(function (run) {
-      (run.points || []).forEach(function (w) { rows.push(w); });
+    const strip = 10;
+    const seconds = volts.length / hz;
+    const strips = Math.max(1, Math.ceil(seconds / strip - 1e-9));
+    const width = Math.max(300, Math.round(chart.clientWidth || 600));
+    const rowH = width < 520 ? 90 : 130;
+    const margin = { top: 6, right: 8, bottom: 18, left: 8 };
+    let lo = Infinity;
+    let hi = -Infinity;
+    volts.forEach(function (v) {
+      lo = Math.min(lo, v);
+      hi = Math.max(hi, v);
     });
-    rows.sort(function (a, b) {
-      const ta = parseTime(a.start);
-      const tb = parseTime(b.start);
-      return (tb ? tb.getTime() : 0) - (ta ? ta.getTime() : 0);
+    if (!(hi > lo)) {
+      hi = lo + 1;
+    }
+    const height = strips * (rowH + margin.bottom) + margin.top;
+    const root = svg('svg', {
+      viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img', class: 'ecg-trace',
+      'aria-label': 'ECG trace, ' + formatNumber(seconds, 1) + ' s',
     });
-    meta.textContent = rows.length + (rows.length === 1 ? ' workout' : ' workouts') +
-      (clipped ? ' in the last 31 days of the range' : ' in this range');
-    if (!rows.length) return;
-    const table = el('table', 'list');
-    const head = el('tr');
-    ['When', 'Workout', 'Duration', 'Energy', 'Distance'].forEach(function (h) {
-      head.appendChild(el('th', null, h));
-    });
-    table.appendChild(el('thead')).appendChild(head);
-    const body = el('tbody');
-    rows.forEach(function (w) {
-      const start = parseTime(w.start);
-      const end = parseTime(w.end);
-      let seconds = isNumber(w.duration) ? w.duration : null;
-      if (seconds === null && start && end) seconds = (end - start) / 1000;
-      const energy = quantity(w.activeEnergyBurned) || quantity(w.activeEnergy) ||
-        quantity(w.totalEnergy);
-      const tr = el('tr');
-      tr.appendChild(el('td', null, start ? formatStamp(start) : String(w.start || '–')));
-      tr.appendChild(el('td', null, w.name || 'Workout'));
-      tr.appendChild(el('td', 'num', formatDuration(seconds)));
-      tr.appendChild(el('td', 'num', formatQuantity(energy)));
-      tr.appendChild(el('td', 'num', formatQuantity(quantity(w.distance))));
-      body.appendChild(tr);
-    });
-    table.appendChild(body);
-    box.appendChild(table);
+    setData(root, { samples: volts.length, frequency: hz, start: trace.start,
+      seconds: seconds, min: lo, max: hi });
+    const plotW = width - margin.left - margin.right;
+    for (let s = 0; s < strips; s++) {
+      const top = margin.top + s * (rowH + margin.bottom);
+      const grid = svg('g', { class: 'grid' });
+      for (let k = 0; k <= strip; k++) {
+        const x = margin.left + k / strip * plotW;
+        grid.appendChild(svg('line', { x1: x, x2: x, y1: top, y2: top + rowH,
+          class: k % 5 === 0 ? 'major' : null }));
+        if (k % 5 === 0) {
+          grid.appendChild(svg('text', { x: Math.min(width - 14, Math.max(14, x)),
+            y: top + rowH + 13, class: 'xlabel' }, (s * strip + k) + ' s'));
+        }
+      }
+      root.appendChild(grid);
+      const first = Math.round(s * strip * hz);
+      const last = Math.min(volts.length, Math.round((s + 1) * strip * hz));
+      const points = [];
+      for (let i = first; i < last; i++) {
+        const x = margin.left + (i / hz - s * strip) / strip * plotW;
+        const y = top + rowH - (volts[i] - lo) / (hi - lo) * rowH;
+        points.push(x.toFixed(2) + ',' + y.toFixed(1));
+      }
+      const line = svg('polyline', { class: 'trace', points: points.join(' ') });
+      setData(line, { first: first, count: last - first });
+      root.appendChild(line);
+    }
+    chart.appendChild(root);
+    $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz, 1) +
+      ' Hz (' + formatNumber(seconds, 1) + ' s), ' + formatNumber(lo) + ' to ' +
+      formatNumber(hi) + ' ' + (trace.units || 'µV');
+  }
+
+  function drawEvents(box, view) {
+    const meaning = view.metric.meaning;
+    if (!view.items.length) {
+      box.appendChild(el('p', 'empty', 'No ' + meaning.name.toLowerCase() + ' in this range.'));
+      $('readout').textContent = '';
+      return;
+    }
+    const timeline = el('div', 'timeline');
+    box.appendChild(timeline);
+    let day = null;
+    let list = null;
+    const render = function (items) {
+      items.forEach(function (ev) {
+        if (!day || day.dataset.date !== ev.date) {
+          day = el('section', 'day');
+          day.dataset.date = ev.date;
+          day.appendChild(el('h3', null, isDate(ev.date) ? formatDate(ev.date) : ev.date));
+          list = el('ol', 'record-list events');
+          day.appendChild(list);
+          timeline.appendChild(day);
+        }
+        const li = el('li', 'record event');
+        setData(li, { date: ev.date, local: ev.local_start, start: ev.start });
+        const p = splitLocal(ev.local_start);
+        const time = el('time', 'rec-time', p ? p.time : ev.local_start);
+        time.setAttribute('datetime', ev.local_start || '');
+        li.appendChild(time);
+        const dl = el('dl', 'rec-fields');
+        const details = ev.details || {};
+        const names = (meaning.fields || []).filter(function (f) { return f in details; })
+          .concat(Object.keys(details).filter(function (f) {
+            return (meaning.fields || []).indexOf(f) < 0;
+          }));
+        names.forEach(function (f) {
+          const item = el('div', 'rec-field');
+          item.dataset.field = f;
+          item.appendChild(el('dt', null, capitalise(words(f))));
+          item.appendChild(el('dd', null, detailText(details[f])));
+          dl.appendChild(item);
+        });
+        if (!names.length) dl.appendChild(el('div', 'rec-field', 'recorded'));
+        li.appendChild(dl);
+        list.appendChild(li);
+      });
+      $('readout').textContent = view.items.length + (view.items.length === 1 ? ' entry'
+        : ' entries') + (view.next ? ' so far (more below)' : '');
+    };
+    render(view.items);
+    moreButton(view, render);
   }
 
   // ---------------------------------------------------------------------------------
-  // Journal and service state
+  // The journal and the service state
   // ---------------------------------------------------------------------------------
 
-  async function loadJournal() {
+  const JOURNAL_COLUMNS = [
+    ['ID', function (d) { return '#' + d.id; }, 'num'],
+    ['Received', function (d) { return formatInstant(d.received_at, state.tz); }],
+    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }],
+    ['Status', null],
+    ['Layer', function (d) { return d.layer || '–'; }],
+    ['Points', function (d) { return formatCount(d.points); }, 'num'],
+    ['Objects written', function (d) { return formatCount(d.objects_written); }, 'num'],
+    ['Overwrites', function (d) { return formatCount(d.overwrites); }, 'num'],
+    ['Unit conflicts', function (d) { return formatCount(d.unit_conflicts); }, 'num'],
+    ['Size', function (d) { return formatBytes(d.body_bytes); }, 'num'],
+    ['Error', function (d) { return d.error || ''; }, 'error'],
+  ];
+
+  function formatBytes(n) {
+    if (typeof n !== 'number') return '–';
+    if (n < 1024) return formatCount(n) + ' B';
+    if (n < 1024 * 1024) return formatNumber(n / 1024, 1) + ' KiB';
+    return formatNumber(n / 1024 / 1024, 1) + ' MiB';
+  }
+
+  async function loadJournal(append) {
     const box = $('journal');
-    const health = $('health');
-    let deliveries = [];
+    const more = $('journal-more');
+    let page;
     try {
-      const data = await getJSON('/api/deliveries?limit=20');
-      deliveries = (data && data.deliveries) || [];
+      page = await getJSON(query('/api/deliveries', {
+        limit: JOURNAL_PAGE, before: append ? state.journalNext : null,
+      }));
     } catch (err) {
+      if (err.status === 401) return;
       clear(box);
       box.appendChild(el('p', 'empty', 'Could not load the journal: ' + err.message));
+      return;
     }
+    const rows = page.deliveries || [];
+    state.journalNext = page.next_before;
+    more.hidden = !page.next_before;
+    let table = box.querySelector('table');
+    if (!append || !table) {
+      clear(box);
+      if (!rows.length) {
+        box.appendChild(el('p', 'empty', 'No deliveries yet.'));
+        return;
+      }
+      table = el('table', 'list journal');
+      const head = el('tr');
+      JOURNAL_COLUMNS.forEach(function (c) { head.appendChild(el('th', c[2] || null, c[0])); });
+      table.appendChild(el('thead')).appendChild(head);
+      table.appendChild(el('tbody'));
+      box.appendChild(table);
+    }
+    const body = table.querySelector('tbody');
+    rows.forEach(function (d) {
+      const tr = el('tr');
+      setData(tr, {
+        id: d.id, status: d.status, points: d.points, overwrites: d.overwrites,
+        unitConflicts: d.unit_conflicts, received: d.received_at,
+      });
+      JOURNAL_COLUMNS.forEach(function (c) {
+        const td = el('td', c[2] || null);
+        td.dataset.label = c[0];
+        if (c[1]) td.textContent = c[1](d);
+        else {
+          td.appendChild(el('span', 'status status-' + String(d.status).replace(/[^a-z]/g, ''),
+            d.status));
+        }
+        if ((c[0] === 'Overwrites' && d.overwrites > 0) ||
+            (c[0] === 'Unit conflicts' && d.unit_conflicts > 0)) {
+          td.classList.add('flag');
+        }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+    $('journal-title').textContent = 'Deliveries (' + body.children.length + ' shown)';
+  }
+
+  async function loadHealth() {
+    const health = $('health');
     let status = null;
     try {
       status = await getJSON('/healthz');
@@ -9448,53 +10402,24 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       status = null;
     }
     let lastFold = null;
-    deliveries.forEach(function (d) {
-      const t = d.folded_at ? Date.parse(d.folded_at) : NaN;
-      if (!isNaN(t) && (lastFold === null || t > lastFold)) lastFold = t;
-    });
+    try {
+      const page = await getJSON(query('/api/deliveries', { limit: 1, status: 'parsed' }));
+      const d = page.deliveries && page.deliveries[0];
+      lastFold = d && d.folded_at ? d.folded_at : null;
+    } catch (err) {
+      lastFold = null;
+    }
     const parts = [];
     if (status) {
-      parts.push('Backlog ' + status.backlog);
+      parts.push('Backlog ' + formatCount(status.backlog));
       parts.push('worker ' + status.worker);
       if (status.status && status.status !== 'ok') parts.push(status.status);
       if (status.version) parts.push('version ' + status.version);
     } else {
       parts.push('Service state unavailable');
     }
-    parts.push(lastFold === null ? 'no fold yet'
-      : 'last fold ' + formatDateTime(new Date(lastFold)));
+    parts.push(lastFold ? 'last fold ' + formatInstant(lastFold, state.tz) : 'no fold yet');
     health.textContent = parts.join(' · ');
-    if (!deliveries.length) {
-      if (!box.firstChild) box.appendChild(el('p', 'empty', 'No deliveries yet.'));
-      return;
-    }
-    clear(box);
-    const table = el('table', 'list');
-    const head = el('tr');
-    // "opt" columns give way on a phone screen
-    [['ID'], ['Received'], ['Automation'], ['Status'], ['Layer', 'opt'], ['Points'],
-      ['Objects written', 'opt'], ['Error']]
-      .forEach(function (h) { head.appendChild(el('th', h[1], h[0])); });
-    table.appendChild(el('thead')).appendChild(head);
-    const body = el('tbody');
-    deliveries.forEach(function (d) {
-      const tr = el('tr');
-      const received = d.received_at ? new Date(Date.parse(d.received_at)) : null;
-      tr.appendChild(el('td', 'num', d.id));
-      tr.appendChild(el('td', null, received && !isNaN(received) ? formatStamp(received) : '–'));
-      tr.appendChild(el('td', null, d.automation_name || d.path_name || '–'));
-      const st = el('td');
-      st.appendChild(el('span', 'status status-' + String(d.status).replace(/[^a-z]/g, ''),
-        d.status));
-      tr.appendChild(st);
-      tr.appendChild(el('td', 'opt', d.layer || '–'));
-      tr.appendChild(el('td', 'num', isNumber(d.points) ? formatNumber(d.points) : '–'));
-      tr.appendChild(el('td', 'num opt', isNumber(d.objects_written) ? d.objects_written : '–'));
-      tr.appendChild(el('td', 'error', d.error || ''));
-      body.appendChild(tr);
-    });
-    table.appendChild(body);
-    box.appendChild(table);
   }
 
   // ---------------------------------------------------------------------------------
@@ -9502,43 +10427,64 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // ---------------------------------------------------------------------------------
 
   function init() {
+    fillZones();
     $('catalog').addEventListener('change', function (event) {
-      const entry = state.catalog[Number(event.target.value)];
-      if (!entry) return;
-      state.entry = entry;
-      loadChart();
+      const found = state.metrics.find(function (m) { return m.metric === event.target.value; });
+      if (!found) return;
+      state.metric = found;
+      state.layer = '';
+      state.ecg = null;
+      showView();
+    });
+    $('layer').addEventListener('change', function (event) {
+      state.layer = event.target.value;
+      showView();
+    });
+    $('zone').addEventListener('change', function (event) {
+      state.tz = event.target.value;
+      showView();
+      loadJournal(false);
+      loadHealth();
     });
     Array.prototype.forEach.call(document.querySelectorAll('#range button'), function (button) {
       button.addEventListener('click', function () {
         const key = button.dataset.range;
         if (key === 'custom' && !state.custom) {
-          const r = currentRange();
-          state.custom = { from: localDay(r.from), to: addDays(localDay(new Date(r.to - 1)), 1) };
-          $('from').value = dateInputValue(state.custom.from);
-          $('to').value = dateInputValue(addDays(state.custom.to, -1));
+          const from = $('from').value;
+          const to = $('to').value;
+          if (isDate(from) && isDate(to)) state.custom = { from: from, to: to };
+          else return;
         }
         state.range = key;
-        markRange();
-        loadChart();
-        loadWorkouts();
+        showView();
       });
     });
     const onDates = function () {
-      const from = parseDateInput($('from').value);
-      const last = parseDateInput($('to').value);
-      if (!from || !last || last < from) return;
-      state.custom = { from: from, to: addDays(last, 1) };
+      const from = $('from').value;
+      const to = $('to').value;
+      if (!isDate(from) || !isDate(to) || to < from) return;
+      state.custom = { from: from, to: to };
       state.range = 'custom';
-      markRange();
-      loadChart();
-      loadWorkouts();
+      showView();
     };
     $('from').addEventListener('change', onDates);
     $('to').addEventListener('change', onDates);
+    $('records-more').addEventListener('click', function () {
+      if (state.more) state.more();
+    });
+    $('journal-more').addEventListener('click', function () { loadJournal(true); });
     $('refresh').addEventListener('click', function () {
-      loadJournal();
-      loadChart();
-      loadWorkouts();
+      // new deliveries may have brought new metrics and a later "latest data"
+      state.anchors = {};
+      state.metrics = [];
+      loadCatalog();
+      loadJournal(false);
+      loadHealth();
+    });
+    window.addEventListener('hashchange', function () {
+      if (!state.metrics.length) return;
+      applyHash(readHash());
+      showView();
     });
     let resizeTimer = null;
     let lastWidth = $('chart').clientWidth;
@@ -9548,15 +10494,31 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         const w = $('chart').clientWidth;
         if (w !== lastWidth) {
           lastWidth = w;
-          drawChart();
+          redraw();
         }
       }, 150);
     });
-    markRange();
     loadCatalog();
-    loadJournal();
+    loadJournal(false);
+    loadHealth();
   }
 
+  // The pure functions, for the in-browser unit tests (tests/test_dashboard_logic.py): a
+  // test sets window.HEALTHLOG_TEST before this script runs; a normal page exposes nothing.
+  if (window.HEALTHLOG_TEST === true) {
+    window.healthlogTest = {
+      dayNumber: dayNumber, dateOf: dateOf, addDays: addDays, daysBetween: daysBetween,
+      weekdayOf: weekdayOf, mondayOf: mondayOf, dateSlots: dateSlots, isoZ: isoZ,
+      splitLocal: splitLocal, bucketFor: bucketFor, planView: planView,
+      chooseLayer: chooseLayer, niceTicks: niceTicks, dateTicks: dateTicks,
+      hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
+      segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
+      formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
+      formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
+    };
+  }
+
+  if (!document.getElementById('catalog')) return; // loaded without the dashboard (tests)
   if (document.readyState === 'loading') {
     document.addEventListener('DOMContentLoaded', init);
   } else {

@@ -1850,3 +1850,117 @@ def canary_payload(seed: int = 0, day: dt.date = DEFAULT_DAY) -> dict:
     body["data"]["workouts"] = [workout]
     body["data"]["symptoms"] = symptoms(rng, dt.datetime.combine(day, dt.time(12)), phone=phone)
     return body
+
+
+# ==========================================================================================
+# The dashboard's fixtures (tests/test_dashboard.py): phones in real time zones, read from
+# the system's tz database rather than the DST rules above (Sydney's DST runs October to
+# April), Days exports at local midnight, the four forms of sleep HAE has sent, and lists
+# (version-1 walks of a given length, ECG recordings, events) whose every field is known.
+# ==========================================================================================
+
+
+def zoned_stamp(zone_name: str, when: Any) -> str:
+    """HAE's ``yyyy-MM-dd HH:mm:ss ±hhmm`` for ``when`` in the IANA zone ``zone_name``:
+    a naive datetime is wall time there (the earlier of a repeated hour), a number epoch
+    seconds."""
+    from zoneinfo import ZoneInfo
+    zone = ZoneInfo(zone_name)
+    if isinstance(when, (int, float)):
+        local = dt.datetime.fromtimestamp(when, zone)
+    else:
+        local = when.replace(tzinfo=zone)
+    minutes = int(local.utcoffset().total_seconds() // 60)
+    return "%s %s" % (local.strftime("%Y-%m-%d %H:%M:%S"), _offset_text(minutes))
+
+
+def zoned_epoch(zone_name: str, wall: dt.datetime) -> int:
+    """Epoch seconds of the wall time ``wall`` in ``zone_name`` (the earlier if repeated)."""
+    from zoneinfo import ZoneInfo
+    return int(wall.replace(tzinfo=ZoneInfo(zone_name)).timestamp())
+
+
+def days_export(zone_name: str, first: dt.date, days: int, seed: int = 0) -> dict:
+    """What a Days automation of a phone in ``zone_name`` sends for ``days`` days from
+    ``first``: per metric name, one point per day at local midnight (the offset of that
+    midnight, so it follows DST): ``step_count`` ``{date, qty, source}`` and ``heart_rate``
+    ``{date, Min, Avg, Max, source}``."""
+    rng = random.Random(seed)
+    steps, heart = [], []
+    for k in range(days):
+        stamp = zoned_stamp(zone_name, dt.datetime.combine(first + dt.timedelta(days=k),
+                                                           dt.time()))
+        steps.append({"date": stamp, "qty": rng.randint(1500, 16000), "source": OWNER_PHONE})
+        low = rng.randint(44, 60)
+        high = rng.randint(105, 170)
+        heart.append({"date": stamp, "Min": low, "Avg": round(rng.uniform(low + 10, 82), 3),
+                      "Max": high, "source": OWNER_WATCH})
+    return {"step_count": steps, "heart_rate": heart}
+
+
+def minute_steps(zone_name: str, start: int, end: int, every: int = 60, seed: int = 0) -> list:
+    """Steps of a Minutes automation every ``every`` seconds of ``[start, end)`` (epoch
+    seconds), each point dated in the offset the phone had at that instant."""
+    rng = random.Random(seed)
+    return [{"date": zoned_stamp(zone_name, t), "qty": rng.randint(0, 90),
+             "source": OWNER_WATCH} for t in range(start, end, every)]
+
+
+SLEEP_FORMS = ("a", "b", "c", "d")
+"""The four shapes of sleep HAE has sent: (a) an old summary without stages, (b) a summary
+with stages beside a non-zero ``asleep``, (c) a summary of HAE 6.6.2 or later with
+``asleep: 0`` beside ``totalSleep``, (d) stage records."""
+
+
+def sleep_night_points(form: str, zone_name: str, wake_day: dt.date, seed: int = 0) -> list:
+    """The points HAE sends for the night that ends on the morning of ``wake_day`` in
+    ``form`` (`SLEEP_FORMS`). Summaries of form (b) are dated at the sleep start the
+    evening before (HAE does that on some nights), the others at the wake time or the
+    wake day's midnight; stage records do not overlap and sit inside one in-bed record."""
+    rng = random.Random("%s-%s-%s" % (seed, form, wake_day))
+    bed = zoned_epoch(zone_name, dt.datetime.combine(wake_day, dt.time())) - rng.randint(
+        30, 110) * 60
+    asleep_at = bed + rng.randint(5, 25) * 60
+    segments, t = [], asleep_at
+    for stage, low, high in (("core", 40, 70), ("deep", 20, 45), ("core", 30, 60),
+                             ("rem", 20, 40), ("awake", 2, 8), ("core", 40, 70),
+                             ("deep", 15, 30), ("rem", 25, 45), ("core", 30, 60),
+                             ("rem", 20, 40)):
+        length = rng.randint(low, high) * 60 + rng.randint(0, 59)
+        segments.append((t, t + length, stage))
+        t += length
+    wake = t
+    out_of_bed = wake + rng.randint(3, 20) * 60
+    hours = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
+    for begin, finish, stage in segments:
+        hours[stage] += (finish - begin) / 3600
+    slept = hours["core"] + hours["deep"] + hours["rem"]
+    stamp = functools.partial(zoned_stamp, zone_name)
+    in_bed = (out_of_bed - bed) / 3600
+    if form == "a":
+        return [{"date": stamp(wake), "asleep": slept, "sleepStart": stamp(asleep_at),
+                 "sleepEnd": stamp(wake), "sleepSource": OWNER_WATCH, "inBed": in_bed,
+                 "inBedStart": stamp(bed), "inBedEnd": stamp(out_of_bed),
+                 "inBedSource": OWNER_PHONE}]
+    if form == "b":
+        return [{"date": stamp(asleep_at), "asleep": slept, "core": hours["core"],
+                 "deep": hours["deep"], "rem": hours["rem"], "awake": hours["awake"],
+                 "sleepStart": stamp(asleep_at), "sleepEnd": stamp(wake), "inBed": in_bed,
+                 "inBedStart": stamp(bed), "inBedEnd": stamp(out_of_bed),
+                 "source": OWNER_WATCH}]
+    if form == "c":
+        midnight = zoned_stamp(zone_name, dt.datetime.combine(wake_day, dt.time()))
+        return [{"date": midnight, "totalSleep": slept, "asleep": 0, "core": hours["core"],
+                 "deep": hours["deep"], "rem": hours["rem"], "sleepStart": stamp(asleep_at),
+                 "sleepEnd": stamp(wake), "inBed": in_bed, "inBedStart": stamp(bed),
+                 "inBedEnd": stamp(out_of_bed), "awake": hours["awake"],
+                 "source": PIPED_SOURCE}]
+    if form != "d":
+        raise ValueError("sleep form must be one of %s" % (SLEEP_FORMS,))
+    labels = SLEEP_VALUES["en"]
+    rows = [{"startDate": stamp(bed), "endDate": stamp(out_of_bed), "value": labels["inbed"],
+             "qty": in_bed, "source": OWNER_PHONE}]
+    rows += [{"startDate": stamp(begin), "endDate": stamp(finish), "value": labels[stage],
+              "qty": (finish - begin) / 3600, "source": OWNER_WATCH}
+             for begin, finish, stage in segments]
+    return rows

@@ -1,17 +1,30 @@
-"""The dashboard in a real browser: headless Chromium driven by Playwright against a real
-in-process server that holds a generated week of data (steps, heart rate, sleep stages,
-workouts), posted through /api/ingest and folded.
+"""The dashboard in a real browser (READ-10): headless Chromium driven by Playwright against
+a real in-process server on 127.0.0.1:0 that holds data posted through /api/ingest and
+folded.
 
-The browser is Debian's ``chromium`` (/usr/bin/chromium), used as installed: Playwright
-never downloads one here. Without it, or without the playwright package, the test is
-skipped, unless HEALTHLOG_REQUIRE_BROWSER=1 (CI sets it), which makes that a failure.
-Screenshots (a 1280 px and a 390 px phone viewport) go to tests/artifacts/, which git
-ignores.
+What a person sees is read off the page (each bar, point, night, card and row carries its
+numbers in data attributes, and the readout says them in words) and compared with what this
+test computes itself from the bodies it posted, never with the API's reply.
+
+The store is built once for the module and the browser launched once (the service is the one
+``start_service`` starts, at module scope: a fixture of conftest cannot be), each test opens
+its own browser context, in a time zone far from the phone's. Phones: a year of Days exports
+each from New York (2023), Berlin (2024, with gaps) and Sydney (2025); minute steps across New
+York's autumn DST change; eight nights of sleep in the four forms HAE has sent; version 1 and
+2 workouts; ECG recordings; events of every kind; and enough deliveries to page the journal.
+
+The browser is Debian's ``chromium`` (/usr/bin/chromium), used as installed: Playwright never
+downloads one here. Without it, or without the playwright package, the tests are skipped,
+unless HEALTHLOG_REQUIRE_BROWSER=1 (CI sets it), which makes that a failure. Screenshots of
+the metric view at 1280 px and 360 px are written to contrib/screenshots/ (tracked: the
+README shows them) and, with the other views', to tests/artifacts/ (ignored by git).
 """
 
 import datetime as dt
 import json
-import os
+import random
+import re
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -19,97 +32,217 @@ from pathlib import Path
 import pytest
 
 import hae_factory as hf
-from conftest import TOKEN, Client, db_rows, wait_for
+import healthlog
+from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
+from dashboard_browser import launched
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-#: The phone zone of hae_factory's data; the browser runs in it too, so the page's tz
-#: parameter is a real offset, not +00:00.
-TIMEZONE = "America/Los_Angeles"
-WAIT_MS = 15_000
+SCREENSHOTS = ROOT / "contrib" / "screenshots"
+WAIT_MS = 20_000
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
 
-def require_browser():
-    """Playwright's sync_playwright, or skip; a failure instead when CI demands the browser."""
-    problem = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-        problem = "the playwright package is not installed (pip install -e '.[test]')"
-    if problem is None and not os.access(str(CHROMIUM), os.X_OK):
-        problem = "%s is missing (apt-get install chromium)" % CHROMIUM
-    if problem is not None:
-        if os.environ.get("HEALTHLOG_REQUIRE_BROWSER") == "1":
-            pytest.fail(problem + "; HEALTHLOG_REQUIRE_BROWSER=1 demands the browser test")
-        pytest.skip(problem)
-    return sync_playwright
-
-
 # -- the data --------------------------------------------------------------------------
 
-
-def corpus(now: int) -> list:
-    """(automation, body) of every delivery: the last 7 days of step_count and heart_rate
-    minutes (one delivery per day), the sleep stage segments of the nights in them, and
-    two version-2 workouts (short routes: the list needs no thousands of route points)."""
-    metrics = hf.Automation("Health Metrics", "Minutes", "Since Last Sync")
-    out = []
-    for day in range(7):
-        start = now - (7 - day) * 86400
-        payload = hf.metrics_payload(day, ("step_count", "heart_rate"), start=start,
-                                     end=start + 86400, grouping="Minutes")
-        out.append((metrics, hf.dumps_hae(payload)))
-    nights = hf.sleep_segments(7, start=now - 7 * 86400, end=now)
-    out.append((hf.Automation("Sleep", "Default"),
-                hf.dumps_hae(hf.envelope(metrics=[hf.metric("sleep_analysis", nights)]))))
-    workouts = [
-        hf.workout_v2(8, start=now - 2 * 86400 - 5 * 3600, name="Running", minutes=32,
-                      route_points=30),
-        hf.workout_v2(9, start=now - 4 * 86400 - 3 * 3600, name="Yoga", minutes=45,
-                      route_points=0),
-    ]
-    out.append((hf.Automation("Workouts", "Default"),
-                hf.dumps_hae(hf.envelope(workouts=workouts))))
-    return out
+#: (phone zone, year, a browser zone far from it): each phone's Days exports span both DST
+#: changes of its year; the browser looks from another continent.
+PHONES = (("America/New_York", 2023, "Asia/Tokyo"),
+          ("Europe/Berlin", 2024, "America/Los_Angeles"),
+          ("Australia/Sydney", 2025, "America/Sao_Paulo"))
+#: Berlin's year has gaps: a lone day between two missing stretches (a line breaks, a lone
+#: point shows as a dot, a missing day is no bar, not a zero).
+GAPS = {"2024-05-10", "2024-05-11", "2024-05-12", "2024-05-14", "2024-05-15"}
+LONE_DAY = "2024-05-13"
+#: Minute steps of the New York phone across the autumn change (2023-11-05 has 25 hours).
+MINUTES = ("America/New_York", dt.datetime(2023, 11, 4), dt.datetime(2023, 11, 7))
+DST_DAY = "2023-11-05"
+SLEEP_ZONE = "America/New_York"
+SLEEP_DAYS = [dt.date(2026, 1, 10) + dt.timedelta(days=k) for k in range(8)]
+SLEEP_FORMS = ("a", "a", "b", "b", "c", "c", "d", "d")
+WALKS = ((dt.datetime(2026, 1, 20, 7, 5), 12), (dt.datetime(2026, 1, 20, 18, 40), 16))
+JOURNAL_PAGE = 20
 
 
-@pytest.fixture
-def served(start_service, data_dir):
-    """A running service holding the folded corpus: (base URL, number of deliveries)."""
-    service = start_service()
-    host, port = service.address
-    client = Client(host, port)
-    deliveries = corpus(int(time.time()) // 60 * 60)
-    for automation, body in deliveries:
-        status, answer = client.ingest(body, headers=hf.headers_for(automation), token=True)
-        assert status == 200, answer
-
-    def folded():
-        rows = db_rows(data_dir)
-        return len(rows) == len(deliveries) and all(
-            r["parse_status"] != "pending" for r in rows) and rows
-
-    rows = wait_for(folded)
-    assert [r["parse_status"] for r in rows] == ["parsed"] * len(deliveries), rows
-    return "http://%s:%d" % (host, port), len(deliveries)
+def _stamp_parts(stamp: str) -> tuple:
+    """(written date, written hour, offset as +HH:MM) of an HAE timestamp."""
+    offset = stamp[-5:]
+    return stamp[:10], int(stamp[11:13]), offset[:3] + ":" + offset[3:]
 
 
-@pytest.fixture
+def _epoch(stamp: str) -> float:
+    return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S %z").timestamp()
+
+
+def _metrics_body(**points) -> bytes:
+    return hf.dumps_hae(hf.envelope(metrics=[hf.metric(name, data)
+                                             for name, data in points.items()]))
+
+
+class Corpus:
+    """Every body the module posts, (automation, body bytes, points), and what it holds."""
+
+    def __init__(self):
+        self.deliveries = []
+        self.days = {}  # zone -> {"step_count": [...], "heart_rate": [...]}
+        days_auto = hf.Automation("Health days", "Days", "Previous 7 Days")
+        for seed, (zone, year, _) in enumerate(PHONES):
+            first = dt.date(year, 1, 1)
+            export = hf.days_export(zone, first, (dt.date(year + 1, 1, 1) - first).days,
+                                    seed=seed)
+            if zone == "Europe/Berlin":
+                export = {name: [p for p in data if p["date"][:10] not in GAPS]
+                          for name, data in export.items()}
+            self.days[zone] = export
+            for month in range(1, 13):  # HAE sends a year in pieces: one body a month
+                part = {name: [p for p in data if int(p["date"][5:7]) == month]
+                        for name, data in export.items()}
+                self.add(days_auto, _metrics_body(**part),
+                         sum(len(v) for v in part.values()))
+        zone, start, end = MINUTES
+        self.minutes = hf.minute_steps(zone, hf.zoned_epoch(zone, start),
+                                       hf.zoned_epoch(zone, end), every=120, seed=7)
+        self.add(hf.Automation("Health minutes", "Minutes", "Since Last Sync"),
+                 _metrics_body(step_count=self.minutes), len(self.minutes))
+        # an overwrite (one day's steps corrected) and a unit conflict (a day in "steps")
+        fixed = dict(self.days["Australia/Sydney"]["step_count"][-1])
+        fixed["qty"] += 1
+        self.days["Australia/Sydney"]["step_count"][-1] = fixed
+        self.add(hf.Automation("Corrections", "Days", "Today"), _metrics_body(step_count=[fixed]),
+                 1, overwrites=1)
+        clash = dict(self.days["Australia/Sydney"]["step_count"][-2])
+        self.add(hf.Automation("Other units", "Days", "Today"),
+                 hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [clash], "steps")])),
+                 1, unit_conflicts=1)
+        # sleep: eight nights, two of each form, in one body
+        self.sleep = {}
+        nights = []
+        for day, form in zip(SLEEP_DAYS, SLEEP_FORMS):
+            points = hf.sleep_night_points(form, SLEEP_ZONE, day, seed=3)
+            self.sleep[day.isoformat()] = (form, points)
+            nights += points
+        self.add(hf.Automation("Sleep", "Default", "Previous 7 Days"),
+                 _metrics_body(sleep_analysis=nights), len(nights))
+        # workouts: version 1 walks without a duration, version 2 with one, and enough of
+        # them that the list takes more than one page
+        rng = random.Random(11)
+        workouts = []
+        for k, (start, minutes) in enumerate(WALKS):
+            workouts.append(hf.workout_v1(k, hf.zoned_epoch("America/Los_Angeles", start),
+                                          name="Outdoor Walk", minutes=minutes,
+                                          route_points=3, rng=rng))
+        workouts.append(hf.workout_v2(5, dt.datetime(2026, 1, 21, 17, 30), name="Running",
+                                      minutes=32, route_points=5, rng=rng))
+        workouts.append(hf.workout_v2(6, dt.datetime(2026, 1, 22, 6, 45), name="Yoga",
+                                      minutes=45, route_points=0, rng=rng))
+        for k in range(56):  # one a day from 2025-11-20
+            day = dt.date(2025, 11, 20) + dt.timedelta(days=k)
+            build = hf.workout_v2 if k % 3 else hf.workout_v1
+            workouts.append(build(20 + k, dt.datetime.combine(day, dt.time(12, 10 + k % 40)),
+                                  name="Traditional Strength Training",
+                                  minutes=20 + k % 25, route_points=0, rng=rng))
+        self.workouts = workouts
+        self.add(hf.Automation("Workouts", "Default", "Since Last Sync"),
+                 hf.dumps_hae(hf.envelope(workouts=workouts)), len(workouts))
+        # ECG recordings and events
+        self.ecg = [hf.ecg_reading(rng, dt.datetime(2026, 1, 25, 9, 15)),
+                    hf.ecg_reading(rng, dt.datetime(2026, 1, 27, 21, 2), samples=7690)]
+        self.moods = [hf.state_of_mind(rng, hf.zoned_epoch("America/Los_Angeles", when),
+                                       kind=kind)
+                      for when, kind in ((dt.datetime(2026, 1, 26, 8, 30), "momentary_emotion"),
+                                         (dt.datetime(2026, 1, 26, 21, 45), "daily_mood"),
+                                         (dt.datetime(2026, 1, 27, 13, 5), "momentary_emotion"))]
+        self.symptoms = [{"start": hf.zoned_stamp("America/Los_Angeles", dt.datetime(
+            2026, 1, 26, 14, 0)), "end": hf.zoned_stamp("America/Los_Angeles", dt.datetime(
+                2026, 1, 26, 15, 0)), "name": "Headache", "severity": "Moderate",
+            "userEntered": True, "source": hf.OWNER_PHONE}]
+        self.medications = hf.medications(random.Random(4), dt.datetime(2026, 1, 26, 8, 0))
+        self.notifications = [hf.heart_rate_notification(rng, dt.datetime(2026, 1, 27, 3, 10))]
+        self.cycle = hf.cycle_tracking(rng, dt.date(2026, 1, 26), cycle_day=1)
+        records = {"ecg": self.ecg, "stateOfMind": self.moods, "symptoms": self.symptoms,
+                   "medications": self.medications,
+                   "heartRateNotifications": self.notifications, "cycleTracking": self.cycle}
+        self.add(hf.Automation("Journal", "Default", "Since Last Sync"),
+                 hf.dumps_hae(hf.envelope(**records)),
+                 sum(len(v) for v in records.values()))
+
+    def add(self, automation, body: bytes, points: int, **counters) -> None:
+        self.deliveries.append({"automation": automation, "body": body, "points": points,
+                                "counters": counters})
+
+
+CORPUS = Corpus()
+
+
+# -- the module's service and browser ----------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """conftest's check runs per test; here the service and the browser live for the
+    module, so :func:`module_leaves_nothing_running` makes the same check after it."""
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_leaves_nothing_running():
+    threads, handles = set(threading.enumerate()), _open_handles()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        extra_threads = [t.name for t in threading.enumerate()
+                         if t not in threads and t.is_alive()]
+        extra_handles = sorted(target for _, target in _open_handles() - handles)
+        if not extra_threads and not extra_handles:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("left running after the module: threads %s, open %s"
+                                 % (extra_threads, extra_handles))
+        time.sleep(0.05)
+
+
+class Store:
+    def __init__(self, service, data_dir):
+        host, port = service.address
+        self.base = "http://%s:%d" % (host, port)
+        self.client = Client(host, port)
+        self.data_dir = data_dir
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The corpus posted through /api/ingest to a real Service (conftest's
+    ``start_service``, at module scope) and folded."""
+    data_dir = tmp_path_factory.mktemp("dashboard") / "data"
+    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
+                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
+                              log_level="DEBUG")
+    service = healthlog.Service(config, announce=lambda token: None)
+    service.start()
+    try:
+        store = Store(service, data_dir)
+        for item in CORPUS.deliveries:
+            status, answer = store.client.ingest(
+                item["body"], headers=hf.headers_for(item["automation"]), token=True)
+            assert status == 200, answer
+
+        def folded():
+            rows = db_rows(data_dir)
+            return len(rows) == len(CORPUS.deliveries) and all(
+                r["parse_status"] != "pending" for r in rows) and rows
+
+        rows = wait_for(folded, timeout=120, what="the corpus folded")
+        assert [r["parse_status"] for r in rows] == ["parsed"] * len(rows), rows
+        yield store
+    finally:
+        assert service.stop(), "the service did not stop within its budget"
+
+
+@pytest.fixture(scope="module")
 def browser():
-    sync_playwright = require_browser()
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    yield from launched()
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -137,57 +270,88 @@ class Watch:
         return page
 
 
+class Session:
+    """A signed-in browser context in ``timezone`` and its page."""
+
+    def __init__(self, browser, store, timezone="Asia/Tokyo", width=1280, height=900,
+                 phone=False):
+        options = dict(viewport={"width": width, "height": height}, timezone_id=timezone,
+                       locale="en-US")
+        if phone:
+            options.update(is_mobile=True, has_touch=True, device_scale_factor=2)
+        self.context = browser.new_context(**options)
+        self.watch = Watch(self.context)
+        self.page = self.watch.page(self.context)
+        self.store = store
+        self.timezone = timezone
+
+    def sign_in(self, hash_=""):
+        """Sign in through the form (which answers with the page at /), then open
+        ``hash_`` as a bookmark would."""
+        page = self.page
+        page.goto(self.store.base + "/")
+        sign_in(page)
+        page.wait_for_selector('#chart[data-state="ready"]')
+        if hash_:
+            page.goto(self.store.base + "/" + hash_)
+            self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
+        return self
+
+    def open(self, **params):
+        """Show a view through the address, as a bookmark would; wait until it is drawn."""
+        hash_ = "#" + urllib.parse.urlencode(params)
+        self.page.evaluate("h => { window.location.hash = h; }", hash_)
+        return self.wait(params)
+
+    def wait(self, params):
+        selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
+        for key in ("range", "from", "tz"):
+            if key in params:
+                selector += '[data-%s="%s"]' % (key, params[key])
+        self.page.wait_for_selector(selector, state="attached")
+        return self.page
+
+    def close(self):
+        errors = list(self.watch.errors)
+        self.context.close()
+        assert errors == [], errors
+
+
+@pytest.fixture
+def session(browser, store):
+    made = []
+
+    def open_session(**kw):
+        made.append(Session(browser, store, **kw))
+        return made[-1]
+
+    yield open_session
+    for s in made:
+        s.close()
+
+
+def sign_in(page, token: str = TOKEN) -> None:
+    page.fill("#token", token)
+    page.click('form[action="/login"] button[type="submit"]')
+
+
 def query(url: str) -> dict:
     return {k: v[0] for k, v in urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).items()}
 
 
-def is_chart_request(metric: str):
-    def match(response):
-        q = query(response.url)
-        return "/api/points" in response.url and q.get("metric") == metric and "bucket" in q
-    return match
+def buckets(page, selector="#chart .bucket") -> list:
+    """What each bar, point or night carries: its data attributes."""
+    return page.eval_on_selector_all(selector, "ns => ns.map(n => Object.assign({}, n.dataset))")
 
 
-def wait_chart(page, metric: str, range_key: str) -> None:
-    page.wait_for_selector('#chart[data-state="ready"][data-metric="%s"][data-range="%s"]'
-                           % (metric, range_key))
+def floats(rows: list, key: str) -> dict:
+    return {r["date"]: float(r[key]) for r in rows if key in r}
 
 
-def choose(page, metric: str, range_key: str):
-    """Pick ``metric`` in the catalog; the chart's /api/points response once drawn."""
-    value = page.get_attribute('#catalog option[data-metric="%s"]' % metric, "value")
-    with page.expect_response(is_chart_request(metric)) as answer:
-        page.select_option("#catalog", value)
-    wait_chart(page, metric, range_key)
-    return answer.value
-
-
-def click_range(page, metric: str, range_key: str):
-    with page.expect_response(is_chart_request(metric)) as answer:
-        page.click('#range button[data-range="%s"]' % range_key)
-    wait_chart(page, metric, range_key)
-    return answer.value
-
-
-def series_paths(page) -> list:
-    return page.eval_on_selector_all("#chart svg path.series",
-                                     "ps => ps.map(p => p.getAttribute('d'))")
-
-
-def expected_series(body: dict) -> int:
-    """One line per run and numeric field; heart rate's Min and Max make the band instead."""
-    count = 0
-    for run in body["runs"]:
-        fields = {f for bucket in run["buckets"] for f in bucket.get("fields", {})}
-        if {"Min", "Avg", "Max"} <= fields:
-            fields -= {"Min", "Max"}
-        count += len(fields)
-    return count
-
-
-def tz_text(page) -> str:
-    minutes = page.evaluate("-new Date().getTimezoneOffset()")
-    return "%s%02d:%02d" % ("-" if minutes < 0 else "+", abs(minutes) // 60, abs(minutes) % 60)
+def readout_of(page, selector: str) -> str:
+    """The readout a person gets by pointing at (focusing) one bar, point or night."""
+    page.focus(selector)
+    return page.inner_text("#readout")
 
 
 def assert_security_headers(headers: dict) -> None:
@@ -197,151 +361,578 @@ def assert_security_headers(headers: dict) -> None:
     assert headers["x-frame-options"] == "DENY"
 
 
-def sign_in(page, token: str = TOKEN) -> None:
-    page.fill("#token", token)
-    page.click('form[action="/login"] button[type="submit"]')
-
-
-# -- the test --------------------------------------------------------------------------
-
-
-def test_read_10_1_the_dashboard_in_a_real_browser(served, browser):
-    base, delivered = served
+def screenshot(page, name: str, tracked: bool = False) -> None:
+    """What the screen shows (the window, not the whole page: the journal runs on) into
+    tests/artifacts/; ``tracked``: also the header and the view, down to the view's end,
+    into contrib/screenshots/ (without the journal, whose receive times change every run,
+    so that a run leaves the tracked pictures as they were)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 900},
-                                  timezone_id=TIMEZONE, locale="en-US")
-    watch = Watch(context)
-    page = watch.page(context)
+    page.screenshot(path=str(ARTIFACTS / name))
+    if tracked:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.evaluate("() => window.scrollTo(0, 0)")
+        box = page.locator("main section.panel").first.bounding_box()
+        width = page.viewport_size["width"]
+        page.screenshot(path=str(SCREENSHOTS / name), full_page=True, clip={
+            "x": 0, "y": 0, "width": width, "height": box["y"] + box["height"] + 12})
 
-    # Signed out: the sign-in form, with the security headers.
-    first = page.goto(base + "/")
+
+# -- the tests -------------------------------------------------------------------------
+
+
+def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session):
+    s = session(timezone="Asia/Tokyo")
+    page = s.page
+    first = page.goto(store.base + "/")
     assert first.status == 200
     assert_security_headers(first.headers)
-    assert page.get_attribute('form[action="/login"]', "method").lower() == "post"
     assert page.get_attribute("#token", "type") == "password"
     assert page.locator("#catalog").count() == 0
-    assert page.inner_text(".notice").strip() == ""
 
-    # A wrong token: 401, the form again with a message (the browser logs the 401 itself).
+    # A wrong token: 401 and the form again with its notice (the browser logs the 401).
     with page.expect_response(lambda r: r.url.endswith("/login")) as answer:
         sign_in(page, "not-the-token")
     assert answer.value.status == 401
-    assert page.locator("#token").count() == 1
     assert page.inner_text(".notice").strip()
-    assert all("401" in e for e in watch.errors), watch.errors
-    watch.errors.clear()
+    assert all("401" in e for e in s.watch.errors), s.watch.errors
+    s.watch.errors.clear()
 
-    # Signed in: the dashboard opens on step_count over 7 days, hourly buckets in the
-    # browser's offset.
-    with page.expect_response(is_chart_request("step_count")) as answer:
+    # Signed in without an address: the series with the latest data (Sydney's heart rate,
+    # dated 2025-12-31 there) over 7 days ending on its last date, not an empty week of now.
+    with page.expect_request(lambda r: "/api/points" in r.url and re.search(
+            r"from=\d{4}-\d{2}-\d{2}&", r.url)) as asked:
         sign_in(page)
-    wait_chart(page, "step_count", "7d")
-    steps = answer.value
-    assert steps.status == 200
-    q = query(steps.url)
-    assert (q["layer"], q["bucket"], q["tz"]) == ("minutes", "hour", tz_text(page))
-    assert q["tz"] in ("-08:00", "-07:00")
-    page_again = page.request.get(base + "/")
-    assert_security_headers(page_again.headers)
-    assert "/static/app.js" in page_again.text()
-    assert page.eval_on_selector("#catalog", "s => s.selectedOptions[0].dataset.metric") == \
-        "step_count"
+    page.wait_for_selector('#chart[data-state="ready"][data-metric="heart_rate"]')
+    q = query(asked.value.url)
+    assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2026-01-01")
+    shown = buckets(page)
+    sydney = {p["date"][:10]: p for p in CORPUS.days["Australia/Sydney"]["heart_rate"]}
+    assert [b["date"] for b in shown] == ["2025-12-%02d" % d for d in range(25, 32)]
+    for b in shown:
+        assert float(b["value"]) == pytest.approx(sydney[b["date"]]["Avg"])
+    assert "range=7d" in page.url and "tz=local" in page.url and "metric=heart_rate" in page.url
+
+    # The catalog's groups and names come from the server's meaning table.
     groups = page.eval_on_selector_all("#catalog optgroup", "gs => gs.map(g => g.label)")
-    assert groups == ["Activity", "Heart", "Sleep", "Workouts"]
-    body = steps.json()
-    assert expected_series(body) == 1  # one run in count, one numeric field (qty)
-    paths = series_paths(page)
-    assert len(paths) == 1 and paths[0].startswith("M") and len(paths[0]) > 50, paths
-    assert page.locator("#chart svg").first.get_attribute("viewBox").startswith("0 0 ")
+    assert groups == ["Activity", "Body", "Heart", "Mindfulness", "Sleep", "Workouts",
+                      "Other"], groups
+    names = page.eval_on_selector_all("#catalog option", "os => os.map(o => o.textContent)")
+    assert "Steps" in names and "Heart rate" in names and "State of mind" in names
 
-    # Heart rate: the Avg line inside the Min-Max band.
-    heart = choose(page, "heart_rate", "7d")
-    assert query(heart.url)["bucket"] == "hour"
-    assert len(series_paths(page)) == expected_series(heart.json()) == 1
-    assert page.locator("#chart path.band").count() >= 1
-    assert page.get_attribute("#chart path.band", "d").startswith("M")
-
-    # Another range: 24 h keeps hourly buckets, 30 d asks for days and draws anew.
-    before = series_paths(page)
-    day = click_range(page, "heart_rate", "24h")
-    assert query(day.url)["bucket"] == "hour"
-    month = click_range(page, "heart_rate", "30d")
-    assert query(month.url)["bucket"] == "day"
-    after = series_paths(page)
-    assert len(after) == expected_series(month.json()) == 1
-    assert after != before
-
-    # Sleep: stage hours per night as stacked bars, per day whatever the range.
-    sleep = choose(page, "sleep_analysis", "30d")
-    q = query(sleep.url)
-    assert (q["layer"], q["bucket"]) == ("record", "day")
-    nights = sum(len(run["buckets"]) for run in sleep.json()["runs"])
-    assert nights >= 6
-    assert page.locator("#chart rect.stage").count() >= nights * 3
-    assert page.locator("#chart path.series").count() == 0
-
-    # The CSV link asks for exactly what the chart shows, in CSV.
+    # The CSV link asks for exactly what the chart shows.
     href = page.get_attribute("#csv", "href")
-    assert query(href).pop("format") == "csv"
-    shown = query(sleep.url)
-    assert {k: v for k, v in query(href).items() if k != "format"} == shown
-    csv = page.request.get(base + href)
-    assert csv.status == 200
-    assert csv.headers["content-type"].startswith("text/csv")
+    csv_query = query(href)
+    assert csv_query.pop("format") == "csv"
+    assert csv_query == q
+    csv = page.request.get(store.base + href)
+    assert csv.status == 200 and csv.headers["content-type"].startswith("text/csv")
     lines = csv.text().splitlines()
-    assert lines[0].startswith("start,") and len(lines) == nights + 1, lines[:3]
+    assert lines[0].startswith("start,local,date,") and len(lines) == 8, lines[:3]
 
-    # Workouts in the range, the journal and the service state.
-    page.wait_for_function("document.querySelectorAll('#workouts tbody tr').length === 2")
-    workouts = page.inner_text("#workouts")
-    assert "Running" in workouts and "Yoga" in workouts and "0:32" in workouts
-    page.wait_for_function("document.querySelectorAll('#journal tbody tr').length > 0")
-    assert page.locator("#journal tbody tr").count() == delivered
-    journal = page.inner_text("#journal")
-    assert "parsed" in journal and "Health Metrics" in journal
-    health = page.inner_text("#health")
-    assert "Backlog 0" in health and "last fold" in health
+    page_again = page.request.get(store.base + "/")
+    assert_security_headers(page_again.headers)
+    assert s.watch.errors == []
 
-    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    # Sign out everywhere: a second browser signed in loses its session too.
+    other = session(timezone="Europe/Paris").sign_in()
+    page.click("#signout-everywhere")
+    page.wait_for_selector("#token")
+    assert page.request.get(store.base + "/api/catalog").status == 401
+    assert other.page.request.get(store.base + "/api/catalog").status == 401
+    other.page.goto(store.base + "/")
+    other.page.wait_for_selector("#token")
 
-    # Signing out: the form again, and the API refuses the browser.
+    # Sign out: this browser only.
+    sign_in(page)
+    page.wait_for_selector('#chart[data-state="ready"]')
+    sign_in(other.page)
+    other.page.wait_for_selector('#chart[data-state="ready"]')
     page.click("#signout")
     page.wait_for_selector("#token")
-    refused = page.request.get(base + "/api/catalog")
+    refused = page.request.get(store.base + "/api/catalog")
     assert refused.status == 401
     assert json.loads(refused.text())["error"]["code"] == "unauthorized"
-    assert watch.errors == []
-    context.close()
-
-    # A phone: 390 px wide, nothing wider than the screen.
-    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True,
-                                has_touch=True, device_scale_factor=2, timezone_id=TIMEZONE,
-                                locale="en-US")
-    watch = Watch(phone)
-    page = watch.page(phone)
-    page.goto(base + "/")
-    sign_in(page)
-    wait_chart(page, "step_count", "7d")
-    page.wait_for_function("document.querySelectorAll('#journal tbody tr').length > 0")
-    page.wait_for_function("document.querySelectorAll('#workouts tbody tr').length === 2")
-    assert page.evaluate("document.documentElement.scrollWidth") <= 390
-    box = page.locator("#chart svg").first.bounding_box()
-    assert 300 <= box["width"] <= 390
-    page.screenshot(path=str(ARTIFACTS / "dashboard-phone.png"), full_page=True)
-    assert watch.errors == []
-    phone.close()
+    assert other.page.request.get(store.base + "/api/catalog").status == 200
 
 
-def test_corpus_is_dated_in_the_last_week():
-    """The 7 d range shows the corpus: every delivery lies within the last 7 days."""
-    now = int(time.time()) // 60 * 60
-    for _, body in corpus(now):
-        data = json.loads(body)["data"]
-        for metric in data.get("metrics", []):
-            for point in metric["data"]:
-                stamp = point.get("date") or point.get("startDate")
-                when = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S %z").timestamp()
-                assert now - 8 * 86400 <= when <= now
-        for workout in data.get("workouts", []):
-            when = dt.datetime.strptime(workout["start"], "%Y-%m-%d %H:%M:%S %z").timestamp()
-            assert now - 7 * 86400 <= when <= now
+@pytest.mark.parametrize("phone", PHONES, ids=[p[0] for p in PHONES])
+def test_read_10_2_days_on_the_dates_written_across_both_dst_changes(session, phone):
+    zone, year, browser_zone = phone
+    export = CORPUS.days[zone]
+    # the body follows DST: its midnights carry two offsets
+    assert len({p["date"][-5:] for p in export["step_count"]}) == 2
+    steps = {p["date"][:10]: p["qty"] for p in export["step_count"]}
+    heart = {p["date"][:10]: p for p in export["heart_rate"]}
+    s = session(timezone=browser_zone).sign_in()
+    for first, last in (("%d-01-01" % year, "%d-06-30" % year),
+                        ("%d-07-01" % year, "%d-12-31" % year)):
+        page = s.open(metric="step_count", range="custom", tz="local", **{"from": first,
+                                                                          "to": last})
+        assert page.get_attribute("#chart", "data-bucket") == "day"
+        shown = buckets(page)
+        assert {b["date"]: float(b["value"]) for b in shown} == {
+            d: q for d, q in steps.items() if first <= d <= last}
+        # each day starts at the midnight written in the body, in its own offset
+        written = {p["date"][:10]: p["date"] for p in export["step_count"]}
+        for b in shown:
+            date, hour, offset = _stamp_parts(written[b["date"]])
+            assert b["local"] == "%sT%02d:00:00%s" % (date, hour, offset)
+        page = s.open(metric="heart_rate", range="custom", tz="local", **{"from": first,
+                                                                          "to": last})
+        shown = buckets(page)
+        assert sorted(b["date"] for b in shown) == sorted(
+            d for d in heart if first <= d <= last)
+        for b in shown:
+            point = heart[b["date"]]
+            assert (float(b["value"]), float(b["min"]), float(b["max"])) == pytest.approx(
+                (point["Avg"], point["Min"], point["Max"]))
+    # The readout of the first day after each change names that day and its number.
+    written = {p["date"][:10]: p["date"] for p in export["step_count"]}
+    dates = sorted(written)
+    changes = [d for prev, d in zip(dates, dates[1:])
+               if written[prev][-5:] != written[d][-5:]]
+    assert len(changes) == 2
+    for date in changes:
+        half = ("%d-01-01" % year, "%d-06-30" % year) if date[5:7] <= "06" else (
+            "%d-07-01" % year, "%d-12-31" % year)
+        page = s.open(metric="step_count", range="custom", tz="local",
+                      **{"from": half[0], "to": half[1]})
+        text = readout_of(page, '#chart .bucket[data-date="%s"]' % date)
+        day = dt.date.fromisoformat(date)
+        assert text.startswith("%s, %s %d, %d: " % (day.strftime("%a"), day.strftime("%b"),
+                                                     day.day, day.year)), text
+        assert "{:,} count".format(steps[date]) in text, text
+
+
+def test_read_10_3_hours_are_the_phones_clock_hours_on_a_dst_day(session):
+    expected = {}
+    for p in CORPUS.minutes:
+        date, hour, offset = _stamp_parts(p["date"])
+        if date == DST_DAY:
+            key = "%sT%02d:00:00%s" % (date, hour, offset)
+            expected[key] = expected.get(key, 0) + p["qty"]
+    assert len(expected) == 25  # 01:00 twice: -04:00, then -05:00
+    s = session(timezone="Asia/Kolkata").sign_in()  # +05:30: its hours cut the phone's
+    page = s.open(metric="step_count", range="custom", tz="local",
+                  **{"from": DST_DAY, "to": DST_DAY})
+    assert page.get_attribute("#chart", "data-bucket") == "hour"
+    assert page.get_attribute("#chart", "data-layer") == "minutes"
+    shown = buckets(page)
+    assert {b["local"]: float(b["value"]) for b in shown} == expected
+    assert all(b["date"] == DST_DAY for b in shown)
+    first = readout_of(page, '#chart .bucket[data-local="%sT01:00:00-04:00"]' % DST_DAY)
+    second = readout_of(page, '#chart .bucket[data-local="%sT01:00:00-05:00"]' % DST_DAY)
+    assert "01:00–02:00 (UTC-04:00)" in first and "01:00–02:00 (UTC-05:00)" in second
+    sums = expected["%sT01:00:00-04:00" % DST_DAY], expected["%sT01:00:00-05:00" % DST_DAY]
+    assert "{:,} count".format(sums[0]) in first and "{:,} count".format(sums[1]) in second
+
+
+def _hhmm(stamp: str) -> str:
+    return stamp[11:16]
+
+
+def nights_truth() -> dict:
+    """Each night as this test reads its points, by the rules of the four forms: a summary
+    is on the date of its sleepEnd, asleep is totalSleep, else asleep, stages as given;
+    stage records are on the date of their last end, asleep the (non-overlapping) asleep
+    segments, in bed the in-bed record, bed and wake the first start and last end."""
+    out = {}
+    for form, points in CORPUS.sleep.values():
+        if form != "d":
+            p = points[0]
+            out[p["sleepEnd"][:10]] = {
+                "form": form, "asleep": p["totalSleep"] if form == "c" else p["asleep"],
+                "in_bed": p["inBed"], "bed": _hhmm(p["sleepStart"]),
+                "wake": _hhmm(p["sleepEnd"]),
+                "stages": {k: p[k] for k in ("core", "deep", "rem", "awake") if p.get(k)}}
+            continue
+        stages, asleep, in_bed = {}, 0.0, None
+        for r in points:
+            stage = {"In Bed": "in_bed"}.get(r["value"], r["value"].lower())
+            span = (_epoch(r["endDate"]) - _epoch(r["startDate"])) / 3600
+            if stage == "in_bed":
+                in_bed = span
+                continue
+            stages[stage] = stages.get(stage, 0.0) + r["qty"]
+            if stage != "awake":
+                asleep += span
+        last = max(points, key=lambda r: _epoch(r["endDate"]))
+        first = min(points, key=lambda r: _epoch(r["startDate"]))
+        out[last["endDate"][:10]] = {"form": form, "asleep": asleep, "in_bed": in_bed,
+                                     "stages": stages, "bed": _hhmm(first["startDate"]),
+                                     "wake": _hhmm(last["endDate"])}
+    return out
+
+
+def _hours_text(hours: float) -> str:
+    minutes = int(hours * 60 + 0.5)
+    return "%d min" % minutes if minutes < 60 else "%d h %02d min" % divmod(minutes, 60)
+
+
+def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
+    truth = nights_truth()
+    assert sorted(truth) == [d.isoformat() for d in SLEEP_DAYS]
+    assert [truth[d]["form"] for d in sorted(truth)] == list(SLEEP_FORMS)
+    s = session(timezone="Pacific/Auckland").sign_in()
+    page = s.open(metric="sleep_analysis", range="custom", tz="local",
+                  **{"from": "2026-01-09", "to": "2026-01-18"})
+    shown = {b["date"]: b for b in buckets(page, "#chart .night")}
+    assert sorted(shown) == sorted(truth)
+    for date, night in truth.items():
+        b = shown[date]
+        assert float(b["asleep"]) == pytest.approx(night["asleep"], abs=1e-6)
+        assert float(b["inBed"]) == pytest.approx(night["in_bed"], abs=1e-6)
+        drawn = dict(page.eval_on_selector_all(
+            '#chart .night[data-date="%s"] rect[data-stage]' % date,
+            "rs => rs.map(r => [r.dataset.stage, parseFloat(r.dataset.hours)])"))
+        if night["stages"]:
+            assert drawn == pytest.approx(night["stages"], abs=1e-6)
+        else:  # form (a): no stages, the asleep hours are the bar
+            assert drawn == pytest.approx({"asleep": night["asleep"]}, abs=1e-6)
+        text = readout_of(page, '#chart .night[data-date="%s"]' % date)
+        assert "asleep %s" % _hours_text(night["asleep"]) in text, text
+        assert "in bed %s" % _hours_text(night["in_bed"]) in text, text
+        assert "bed %s, wake %s" % (night["bed"], night["wake"]) in text, text
+        for stage, hours in night["stages"].items():
+            assert "%s %s" % (stage, _hours_text(hours)) in text, text
+        assert " 0 min" not in text and "asleep –" not in text
+    # The 7-day view opens on the latest night.
+    page = s.open(metric="sleep_analysis", range="7d", tz="local")
+    assert sorted(b["date"] for b in buckets(page, "#chart .night")) == sorted(truth)[-7:]
+
+
+def workouts_truth() -> list:
+    """(local start, date, seconds, energy, distance) of every posted workout: version 2's
+    duration, version 1's end minus start; energy as sent, in the units sent."""
+    out = []
+    for w in CORPUS.workouts:
+        date, hour, offset = _stamp_parts(w["start"])
+        seconds = w["duration"] if "duration" in w else _epoch(w["end"]) - _epoch(w["start"])
+        energy = w.get("activeEnergyBurned") or w.get("activeEnergy")
+        out.append({"local": "%sT%s%s" % (date, w["start"][11:19], offset), "date": date,
+                    "seconds": seconds, "energy": (energy["qty"], energy["units"]),
+                    "distance": (w["distance"]["qty"], w["distance"]["units"])
+                    if "distance" in w else None, "name": w["name"]})
+    return out
+
+
+def test_read_10_5_workouts_of_both_versions_listed_and_counted_in_minutes(session):
+    truth = workouts_truth()
+    s = session(timezone="Europe/Helsinki").sign_in()
+    asked = []
+    s.page.on("request", lambda r: asked.append(r.url) if "/api/records" in r.url else None)
+    page = s.open(metric="workouts", range="custom", tz="local",
+                  **{"from": "2025-11-20", "to": "2026-01-31"})
+    assert any("before=" in u for u in asked), asked  # the list is paged through
+    cards = buckets(page, "#records li.workout")
+    assert len(cards) == len(truth) == 60
+    by_local = {c["local"]: c for c in cards}
+    for w in truth:
+        card = by_local[w["local"]]
+        assert card["date"] == w["date"]
+        assert float(card["durationS"]) == pytest.approx(w["seconds"])
+        assert (float(card["energy"]), card["energyUnits"]) == (pytest.approx(w["energy"][0]),
+                                                                w["energy"][1])
+        if w["distance"]:
+            assert (float(card["distance"]), card["distanceUnits"]) == (
+                pytest.approx(w["distance"][0]), w["distance"][1])
+    # The version 1 walks: 12 and 16 minutes (no duration field: end minus start).
+    walks = page.eval_on_selector_all(
+        '#records li.workout', "ls => ls.filter(l => l.textContent.includes('Outdoor Walk'))"
+        ".map(l => l.textContent)")
+    assert len(walks) == 2
+    assert any("12 min" in t for t in walks) and any("16 min" in t for t in walks), walks
+    assert all("kcal" in t and " mi" in t for t in walks), walks
+    # Minutes per day, from the workouts' own durations.
+    minutes = {}
+    for w in truth:
+        minutes[w["date"]] = minutes.get(w["date"], 0.0) + w["seconds"] / 60
+    bars = buckets(page)
+    assert floats(bars, "value") == pytest.approx(minutes)
+    text = readout_of(page, '#chart .bucket[data-date="2026-01-20"]')
+    assert "28 min of workouts (2 workouts)" in text, text
+
+
+def test_read_10_6_ecg_list_and_trace(session):
+    newest, oldest = CORPUS.ecg[1], CORPUS.ecg[0]
+    s = session(timezone="Asia/Singapore").sign_in()
+    page = s.open(metric="ecg", range="custom", tz="local",
+                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    items = buckets(page, "#records li.ecg")
+    assert [i["local"][:16] for i in items] == [
+        "%sT%s" % (e["start"][:10], e["start"][11:16]) for e in (newest, oldest)]
+    for item, body in zip(items, (newest, oldest)):
+        assert int(item["samples"]) == len(body["voltageMeasurements"])
+        assert float(item["frequency"]) == body["samplingFrequency"]
+    listed = page.inner_text("#records")
+    assert listed.lower().count(newest["classification"].lower()) == 2
+    assert str(newest["averageHeartRate"]) in listed
+
+    def trace():
+        return page.eval_on_selector("#chart svg.ecg-trace", """svg => ({
+            data: Object.assign({}, svg.dataset),
+            points: Array.from(svg.querySelectorAll('polyline.trace'))
+                .map(p => p.getAttribute('points').trim().split(/\\s+/).length)})""")
+
+    shown = trace()
+    volts = [v["voltage"] for v in newest["voltageMeasurements"]]
+    assert sum(shown["points"]) == len(volts) == 7690
+    assert float(shown["data"]["frequency"]) == newest["samplingFrequency"]
+    assert float(shown["data"]["seconds"]) == pytest.approx(len(volts) / 512.6)
+    assert (float(shown["data"]["min"]), float(shown["data"]["max"])) == pytest.approx(
+        (min(volts), max(volts)))
+    page.click('#records li.ecg[data-local^="%s"] button' % oldest["start"][:10])
+    page.wait_for_selector('#chart[data-state="ready"] svg.ecg-trace[data-samples="%d"]'
+                           % len(oldest["voltageMeasurements"]))
+    assert sum(trace()["points"]) == len(oldest["voltageMeasurements"]) == hf.ECG_SAMPLES
+    assert "ecg=" in page.url
+
+
+def test_read_10_7_events_are_lists_with_their_local_times(session):
+    s = session(timezone="Africa/Nairobi").sign_in()
+    page = s.open(metric="state_of_mind", range="custom", tz="local",
+                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    assert page.locator("#chart svg").count() == 0
+    items = buckets(page, "#records li.event")
+    # stateOfMind is written in UTC ("…Z"): its local time as written is UTC's
+    expected = sorted(((m["start"][:10], m["start"][11:16], m) for m in CORPUS.moods),
+                      key=lambda e: e[0] + e[1], reverse=True)
+    assert [(i["date"], i["local"][11:16]) for i in items] == [e[:2] for e in expected]
+    texts = page.eval_on_selector_all("#records li.event", "ls => ls.map(l => l.innerText)")
+    for text, (_, clock, mood) in zip(texts, expected):
+        assert clock in text
+        assert mood["valenceClassification"].replace("_", " ") in text
+        assert all(label in text for label in mood["labels"])
+    days = page.eval_on_selector_all("#records section.day", "ds => ds.map(d => d.dataset.date)")
+    assert days == sorted({e[0] for e in expected}, reverse=True)
+
+    page = s.open(metric="symptoms/Headache", range="custom", tz="local",
+                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    text = page.inner_text("#records")
+    assert "Moderate" in text and "14:00" in text
+    medication = page.eval_on_selector_all(
+        "#catalog option", "os => os.map(o => o.value).filter(v => v.startsWith('medications/'))")
+    assert medication
+    page = s.open(metric=medication[0], range="custom", tz="local",
+                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    dose = [m for m in CORPUS.medications if medication[0].endswith(
+        m.get("nickname") or m["displayText"]) or medication[0].endswith(m["displayText"])][0]
+    text = page.inner_text("#records")
+    assert dose["status"] in text and "08:00" in text
+    page = s.open(metric="heart_rate_notifications", range="custom", tz="local",
+                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    note = CORPUS.notifications[0]
+    text = page.inner_text("#records")
+    assert note["heartNotification"].replace("_", " ") in text
+    assert str(note["threshold"]) in text and note["start"][11:16] in text
+
+
+def test_read_10_8_deliveries_paged_with_overwrites_and_unit_conflicts(session):
+    s = session(timezone="America/Denver").sign_in()
+    page = s.page
+    total = len(CORPUS.deliveries)
+    assert total > 2 * JOURNAL_PAGE
+    page.wait_for_function("() => document.querySelectorAll('#journal tbody tr').length === %d"
+                           % JOURNAL_PAGE)
+    while page.locator("#journal tbody tr").count() < total:
+        shown = page.locator("#journal tbody tr").count()
+        page.click("#journal-more")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#journal tbody tr').length > %d" % shown)
+    assert page.is_hidden("#journal-more")
+    rows = buckets(page, "#journal tbody tr")
+    assert [int(r["id"]) for r in rows] == list(range(total, 0, -1))  # newest first, once
+    cells = page.eval_on_selector_all("#journal tbody tr", """rs => rs.map(r => Object.fromEntries(
+        Array.from(r.cells).map(c => [c.dataset.label, c.textContent])))""")
+    for row, cell in zip(rows, cells):
+        posted = CORPUS.deliveries[int(row["id"]) - 1]
+        assert cell["Automation"] == posted["automation"].name
+        assert int(row["points"]) == posted["points"]
+        assert cell["Points"] == "{:,}".format(posted["points"])
+        assert int(row["overwrites"]) == posted["counters"].get("overwrites", 0)
+        assert int(row["unitConflicts"]) == posted["counters"].get("unit_conflicts", 0)
+    big = [c["Points"] for c in cells if len(c["Points"]) > 4]
+    assert big and all(re.fullmatch(r"\d{1,3}(,\d{3})+", p) for p in big), big
+    flagged = page.eval_on_selector_all("#journal td.flag", "ts => ts.map(t => t.dataset.label)")
+    assert sorted(flagged) == ["Overwrites", "Unit conflicts"]
+    assert "Backlog 0" in page.inner_text("#health")
+
+
+def test_read_10_9_a_stale_reply_never_paints_over_a_newer_view(session):
+    s = session(timezone="Asia/Tokyo").sign_in("#metric=heart_rate&range=7d&tz=local")
+    page = s.page
+    held = []
+    page.route(lambda url: "/api/points" in url and "metric=heart_rate" in url,
+               lambda route: held.append(route))  # answered only below, after the switch
+    with page.expect_request(lambda r: "metric=heart_rate" in r.url and "bucket=day" in r.url):
+        page.click('#range button[data-range="30d"]')
+    page.select_option("#catalog", "step_count")
+    page.wait_for_selector('#chart[data-state="ready"][data-metric="step_count"]')
+    assert held  # the heart-rate reply is still held while steps were drawn
+    steps = buckets(page)
+    for route in held:  # the old reply arrives late (or not at all: it was aborted)
+        try:
+            route.continue_()
+        except Exception:  # noqa: B902 - the page already gave the request up
+            pass
+    page.evaluate("fetch('/healthz').then(r => r.json())")  # a round trip after it
+    assert page.get_attribute("#chart", "data-metric") == "step_count"
+    assert buckets(page) == steps
+    # Fast clicks: only the last range is drawn.
+    for key in ("24h", "1y", "7d", "all", "30d"):
+        page.click('#range button[data-range="%s"]' % key)
+    page.wait_for_selector('#chart[data-state="ready"][data-range="30d"]')
+    shown = buckets(page)
+    assert len(shown) == 30 and shown[-1]["date"] == "2025-12-31"
+    assert page.locator("#chart .chart-panel").count() == 1
+
+
+def test_read_10_10_the_address_keeps_the_view_and_the_zone(session):
+    s = session(timezone="Europe/Lisbon").sign_in()
+    page = s.page
+    zones = page.eval_on_selector_all("#zone option", "os => os.map(o => o.value)")
+    assert zones == ["local", "Europe/Lisbon", "UTC"]  # the browser's zone from Intl
+    page = s.open(metric="step_count", range="30d", tz="local")
+    local = buckets(page)
+    page.reload()
+    s.wait({"metric": "step_count", "range": "30d", "tz": "local"})
+    assert buckets(page) == local
+    assert page.input_value("#zone") == "local"
+    assert page.eval_on_selector('#range button[aria-pressed="true"]', "b => b.dataset.range") \
+        == "30d"
+
+    # In UTC, Sydney's midnights (13:00 or 14:00 UTC the day before) are UTC's days.
+    with page.expect_request(lambda r: "/api/points" in r.url and "tz=UTC" in r.url
+                             and "bucket=day" in r.url and "from=2025-" in r.url):
+        page.select_option("#zone", "UTC")
+    s.wait({"metric": "step_count", "range": "30d", "tz": "UTC"})
+    assert "tz=UTC" in page.url
+    utc = {}
+    for p in CORPUS.days["Australia/Sydney"]["step_count"]:
+        date = dt.datetime.fromtimestamp(_epoch(p["date"]), dt.timezone.utc).date().isoformat()
+        utc[date] = utc.get(date, 0) + p["qty"]
+    shown = buckets(page)
+    assert shown[-1]["date"] == "2025-12-30"  # the latest point, 2025-12-30T13:00Z
+    assert {b["date"]: float(b["value"]) for b in shown} == {
+        b["date"]: utc[b["date"]] for b in shown}
+    assert {b["date"] for b in shown} == {d for d in utc if "2025-12-01" <= d <= "2025-12-30"}
+
+    # A custom range is in the address too, and survives a reload.
+    page = s.open(metric="heart_rate", range="custom", tz="UTC",
+                  **{"from": "2024-03-25", "to": "2024-04-02"})
+    page.reload()
+    s.wait({"metric": "heart_rate", "range": "custom", "from": "2024-03-25", "tz": "UTC"})
+    assert (page.input_value("#from"), page.input_value("#to")) == ("2024-03-25", "2024-04-02")
+    assert page.is_visible("#custom")
+    # Changing a date in the form redraws and rewrites the address.
+    page.fill("#to", "2024-04-09")
+    page.dispatch_event("#to", "change")
+    s.wait({"metric": "heart_rate", "range": "custom", "from": "2024-03-25", "tz": "UTC"})
+    page.wait_for_function("() => location.hash.includes('to=2024-04-09')")
+    assert len(buckets(page)) == 16
+
+
+def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
+    s = session(timezone="America/Chicago").sign_in()
+    page = s.open(metric="heart_rate", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    dates = [b["date"] for b in buckets(page)]
+    assert not set(dates) & GAPS and len(dates) == 31 - len(GAPS)
+    path = page.get_attribute('#chart path.series[data-field="Avg"]', "d")
+    assert path.count("M") == 2  # May 1-9 and 16-31; the lone 13th is a dot, not a line
+    lone = page.locator('#chart .bucket[data-date="%s"] circle' % LONE_DAY)
+    assert "lone" in lone.get_attribute("class")
+    box = lone.bounding_box()
+    assert box["width"] >= 6 and box["height"] >= 6
+    assert page.locator("#chart rect.band").count() == 1  # the lone day's band
+    page = s.open(metric="step_count", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    assert not {b["date"] for b in buckets(page)} & GAPS  # no bar, not a zero bar
+    assert page.locator("#chart rect.bar").count() == 31 - len(GAPS)
+    # A range holding one bucket draws it where it can be seen.
+    for metric, shape in (("step_count", "rect.bar"), ("heart_rate", "circle.pt")):
+        page = s.open(metric=metric, range="custom", tz="local",
+                      **{"from": LONE_DAY, "to": LONE_DAY})
+        assert len(buckets(page)) == 1
+        box = page.locator("#chart .bucket " + shape).bounding_box()
+        assert box["width"] >= 4 and box["height"] >= 1, box
+
+
+VIEWS = (
+    ("steps", {"metric": "step_count", "range": "30d", "tz": "local"}),
+    ("heart-rate", {"metric": "heart_rate", "range": "7d", "tz": "local"}),
+    ("sleep", {"metric": "sleep_analysis", "range": "custom", "tz": "local",
+               "from": "2026-01-09", "to": "2026-01-17"}),
+    ("workouts", {"metric": "workouts", "range": "custom", "tz": "local",
+                  "from": "2026-01-01", "to": "2026-01-31"}),
+    ("ecg", {"metric": "ecg", "range": "30d", "tz": "local"}),
+    ("events", {"metric": "state_of_mind", "range": "7d", "tz": "local"}),
+)
+
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  for (const e of document.querySelectorAll('body *')) {
+    if (e.closest('svg') && e.tagName.toLowerCase() !== 'svg') continue;
+    const r = e.getBoundingClientRect();
+    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
+      out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + r.left + '..' + r.right);
+    }
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
+        && e.clientWidth) {
+      out.push('scrolls: ' + e.tagName + '#' + e.id + '.' + e.className);
+    }
+  }
+  return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
+}"""
+
+
+def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
+    phone = session(timezone="America/Chicago", width=360, height=780, phone=True)
+    phone.sign_in("#" + urllib.parse.urlencode(VIEWS[0][1]))
+    for name, params in VIEWS:
+        page = phone.open(**params)
+        if name == "ecg":
+            page.wait_for_selector("#chart svg.ecg-trace")
+        found = page.evaluate(OVERFLOW)
+        assert found["scroll"] <= 360 and not found["out"], (name, found)
+        box = page.locator("#chart svg").first.bounding_box() if name != "events" else None
+        assert box is None or 300 <= box["width"] <= 360
+        screenshot(page, "dashboard-phone-%s.png" % name)
+    page.wait_for_selector("#journal tbody tr")
+    found = page.evaluate(OVERFLOW)
+    assert found["scroll"] <= 360 and not found["out"], ("journal", found)
+    phone.open(**VIEWS[0][1])
+    screenshot(page, "dashboard-phone.png", tracked=True)
+
+    desktop = session(timezone="America/Chicago", width=1280, height=900)
+    desktop.sign_in("#" + urllib.parse.urlencode(VIEWS[0][1]))
+    page = desktop.page
+    page.wait_for_selector("#journal tbody tr")
+    screenshot(page, "dashboard.png", tracked=True)
+    for name, params in VIEWS[1:]:
+        page = desktop.open(**params)
+        if name == "ecg":
+            page.wait_for_selector("#chart svg.ecg-trace")
+        screenshot(page, "dashboard-%s.png" % name)
+    page.emulate_media(color_scheme="dark")
+    screenshot(page, "dashboard-dark.png")
+
+
+@pytest.mark.parametrize("metric, hours, every", [
+    ("step_count", True, "week"), ("heart_rate", True, "week"),
+    ("sleep_analysis", False, "day"), ("workouts", False, "day")])
+def test_read_10_1_every_range_draws_its_buckets(session, metric, hours, every):
+    """24 h, 1 y and All end on the latest data too, in the bucket their length asks for
+    (All: weeks for the three years of steps and heart rate, days for eight nights and
+    two months of workouts)."""
+    s = session(timezone="Asia/Tokyo").sign_in()
+    for key, bucket in (("24h", "hour" if hours else "day"), ("1y", "week"), ("all", every)):
+        page = s.open(metric=metric, range=key, tz="local")
+        shown = buckets(page)
+        assert shown, (metric, key)
+        if metric != "workouts":  # workouts are counted from their list, per day or week
+            assert page.get_attribute("#chart", "data-bucket") == bucket, (metric, key)
+        if bucket == "week":
+            weeks = [b["date"] for b in shown]
+            assert all(dt.date.fromisoformat(d).weekday() == 0 for d in weeks), weeks

@@ -1,0 +1,225 @@
+"""The dashboard's time, tick and bucket logic, unit-tested in Chromium (READ-10.14).
+
+The functions are the page's own: healthlog.APP_JS is loaded into a blank page after the test
+sets ``window.HEALTHLOG_TEST = true``, and the script then puts its pure functions on
+``window.healthlogTest`` (a normal page sets no flag and exposes nothing). One file serves the
+page and the test, so what is tested is exactly what runs, and the page still loads only
+/static/app.js (READ-7.2). The expected values are computed here, in Python, from the
+calendar and the tz database; each browser context runs in an extreme zone (+14:00, -10:00,
++05:45) so that a function that leaned on the browser's clock would give other dates.
+"""
+
+import datetime as dt
+from zoneinfo import ZoneInfo
+
+import pytest
+
+import healthlog
+from dashboard_browser import launched
+
+ZONES = ("Pacific/Kiritimati", "Pacific/Honolulu", "Asia/Kathmandu")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launched()
+
+
+@pytest.fixture(scope="module", params=ZONES)
+def js(browser, request):
+    """call(name, *args): window.healthlogTest[name](...args) in a page in that zone."""
+    context = browser.new_context(timezone_id=request.param, locale="en-US")
+    page = context.new_page()
+    page.set_content("<!doctype html><title>logic</title>")
+    page.evaluate("window.HEALTHLOG_TEST = true")
+    page.add_script_tag(content=healthlog.APP_JS)
+    assert page.evaluate("typeof window.healthlogTest") == "object"
+
+    def call(name, *args):
+        return page.evaluate("([name, args]) => window.healthlogTest[name](...args)",
+                             [name, list(args)])
+
+    def many(name, calls):
+        """[window.healthlogTest[name](...args) for args in calls], in one round trip."""
+        return page.evaluate("([name, calls]) => calls.map(a => window.healthlogTest[name](...a))",
+                             [name, [list(a) for a in calls]])
+
+    call.many = many
+    yield call
+    context.close()
+
+
+def iso(d: dt.date) -> str:
+    return d.isoformat()
+
+
+def test_read_10_14_a_normal_page_exposes_nothing(browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_content("<!doctype html><title>plain</title>")
+    page.add_script_tag(content=healthlog.APP_JS)
+    assert page.evaluate("typeof window.healthlogTest") == "undefined"
+    context.close()
+
+
+def test_read_10_14_calendar_arithmetic_is_the_calendar_in_any_zone(js):
+    days = [dt.date(2023, 12, 25) + dt.timedelta(days=k) for k in range(0, 800, 3)]
+    shifts = [(day, n) for day in days for n in (-400, -1, 0, 1, 29, 366)]
+    assert js.many("addDays", [(iso(d), n) for d, n in shifts]) == [
+        iso(d + dt.timedelta(days=n)) for d, n in shifts]
+    assert js.many("weekdayOf", [(iso(d),) for d in days]) == [d.weekday() for d in days]
+    assert js.many("mondayOf", [(iso(d),) for d in days]) == [
+        iso(d - dt.timedelta(days=d.weekday())) for d in days]
+    # DST days, a leap day and the epoch's neighbours are days like any other
+    for text in ("2024-03-10", "2024-03-31", "2025-04-06", "2024-02-29", "1969-12-31",
+                 "1970-01-01", "2023-11-05"):
+        day = dt.date.fromisoformat(text)
+        assert js("addDays", text, 1) == iso(day + dt.timedelta(days=1))
+        assert js("dayNumber", text) == (day - dt.date(1970, 1, 1)).days
+    assert js("daysBetween", "2024-01-01", "2025-01-01") == 366
+    assert js("dateSlots", "2024-03-29", "2024-04-02", "day") == [
+        "2024-03-29", "2024-03-30", "2024-03-31", "2024-04-01"]
+    assert js("dateSlots", "2024-03-29", "2024-04-16", "week") == [
+        "2024-03-25", "2024-04-01", "2024-04-08", "2024-04-15"]
+
+
+def test_read_10_14_local_times_are_read_as_written(js):
+    assert js("splitLocal", "2023-11-05T01:00:00-05:00") == {
+        "date": "2023-11-05", "hour": 1, "minute": 0, "time": "01:00", "offset": "-05:00",
+        "offsetMs": -5 * 3600e3}
+    assert js("splitLocal", "2025-04-06T02:30:00+10:00")["offsetMs"] == 10 * 3600e3
+    assert js("splitLocal", "2026-01-26T16:30:00Z")["offset"] == "+00:00"
+    assert js("splitLocal", "2024-03-31T03:00:00.5+05:45")["time"] == "03:00"
+    assert js("splitLocal", "not a time") is None
+    assert js("formatLocal", "2023-11-05T01:00:00-05:00", True) == \
+        "Sun, Nov 5, 2023, 01:00 (UTC-05:00)"
+    assert js("formatDate", "2024-02-29") == "Thu, Feb 29, 2024"
+
+
+@pytest.mark.parametrize("days, kind, bucket", [
+    (1, "total", "hour"), (2, "average", "hour"), (3, "total", "day"), (1, "sleep", "day"),
+    (2, "workouts", "day"), (186, "total", "day"), (187, "average", "week"),
+    (365, "sleep", "week")])
+def test_read_10_14_the_bucket_follows_the_range(js, days, kind, bucket):
+    assert js("bucketFor", days, kind) == bucket
+
+
+def test_read_10_14_ranges_end_on_the_latest_date_the_server_named(js):
+    anchor = {"date": "2025-12-31", "instant": dt.datetime(
+        2025, 12, 30, 13, 0, tzinfo=dt.timezone.utc).timestamp() * 1000}
+    seven = js("planView", {"kind": "total", "range": "7d", "anchor": anchor})
+    assert (seven["bucket"], seven["from"], seven["to"]) == ("day", "2025-12-25", "2026-01-01")
+    assert seven["slots"] == ["2025-12-%02d" % d for d in range(25, 32)]
+    month = js("planView", {"kind": "average", "range": "30d", "anchor": anchor})
+    assert (month["from"], month["to"], len(month["slots"])) == ("2025-12-02", "2026-01-01", 30)
+    year = js("planView", {"kind": "total", "range": "1y", "anchor": anchor})
+    first = dt.date(2026, 1, 1) - dt.timedelta(days=365)
+    monday = first - dt.timedelta(days=first.weekday())
+    assert (year["bucket"], year["from"], year["to"]) == ("week", iso(monday), "2026-01-01")
+    assert year["slots"][0] == iso(monday) and year["slots"][-1] == "2025-12-29"
+    day = js("planView", {"kind": "total", "range": "24h", "anchor": anchor})
+    assert (day["bucket"], day["from"], day["to"]) == (
+        "hour", "2025-12-29T14:00:00Z", "2025-12-30T14:00:00Z")
+    night = js("planView", {"kind": "sleep", "range": "24h", "anchor": anchor})
+    assert (night["bucket"], night["from"], night["to"]) == ("day", "2025-12-31", "2026-01-01")
+    custom = js("planView", {"kind": "total", "range": "custom",
+                             "custom": {"from": "2023-11-05", "to": "2023-11-05"}})
+    assert (custom["bucket"], custom["from"], custom["to"], custom["axis"]) == (
+        "hour", "2023-11-05", "2023-11-06", "hours")
+    every = js("planView", {"kind": "total", "range": "all", "span": {
+        "first": 0, "last": 400 * 86400e3}})
+    assert (every["bucket"], every["from"], every["to"]) == ("week", None, None)
+
+
+def test_read_10_14_hour_ticks_follow_the_phones_clock_across_dst(js):
+    zone = ZoneInfo("America/New_York")
+    t0 = dt.datetime(2023, 11, 5, tzinfo=zone)
+    buckets = []
+    for h in range(25):
+        start = t0.astimezone(dt.timezone.utc) + dt.timedelta(hours=h)
+        local = start.astimezone(zone)
+        buckets.append({"start": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "local": local.isoformat()})
+    begin = t0.timestamp() * 1000
+    ticks = js("hourTicks", begin, begin + 25 * 3600e3, buckets, 30)
+    labels = [t["label"] for t in ticks]
+    expected = [b["local"][11:16] for b in buckets]
+    expected[0] = "Nov 5"
+    assert labels == expected  # 01:00 twice, as the phone's clock read
+    assert [t["major"] for t in ticks] == [True] + [False] * 24
+    fewer = js("hourTicks", begin, begin + 25 * 3600e3, buckets, 5)
+    assert [t["label"] for t in fewer] == ["Nov 5", "06:00", "12:00", "18:00"]
+
+
+def test_read_10_14_date_ticks_fit_the_room(js):
+    month = [iso(dt.date(2024, 3, 1) + dt.timedelta(days=k)) for k in range(31)]
+    ticks = js("dateTicks", month, "day", 8)
+    assert [t["date"] for t in ticks] == [d for d in month
+                                          if dt.date.fromisoformat(d).weekday() == 0]
+    assert all(t["label"] == dt.date.fromisoformat(t["date"]).strftime("%b ") + str(
+        int(t["date"][8:])) for t in ticks)
+    week = month[:7]
+    assert [t["label"] for t in js("dateTicks", week, "day", 8)] == [
+        "%s %d" % (dt.date.fromisoformat(d).strftime("%a"), int(d[8:])) for d in week]
+    weeks = [iso(dt.date(2024, 1, 1) + dt.timedelta(days=7 * k)) for k in range(53)]
+    labels = [t["label"] for t in js("dateTicks", weeks, "week", 12)]
+    assert labels == ["2024", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                      "Nov", "Dec"]
+    assert [t["label"] for t in js("dateTicks", weeks, "week", 4)] == [
+        "2024", "Apr", "Jul", "Oct"]
+
+
+def test_read_10_14_value_ticks_are_round_and_cover(js):
+    for lo, hi, count in ((0, 16123, 5), (48.2, 171, 4), (0, 0.7, 5), (5, 5, 4), (-3, 12, 5)):
+        ticks = js("niceTicks", lo, hi, count)
+        assert ticks[0] <= lo and ticks[-1] >= hi and len(ticks) <= count + 3
+        steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
+        assert len(steps) == 1
+
+
+def test_read_10_14_gaps_break_lines_and_layers_fit_the_range(js):
+    points = [{"pos": p} for p in (0, 1, 2, 5, 7, 8)]
+    assert [[p["pos"] for p in seg] for seg in js("segmentsOf", points)] == [
+        [0, 1, 2], [5], [7, 8]]
+    layers = [
+        {"layer": "days", "first": "2023-01-01T05:00:00Z", "last": "2025-12-30T13:00:00Z",
+         "points": 1094},
+        {"layer": "minutes", "first": "2023-11-04T04:00:00Z", "last": "2023-11-07T04:58:00Z",
+         "points": 2190}]
+    plan = {"from": "2023-07-01", "to": "2024-01-01"}
+    assert js("chooseLayer", layers, plan) == "days"  # minutes hold only three days of it
+    assert js("chooseLayer", layers, {"from": "2023-11-05", "to": "2023-11-06"}) == "minutes"
+    assert js("chooseLayer", layers, {"from": "2024-07-01", "to": "2025-01-01"}) == "days"
+    assert js("chooseLayer", layers, {"from": None, "to": None}) == "days"
+    assert js("chooseLayer", layers[:1], plan) is None  # one layer: the server's choice
+
+
+def test_read_10_14_workout_minutes_and_night_bars(js):
+    items = [{"date": "2026-01-20", "duration_s": 720}, {"date": "2026-01-20", "duration_s": 960},
+             {"date": "2026-01-22", "duration_s": 2700.4}, {"date": "2026-01-23"}]
+    assert js("workoutMinutes", items, "day") == {
+        "2026-01-20": {"minutes": 28, "count": 2},
+        "2026-01-22": {"minutes": pytest.approx(45.00667, abs=1e-4), "count": 1}}
+    assert js("workoutMinutes", items, "week") == {
+        "2026-01-19": {"minutes": pytest.approx(73.00667, abs=1e-4), "count": 3}}
+    assert js("formatMinutes", 12.0) == "12 min"
+    assert js("formatHours", 7.5) == "7 h 30 min"
+    old = js("nightBar", {"asleep": 6.5, "in_bed": 7.25, "stages": {}})
+    assert old == {"parts": [{"stage": "asleep", "hours": 6.5}], "top": 6.5, "asleep": 6.5,
+                   "inBed": 7.25}
+    staged = js("nightBar", {"asleep": 6.0, "in_bed": None, "stages": {
+        "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}})
+    assert [p["stage"] for p in staged["parts"]] == ["deep", "core", "rem", "unstaged", "awake"]
+    assert staged["parts"][3]["hours"] == pytest.approx(0.5)
+    assert staged["inBed"] is None
+
+
+def test_read_10_14_numbers_have_one_format(js):
+    assert js("formatNumber", 12345.6) == "12,346"
+    assert js("formatNumber", 1234) == "1,234"
+    assert js("formatNumber", 64.25) == "64.3"
+    assert js("formatNumber", 0.123) == "0.12"
+    assert js("words", "valenceClassification") == "valence classification"
+    assert js("detailText", "slightly_pleasant") == "slightly pleasant"
+    assert js("detailText", ["calm", "happy"]) == "calm, happy"
+    assert js("detailText", {"qty": 2.5, "units": "mg"}) == "2.5 mg"
