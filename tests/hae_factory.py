@@ -1880,7 +1880,7 @@ def zoned_epoch(zone_name: str, wall: dt.datetime) -> int:
     return int(wall.replace(tzinfo=ZoneInfo(zone_name)).timestamp())
 
 
-def days_export(zone_name: str, first: dt.date, days: int, seed: int = 0) -> dict:
+def zoned_days_export(zone_name: str, first: dt.date, days: int, seed: int = 0) -> dict:
     """What a Days automation of a phone in ``zone_name`` sends for ``days`` days from
     ``first``: per metric name, one point per day at local midnight (the offset of that
     midnight, so it follows DST): ``step_count`` ``{date, qty, source}`` and ``heart_rate``
@@ -1906,7 +1906,7 @@ def minute_steps(zone_name: str, start: int, end: int, every: int = 60, seed: in
              "source": OWNER_WATCH} for t in range(start, end, every)]
 
 
-SLEEP_FORMS = ("a", "b", "c", "d")
+NIGHT_FORMS = ("a", "b", "c", "d")
 """The four shapes of sleep HAE has sent: (a) an old summary without stages, (b) a summary
 with stages beside a non-zero ``asleep``, (c) a summary of HAE 6.6.2 or later with
 ``asleep: 0`` beside ``totalSleep``, (d) stage records."""
@@ -1914,7 +1914,7 @@ with stages beside a non-zero ``asleep``, (c) a summary of HAE 6.6.2 or later wi
 
 def sleep_night_points(form: str, zone_name: str, wake_day: dt.date, seed: int = 0) -> list:
     """The points HAE sends for the night that ends on the morning of ``wake_day`` in
-    ``form`` (`SLEEP_FORMS`). Summaries of form (b) are dated at the sleep start the
+    ``form`` (`NIGHT_FORMS`). Summaries of form (b) are dated at the sleep start the
     evening before (HAE does that on some nights), the others at the wake time or the
     wake day's midnight; stage records do not overlap and sit inside one in-bed record."""
     rng = random.Random("%s-%s-%s" % (seed, form, wake_day))
@@ -1956,7 +1956,7 @@ def sleep_night_points(form: str, zone_name: str, wake_day: dt.date, seed: int =
                  "inBedEnd": stamp(out_of_bed), "awake": hours["awake"],
                  "source": PIPED_SOURCE}]
     if form != "d":
-        raise ValueError("sleep form must be one of %s" % (SLEEP_FORMS,))
+        raise ValueError("sleep form must be one of %s" % (NIGHT_FORMS,))
     labels = SLEEP_VALUES["en"]
     rows = [{"startDate": stamp(bed), "endDate": stamp(out_of_bed), "value": labels["inbed"],
              "qty": in_bed, "source": OWNER_PHONE}]

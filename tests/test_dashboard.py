@@ -90,7 +90,7 @@ class Corpus:
         days_auto = hf.Automation("Health days", "Days", "Previous 7 Days")
         for seed, (zone, year, _) in enumerate(PHONES):
             first = dt.date(year, 1, 1)
-            export = hf.days_export(zone, first, (dt.date(year + 1, 1, 1) - first).days,
+            export = hf.zoned_days_export(zone, first, (dt.date(year + 1, 1, 1) - first).days,
                                     seed=seed)
             if zone == "Europe/Berlin":
                 export = {name: [p for p in data if p["date"][:10] not in GAPS]
