@@ -25,7 +25,7 @@ import urllib.parse
 import zoneinfo
 from typing import Any, NamedTuple, Optional
 
-from conftest import TOKEN
+from conftest import TOKEN, ServeProcess, assert_no_leaks, db_rows, wait_for
 
 US = 1_000_000
 HOUR_US = 3600 * US
@@ -524,3 +524,38 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
             assert (g["sleep_start"], g["sleep_end"]) == (w["sleep_start"], w["sleep_end"]), (
                 w["date"], g, w)
             assert offset_s(written(g["local"])) in w["end_offsets"], (g, w)
+
+
+# -- the module store: a corpus posted to a serve subprocess ------------------------------
+
+
+class Store(NamedTuple):
+    data_dir: Any
+    address: tuple
+    corpus: Any
+
+
+def pending(data_dir) -> int:
+    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
+                             " WHERE parse_status = 'pending'")[0]["n"]
+
+
+def serve_corpus(base, corpus, deliveries, extra_canaries=(), all_parsed: bool = True):
+    """A module fixture's body: ``deliveries`` ((headers, body)) posted to a serve
+    subprocess in ``base`` and folded by its worker; the server keeps running while the
+    fixture lasts (export runs beside it), and its log is checked for leaks after."""
+    data_dir = base / "data"
+    proc = ServeProcess(data_dir, base / "serve.log")
+    try:
+        client = proc.client
+        for headers, body in deliveries:
+            status, answer = client.ingest(body, headers=dict(headers))
+            assert status == 200, answer
+        wait_for(lambda: pending(data_dir) == 0, timeout=120, what="every delivery folded")
+        if all_parsed:
+            statuses = {row["parse_status"] for row in db_rows(data_dir)}
+            assert statuses == {"parsed"}, statuses
+        yield Store(data_dir, ("127.0.0.1", proc.port), corpus)
+    finally:
+        proc.terminate()
+    assert_no_leaks(proc.log_lines(), extra=extra_canaries)

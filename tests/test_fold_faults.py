@@ -41,6 +41,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
+from test_fold import write_lock
 from conftest import (ROOT, TOKEN, Client, GatedWorker, Passes, assert_no_leaks, db_rows,
                       parse_logfmt, wait_for)
 
@@ -331,18 +332,6 @@ class LockedAtWrite(healthlog.FoldEngine):
             self.holder = None
 
 
-@contextlib.contextmanager
-def write_lock(config: healthlog.Config):
-    """A second real connection holding SQLite's write lock: a busy database."""
-    conn = sqlite3.connect(str(config.db_path), isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    finally:
-        conn.execute("ROLLBACK")
-        conn.close()
-
-
 @pytest.mark.parametrize("when", ["before its attempt", "at its write"])
 def test_fold_14_2_attempts_the_database_deferred_are_not_counted(start_service, logs,
                                                                   monkeypatch, when):
@@ -556,25 +545,38 @@ def quick_service(make_config):
     assert service.stop()
 
 
-def exhaust_one_body(service: healthlog.Service) -> tuple:
-    """(first, broken, after, broken's body): four deliveries posted, the second one's
-    archived body replaced by a directory, and the worker let go until the broken one is
-    failed; the first and the last two are parsed."""
+def post_small(service: healthlog.Service, count: int) -> list:
+    """The ids of ``count`` small deliveries posted, one day apart."""
     client = Client(*service.address)
-    data_dir = service.config.data_dir
     ids = []
-    for n in range(4):
+    for n in range(count):
         status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
                                         headers=HEADERS)
         assert status == 200
         ids.append(payload["delivery_id"])
-    first, broken, *after = ids
-    path = data_dir / row(data_dir, broken)["archive_path"]
+    return ids
+
+
+def break_body(data_dir: Path, delivery_id: int) -> bytes:
+    """Replace a delivery's archived body by a directory (reading it gives EISDIR, while
+    the archive gives the other bodies); its bytes, to put back."""
+    path = data_dir / row(data_dir, delivery_id)["archive_path"]
     body = path.read_bytes()
     path.unlink()
-    path.mkdir()  # reading it gives EISDIR, while the archive gives the other bodies
+    path.mkdir()
+    return body
+
+
+def exhaust_one_body(service: healthlog.Service) -> tuple:
+    """(first, broken, after, broken's body): four deliveries posted, the second one's
+    archived body replaced by a directory, and the worker let go until the broken one is
+    failed; the first and the last two are parsed."""
+    ids = post_small(service, 4)
+    first, broken, *after = ids
+    body = break_body(service.config.data_dir, broken)
     service.worker.gate.set()
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed", "failed", "parsed", "parsed"],
+    wait_for(lambda: statuses(service.config.data_dir, ids)
+             == ["parsed", "failed", "parsed", "parsed"],
              timeout=60, what="the broken delivery is failed and the others are folded")
     wait_for(lambda: service.worker.state == "idle")
     return first, broken, after, body
@@ -724,18 +726,9 @@ def test_fold_15_3_an_unreadable_first_body_counts_while_later_bodies_can_be_rea
     """The archive gives the bodies queued after the broken one even when none was folded
     yet (a new data directory): the fault follows that one body, so its tries count, and
     the queue moves past it."""
-    client = Client(*quick_service.address)
     data_dir = quick_service.config.data_dir
-    ids = []
-    for n in range(3):
-        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
-                                        headers=HEADERS)
-        assert status == 200
-        ids.append(payload["delivery_id"])
-    broken, *after = ids
-    path = data_dir / row(data_dir, broken)["archive_path"]
-    path.unlink()
-    path.mkdir()
+    broken, *after = post_small(quick_service, 3)
+    break_body(data_dir, broken)
     with open(str(data_dir / row(data_dir, after[0])["archive_path"]), "rb") as readable:
         assert readable.read(1) == b"{"  # the archive gives the next body
 

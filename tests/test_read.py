@@ -45,11 +45,12 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, TOKEN, Client, assert_no_leaks, db_rows, wait_for
 from read_helpers import (Reply, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_range,
                           instant_us, iso_local, nights_by_date, numeric, raw_start, read_csv,
-                          runs_of, utc_iso, week_items, night_items, written)
+                          runs_of, serve_corpus, Store, pending, utc_iso, week_items,
+                          night_items, written)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -189,34 +190,12 @@ CORPUS = build_corpus()
 # ---------------------------------------------------------------------------------------------
 # The module store.
 
-class Store(NamedTuple):
-    data_dir: Path
-    address: tuple
-    corpus: Corpus
-
-
-def pending(data_dir: Path) -> int:
-    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
-                             " WHERE parse_status = 'pending'")[0]["n"]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, json_mode) -> Store:
     """The corpus posted to a serve subprocess and folded by its worker; the server keeps
-    running for the module (READ-8 runs the CLI beside it)."""
-    base = tmp_path_factory.mktemp("read")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
-    try:
-        client = proc.client
-        for _, headers, body in CORPUS.deliveries:
-            status, answer = client.ingest(body, headers=dict(headers))
-            assert status == 200, answer
-        wait_for(lambda: pending(data_dir) == 0, timeout=60)
-        yield Store(data_dir, ("127.0.0.1", proc.port), CORPUS)
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines())
+    running for the module (export runs beside it)."""
+    yield from serve_corpus(tmp_path_factory.mktemp("read"), CORPUS,
+                            [(h, b) for _, h, b in CORPUS.deliveries], all_parsed=False)
 
 
 def objects(data_dir: Path, metric: str = None) -> list:

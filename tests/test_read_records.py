@@ -18,15 +18,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 import hae_factory as hf
-from conftest import ServeProcess, assert_no_leaks, db_rows, wait_for
-from read_helpers import (assert_error, get, get_json, instant_us, iso_local, raw_end,
-                          raw_start, utc_iso, written)
+from read_helpers import (Store, assert_error, get, get_json, instant_us, iso_local, raw_end,
+                          raw_start, serve_corpus, utc_iso, written)
 
 SEED = 14
 BERLIN = hf.Phone(zone=hf.BERLIN, sources="single")
@@ -129,34 +127,12 @@ def build_corpus() -> Corpus:
 CORPUS = build_corpus()
 
 
-class Store(NamedTuple):
-    data_dir: Path
-    address: tuple
-    corpus: Corpus
-
-
-def pending(data_dir: Path) -> int:
-    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
-                             " WHERE parse_status = 'pending'")[0]["n"]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
-    base = tmp_path_factory.mktemp("read-records")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
-    try:
-        client = proc.client
-        for headers, body in CORPUS.deliveries:
-            status, answer = client.ingest(body, headers=dict(headers))
-            assert status == 200, answer
-        wait_for(lambda: pending(data_dir) == 0, timeout=120, what="every delivery folded")
-        statuses = {row["parse_status"] for row in db_rows(data_dir)}
-        assert statuses == {"parsed"}, statuses
-        yield Store(data_dir, ("127.0.0.1", proc.port), CORPUS)
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines(), extra=EXTRA_CANARIES)
+    """The corpus posted to a serve subprocess and folded by its worker; the server keeps
+    running for the module (export runs beside it)."""
+    yield from serve_corpus(tmp_path_factory.mktemp("read-records"), CORPUS, CORPUS.deliveries,
+                            EXTRA_CANARIES)
 
 
 def page_through(store: Store, metric: str, limit: int, **query) -> list:

@@ -43,11 +43,12 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, assert_no_leaks, db_rows, wait_for
 from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, get, get_json, in_zone, instant_us,
                           iso_local, local_midnight_us, night_items, nights_by_date, raw_start,
-                          read_csv, runs_of, utc_iso, week_items, written)
+                          read_csv, runs_of, serve_corpus, Store, utc_iso, week_items,
+                          written)
 
 SEED = 2025
 SLEEP_SEED = 41
@@ -218,36 +219,12 @@ def build_corpus() -> Corpus:
 CORPUS = build_corpus()
 
 
-class Store(NamedTuple):
-    data_dir: Path
-    address: tuple
-    corpus: Corpus
-
-
-def pending(data_dir: Path) -> int:
-    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
-                             " WHERE parse_status = 'pending'")[0]["n"]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
     """The corpus posted to a serve subprocess and folded by its worker; the server keeps
     running for the module (export runs beside it)."""
-    base = tmp_path_factory.mktemp("read-time")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
-    try:
-        client = proc.client
-        for headers, body in CORPUS.deliveries:
-            status, answer = client.ingest(body, headers=dict(headers))
-            assert status == 200, answer
-        wait_for(lambda: pending(data_dir) == 0, timeout=120, what="every delivery folded")
-        statuses = {row["parse_status"] for row in db_rows(data_dir)}
-        assert statuses == {"parsed"}, statuses
-        yield Store(data_dir, ("127.0.0.1", proc.port), CORPUS)
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines(), extra=EXTRA_CANARIES)
+    yield from serve_corpus(tmp_path_factory.mktemp("read-time"), CORPUS, CORPUS.deliveries,
+                            EXTRA_CANARIES)
 
 
 def raw_runs(items: list) -> list:
