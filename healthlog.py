@@ -864,11 +864,25 @@ def format_offset(offset_s: int) -> str:
                             abs(offset_s) % 3600 // 60)
 
 
+_LOCAL_HOUR: dict = {}
+"""Local epoch hour → ``YYYY-MM-DDTHH:``: replies format each local hour once."""
+_OFFSET_TEXT: dict = {}
+
+
 def local_iso(instant_us: int, offset_s: int) -> str:
-    """An instant as local ISO-8601 text with its offset: ``2025-04-15T07:30:00-04:00``."""
-    seconds = instant_us // US + offset_s
-    moment = _dt.datetime(1970, 1, 1) + _dt.timedelta(seconds=seconds)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + format_offset(offset_s)
+    """An instant as local ISO-8601 text with its offset: ``2025-04-15T07:30:00-04:00``
+    (whole seconds)."""
+    hour, rest = divmod(instant_us // US + offset_s, 3600)
+    prefix = _LOCAL_HOUR.get(hour)
+    if prefix is None:
+        if len(_LOCAL_HOUR) >= _HOUR_BASE_MAX:
+            _LOCAL_HOUR.clear()
+        moment = _dt.datetime(1970, 1, 1) + _dt.timedelta(hours=hour)
+        prefix = _LOCAL_HOUR[hour] = moment.strftime("%Y-%m-%dT%H:")
+    zone = _OFFSET_TEXT.get(offset_s)
+    if zone is None:
+        zone = _OFFSET_TEXT[offset_s] = format_offset(offset_s)
+    return "%s%02d:%02d%s" % (prefix, rest // 60, rest % 60, zone)
 
 
 def local_ordinal(instant_us: int, offset_s: int) -> int:
@@ -4349,13 +4363,16 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
 
 def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:
     """(hour, units, whole, ``column``) of each object that may hold points of the range,
-    in time order; ``whole``: every point of it is in the range."""
+    in time order (``column`` may name several, given as a tuple); ``whole``: every point
+    of it is in the range."""
     low = -(1 << 62) if query.start is None else query.start // HOUR_US
     high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
-    for hour, units, first_at, last_at, value in conn.execute(
+    for row in conn.execute(
             "SELECT hour, units, first_at, last_at, %s FROM object WHERE metric = ?"
             " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % column,
             (query.metric, query.layer, low, high)):
+        hour, units, first_at, last_at = row[:4]
+        value = row[4] if len(row) == 5 else row[4:]  # several columns: a tuple of them
         whole = ((query.start is None or first_at * US >= query.start)
                  and (query.end is None or (last_at + 1) * US <= query.end)
                  and query.day_from is None and query.day_to is None)
@@ -4369,11 +4386,21 @@ def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
 
 
 def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
-    """(units, coordinate, point) of every point in the range, in time order."""
-    for units, raw, _ in _objects(conn, query):
-        for point in loads_body(raw):
-            coord = point_coordinate(point) if type(point) is dict else None
-            if _coord_in_range(coord, query, point):
+    """(units, coordinate, point) of every point in the range, in time order.  The spans
+    the fold stored beside each object give the coordinates without reading a timestamp
+    again (objects written before them are read as they are)."""
+    for _, units, whole, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
+        points = loads_body(decompress_blob(blob))
+        known = decode_spans(spans, len(points))
+        if known is None or -1 in known[0]:
+            for point in points:
+                coord = point_coordinate(point) if type(point) is dict else None
+                if _coord_in_range(coord, query, point):
+                    yield units, coord, point
+            continue
+        for start, end, point in zip(known[0], known[1], points):
+            coord = (start, end, _category(point))
+            if whole or _coord_in_range(coord, query, point):
                 yield units, coord, point
 
 
@@ -4468,23 +4495,18 @@ _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 """What a spreadsheet may read as the start of a formula (OWASP, CSV injection)."""
 
 
-def _csv_data(cell: Any) -> Any:
-    """A text cell as data, never a formula: one that starts like a formula gets a
-    leading ``'`` (OWASP's advice).  Numbers pass as numbers, so ``-5`` stays ``-5``:
-    only names, units and text values that arrived as strings can carry a formula (any
-    app that writes to HealthKit chooses its source name)."""
-    if type(cell) is str and cell.startswith(_FORMULA_STARTS):
-        return "'" + cell
-    return cell
-
-
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
-    """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes; every text cell
-    through :func:`_csv_data`."""
+    """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes.  A text cell that
+    starts like a formula gets a leading ``'`` (OWASP's advice against CSV injection), so
+    it is data, never a formula, in a spreadsheet; numbers pass as numbers, so ``-5`` stays
+    ``-5``: only names, units and text values that arrived as strings can carry a formula
+    (any app that writes to HealthKit chooses its source name)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    for row in rows:
-        writer.writerow([_csv_data(cell) for cell in row])
+    starts = _FORMULA_STARTS
+    for row in rows:  # one comprehension: this loop sees every cell
+        writer.writerow(["'" + cell if type(cell) is str and cell.startswith(starts) else cell
+                         for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -4495,7 +4517,7 @@ def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
 
 def _csv_cell(value: Any) -> Any:
     """A value as JSON would spell it (shortest round-trip doubles, which the csv module
-    writes for a float), text as it is; numbers stay numbers for :func:`_csv_data`."""
+    writes for a float), text as it is; numbers stay numbers for :func:`_csv_lines`."""
     kind = type(value)
     if kind is str or kind is float or kind is int:
         return value
