@@ -82,7 +82,7 @@ __all__ = ["Config", "Service", "main", "__version__"]
 # Constants: every tunable number, with the reason for its value.
 # ==============================================================================
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of the database this code writes; a newer one is refused.
 2: ``object.summary`` (per-hour aggregates for bucketed reads); a version-1 database
 gains the column on open, and its objects get summaries as they are written again
@@ -91,7 +91,8 @@ parsed start and end, so a fold compares a re-sent hour without parsing the stor
 timestamps again); older objects gain it as they are written again (a fold parses the
 points of one without it, as before).  4: ``delivery.attempts`` (fold attempts without
 an outcome) and the ``session`` table (signed-in browsers); older databases gain both
-on open."""
+on open.  5: the index ``object_summary``, which covers what bucketed reads ask of an
+object (built on open: about 0.3 s for a year of ten minute metrics)."""
 
 PARSER_VERSION = 2
 """Stamped on each folded delivery.  2: the category (a string ``value``) is part of a
@@ -1797,6 +1798,8 @@ CREATE TABLE {object} (
     spans            BLOB,
     PRIMARY KEY (metric, layer, hour)
 ) WITHOUT ROWID;
+CREATE INDEX {object}_summary ON {object} (metric, layer, hour, units, first_at, last_at,
+                                         summary);
 """
 
 
@@ -1822,9 +1825,14 @@ def schema_statements(delivery: str = "delivery", object_: str = "object",
     return [st for st in statements if indexes or not st.startswith("CREATE INDEX")]
 
 
-def index_statements(delivery: str = "delivery") -> list:
-    return [st for st in schema_statements(delivery) if st.startswith("CREATE INDEX")
-            and " ON %s " % delivery in st]
+def index_statements(table: str) -> list:
+    """The CREATE INDEX statements of the live ``delivery`` or ``object`` table.
+
+    ``object_summary`` covers what bucketed reads and the summary ask of an object, so
+    that they scan a narrow index instead of rows that hold their blobs (3× faster for a
+    year of hours, for about 2.5 bytes a minute point)."""
+    return [st for st in schema_statements() if st.startswith("CREATE INDEX")
+            and " ON %s " % table in st]
 
 
 def connect(path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S,
@@ -1929,6 +1937,8 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
                 present = {row[1] for row in conn.execute("PRAGMA table_info(%s)" % table)}
                 if column not in present:
                     conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
+            for statement in index_statements("object"):
+                conn.execute(statement.replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS"))
         conn.execute(_SESSION_SCHEMA)
         conn.execute("PRAGMA user_version=%d" % SCHEMA_VERSION)
 
@@ -5126,28 +5136,32 @@ phone's own total for the day; finer layers add up to it where there is none."""
 
 
 def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
-                    offset: Optional[int], low: int, high: int) -> Optional[list]:
-    """(epoch day, units, count, sum) per local day from the hourly summaries, in SQLite,
-    for the hours whose points all lie in one local day (their one offset a whole hour;
-    ``offset`` None: the offsets the fold wrote), and the hours left to read from points;
-    None where this SQLite has no JSON functions."""
+                    offset: Optional[int], low: int, high: int) -> Optional[tuple]:
+    """([(epoch day, units, count, sum)], [hours left]): per local day, from the hourly
+    summaries, summed inside SQLite, for the hours whose points all lie in one local day
+    (their one offset a whole hour; ``offset`` None: the offsets the fold wrote); the
+    other hours (two offsets, a half-hour one, a summary from before offsets were kept)
+    are left to be read from their points.  Each summary is parsed once per statement (one
+    json_extract of several paths).  None where this SQLite has no JSON functions."""
     path = '$.f."%s"' % field.replace('"', "")
+    where = " FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
     if offset is None:
-        shift, single = ("json_extract(summary, '$.o[0]')",
-                         " AND json_array_length(summary, '$.o') = 1"
-                         " AND json_extract(summary, '$.o[0]') % 3600 = 0")
+        shift = "json_extract(v, '$[0]')"
+        good = "coalesce(%s %% 3600 = 0 AND json_extract(v, '$[1]') IS NULL, 0)" % shift
     else:
-        shift, single = str(int(offset)), ""
+        shift, good = str(int(offset)), "1"
+    values = ("SELECT hour, units, json_extract(summary, '$.o[0]', '$.o[1]', ? || '[0]',"
+              " ? || '[3]') AS v" + where + " AND summary IS NOT NULL")
     try:
         rows = conn.execute(
-            "SELECT (hour * 3600 + %s) / 86400, units, sum(json_extract(summary, ? || '[0]')),"
-            " sum(json_extract(summary, ? || '[3]')) FROM object WHERE metric = ? AND layer = ?"
-            " AND hour BETWEEN ? AND ? AND summary IS NOT NULL%s AND json_type(summary, ?)"
-            " IS NOT NULL GROUP BY 1, 2" % (shift, single),
-            (path, path, metric, layer, low, high, path)).fetchall()
+            "SELECT (hour * 3600 + %s) / 86400, units, sum(json_extract(v, '$[2]')),"
+            " sum(json_extract(v, '$[3]')) FROM (%s) WHERE %s AND json_extract(v, '$[2]')"
+            " IS NOT NULL GROUP BY 1, 2" % (shift, values, good),
+            (path, path, metric, layer, low, high)).fetchall()
         left = [hour for (hour,) in conn.execute(
-            "SELECT hour FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
-            " AND NOT (summary IS NOT NULL%s)" % single, (metric, layer, low, high))]
+            "SELECT hour FROM (SELECT hour, summary, json_extract(summary, '$.o[0]', '$.o[1]')"
+            " AS v" + where + ") WHERE summary IS NULL OR NOT %s" % good,
+            (metric, layer, low, high))]
     except sqlite3.OperationalError:
         return None
     return rows, left
@@ -7344,7 +7358,8 @@ def run_reindex(config: Config, out: Any = None, force: bool = False) -> int:
         cols = ", ".join(JOURNAL_COLUMNS)
         with write_txn(conn):
             for statement in schema_statements("delivery_rebuild", "object_rebuild"):
-                conn.execute(statement)
+                if " ON object_rebuild " not in statement:  # built once, at the swap
+                    conn.execute(statement)
             conn.execute("INSERT INTO delivery_rebuild (%s) SELECT %s FROM delivery"
                          % (cols, cols))
         missing = mark_missing(conn, config.data_dir, "delivery_rebuild")
@@ -7442,7 +7457,7 @@ def _swap_rebuild(conn: sqlite3.Connection, cols: str, last_id: int) -> None:
         conn.execute("ALTER TABLE delivery_rebuild RENAME TO delivery")
         for name in ("journal", "pending", "body"):
             conn.execute("DROP INDEX delivery_rebuild_%s" % name)
-        for statement in index_statements():
+        for statement in index_statements("delivery") + index_statements("object"):
             conn.execute(statement)
 
 

@@ -571,6 +571,8 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
     healthlog.ensure_data_dir(data_dir)
     conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
     for statement in healthlog.schema_statements():
+        if "_summary ON" in statement:
+            continue  # version 5's index of the summaries
         conn.execute(statement.replace("    summary          TEXT,\n", "")
                      .replace("    spans            BLOB,\n", "")
                      .replace(",\n    attempts               INTEGER NOT NULL DEFAULT 0", ""))
@@ -587,9 +589,10 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
 
     service = start_service()
 
-    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == 4
+    assert db_rows(data_dir, "PRAGMA user_version")[0]["user_version"] == healthlog.SCHEMA_VERSION
     assert "attempts" in [r["name"] for r in db_rows(data_dir, "PRAGMA table_info(delivery)")]
-    assert "session" in [r["name"] for r in db_rows(data_dir, "SELECT name FROM sqlite_master")]
+    names = [r["name"] for r in db_rows(data_dir, "SELECT name FROM sqlite_master")]
+    assert "session" in names and "object_summary" in names
     [row] = db_rows(data_dir, "SELECT metric, summary, spans FROM object")
     assert row == {"metric": "step_count", "summary": None, "spans": None}  # computed when read
     reply = Client(*service.address).request(
