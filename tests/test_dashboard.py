@@ -24,22 +24,19 @@ import datetime as dt
 import json
 import random
 import re
-import threading
-import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
 import hae_factory as hf
-import healthlog
-from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
-from dashboard_browser import launched
+from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
+                               module_leaves_nothing_running, nothing_left_running, serving,
+                               sign_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
-WAIT_MS = 20_000
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -179,65 +176,12 @@ CORPUS = Corpus()
 # -- the module's service and browser ----------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_running():
-    """conftest's check runs per test; here the service and the browser live for the
-    module, so :func:`module_leaves_nothing_running` makes the same check after it."""
-    yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_leaves_nothing_running():
-    threads, handles = set(threading.enumerate()), _open_handles()
-    yield
-    deadline = time.monotonic() + LEAK_GRACE_S
-    while True:
-        extra_threads = [t.name for t in threading.enumerate()
-                         if t not in threads and t.is_alive()]
-        extra_handles = sorted(target for _, target in _open_handles() - handles)
-        if not extra_threads and not extra_handles:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("left running after the module: threads %s, open %s"
-                                 % (extra_threads, extra_handles))
-        time.sleep(0.05)
-
-
-class Store:
-    def __init__(self, service, data_dir):
-        host, port = service.address
-        self.base = "http://%s:%d" % (host, port)
-        self.client = Client(host, port)
-        self.data_dir = data_dir
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The corpus posted through /api/ingest to a real Service (conftest's
-    ``start_service``, at module scope) and folded."""
-    data_dir = tmp_path_factory.mktemp("dashboard") / "data"
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG")
-    service = healthlog.Service(config, announce=lambda token: None)
-    service.start()
-    try:
-        store = Store(service, data_dir)
-        for item in CORPUS.deliveries:
-            status, answer = store.client.ingest(
-                item["body"], headers=hf.headers_for(item["automation"]), token=True)
-            assert status == 200, answer
-
-        def folded():
-            rows = db_rows(data_dir)
-            return len(rows) == len(CORPUS.deliveries) and all(
-                r["parse_status"] != "pending" for r in rows) and rows
-
-        rows = wait_for(folded, timeout=120, what="the corpus folded")
-        assert [r["parse_status"] for r in rows] == ["parsed"] * len(rows), rows
+    """The corpus posted through /api/ingest to a real Service and folded."""
+    with serving(tmp_path_factory.mktemp("dashboard") / "data",
+                 [(item["automation"], item["body"]) for item in CORPUS.deliveries]) as store:
         yield store
-    finally:
-        assert service.stop(), "the service did not stop within its budget"
 
 
 @pytest.fixture(scope="module")
@@ -246,75 +190,6 @@ def browser():
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-class Watch:
-    """Console errors, uncaught exceptions and CSP violations of one browser context."""
-
-    def __init__(self, context):
-        self.errors = []
-        context.expose_function("healthlogCspViolation", self._violation)
-        context.add_init_script(
-            "document.addEventListener('securitypolicyviolation', function (e) {"
-            " window.healthlogCspViolation(e.violatedDirective + ' ' + e.blockedURI); });")
-
-    def _violation(self, text):
-        self.errors.append("CSP violation: " + text)
-
-    def page(self, context):
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.on("console", lambda m: self.errors.append("console: " + m.text)
-                if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append("exception: %s" % e))
-        return page
-
-
-class Session:
-    """A signed-in browser context in ``timezone`` and its page."""
-
-    def __init__(self, browser, store, timezone="Asia/Tokyo", width=1280, height=900,
-                 phone=False):
-        options = dict(viewport={"width": width, "height": height}, timezone_id=timezone,
-                       locale="en-US")
-        if phone:
-            options.update(is_mobile=True, has_touch=True, device_scale_factor=2)
-        self.context = browser.new_context(**options)
-        self.watch = Watch(self.context)
-        self.page = self.watch.page(self.context)
-        self.store = store
-        self.timezone = timezone
-
-    def sign_in(self, hash_=""):
-        """Sign in through the form (which answers with the page at /), then open
-        ``hash_`` as a bookmark would."""
-        page = self.page
-        page.goto(self.store.base + "/")
-        sign_in(page)
-        page.wait_for_selector('#chart[data-state="ready"]')
-        if hash_:
-            page.goto(self.store.base + "/" + hash_)
-            self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
-        return self
-
-    def open(self, **params):
-        """Show a view through the address, as a bookmark would; wait until it is drawn."""
-        hash_ = "#" + urllib.parse.urlencode(params)
-        self.page.evaluate("h => { window.location.hash = h; }", hash_)
-        return self.wait(params)
-
-    def wait(self, params):
-        selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
-        for key in ("range", "from", "tz"):
-            if key in params:
-                selector += '[data-%s="%s"]' % (key, params[key])
-        self.page.wait_for_selector(selector, state="attached")
-        return self.page
-
-    def close(self):
-        errors = list(self.watch.errors)
-        self.context.close()
-        assert errors == [], errors
 
 
 @pytest.fixture
@@ -328,11 +203,6 @@ def session(browser, store):
     yield open_session
     for s in made:
         s.close()
-
-
-def sign_in(page, token: str = TOKEN) -> None:
-    page.fill("#token", token)
-    page.click('form[action="/login"] button[type="submit"]')
 
 
 def query(url: str) -> dict:
@@ -868,24 +738,6 @@ VIEWS = (
     ("ecg", {"metric": "ecg", "range": "30d", "tz": "local"}),
     ("events", {"metric": "state_of_mind", "range": "7d", "tz": "local"}),
 )
-
-OVERFLOW = """() => {
-  const width = document.documentElement.clientWidth;
-  const out = [];
-  for (const e of document.querySelectorAll('body *')) {
-    if (e.closest('svg') && e.tagName.toLowerCase() !== 'svg') continue;
-    const r = e.getBoundingClientRect();
-    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
-      out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + r.left + '..' + r.right);
-    }
-    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
-        && e.clientWidth) {
-      out.push('scrolls: ' + e.tagName + '#' + e.id + '.' + e.className);
-    }
-  }
-  return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
-}"""
-
 
 def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
     phone = session(timezone="America/Chicago", width=360, height=780, phone=True)
