@@ -8636,41 +8636,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     };
   }
 
-  /** The stored layer to read for a range when a metric has several (a Minutes and a Days
-   *  automation): the densest one that holds the range's start, else the one that begins
-   *  earliest in the range, so that a month is not read from its last two days of minutes;
-   *  null lets the server choose. Date bounds are compared leniently (a local midnight is
-   *  within 14 h of UTC's). */
-  function chooseLayer(layers, plan) {
-    if (!layers || layers.length < 2) return null;
-    const first = function (l) { return instant(l.first); };
-    const last = function (l) { return instant(l.last); };
-    const density = function (l) {
-      return l.points / Math.max(HOUR, last(l) - first(l) + HOUR);
-    };
-    const bound = function (value, slack) {
-      if (value === null || value === undefined) return null;
-      if (typeof value === 'number') return value;
-      return isDate(value) ? dayNumber(value) * DAY_MS + slack : instant(value);
-    };
-    const start = plan.t0 !== null && plan.t0 !== undefined ? plan.t0 : bound(plan.from, 0);
-    const end = plan.t1 !== null && plan.t1 !== undefined ? plan.t1 : bound(plan.to, 0);
-    const slack = isDate(plan.from) ? 14 * HOUR : 0;
-    const overlapping = layers.filter(function (l) {
-      return (start === null || last(l) >= start - slack) &&
-        (end === null || first(l) < end + slack);
-    });
-    if (!overlapping.length) return null;
-    const holding = overlapping.filter(function (l) {
-      return start !== null && first(l) <= start + slack;
-    });
-    const byDensity = function (a, b) { return density(b) - density(a); };
-    if (holding.length) return holding.sort(byDensity)[0].layer;
-    const earliest = Math.min.apply(null, overlapping.map(first));
-    return overlapping.filter(function (l) { return first(l) === earliest; })
-      .sort(byDensity)[0].layer;
-  }
-
   // ---------------------------------------------------------------------------------
   // Numbers and words
   // ---------------------------------------------------------------------------------
@@ -9081,7 +9046,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const state = {
     metrics: [], // one per metric: {metric, meaning, layers: [catalog entries], first, last}
     metric: null,
-    layer: '', // '' = chosen for the range (chooseLayer), else a stored layer
+    layer: '', // '' = the server's choice for the range (it names it), else a stored layer
+    layerRead: null, // the layer the last reply was read from, as it names it
     range: '7d',
     custom: null, // {from, to}: dates, both shown
     tz: 'local',
@@ -9217,7 +9183,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     clear(select);
     const layers = state.metric ? state.metric.layers : [];
     field.hidden = layers.length < 2;
-    select.appendChild(new Option('Best for the range', ''));
+    select.appendChild(new Option(state.layerRead && !state.layer
+      ? 'Best for the range: ' + state.layerRead : 'Best for the range', ''));
     layers.forEach(function (l) { select.appendChild(new Option(l.layer, l.layer)); });
     select.value = state.layer;
   }
@@ -9383,14 +9350,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = addDays(plan.to, -1);
       }
-      const layer = state.layer || chooseLayer(metric.layers, plan);
       setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket,
         from: plan.from, to: plan.to });
-      $('view-meta').textContent = capitalise(rangeText(plan)) + ' · ' + zoneText() +
+      const meta = capitalise(rangeText(plan)) + ' · ' + zoneText() +
         (metric.meaning.kind === 'total' ? ' · totals per ' + plan.bucket
           : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
+      $('view-meta').textContent = meta;
+      state.layerRead = null;
       const params = {
-        metric: metric.metric, layer: layer, from: plan.from, to: plan.to, tz: state.tz,
+        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
+        tz: state.tz,
       };
       setCsv(params, plan, kind);
       let view;
@@ -9399,7 +9368,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           params)), controller.signal);
         if (!current()) return;
         view = { kind: kind, metric: metric, plan: plan, data: data };
+        // the layer the server read (its choice for the range, or the one picked)
         setChart({ layer: data.layer });
+        state.layerRead = data.layer || null;
+        $('view-meta').textContent = meta + (data.layer ? ' · read from the ' + data.layer +
+          ' layer' : '');
+        fillLayers();
       } else if (kind === 'workouts') {
         const items = await allRecords(params, controller.signal);
         if (!current()) return;
@@ -10510,7 +10484,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       dayNumber: dayNumber, dateOf: dateOf, addDays: addDays, daysBetween: daysBetween,
       weekdayOf: weekdayOf, mondayOf: mondayOf, dateSlots: dateSlots, isoZ: isoZ,
       splitLocal: splitLocal, bucketFor: bucketFor, planView: planView,
-      chooseLayer: chooseLayer, niceTicks: niceTicks, dateTicks: dateTicks,
+      niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,

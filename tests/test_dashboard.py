@@ -728,6 +728,40 @@ def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
         assert box["width"] >= 4 and box["height"] >= 1, box
 
 
+def test_read_10_15_the_server_chooses_the_layer_and_the_page_names_it(session):
+    """Steps are stored in ``days`` (three years) and ``minutes`` (New York's autumn DST
+    days): without a layer picked the page asks for none, and shows the one the reply
+    names; a layer picked is asked for, kept in the address and named."""
+    s = session(timezone="Asia/Kolkata").sign_in()
+    page = s.page
+    asked = []
+    page.on("request", lambda r: asked.append(query(r.url))
+            if "/api/points" in r.url and "bucket=" in r.url else None)
+    for first, last, layer in ((DST_DAY, DST_DAY, "minutes"),
+                               ("2023-07-01", "2023-12-31", "days")):
+        asked.clear()
+        page = s.open(metric="step_count", range="custom", tz="local",
+                      **{"from": first, "to": last})
+        assert asked and all("layer" not in q for q in asked), asked
+        assert page.get_attribute("#chart", "data-layer") == layer
+        assert "read from the %s layer" % layer in page.inner_text("#view-meta")
+        assert page.eval_on_selector("#layer option[value='']", "o => o.textContent") \
+            == "Best for the range: " + layer
+        assert "layer=" not in page.url and "layer=" not in page.get_attribute("#csv", "href")
+    # Picked: the days layer for the DST day (one bucket at its midnight), asked and named.
+    asked.clear()
+    page.select_option("#layer", "days")
+    page.wait_for_function("() => location.hash.includes('layer=days')")
+    s.wait({"metric": "step_count", "range": "custom", "from": "2023-07-01", "tz": "local"})
+    assert page.get_attribute("#chart", "data-layer") == "days"
+    assert asked and all(q.get("layer") == "days" for q in asked), asked
+    assert query(page.get_attribute("#csv", "href"))["layer"] == "days"
+    page = s.open(metric="step_count", range="custom", tz="local", layer="minutes",
+                  **{"from": DST_DAY, "to": DST_DAY})
+    assert page.get_attribute("#chart", "data-layer") == "minutes"
+    assert page.input_value("#layer") == "minutes"
+
+
 VIEWS = (
     ("steps", {"metric": "step_count", "range": "30d", "tz": "local"}),
     ("heart-rate", {"metric": "heart_rate", "range": "7d", "tz": "local"}),

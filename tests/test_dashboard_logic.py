@@ -39,12 +39,16 @@ def js(browser, request):
         return page.evaluate("([name, args]) => window.healthlogTest[name](...args)",
                              [name, list(args)])
 
+    def has(name):
+        return page.evaluate("name => name in window.healthlogTest", name)
+
     def many(name, calls):
         """[window.healthlogTest[name](...args) for args in calls], in one round trip."""
         return page.evaluate("([name, calls]) => calls.map(a => window.healthlogTest[name](...a))",
                              [name, [list(a) for a in calls]])
 
     call.many = many
+    call.has = has
     yield call
     context.close()
 
@@ -177,21 +181,16 @@ def test_read_10_14_value_ticks_are_round_and_cover(js):
         assert len(steps) == 1
 
 
-def test_read_10_14_gaps_break_lines_and_layers_fit_the_range(js):
+def test_read_10_14_gaps_break_lines(js):
     points = [{"pos": p} for p in (0, 1, 2, 5, 7, 8)]
     assert [[p["pos"] for p in seg] for seg in js("segmentsOf", points)] == [
         [0, 1, 2], [5], [7, 8]]
-    layers = [
-        {"layer": "days", "first": "2023-01-01T05:00:00Z", "last": "2025-12-30T13:00:00Z",
-         "points": 1094},
-        {"layer": "minutes", "first": "2023-11-04T04:00:00Z", "last": "2023-11-07T04:58:00Z",
-         "points": 2190}]
-    plan = {"from": "2023-07-01", "to": "2024-01-01"}
-    assert js("chooseLayer", layers, plan) == "days"  # minutes hold only three days of it
-    assert js("chooseLayer", layers, {"from": "2023-11-05", "to": "2023-11-06"}) == "minutes"
-    assert js("chooseLayer", layers, {"from": "2024-07-01", "to": "2025-01-01"}) == "days"
-    assert js("chooseLayer", layers, {"from": None, "to": None}) == "days"
-    assert js("chooseLayer", layers[:1], plan) is None  # one layer: the server's choice
+
+
+def test_read_10_14_the_page_chooses_no_layer(js):
+    """The server chooses the layer for a range (READ-2.8): the page has no function of
+    its own for it any more."""
+    assert js.has("chooseLayer") is False
 
 
 def test_read_10_14_workout_minutes_and_night_bars(js):
