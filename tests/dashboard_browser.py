@@ -2,8 +2,8 @@
 used as installed (Playwright never downloads a browser here), with flags for a closed
 network; and what the page's browser tests share: a store built once per module from bodies
 posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
-the check that nothing reaches past a phone's screen. Used by tests/test_dashboard.py and
-tests/test_dashboard_logic.py."""
+the check that nothing reaches past a phone's screen. Used by tests/test_dashboard.py,
+tests/test_summary_page.py and tests/test_dashboard_logic.py."""
 
 import contextlib
 import os
@@ -162,12 +162,12 @@ class Session:
         self.timezone = timezone
 
     def sign_in(self, hash_=""):
-        """Sign in through the form (which answers with the page at /), then open
-        ``hash_`` as a bookmark would."""
+        """Sign in through the form (which answers with the page at /, the summary), then
+        open ``hash_`` (a metric view) as a bookmark would."""
         page = self.page
         page.goto(self.store.base + "/")
         sign_in(page)
-        page.wait_for_selector('#chart[data-state="ready"]')
+        page.wait_for_selector('#summary[data-state="ready"]')  # a first visit's page
         if hash_:
             page.goto(self.store.base + "/" + hash_)
             self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))

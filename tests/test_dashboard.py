@@ -241,7 +241,7 @@ def screenshot(page, name: str, tracked: bool = False) -> None:
     if tracked:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.evaluate("() => window.scrollTo(0, 0)")
-        box = page.locator("main section.panel").first.bounding_box()
+        box = page.locator("#metric-view").bounding_box()
         width = page.viewport_size["width"]
         page.screenshot(path=str(SCREENSHOTS / name), full_page=True, clip={
             "x": 0, "y": 0, "width": width, "height": box["y"] + box["height"] + 12})
@@ -267,12 +267,20 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
     assert all("401" in e for e in s.watch.errors), s.watch.errors
     s.watch.errors.clear()
 
-    # Signed in without an address: the series with the latest data (Sydney's heart rate,
+    # Signed in without an address: the summary page (READ-16), without the metric view
+    # and the journal.
+    sign_in(page)
+    page.wait_for_selector('#summary[data-state="ready"]')
+    assert page.is_hidden("#metric-view") and page.is_hidden("#journal-panel")
+    assert page.get_attribute("#nav-summary", "aria-current") == "page"
+    # "Metrics" without an address: the series with the latest data (Sydney's heart rate,
     # dated 2025-12-31 there) over 7 days ending on its last date, not an empty week of now.
     with page.expect_request(lambda r: "/api/points" in r.url and re.search(
             r"from=\d{4}-\d{2}-\d{2}&", r.url)) as asked:
-        sign_in(page)
+        page.click("#nav-metrics")
     page.wait_for_selector('#chart[data-state="ready"][data-metric="heart_rate"]')
+    assert page.get_attribute("#nav-metrics", "aria-current") == "page"
+    assert page.is_visible("#journal-panel") and page.is_hidden("#summary")
     q = query(asked.value.url)
     assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2026-01-01")
     shown = buckets(page)
@@ -314,9 +322,9 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
 
     # Sign out: this browser only.
     sign_in(page)
-    page.wait_for_selector('#chart[data-state="ready"]')
+    page.wait_for_selector('#summary[data-state="ready"]')
     sign_in(other.page)
-    other.page.wait_for_selector('#chart[data-state="ready"]')
+    other.page.wait_for_selector('#summary[data-state="ready"]')
     page.click("#signout")
     page.wait_for_selector("#token")
     refused = page.request.get(store.base + "/api/catalog")
@@ -600,6 +608,7 @@ def test_read_10_7_events_are_lists_with_their_local_times(session):
 def test_read_10_8_deliveries_paged_with_overwrites_and_unit_conflicts(session):
     s = session(timezone="America/Denver").sign_in()
     page = s.page
+    page.click("#nav-metrics")  # the journal is under the metric view
     total = len(CORPUS.deliveries)
     assert total > 2 * JOURNAL_PAGE
     page.wait_for_function("() => document.querySelectorAll('#journal tbody tr').length === %d"
