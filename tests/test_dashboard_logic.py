@@ -194,7 +194,7 @@ def test_read_10_14_the_page_chooses_no_layer(js):
     assert js.has("chooseLayer") is False
 
 
-def test_read_16_4_a_cards_link_is_the_metric_views_address(js):
+def test_read_16_3_a_cards_link_is_the_metric_views_address(js):
     """A card's link {metric, from, to} (``to`` the day after, as the server writes it)
     opens the metric view on those dates, both shown; the summary's own address keeps a
     chosen day and a zone other than the phone's."""
