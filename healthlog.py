@@ -10737,7 +10737,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  function drawCards(data) {
+  /** The cards of the day; how many. ``wanted``: the day the address asked for (none: the
+   *  server's newest, which has data unless the store is empty). */
+  function drawCards(data, wanted) {
     const box = $('cards');
     clear(box);
     const cards = data.cards || {};
@@ -10772,9 +10774,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       shown += made.length;
     });
     if (!shown) {
-      box.appendChild(el('p', 'empty', 'Nothing recorded on this day or the ' +
-        (rule.days || 30) + ' days before it.'));
+      box.appendChild(el('p', 'empty', wanted
+        ? 'Nothing recorded on this day or the ' + (rule.days || 30) + ' days before it.'
+        : 'No data yet. Point a Health Auto Export automation at /api/ingest.'));
     }
+    return shown;
   }
 
   function drawTrends(data) {
@@ -10839,8 +10843,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const s = state.summary;
     $('summary-title').textContent = formatDate(data.date);
     const newest = s.newest[state.tz];
+    const shown = drawCards(data, wanted);
     $('summary-meta').textContent = capitalise(zoneText()) +
-      (newest === data.date ? ' · the latest day with data' : '');
+      (newest === data.date && shown ? ' · the latest day with data' : '');
     const rule = data.usual || {};
     const usual = $('usual-rule');
     setData(usual, { days: rule.days, minDays: rule.min_days });
@@ -10849,7 +10854,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('day-next').disabled = Boolean(newest) && data.date >= newest;
     $('day-latest').hidden = !wanted || data.date === newest;
     $('day-latest').href = summaryHash(null, state.tz);
-    drawCards(data);
     drawTrends(data);
   }
 

@@ -111,10 +111,11 @@ def serving(data_dir: Path, deliveries):
 
         def folded():
             rows = db_rows(data_dir)
-            return len(rows) == len(deliveries) and all(
-                r["parse_status"] != "pending" for r in rows) and rows
+            done = len(rows) == len(deliveries) and all(
+                r["parse_status"] != "pending" for r in rows)
+            return (rows,) if done else None  # a tuple: true for an empty store too
 
-        rows = wait_for(folded, timeout=120, what="the deliveries folded")
+        [rows] = wait_for(folded, timeout=120, what="the deliveries folded")
         assert [r["parse_status"] for r in rows] == ["parsed"] * len(rows), rows
         yield store
     finally:

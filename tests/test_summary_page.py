@@ -482,6 +482,20 @@ def test_read_16_1_signed_in_the_summary_of_the_newest_day(desktop):
     assert page.is_disabled("#day-next")  # the newest day has no next
 
 
+def test_read_16_1_an_empty_store_says_there_is_no_data_yet(browser, tmp_path):
+    with serving(tmp_path / "data", []) as empty:
+        s = Session(browser, empty, timezone=BROWSER_ZONE)
+        try:
+            page = s.sign_in().page
+            assert page.locator("#cards .card").count() == 0
+            assert page.inner_text("#cards") == \
+                "No data yet. Point a Health Auto Export automation at /api/ingest."
+            assert page.locator("#trends li.trend").count() == 0
+            assert "latest day with data" not in page.inner_text("#summary-meta")
+        finally:
+            s.close()
+
+
 def test_read_16_2_previous_and_next_day_and_a_day_without_data(desktop):
     page = desktop.page
     show(page)
