@@ -8068,6 +8068,10 @@ DASHBOARD_HTML = r"""<!doctype html>
 <body>
 <header class="top">
   <h1>healthlog</h1>
+  <nav class="views" aria-label="Views">
+    <a id="nav-summary" class="view-link" href="#view=summary">Summary</a>
+    <a id="nav-metrics" class="view-link" href="#view=metric">Metrics</a>
+  </nav>
   <form class="signout" method="post" action="/logout">
     <button id="signout" type="submit">Sign out</button>
     <button id="signout-everywhere" type="submit" formaction="/logout?everywhere=1"
@@ -8078,7 +8082,29 @@ DASHBOARD_HTML = r"""<!doctype html>
   <noscript><p class="message">This page needs JavaScript.</p></noscript>
   <p id="message" class="message" role="alert" hidden></p>
 
-  <section class="panel" aria-labelledby="view-title">
+  <section id="summary" class="panel summary" aria-labelledby="summary-title" data-state="idle"
+           hidden>
+    <div class="day-head">
+      <button id="day-prev" class="day-step" type="button" aria-label="Previous day"
+              title="The day before">&#8249;</button>
+      <div class="day-title">
+        <h2 id="summary-title">Summary</h2>
+        <p id="summary-meta" class="meta"></p>
+      </div>
+      <button id="day-next" class="day-step" type="button" aria-label="Next day"
+              title="The day after">&#8250;</button>
+      <a id="day-latest" class="button" href="#view=summary" hidden>Latest</a>
+    </div>
+    <p id="usual-rule" class="meta"></p>
+    <div id="cards" class="cards"></div>
+    <section class="trends-box" aria-labelledby="trends-title">
+      <h2 id="trends-title">Trends</h2>
+      <p id="trend-rule" class="meta"></p>
+      <ol id="trends" class="trends"></ol>
+    </section>
+  </section>
+
+  <section id="metric-view" class="panel" aria-labelledby="view-title" hidden>
     <div class="controls">
       <label class="field metric-field">
         <span>Metric</span>
@@ -8119,7 +8145,7 @@ DASHBOARD_HTML = r"""<!doctype html>
     </p>
   </section>
 
-  <section class="panel" aria-labelledby="journal-title">
+  <section id="journal-panel" class="panel" aria-labelledby="journal-title" hidden>
     <div class="panel-head">
       <h2 id="journal-title">Deliveries</h2>
       <button id="refresh" type="button">Refresh</button>
@@ -8458,6 +8484,111 @@ table.list { width: 100%; border-collapse: collapse; font-size: 0.88rem; }
 .list td.flag { color: var(--warn); font-weight: 600; }
 .actions { display: flex; flex-wrap: wrap; gap: 0.5rem; }
 
+/* ---- views ---------------------------------------------------------------- */
+
+.top h1 { margin-right: auto; }
+.views { display: flex; gap: 0.25rem; }
+.view-link {
+  padding: 0.35rem 0.75rem;
+  border-radius: 8px;
+  color: var(--text);
+  text-decoration: none;
+  border: 1px solid transparent;
+}
+.view-link:hover { border-color: var(--line); }
+.view-link.active { background: var(--accent); color: var(--accent-text); }
+
+/* ---- the summary page ------------------------------------------------------ */
+
+.day-head { display: flex; align-items: center; gap: 0.6rem; flex-wrap: wrap; }
+.day-title { flex: 1 1 12rem; min-width: 0; }
+.day-title .meta { margin-bottom: 0; }
+.day-step { font-size: 1.3rem; line-height: 1; min-width: 2.6rem; padding: 0.2rem 0.6rem; }
+.day-step:disabled { opacity: 0.4; cursor: default; }
+#summary[data-state="loading"] .cards { opacity: 0.55; }
+
+.card-group { margin-top: 0.9rem; }
+.card-group h3 {
+  font-size: 0.82rem; margin: 0 0 0.35rem; color: var(--muted); font-weight: 600;
+  text-transform: uppercase; letter-spacing: 0.04em;
+}
+.card-grid {
+  display: grid; gap: 0.6rem; grid-template-columns: repeat(auto-fill, minmax(14rem, 1fr));
+}
+.card {
+  display: flex; flex-direction: column; gap: 0.15rem; min-width: 0;
+  border: 1px solid var(--line); border-radius: 10px; padding: 0.6rem 0.75rem;
+  color: var(--text); text-decoration: none; background: var(--panel);
+  overflow-wrap: anywhere;
+}
+a.card:hover, a.card:focus-visible { border-color: var(--accent); }
+a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
+.card.wide { grid-column: 1 / -1; }
+@media (min-width: 561px) {
+  .sleep-card { grid-column: span 2; }
+}
+.card-name { font-weight: 600; font-size: 0.9rem; }
+.card-value { font-size: 1.45rem; font-weight: 600; font-variant-numeric: tabular-nums;
+  display: flex; flex-wrap: wrap; align-items: baseline; gap: 0 0.3rem; }
+.card-value.no-data { color: var(--muted); font-weight: 400; font-size: 1.1rem; }
+.card-units { font-size: 0.85rem; font-weight: 400; color: var(--muted); }
+.card-value .sep { color: var(--muted); font-weight: 400; }
+.card-usual { color: var(--muted); font-size: 0.85rem; font-variant-numeric: tabular-nums; }
+.card-usual .num { color: var(--text); }
+.card-facts, .stages { display: flex; flex-wrap: wrap; gap: 0.1rem 0.8rem; font-size: 0.85rem;
+  color: var(--muted); font-variant-numeric: tabular-nums; }
+.card-facts .num, .stages .num { color: var(--text); }
+.stage-chip { display: inline-flex; align-items: center; gap: 0.3rem; }
+.range-value { gap: 0.2rem 1.1rem; }
+.range-figure { display: inline-flex; flex-direction: column; }
+.range-label { font-size: 0.75rem; font-weight: 400; color: var(--muted); }
+
+.spark {
+  display: block; width: 100%; max-width: 18rem; height: auto; margin-top: 0.3rem;
+  overflow: visible;
+}
+.spark-path {
+  fill: none; stroke: var(--c0); stroke-width: 1.6; stroke-linejoin: round;
+  stroke-linecap: round;
+}
+.spark-lines .spark-mark { fill: var(--c0); }
+.spark-bars .spark-mark { fill: var(--bar); opacity: 0.55; }
+.spark-bars .spark-mark.spark-day { opacity: 1; }
+.spark-lines .spark-mark.spark-day { fill: var(--c1); }
+.spark-usual { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; }
+.sleep-card .spark-bars .spark-mark { fill: var(--core); }
+
+.card-list { list-style: none; margin: 0.3rem 0 0; padding: 0; display: grid; gap: 0.2rem; }
+.card-list li {
+  display: flex; flex-wrap: wrap; gap: 0.1rem 0.9rem; align-items: baseline;
+  border-top: 1px solid var(--line); padding-top: 0.25rem; min-width: 0;
+}
+.item-name { font-weight: 600; min-width: 9rem; }
+.item-when { color: var(--muted); min-width: 9rem; font-variant-numeric: tabular-nums; }
+.item-figure { font-variant-numeric: tabular-nums; }
+.other-item .item-figure { margin-left: auto; }
+
+.trends-box { margin-top: 1.3rem; }
+.trends { list-style: none; margin: 0.5rem 0 0; padding: 0; display: grid; gap: 0.45rem; }
+.trend {
+  border: 1px solid var(--line); border-left-width: 4px; border-radius: 8px;
+  padding: 0.45rem 0.7rem; min-width: 0; overflow-wrap: anywhere;
+}
+.trend.flagged.better { border-left-color: var(--ok); }
+.trend.flagged.worse { border-left-color: var(--danger); }
+.trend.flagged { border-left-color: var(--warn); }
+.trend-head { display: flex; flex-wrap: wrap; gap: 0.1rem 0.8rem; align-items: baseline; }
+.trend-name { font-weight: 600; }
+.trend-direction { color: var(--muted); }
+.trend.flagged .trend-direction { color: var(--text); font-weight: 600; }
+.trend.flagged.better .trend-direction { color: var(--ok); }
+.trend.flagged.worse .trend-direction { color: var(--danger); }
+.trend-flag { color: var(--muted); font-size: 0.85rem; }
+.trend.flagged .trend-flag { color: var(--warn); font-weight: 600; }
+.trend-figures { display: flex; flex-wrap: wrap; gap: 0.1rem 1.1rem; font-size: 0.88rem;
+  color: var(--muted); }
+.trend-figures .num { color: var(--text); font-variant-numeric: tabular-nums; }
+
 /* ---- sign-in page --------------------------------------------------------- */
 
 body.login { display: flex; min-height: 100vh; align-items: center; justify-content: center; }
@@ -8518,7 +8649,9 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   .journal td.num { text-align: right; }
   .journal td:empty { display: none; }
   .record-list { grid-template-columns: 1fr; }
-  .top { flex-wrap: wrap; padding: 0.5rem 0.75rem; }
+  .top { flex-wrap: wrap; padding: 0.5rem 0.75rem; gap: 0.5rem; }
+  .card-grid { grid-template-columns: 1fr; }
+  .item-name, .item-when { min-width: 0; }
   .signout { display: flex; flex-wrap: wrap; gap: 0.4rem; }
 }
 """
@@ -8671,41 +8804,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       range: range, bucket: bucket, from: from, to: to, axis: 'dates',
       slots: dateSlots(from, to, bucket), t0: null, t1: null,
     };
-  }
-
-  /** The stored layer to read for a range when a metric has several (a Minutes and a Days
-   *  automation): the densest one that holds the range's start, else the one that begins
-   *  earliest in the range, so that a month is not read from its last two days of minutes;
-   *  null lets the server choose. Date bounds are compared leniently (a local midnight is
-   *  within 14 h of UTC's). */
-  function chooseLayer(layers, plan) {
-    if (!layers || layers.length < 2) return null;
-    const first = function (l) { return instant(l.first); };
-    const last = function (l) { return instant(l.last); };
-    const density = function (l) {
-      return l.points / Math.max(HOUR, last(l) - first(l) + HOUR);
-    };
-    const bound = function (value, slack) {
-      if (value === null || value === undefined) return null;
-      if (typeof value === 'number') return value;
-      return isDate(value) ? dayNumber(value) * DAY_MS + slack : instant(value);
-    };
-    const start = plan.t0 !== null && plan.t0 !== undefined ? plan.t0 : bound(plan.from, 0);
-    const end = plan.t1 !== null && plan.t1 !== undefined ? plan.t1 : bound(plan.to, 0);
-    const slack = isDate(plan.from) ? 14 * HOUR : 0;
-    const overlapping = layers.filter(function (l) {
-      return (start === null || last(l) >= start - slack) &&
-        (end === null || first(l) < end + slack);
-    });
-    if (!overlapping.length) return null;
-    const holding = overlapping.filter(function (l) {
-      return start !== null && first(l) <= start + slack;
-    });
-    const byDensity = function (a, b) { return density(b) - density(a); };
-    if (holding.length) return holding.sort(byDensity)[0].layer;
-    const earliest = Math.min.apply(null, overlapping.map(first));
-    return overlapping.filter(function (l) { return first(l) === earliest; })
-      .sort(byDensity)[0].layer;
   }
 
   // ---------------------------------------------------------------------------------
@@ -9118,7 +9216,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const state = {
     metrics: [], // one per metric: {metric, meaning, layers: [catalog entries], first, last}
     metric: null,
-    layer: '', // '' = chosen for the range (chooseLayer), else a stored layer
+    view: null, // 'summary' or 'metric': what the address shows
+    layer: '', // '' = the server's choice for the range (it names it), else a stored layer
+    layerRead: null, // the layer the last reply was read from, as it names it
     range: '7d',
     custom: null, // {from, to}: dates, both shown
     tz: 'local',
@@ -9129,12 +9229,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     shown: null, // what the chart shows, for redrawing on resize
     more: null, // loads the next page of the list shown
     journalNext: null,
+    journalLoaded: false, // the journal loads with the first metric view
+    summary: {
+      token: 0, controller: null, date: null, // the day shown, as the server named it
+      newest: {}, // tz -> the day the server opens on (its newest data)
+    },
   };
 
   function readHash() {
     const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
     const out = {};
-    ['metric', 'layer', 'range', 'tz', 'from', 'to', 'ecg'].forEach(function (k) {
+    ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to', 'ecg'].forEach(function (k) {
       const v = params.get(k);
       if (v) out[k] = v;
     });
@@ -9155,6 +9260,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('ecg', state.ecg);
     const hash = '#' + params.toString();
     if (window.location.hash !== hash) window.history.replaceState(null, '', hash);
+    $('nav-metrics').href = hash;
   }
 
   function applyHash(wanted) {
@@ -9254,7 +9360,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     clear(select);
     const layers = state.metric ? state.metric.layers : [];
     field.hidden = layers.length < 2;
-    select.appendChild(new Option('Best for the range', ''));
+    select.appendChild(new Option(state.layerRead && !state.layer
+      ? 'Best for the range: ' + state.layerRead : 'Best for the range', ''));
     layers.forEach(function (l) { select.appendChild(new Option(l.layer, l.layer)); });
     select.value = state.layer;
   }
@@ -9311,9 +9418,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       return;
     }
     fillCatalog();
-    applyHash(readHash());
-    markControls();
-    showView();
+    if (state.view === 'metric') {
+      applyHash(readHash());
+      showView();
+    }
   }
 
   // ---------------------------------------------------------------------------------
@@ -9420,14 +9528,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = addDays(plan.to, -1);
       }
-      const layer = state.layer || chooseLayer(metric.layers, plan);
       setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket,
         from: plan.from, to: plan.to });
-      $('view-meta').textContent = capitalise(rangeText(plan)) + ' · ' + zoneText() +
+      const meta = capitalise(rangeText(plan)) + ' · ' + zoneText() +
         (metric.meaning.kind === 'total' ? ' · totals per ' + plan.bucket
           : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
+      $('view-meta').textContent = meta;
+      state.layerRead = null;
       const params = {
-        metric: metric.metric, layer: layer, from: plan.from, to: plan.to, tz: state.tz,
+        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
+        tz: state.tz,
       };
       setCsv(params, plan, kind);
       let view;
@@ -9436,7 +9546,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           params)), controller.signal);
         if (!current()) return;
         view = { kind: kind, metric: metric, plan: plan, data: data };
+        // the layer the server read (its choice for the range, or the one picked)
         setChart({ layer: data.layer });
+        state.layerRead = data.layer || null;
+        $('view-meta').textContent = meta + (data.layer ? ' · read from the ' + data.layer +
+          ' layer' : '');
+        fillLayers();
       } else if (kind === 'workouts') {
         const items = await allRecords(params, controller.signal);
         if (!current()) return;
@@ -10349,6 +10464,514 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   // ---------------------------------------------------------------------------------
+  // The summary page: a day at a glance, each value against the person's own usual
+  // ---------------------------------------------------------------------------------
+
+  const SPARK_W = 210;
+  const SPARK_H = 40;
+  // The order of the summary's groups and their headings (presentation only: which cards
+  // there are, their values and usuals come from /api/summary).
+  const CARD_GROUPS = [
+    ['movement', 'Movement'], ['sleep', 'Last night'], ['heart', 'Heart'], ['body', 'Body'],
+    ['workouts', 'Workouts'], ['other', 'Also recorded'],
+  ];
+
+  /** The metric view's address for a card's link {metric, from, to}: ``to`` is the day
+   *  after the range, as the server writes it; the view's two dates are both shown. */
+  function linkHash(link, tz) {
+    const params = new URLSearchParams();
+    params.set('metric', link.metric);
+    params.set('range', 'custom');
+    params.set('from', link.from);
+    params.set('to', addDays(link.to, -1));
+    params.set('tz', tz || 'local');
+    return '#' + params.toString();
+  }
+
+  /** The summary's address: a chosen day (none: the day the server opens on) and a zone
+   *  other than the phone's. */
+  function summaryHash(date, tz) {
+    const params = new URLSearchParams();
+    params.set('view', 'summary');
+    if (date) params.set('date', date);
+    if (tz && tz !== 'local') params.set('tz', tz);
+    return '#' + params.toString();
+  }
+
+  function isNumber(v) { return typeof v === 'number' && isFinite(v); }
+
+  /** Where a sparkline's marks go: a slot per day of ``points`` ({date, value}); a day
+   *  without a value has no mark (a gap, never 0) and a line breaks around it. ``bars``:
+   *  the scale starts at 0 (totals, nights); otherwise it spans the values and the usual.
+   *  Returns {marks: [{date, value, x, y, h}], segments: [[mark, …]] (two marks or more),
+   *  slot, usualY}. Pure. */
+  function sparkMarks(points, bars, usual, width, height) {
+    const values = points.map(function (p) { return p.value; }).filter(isNumber);
+    if (isNumber(usual)) values.push(usual);
+    let lo = values.length ? Math.min.apply(null, values) : 0;
+    let hi = values.length ? Math.max.apply(null, values) : 1;
+    if (bars) lo = Math.min(0, lo);
+    if (!(hi > lo)) {
+      const room = Math.abs(hi) > 0 ? Math.abs(hi) * 0.1 : 1;
+      if (!bars) lo -= room;
+      hi += room;
+    }
+    const edge = 3;
+    const slot = width / Math.max(1, points.length);
+    const y = function (v) { return height - edge - (v - lo) / (hi - lo) * (height - 2 * edge); };
+    const base = y(Math.max(lo, 0));
+    const marks = [];
+    const segments = [];
+    let run = [];
+    points.forEach(function (p, i) {
+      if (!isNumber(p.value)) {
+        if (run.length > 1) segments.push(run);
+        run = [];
+        return;
+      }
+      const mark = { date: p.date, value: p.value, x: (i + 0.5) * slot, y: y(p.value),
+        h: Math.max(1, base - y(p.value)) };
+      marks.push(mark);
+      run.push(mark);
+    });
+    if (run.length > 1) segments.push(run);
+    return {
+      marks: marks, segments: segments, slot: slot, usualY: isNumber(usual) ? y(usual) : null,
+    };
+  }
+
+  /** A 14-day sparkline: bars or a broken line, the usual as a dashed rule, the day shown
+   *  marked; every mark carries its date and value. */
+  function drawSpark(points, bars, usual, label, format, day) {
+    const g = sparkMarks(points, bars, usual, SPARK_W, SPARK_H);
+    const root = svg('svg', {
+      class: 'spark ' + (bars ? 'spark-bars' : 'spark-lines'), role: 'img',
+      viewBox: '0 0 ' + SPARK_W + ' ' + SPARK_H, width: '100%',
+      'aria-label': label + ', ' + points.length + ' days: ' + g.marks.length + ' with data',
+    });
+    if (g.usualY !== null) {
+      root.appendChild(svg('line', { class: 'spark-usual', x1: 0, x2: SPARK_W,
+        y1: g.usualY.toFixed(1), y2: g.usualY.toFixed(1) }));
+    }
+    if (!bars) {
+      g.segments.forEach(function (seg) {
+        root.appendChild(svg('polyline', { class: 'spark-path', points: seg.map(function (m) {
+          return m.x.toFixed(1) + ',' + m.y.toFixed(1);
+        }).join(' ') }));
+      });
+    }
+    const barW = Math.max(2, g.slot * 0.68);
+    g.marks.forEach(function (m) {
+      const today = m.date === day;
+      const node = bars
+        ? svg('rect', { x: (m.x - barW / 2).toFixed(1), y: (m.y).toFixed(1),
+          width: barW.toFixed(1), height: m.h.toFixed(1) })
+        : svg('circle', { cx: m.x.toFixed(1), cy: m.y.toFixed(1), r: today ? 3 : 1.8 });
+      node.setAttribute('class', 'spark-mark' + (today ? ' spark-day' : ''));
+      setData(node, { date: m.date, value: m.value });
+      node.appendChild(svg('title', {}, formatDate(m.date, 'short') + ': ' + format(m.value)));
+      root.appendChild(node);
+    });
+    return root;
+  }
+
+  function cardShell(cls, link, name) {
+    const card = el(link ? 'a' : 'div', 'card ' + cls);
+    if (link) card.href = linkHash(link, state.tz);
+    card.appendChild(el('span', 'card-name', name));
+    return card;
+  }
+
+  /** The day's value as a person reads it, or "no data" (never 0). */
+  function valueNode(value, units, text) {
+    const node = el('span', 'card-value');
+    if (!isNumber(value)) {
+      node.classList.add('no-data');
+      node.textContent = 'no data';
+      return node;
+    }
+    node.appendChild(el('span', 'num', text !== undefined ? text : formatNumber(value)));
+    if (units) {
+      node.appendChild(document.createTextNode(' '));
+      node.appendChild(el('span', 'card-units', units));
+    }
+    return node;
+  }
+
+  function usualNode(usual, days, units, text, rule) {
+    const node = el('span', 'card-usual');
+    if (!isNumber(usual)) {
+      node.classList.add('no-usual');
+      node.textContent = 'no usual yet' + (rule && rule.min_days
+        ? ' (' + (days || 0) + ' of the ' + rule.min_days + ' days it needs)' : '');
+      return node;
+    }
+    node.appendChild(document.createTextNode('usual '));
+    node.appendChild(el('span', 'num', text !== undefined ? text : formatNumber(usual)));
+    if (units) node.appendChild(document.createTextNode(' ' + units));
+    return node;
+  }
+
+  function seriesCard(card, day, rule) {
+    const units = card.units || '';
+    const node = cardShell('series-card', card.link, card.name);
+    setData(node, {
+      metric: card.metric, kind: card.kind, units: card.units, date: day, value: card.value,
+      usual: card.usual, usualDays: card.usual_days,
+    });
+    node.appendChild(valueNode(card.value, units));
+    node.appendChild(usualNode(card.usual, card.usual_days, units, undefined, rule));
+    node.appendChild(drawSpark(card.spark || [], card.kind === 'total', card.usual, card.name,
+      function (v) { return formatNumber(v) + (units ? ' ' + units : ''); }, day));
+    return node;
+  }
+
+  function stageRank(stage) {
+    const i = STAGE_ORDER.indexOf(stage);
+    return stage === 'awake' ? 100 : i < 0 ? 50 : i;
+  }
+
+  function sleepCard(card, day, rule) {
+    const node = cardShell('sleep-card', card.link, 'Night to ' + formatDate(day, 'weekday') +
+      ' ' + formatDate(day, 'short'));
+    setData(node, {
+      metric: card.metric, units: card.units, date: day, value: card.asleep,
+      asleep: card.asleep, inBed: card.in_bed, usual: card.usual, usualDays: card.usual_days,
+      sleepStart: card.sleep_start, sleepEnd: card.sleep_end,
+    });
+    node.appendChild(valueNode(card.asleep, 'asleep', isNumber(card.asleep)
+      ? formatHours(card.asleep) : undefined));
+    const facts = el('span', 'card-facts');
+    const fact = function (label, text, data) {
+      const item = el('span', 'fact');
+      setData(item, data);
+      item.appendChild(document.createTextNode(label + ' '));
+      item.appendChild(el('span', 'num', text));
+      facts.appendChild(item);
+    };
+    if (isNumber(card.in_bed)) fact('in bed', formatHours(card.in_bed), { field: 'in_bed' });
+    const start = splitLocal(card.sleep_start);
+    const end = splitLocal(card.sleep_end);
+    if (start) fact('bed', start.time, { field: 'sleep_start', local: card.sleep_start });
+    if (end) fact('wake', end.time, { field: 'sleep_end', local: card.sleep_end });
+    if (facts.firstChild) node.appendChild(facts);
+    const stages = Object.keys(card.stages || {}).filter(function (k) {
+      return isNumber(card.stages[k]) && card.stages[k] > 0;
+    }).sort(function (a, b) { return stageRank(a) - stageRank(b); });
+    if (stages.length) {
+      const row = el('span', 'stages');
+      stages.forEach(function (k) {
+        const chip = el('span', 'stage-chip');
+        setData(chip, { stage: k, hours: card.stages[k] });
+        chip.appendChild(el('span', 'swatch stage-' + k.replace(/[^a-z]/g, '')));
+        chip.appendChild(document.createTextNode(k + ' '));
+        chip.appendChild(el('span', 'num', formatHours(card.stages[k])));
+        row.appendChild(chip);
+      });
+      node.appendChild(row);
+    }
+    node.appendChild(usualNode(card.usual, card.usual_days, 'asleep', isNumber(card.usual)
+      ? formatHours(card.usual) : undefined, rule));
+    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours asleep',
+      formatHours, day));
+    return node;
+  }
+
+  function rangeCard(card, day) {
+    const node = cardShell('range-card', card.link, card.name + ', lowest to highest');
+    setData(node, {
+      metric: card.metric, units: card.units, date: day, min: card.min, avg: card.avg,
+      max: card.max, layer: card.layer,
+    });
+    const row = el('span', 'card-value range-value');
+    [['min', 'lowest'], ['avg', 'average'], ['max', 'highest']].forEach(function (f) {
+      const item = el('span', 'range-figure');
+      item.dataset.field = f[0];
+      if (isNumber(card[f[0]])) item.dataset.value = String(card[f[0]]);
+      item.appendChild(el('span', 'num', formatNumber(card[f[0]])));
+      item.appendChild(el('span', 'range-label', f[1]));
+      row.appendChild(item);
+    });
+    node.appendChild(row);
+    node.appendChild(el('span', 'card-usual', card.units || ''));
+    return node;
+  }
+
+  function bodyCard(card) {
+    const node = cardShell('body-card', card.link, card.name);
+    const values = card.values || {};
+    const fields = Object.keys(values).filter(function (f) { return isNumber(values[f]); });
+    setData(node, { metric: card.metric, units: card.units, measured: card.measured,
+      value: fields.length ? values[fields[0]] : null });
+    const value = el('span', 'card-value');
+    fields.forEach(function (f, i) {
+      if (i) value.appendChild(el('span', 'sep', '/'));
+      const n = el('span', 'num', formatNumber(values[f]));
+      setData(n, { field: f, value: values[f] });
+      value.appendChild(n);
+    });
+    if (!fields.length) {
+      value.classList.add('no-data');
+      value.textContent = 'no data';
+    } else if (card.units) {
+      value.appendChild(document.createTextNode(' '));
+      value.appendChild(el('span', 'card-units', card.units));
+    }
+    node.appendChild(value);
+    node.appendChild(el('span', 'card-usual measured', 'measured ' + formatLocal(card.measured)));
+    return node;
+  }
+
+  function workoutsCard(items, day) {
+    const link = { metric: 'workouts', from: addDays(day, -6), to: addDays(day, 1) };
+    const node = cardShell('workouts-card wide', link, 'Workouts, ' + formatDate(link.from,
+      'short') + ' – ' + formatDate(day, 'short'));
+    let seconds = 0;
+    items.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
+    setData(node, { metric: 'workouts', count: items.length, seconds: seconds, date: day });
+    const value = el('span', 'card-value');
+    value.appendChild(el('span', 'num', formatCount(items.length)));
+    value.appendChild(document.createTextNode(' '));
+    value.appendChild(el('span', 'card-units', (items.length === 1 ? 'workout' : 'workouts') +
+      ', ' + formatSeconds(seconds)));
+    node.appendChild(value);
+    const list = el('ul', 'card-list');
+    items.forEach(function (w) {
+      const li = el('li', 'workout-item');
+      setData(li, {
+        start: w.start, local: w.local_start, date: w.date, name: w.name,
+        durationS: w.duration_s, energy: w.energy ? w.energy.qty : null,
+        energyUnits: w.energy ? w.energy.units : null,
+      });
+      const p = splitLocal(w.local_start);
+      li.appendChild(el('span', 'item-name', w.name || 'Workout'));
+      li.appendChild(el('span', 'item-when', p ? formatDate(p.date, 'weekday') + ' ' +
+        formatDate(p.date, 'short') + ', ' + p.time : w.local_start));
+      li.appendChild(el('span', 'item-figure num', formatSeconds(w.duration_s)));
+      li.appendChild(el('span', 'item-figure num', quantityText(w.energy)));
+      list.appendChild(li);
+    });
+    node.appendChild(list);
+    return node;
+  }
+
+  function otherCard(items, day) {
+    const node = cardShell('other-card wide', null, formatDate(day));
+    const list = el('ul', 'card-list');
+    items.forEach(function (o) {
+      const li = el('li', 'other-item');
+      setData(li, { metric: o.metric, kind: o.kind, value: o.value, units: o.units });
+      const a = el('a', 'item-name', o.name);
+      a.href = linkHash(o.link, state.tz);
+      li.appendChild(a);
+      const text = o.kind === 'events'
+        ? formatCount(o.value) + (o.value === 1 ? ' entry' : ' entries')
+        : formatNumber(o.value) + (o.units ? ' ' + o.units : '');
+      li.appendChild(el('span', 'item-figure num', text));
+      list.appendChild(li);
+    });
+    node.appendChild(list);
+    return node;
+  }
+
+  /** The cards of the day; how many. ``wanted``: the day the address asked for (none: the
+   *  server's newest, which has data unless the store is empty). */
+  function drawCards(data, wanted) {
+    const box = $('cards');
+    clear(box);
+    const cards = data.cards || {};
+    const rule = data.usual || {};
+    const day = data.date;
+    let shown = 0;
+    CARD_GROUPS.forEach(function (entry) {
+      const key = entry[0];
+      const found = cards[key];
+      const made = [];
+      if (key === 'sleep') {
+        if (found) made.push(sleepCard(found, day, rule));
+      } else if (key === 'workouts') {
+        if (found && found.length) made.push(workoutsCard(found, day));
+      } else if (key === 'other') {
+        if (found && found.length) made.push(otherCard(found, day));
+      } else {
+        (found || []).forEach(function (card) {
+          if (key === 'body') made.push(bodyCard(card));
+          else if ('spark' in card) made.push(seriesCard(card, day, rule));
+          else made.push(rangeCard(card, day));
+        });
+      }
+      if (!made.length) return;
+      const group = el('section', 'card-group');
+      group.dataset.group = key;
+      group.appendChild(el('h3', null, entry[1]));
+      const grid = el('div', 'card-grid');
+      made.forEach(function (node) { grid.appendChild(node); });
+      group.appendChild(grid);
+      box.appendChild(group);
+      shown += made.length;
+    });
+    if (!shown) {
+      box.appendChild(el('p', 'empty', wanted
+        ? 'Nothing recorded on this day or the ' + (rule.days || 30) + ' days before it.'
+        : 'No data yet. Point a Health Auto Export automation at /api/ingest.'));
+    }
+    return shown;
+  }
+
+  function drawTrends(data) {
+    const rule = data.trend_rule || {};
+    const text = $('trend-rule');
+    setData(text, {
+      recentDays: rule.recent_days, baselineDays: rule.baseline_days,
+      minRecentDays: rule.min_recent_days, minBaselineDays: rule.min_baseline_days,
+    });
+    text.textContent = 'Each trend compares the mean day value of the last ' +
+      rule.recent_days + ' days with that of the ' + rule.baseline_days +
+      ' days before, and is flagged when ' + rule.flagged_when + '; it needs at least ' +
+      rule.min_recent_days + ' recent and ' + rule.min_baseline_days + ' earlier days with data.';
+    const list = $('trends');
+    clear(list);
+    const trends = (data.trends || []).slice().sort(function (a, b) {
+      return (b.flagged === true) - (a.flagged === true) || a.name.localeCompare(b.name);
+    });
+    if (!trends.length) {
+      list.appendChild(el('li', 'empty', 'No metric has enough days for a trend yet.'));
+      return;
+    }
+    trends.forEach(function (t) {
+      const judged = t.better === true ? 'better' : t.better === false ? 'worse' : null;
+      const li = el('li', 'trend' + (t.flagged ? ' flagged' : '') +
+        (t.flagged && judged ? ' ' + judged : ''));
+      setData(li, {
+        metric: t.metric, units: t.units, recent: t.recent, baseline: t.baseline,
+        baselineSd: t.baseline_sd, change: t.change, recentDays: t.recent_days,
+        baselineDays: t.baseline_days, flagged: t.flagged ? 'true' : 'false',
+        direction: t.direction || 'none', better: judged || 'none',
+      });
+      const head = el('div', 'trend-head');
+      const name = el('a', 'trend-name', t.name);
+      name.href = linkHash(t.link, state.tz);
+      head.appendChild(name);
+      const arrow = t.direction === 'up' ? '▲ up' : t.direction === 'down' ? '▼ down'
+        : 'no change';
+      head.appendChild(el('span', 'trend-direction', arrow + (judged ? ' (' + judged + ')' : '')));
+      head.appendChild(el('span', 'trend-flag', t.flagged ? 'flagged'
+        : 'within the usual spread'));
+      li.appendChild(head);
+      const figures = el('div', 'trend-figures');
+      const figure = function (field, value, label) {
+        const item = el('span', 'trend-figure');
+        setData(item, { field: field, value: value });
+        item.appendChild(el('span', 'num', formatNumber(value) + (t.units ? ' ' + t.units : '')));
+        item.appendChild(document.createTextNode(' ' + label));
+        figures.appendChild(item);
+      };
+      figure('recent', t.recent, 'a day in the last ' + rule.recent_days + ' days (' +
+        t.recent_days + ' with data)');
+      figure('baseline', t.baseline, 'a day in the ' + rule.baseline_days + ' before (' +
+        t.baseline_days + ' with data)');
+      figure('baseline_sd', t.baseline_sd, 'their standard deviation');
+      li.appendChild(figures);
+      list.appendChild(li);
+    });
+  }
+
+  function drawSummary(data, wanted) {
+    const s = state.summary;
+    $('summary-title').textContent = formatDate(data.date);
+    const newest = s.newest[state.tz];
+    const shown = drawCards(data, wanted);
+    $('summary-meta').textContent = capitalise(zoneText()) +
+      (newest === data.date && shown ? ' · the latest day with data' : '');
+    const rule = data.usual || {};
+    const usual = $('usual-rule');
+    setData(usual, { days: rule.days, minDays: rule.min_days });
+    usual.textContent = 'Usual: the median of the ' + rule.days + ' days before, from at least ' +
+      rule.min_days + ' days with data.';
+    $('day-next').disabled = Boolean(newest) && data.date >= newest;
+    $('day-latest').hidden = !wanted || data.date === newest;
+    $('day-latest').href = summaryHash(null, state.tz);
+    drawTrends(data);
+  }
+
+  async function showSummary(date) {
+    const box = $('summary');
+    const s = state.summary;
+    if (s.controller) s.controller.abort();
+    const controller = new AbortController();
+    s.controller = controller;
+    const token = ++s.token;
+    box.dataset.state = 'loading';
+    box.setAttribute('aria-busy', 'true');
+    $('nav-summary').href = summaryHash(date, state.tz);
+    try {
+      const data = await getJSON(query('/api/summary', { date: date, tz: state.tz }),
+        controller.signal);
+      if (token !== s.token) return;
+      if (!date) s.newest[state.tz] = data.date; // the day the server opens on
+      s.date = data.date;
+      drawSummary(data, date);
+      setData(box, { date: data.date, tz: data.tz });
+      box.removeAttribute('aria-busy');
+      box.dataset.state = 'ready';
+    } catch (err) {
+      if (token !== s.token || (err && err.name === 'AbortError')) return;
+      box.removeAttribute('aria-busy');
+      clear($('cards'));
+      $('cards').appendChild(el('p', 'empty', 'Could not load the summary: ' + err.message));
+      box.dataset.state = 'error';
+    }
+  }
+
+  function stepDay(n) {
+    const date = state.summary.date;
+    if (!date) return;
+    window.location.hash = summaryHash(addDays(date, n), state.tz);
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Views: the address says which
+  // ---------------------------------------------------------------------------------
+
+  function setView(view) {
+    state.view = view;
+    document.body.dataset.view = view;
+    $('summary').hidden = view !== 'summary';
+    $('metric-view').hidden = view !== 'metric';
+    $('journal-panel').hidden = view !== 'metric';
+    [['nav-summary', 'summary'], ['nav-metrics', 'metric']].forEach(function (n) {
+      const on = n[1] === view;
+      $(n[0]).classList.toggle('active', on);
+      if (on) $(n[0]).setAttribute('aria-current', 'page');
+      else $(n[0]).removeAttribute('aria-current');
+    });
+  }
+
+  /** What the address asks for: the summary (no metric in it; a first visit) or the
+   *  metric view. */
+  function route() {
+    const wanted = readHash();
+    const view = wanted.metric || wanted.view === 'metric' ? 'metric' : 'summary';
+    setView(view);
+    if (view === 'summary') {
+      if (wanted.tz && wanted.tz !== state.tz) {
+        state.tz = wanted.tz;
+        ensureZoneOption(wanted.tz);
+      }
+      showSummary(isDate(wanted.date) ? wanted.date : null);
+      return;
+    }
+    if (!state.journalLoaded) {
+      state.journalLoaded = true;
+      loadJournal(false);
+      loadHealth();
+    }
+    if (!state.metrics.length) return; // loadCatalog shows the view when the catalog comes
+    applyHash(wanted);
+    showView();
+  }
+
+  // ---------------------------------------------------------------------------------
   // The journal and the service state
   // ---------------------------------------------------------------------------------
 
@@ -10518,11 +11141,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       loadJournal(false);
       loadHealth();
     });
-    window.addEventListener('hashchange', function () {
-      if (!state.metrics.length) return;
-      applyHash(readHash());
-      showView();
-    });
+    $('day-prev').addEventListener('click', function () { stepDay(-1); });
+    $('day-next').addEventListener('click', function () { stepDay(1); });
+    window.addEventListener('hashchange', route);
     let resizeTimer = null;
     let lastWidth = $('chart').clientWidth;
     window.addEventListener('resize', function () {
@@ -10535,9 +11156,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         }
       }, 150);
     });
+    route();
     loadCatalog();
-    loadJournal(false);
-    loadHealth();
   }
 
   // The pure functions, for the in-browser unit tests (tests/test_dashboard_logic.py): a
@@ -10547,11 +11167,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       dayNumber: dayNumber, dateOf: dateOf, addDays: addDays, daysBetween: daysBetween,
       weekdayOf: weekdayOf, mondayOf: mondayOf, dateSlots: dateSlots, isoZ: isoZ,
       splitLocal: splitLocal, bucketFor: bucketFor, planView: planView,
-      chooseLayer: chooseLayer, niceTicks: niceTicks, dateTicks: dateTicks,
+      niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
+      linkHash: linkHash, summaryHash: summaryHash, sparkMarks: sparkMarks,
     };
   }
 

@@ -1,16 +1,29 @@
 """The browser the dashboard's tests drive: Debian's /usr/bin/chromium through Playwright,
 used as installed (Playwright never downloads a browser here), with flags for a closed
-network. Shared by tests/test_dashboard.py and tests/test_dashboard_logic.py."""
+network; and what the page's browser tests share: a store built once per module from bodies
+posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
+the check that nothing reaches past a phone's screen. Used by tests/test_dashboard.py,
+tests/test_summary_page.py and tests/test_dashboard_logic.py."""
 
+import contextlib
 import os
+import threading
+import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
+
+import hae_factory as hf
+import healthlog
+from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
+WAIT_MS = 20_000
+"""How long the page may take to show what a test waits for (a ceiling, not a pause)."""
 
 
 def require_browser():
@@ -40,3 +53,167 @@ def launched():
             yield chromium
         finally:
             chromium.close()
+
+
+# -- a store for the module ----------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """conftest's check runs per test; a browser module's service and browser live for the
+    module, so :func:`module_leaves_nothing_running` makes the same check after it (a test
+    module imports both to override conftest's)."""
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_leaves_nothing_running():
+    threads, handles = set(threading.enumerate()), _open_handles()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        extra_threads = [t.name for t in threading.enumerate()
+                         if t not in threads and t.is_alive()]
+        extra_handles = sorted(target for _, target in _open_handles() - handles)
+        if not extra_threads and not extra_handles:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("left running after the module: threads %s, open %s"
+                                 % (extra_threads, extra_handles))
+        time.sleep(0.05)
+
+
+class Store:
+    def __init__(self, service, data_dir):
+        host, port = service.address
+        self.base = "http://%s:%d" % (host, port)
+        self.client = Client(host, port)
+        self.data_dir = data_dir
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path, deliveries):
+    """A real Service on 127.0.0.1:0 (as conftest's ``start_service`` starts one, here for a
+    module) holding ``deliveries`` — (hf.Automation, body bytes) pairs, posted through
+    /api/ingest in that order with the automation's headers — folded, every one parsed."""
+    deliveries = list(deliveries)
+    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
+                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
+                              log_level="DEBUG")
+    service = healthlog.Service(config, announce=lambda token: None)
+    service.start()
+    try:
+        store = Store(service, data_dir)
+        for automation, body in deliveries:
+            status, answer = store.client.ingest(body, headers=hf.headers_for(automation),
+                                                 token=True)
+            assert status == 200, answer
+
+        def folded():
+            rows = db_rows(data_dir)
+            done = len(rows) == len(deliveries) and all(
+                r["parse_status"] != "pending" for r in rows)
+            return (rows,) if done else None  # a tuple: true for an empty store too
+
+        [rows] = wait_for(folded, timeout=120, what="the deliveries folded")
+        assert [r["parse_status"] for r in rows] == ["parsed"] * len(rows), rows
+        yield store
+    finally:
+        assert service.stop(), "the service did not stop within its budget"
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+class Watch:
+    """Console errors, uncaught exceptions and CSP violations of one browser context."""
+
+    def __init__(self, context):
+        self.errors = []
+        context.expose_function("healthlogCspViolation", self._violation)
+        context.add_init_script(
+            "document.addEventListener('securitypolicyviolation', function (e) {"
+            " window.healthlogCspViolation(e.violatedDirective + ' ' + e.blockedURI); });")
+
+    def _violation(self, text):
+        self.errors.append("CSP violation: " + text)
+
+    def page(self, context):
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.on("console", lambda m: self.errors.append("console: " + m.text)
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append("exception: %s" % e))
+        return page
+
+
+class Session:
+    """A signed-in browser context in ``timezone`` and its page."""
+
+    def __init__(self, browser, store, timezone="Asia/Tokyo", width=1280, height=900,
+                 phone=False):
+        options = dict(viewport={"width": width, "height": height}, timezone_id=timezone,
+                       locale="en-US")
+        if phone:
+            options.update(is_mobile=True, has_touch=True, device_scale_factor=2)
+        self.context = browser.new_context(**options)
+        self.watch = Watch(self.context)
+        self.page = self.watch.page(self.context)
+        self.store = store
+        self.timezone = timezone
+
+    def sign_in(self, hash_=""):
+        """Sign in through the form (which answers with the page at /, the summary), then
+        open ``hash_`` (a metric view) as a bookmark would."""
+        page = self.page
+        page.goto(self.store.base + "/")
+        sign_in(page)
+        page.wait_for_selector('#summary[data-state="ready"]')  # a first visit's page
+        if hash_:
+            page.goto(self.store.base + "/" + hash_)
+            self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
+        return self
+
+    def open(self, **params):
+        """Show a metric view through the address, as a bookmark would; wait until it is
+        drawn."""
+        hash_ = "#" + urllib.parse.urlencode(params)
+        self.page.evaluate("h => { window.location.hash = h; }", hash_)
+        return self.wait(params)
+
+    def wait(self, params):
+        selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
+        for key in ("range", "from", "tz"):
+            if key in params:
+                selector += '[data-%s="%s"]' % (key, params[key])
+        self.page.wait_for_selector(selector, state="attached")
+        return self.page
+
+    def close(self):
+        errors = list(self.watch.errors)
+        self.context.close()
+        assert errors == [], errors
+
+
+def sign_in(page, token: str = TOKEN) -> None:
+    page.fill("#token", token)
+    page.click('form[action="/login"] button[type="submit"]')
+
+
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  for (const e of document.querySelectorAll('body *')) {
+    if (e.closest('svg') && e.tagName.toLowerCase() !== 'svg') continue;
+    const r = e.getBoundingClientRect();
+    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
+      out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + r.left + '..' + r.right);
+    }
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
+        && e.clientWidth) {
+      out.push('scrolls: ' + e.tagName + '#' + e.id + '.' + e.className);
+    }
+  }
+  return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
+}"""
+"""Elements that reach past the screen's width, or scroll sideways, and the page's width."""

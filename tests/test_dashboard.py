@@ -24,22 +24,19 @@ import datetime as dt
 import json
 import random
 import re
-import threading
-import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
 import hae_factory as hf
-import healthlog
-from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
-from dashboard_browser import launched
+from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
+                               module_leaves_nothing_running, nothing_left_running, serving,
+                               sign_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
-WAIT_MS = 20_000
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -179,65 +176,12 @@ CORPUS = Corpus()
 # -- the module's service and browser ----------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_running():
-    """conftest's check runs per test; here the service and the browser live for the
-    module, so :func:`module_leaves_nothing_running` makes the same check after it."""
-    yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_leaves_nothing_running():
-    threads, handles = set(threading.enumerate()), _open_handles()
-    yield
-    deadline = time.monotonic() + LEAK_GRACE_S
-    while True:
-        extra_threads = [t.name for t in threading.enumerate()
-                         if t not in threads and t.is_alive()]
-        extra_handles = sorted(target for _, target in _open_handles() - handles)
-        if not extra_threads and not extra_handles:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("left running after the module: threads %s, open %s"
-                                 % (extra_threads, extra_handles))
-        time.sleep(0.05)
-
-
-class Store:
-    def __init__(self, service, data_dir):
-        host, port = service.address
-        self.base = "http://%s:%d" % (host, port)
-        self.client = Client(host, port)
-        self.data_dir = data_dir
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The corpus posted through /api/ingest to a real Service (conftest's
-    ``start_service``, at module scope) and folded."""
-    data_dir = tmp_path_factory.mktemp("dashboard") / "data"
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG")
-    service = healthlog.Service(config, announce=lambda token: None)
-    service.start()
-    try:
-        store = Store(service, data_dir)
-        for item in CORPUS.deliveries:
-            status, answer = store.client.ingest(
-                item["body"], headers=hf.headers_for(item["automation"]), token=True)
-            assert status == 200, answer
-
-        def folded():
-            rows = db_rows(data_dir)
-            return len(rows) == len(CORPUS.deliveries) and all(
-                r["parse_status"] != "pending" for r in rows) and rows
-
-        rows = wait_for(folded, timeout=120, what="the corpus folded")
-        assert [r["parse_status"] for r in rows] == ["parsed"] * len(rows), rows
+    """The corpus posted through /api/ingest to a real Service and folded."""
+    with serving(tmp_path_factory.mktemp("dashboard") / "data",
+                 [(item["automation"], item["body"]) for item in CORPUS.deliveries]) as store:
         yield store
-    finally:
-        assert service.stop(), "the service did not stop within its budget"
 
 
 @pytest.fixture(scope="module")
@@ -246,75 +190,6 @@ def browser():
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-class Watch:
-    """Console errors, uncaught exceptions and CSP violations of one browser context."""
-
-    def __init__(self, context):
-        self.errors = []
-        context.expose_function("healthlogCspViolation", self._violation)
-        context.add_init_script(
-            "document.addEventListener('securitypolicyviolation', function (e) {"
-            " window.healthlogCspViolation(e.violatedDirective + ' ' + e.blockedURI); });")
-
-    def _violation(self, text):
-        self.errors.append("CSP violation: " + text)
-
-    def page(self, context):
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        page.on("console", lambda m: self.errors.append("console: " + m.text)
-                if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append("exception: %s" % e))
-        return page
-
-
-class Session:
-    """A signed-in browser context in ``timezone`` and its page."""
-
-    def __init__(self, browser, store, timezone="Asia/Tokyo", width=1280, height=900,
-                 phone=False):
-        options = dict(viewport={"width": width, "height": height}, timezone_id=timezone,
-                       locale="en-US")
-        if phone:
-            options.update(is_mobile=True, has_touch=True, device_scale_factor=2)
-        self.context = browser.new_context(**options)
-        self.watch = Watch(self.context)
-        self.page = self.watch.page(self.context)
-        self.store = store
-        self.timezone = timezone
-
-    def sign_in(self, hash_=""):
-        """Sign in through the form (which answers with the page at /), then open
-        ``hash_`` as a bookmark would."""
-        page = self.page
-        page.goto(self.store.base + "/")
-        sign_in(page)
-        page.wait_for_selector('#chart[data-state="ready"]')
-        if hash_:
-            page.goto(self.store.base + "/" + hash_)
-            self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
-        return self
-
-    def open(self, **params):
-        """Show a view through the address, as a bookmark would; wait until it is drawn."""
-        hash_ = "#" + urllib.parse.urlencode(params)
-        self.page.evaluate("h => { window.location.hash = h; }", hash_)
-        return self.wait(params)
-
-    def wait(self, params):
-        selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
-        for key in ("range", "from", "tz"):
-            if key in params:
-                selector += '[data-%s="%s"]' % (key, params[key])
-        self.page.wait_for_selector(selector, state="attached")
-        return self.page
-
-    def close(self):
-        errors = list(self.watch.errors)
-        self.context.close()
-        assert errors == [], errors
 
 
 @pytest.fixture
@@ -328,11 +203,6 @@ def session(browser, store):
     yield open_session
     for s in made:
         s.close()
-
-
-def sign_in(page, token: str = TOKEN) -> None:
-    page.fill("#token", token)
-    page.click('form[action="/login"] button[type="submit"]')
 
 
 def query(url: str) -> dict:
@@ -371,7 +241,7 @@ def screenshot(page, name: str, tracked: bool = False) -> None:
     if tracked:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.evaluate("() => window.scrollTo(0, 0)")
-        box = page.locator("main section.panel").first.bounding_box()
+        box = page.locator("#metric-view").bounding_box()
         width = page.viewport_size["width"]
         page.screenshot(path=str(SCREENSHOTS / name), full_page=True, clip={
             "x": 0, "y": 0, "width": width, "height": box["y"] + box["height"] + 12})
@@ -397,12 +267,20 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
     assert all("401" in e for e in s.watch.errors), s.watch.errors
     s.watch.errors.clear()
 
-    # Signed in without an address: the series with the latest data (Sydney's heart rate,
+    # Signed in without an address: the summary page (READ-16), without the metric view
+    # and the journal.
+    sign_in(page)
+    page.wait_for_selector('#summary[data-state="ready"]')
+    assert page.is_hidden("#metric-view") and page.is_hidden("#journal-panel")
+    assert page.get_attribute("#nav-summary", "aria-current") == "page"
+    # "Metrics" without an address: the series with the latest data (Sydney's heart rate,
     # dated 2025-12-31 there) over 7 days ending on its last date, not an empty week of now.
     with page.expect_request(lambda r: "/api/points" in r.url and re.search(
             r"from=\d{4}-\d{2}-\d{2}&", r.url)) as asked:
-        sign_in(page)
+        page.click("#nav-metrics")
     page.wait_for_selector('#chart[data-state="ready"][data-metric="heart_rate"]')
+    assert page.get_attribute("#nav-metrics", "aria-current") == "page"
+    assert page.is_visible("#journal-panel") and page.is_hidden("#summary")
     q = query(asked.value.url)
     assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2026-01-01")
     shown = buckets(page)
@@ -444,9 +322,9 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
 
     # Sign out: this browser only.
     sign_in(page)
-    page.wait_for_selector('#chart[data-state="ready"]')
+    page.wait_for_selector('#summary[data-state="ready"]')
     sign_in(other.page)
-    other.page.wait_for_selector('#chart[data-state="ready"]')
+    other.page.wait_for_selector('#summary[data-state="ready"]')
     page.click("#signout")
     page.wait_for_selector("#token")
     refused = page.request.get(store.base + "/api/catalog")
@@ -730,6 +608,7 @@ def test_read_10_7_events_are_lists_with_their_local_times(session):
 def test_read_10_8_deliveries_paged_with_overwrites_and_unit_conflicts(session):
     s = session(timezone="America/Denver").sign_in()
     page = s.page
+    page.click("#nav-metrics")  # the journal is under the metric view
     total = len(CORPUS.deliveries)
     assert total > 2 * JOURNAL_PAGE
     page.wait_for_function("() => document.querySelectorAll('#journal tbody tr').length === %d"
@@ -858,6 +737,40 @@ def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
         assert box["width"] >= 4 and box["height"] >= 1, box
 
 
+def test_read_10_15_the_server_chooses_the_layer_and_the_page_names_it(session):
+    """Steps are stored in ``days`` (three years) and ``minutes`` (New York's autumn DST
+    days): without a layer picked the page asks for none, and shows the one the reply
+    names; a layer picked is asked for, kept in the address and named."""
+    s = session(timezone="Asia/Kolkata").sign_in()
+    page = s.page
+    asked = []
+    page.on("request", lambda r: asked.append(query(r.url))
+            if "/api/points" in r.url and "bucket=" in r.url else None)
+    for first, last, layer in ((DST_DAY, DST_DAY, "minutes"),
+                               ("2023-07-01", "2023-12-31", "days")):
+        asked.clear()
+        page = s.open(metric="step_count", range="custom", tz="local",
+                      **{"from": first, "to": last})
+        assert asked and all("layer" not in q for q in asked), asked
+        assert page.get_attribute("#chart", "data-layer") == layer
+        assert "read from the %s layer" % layer in page.inner_text("#view-meta")
+        assert page.eval_on_selector("#layer option[value='']", "o => o.textContent") \
+            == "Best for the range: " + layer
+        assert "layer=" not in page.url and "layer=" not in page.get_attribute("#csv", "href")
+    # Picked: the days layer for the DST day (one bucket at its midnight), asked and named.
+    asked.clear()
+    page.select_option("#layer", "days")
+    page.wait_for_function("() => location.hash.includes('layer=days')")
+    s.wait({"metric": "step_count", "range": "custom", "from": "2023-07-01", "tz": "local"})
+    assert page.get_attribute("#chart", "data-layer") == "days"
+    assert asked and all(q.get("layer") == "days" for q in asked), asked
+    assert query(page.get_attribute("#csv", "href"))["layer"] == "days"
+    page = s.open(metric="step_count", range="custom", tz="local", layer="minutes",
+                  **{"from": DST_DAY, "to": DST_DAY})
+    assert page.get_attribute("#chart", "data-layer") == "minutes"
+    assert page.input_value("#layer") == "minutes"
+
+
 VIEWS = (
     ("steps", {"metric": "step_count", "range": "30d", "tz": "local"}),
     ("heart-rate", {"metric": "heart_rate", "range": "7d", "tz": "local"}),
@@ -868,24 +781,6 @@ VIEWS = (
     ("ecg", {"metric": "ecg", "range": "30d", "tz": "local"}),
     ("events", {"metric": "state_of_mind", "range": "7d", "tz": "local"}),
 )
-
-OVERFLOW = """() => {
-  const width = document.documentElement.clientWidth;
-  const out = [];
-  for (const e of document.querySelectorAll('body *')) {
-    if (e.closest('svg') && e.tagName.toLowerCase() !== 'svg') continue;
-    const r = e.getBoundingClientRect();
-    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
-      out.push(e.tagName + '#' + e.id + '.' + e.className + ' ' + r.left + '..' + r.right);
-    }
-    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
-        && e.clientWidth) {
-      out.push('scrolls: ' + e.tagName + '#' + e.id + '.' + e.className);
-    }
-  }
-  return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
-}"""
-
 
 def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
     phone = session(timezone="America/Chicago", width=360, height=780, phone=True)

@@ -1,4 +1,5 @@
-"""The dashboard's time, tick and bucket logic, unit-tested in Chromium (READ-10.14).
+"""The dashboard's time, tick and bucket logic, unit-tested in Chromium (READ-10.14), and
+the summary page's links and sparklines (READ-16).
 
 The functions are the page's own: healthlog.APP_JS is loaded into a blank page after the test
 sets ``window.HEALTHLOG_TEST = true``, and the script then puts its pure functions on
@@ -39,12 +40,16 @@ def js(browser, request):
         return page.evaluate("([name, args]) => window.healthlogTest[name](...args)",
                              [name, list(args)])
 
+    def has(name):
+        return page.evaluate("name => name in window.healthlogTest", name)
+
     def many(name, calls):
         """[window.healthlogTest[name](...args) for args in calls], in one round trip."""
         return page.evaluate("([name, calls]) => calls.map(a => window.healthlogTest[name](...a))",
                              [name, [list(a) for a in calls]])
 
     call.many = many
+    call.has = has
     yield call
     context.close()
 
@@ -177,21 +182,60 @@ def test_read_10_14_value_ticks_are_round_and_cover(js):
         assert len(steps) == 1
 
 
-def test_read_10_14_gaps_break_lines_and_layers_fit_the_range(js):
+def test_read_10_14_gaps_break_lines(js):
     points = [{"pos": p} for p in (0, 1, 2, 5, 7, 8)]
     assert [[p["pos"] for p in seg] for seg in js("segmentsOf", points)] == [
         [0, 1, 2], [5], [7, 8]]
-    layers = [
-        {"layer": "days", "first": "2023-01-01T05:00:00Z", "last": "2025-12-30T13:00:00Z",
-         "points": 1094},
-        {"layer": "minutes", "first": "2023-11-04T04:00:00Z", "last": "2023-11-07T04:58:00Z",
-         "points": 2190}]
-    plan = {"from": "2023-07-01", "to": "2024-01-01"}
-    assert js("chooseLayer", layers, plan) == "days"  # minutes hold only three days of it
-    assert js("chooseLayer", layers, {"from": "2023-11-05", "to": "2023-11-06"}) == "minutes"
-    assert js("chooseLayer", layers, {"from": "2024-07-01", "to": "2025-01-01"}) == "days"
-    assert js("chooseLayer", layers, {"from": None, "to": None}) == "days"
-    assert js("chooseLayer", layers[:1], plan) is None  # one layer: the server's choice
+
+
+def test_read_10_14_the_page_chooses_no_layer(js):
+    """The server chooses the layer for a range (READ-2.8): the page has no function of
+    its own for it any more."""
+    assert js.has("chooseLayer") is False
+
+
+def test_read_16_3_a_cards_link_is_the_metric_views_address(js):
+    """A card's link {metric, from, to} (``to`` the day after, as the server writes it)
+    opens the metric view on those dates, both shown; the summary's own address keeps a
+    chosen day and a zone other than the phone's."""
+    import urllib.parse
+    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-11"}
+    hash_ = js("linkHash", link, "local")
+    assert hash_.startswith("#")
+    assert dict(urllib.parse.parse_qsl(hash_[1:])) == {
+        "metric": "step_count", "range": "custom", "from": "2025-02-25", "to": "2025-03-10",
+        "tz": "local"}
+    # a month's end and a DST day are days like any other
+    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-03-01"}), "UTC")
+    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-10"}), "local")
+    assert js("summaryHash", None, "local") == "#view=summary"
+    assert js("summaryHash", "2025-03-09", "local") == "#view=summary&date=2025-03-09"
+    assert js("summaryHash", "2025-03-09", "Europe/Berlin") == \
+        "#view=summary&date=2025-03-09&tz=Europe%2FBerlin"
+
+
+def test_read_16_2_a_sparkline_has_gaps_never_zeros(js):
+    """A day without a value has no mark and breaks the line; bars stand on 0, a line spans
+    its values and the usual; a day's value is never drawn at 0."""
+    days = ["2025-03-%02d" % d for d in range(1, 15)]
+    values = [5, 7, None, 6, 8, None, None, 9, None, 4, 4, 6, 7, 3]
+    points = [{"date": d, "value": v} for d, v in zip(days, values)]
+    line = js("sparkMarks", points, False, 6, 140, 40)
+    assert [m["date"] for m in line["marks"]] == [d for d, v in zip(days, values) if v is not None]
+    assert [[m["date"] for m in seg] for seg in line["segments"]] == [
+        days[0:2], days[3:5], days[9:14]]  # the lone 8th is a dot only
+    ys = {m["value"]: m["y"] for m in line["marks"]}
+    assert ys[9] == pytest.approx(3) and ys[3] == pytest.approx(37)  # the span, edge to edge
+    assert line["usualY"] == pytest.approx(37 - (6 - 3) / (9 - 3) * 34)
+    xs = [m["x"] for m in line["marks"]]
+    assert xs[0] == pytest.approx(5) and xs[-1] == pytest.approx(135)  # a slot per day
+    bars = js("sparkMarks", points, True, None, 140, 40)
+    assert bars["usualY"] is None
+    for m in bars["marks"]:  # from 0 up to the value
+        assert m["y"] + m["h"] == pytest.approx(37)
+        assert m["h"] == pytest.approx(m["value"] / 9 * 34)
+    empty = js("sparkMarks", [{"date": d, "value": None} for d in days], True, None, 140, 40)
+    assert empty["marks"] == [] and empty["segments"] == []
 
 
 def test_read_10_14_workout_minutes_and_night_bars(js):
