@@ -4239,6 +4239,8 @@ class PointQuery:
     fmt: str = "json"
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
+    fill: tuple = ()  # day and week buckets without a layer asked: each day from the
+    # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
 
     @property
     def sleep_stages(self) -> bool:
@@ -4341,10 +4343,23 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     if not layers:
         raise UnknownMetric([row[0] for row in conn.execute("SELECT DISTINCT metric FROM object")])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    fill: tuple = ()
+    if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
+        others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
+        fill = (layer,) + others if others else ()
     if layer not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to)
+    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill)
+
+
+DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
+"""Layers a day's value can come from, preferred first: a Days export's point is the
+phone's own total for the day (HealthKit's statistics of the whole day); finer layers add
+up to it where there is none.  The summary reads each day from the first of them that
+holds it; day and week buckets without a layer asked read the layer chosen for the range
+and fill the days it lacks from the others, in this order (a Days automation stopped, a
+Minutes one started later: no day goes missing)."""
 
 
 def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
@@ -4433,6 +4448,8 @@ def _instant_or_null(instant: Optional[int]) -> Any:
 
 def _head(query: PointQuery) -> dict:
     head = {"metric": query.metric, "layer": query.layer, "tz": query.zone.name}
+    if query.fill:
+        head["layers"] = list(query.fill)
     if query.bucket:
         head["bucket"] = query.bucket
     head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
@@ -4646,6 +4663,8 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
     minute data is 8,760 summaries instead of half a million points.  A run holds at
     least one bucket.
     """
+    if query.fill:
+        return _filled_runs(conn, query)
     runs: list = []
     for hour, units, whole, summary_text in _in_range_rows(conn, query, "summary"):
         summary = json.loads(summary_text) if summary_text else None
@@ -4671,6 +4690,26 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
                 accumulate(target.fields, (point,))
     if runs and not runs[-1].buckets:
         runs.pop()
+    return runs
+
+
+def _filled_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
+    """:func:`bucket_runs` of each day (or week) from the first layer of ``query.fill`` that
+    holds it, runs of units formed again over the days chosen."""
+    chosen: dict = {}  # bucket key -> [(units, bucket)] of the layer that holds it first
+    for layer in query.fill:
+        taken: dict = {}
+        for run in bucket_runs(conn, _replace(query, layer=layer, fill=())):
+            for key, bucket in run.buckets.items():
+                if key not in chosen:
+                    taken.setdefault(key, []).append((run.units, bucket))
+        chosen.update(taken)
+    runs: list = []
+    for key in sorted(chosen):
+        for units, bucket in chosen[key]:
+            if not runs or runs[-1].units != units or key in runs[-1].buckets:
+                runs.append(_Run(units))
+            runs[-1].buckets[key] = bucket
     return runs
 
 
@@ -5130,9 +5169,6 @@ TREND_MIN_RECENT, TREND_MIN_BASELINE = 30, 90
 """A trend compares the mean day value of the last 90 days with that of the 365 days
 before, when the recent window holds at least 30 days with a value and the baseline 90; it
 is flagged when the difference exceeds one standard deviation of the baseline days."""
-DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
-"""Layers a day's value can come from, preferred first: a Days export's point is the
-phone's own total for the day; finer layers add up to it where there is none."""
 
 
 def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
@@ -6208,7 +6244,7 @@ class App:
         kind = ("text/csv; charset=utf-8" if query.fmt == "csv"
                 else "application/json")
         return ("200 OK", [("Content-Type", kind), ("Cache-Control", "no-store"),
-                           ("X-Healthlog-Layer", query.layer)],
+                           ("X-Healthlog-Layer", ",".join(query.fill) or query.layer)],
                 _in_snapshot(conn, query, self.archive.tmp))
 
     def deliveries(self, environ: dict) -> tuple:

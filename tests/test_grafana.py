@@ -15,7 +15,7 @@ import urllib.parse
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
 NEW_YORK = hf.Zone("America/New_York", -300, -240, "us")
@@ -154,3 +154,34 @@ def test_read_9_2_the_dashboard_sends_tz_local_by_default():
         if target["url"] == "/api/points":
             assert {"key": "tz", "value": "${tz}"} in target["url_options"]["params"], title
             assert not any(p["key"] == "layer" for p in target["url_options"]["params"]), title
+
+
+def test_read_2_8_days_a_layer_lacks_are_filled_from_another(start_service, data_dir):
+    """WHEN a Days automation stopped five days ago and a Minutes one has run for the last
+    seven, and steps are read per day over forty days without a layer
+    THEN every day with data has its bucket: the days layer's value where it has one, the
+    minutes' sum where it has none; and the reply names both layers."""
+    client = Client(*start_service().address)
+    today = dt.date(2025, 4, 20)
+    days = [today - dt.timedelta(days=n) for n in range(39, 4, -1)]  # up to 5 days ago
+    daily = {day: 6000 + day.day * 10 for day in days}
+    assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
+        {"date": local(day), "qty": qty} for day, qty in daily.items()], "count")])),
+        headers=DAYS)[0] == 200
+    sums = {}
+    for day in (today - dt.timedelta(days=n) for n in range(6, -1, -1)):
+        points = [{"date": local(day, m // 60, m % 60), "qty": 7 + m % 5}
+                  for m in range(0, 24 * 60, 10)]
+        sums[day] = sum(p["qty"] for p in points)
+        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+            "step_count", points, "count")])), headers=MINUTES)[0] == 200
+    wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+             what="the deliveries are folded")
+    status, reply = client.request("GET", "/api/points?metric=step_count&bucket=day"
+                                          "&from=2025-03-12&to=2025-04-21")
+    assert status == 200 and (reply["layer"], reply["layers"]) == ("days", ["days", "minutes"])
+    got = {b["date"]: b["fields"]["qty"]["sum"] for run in reply["runs"] for b in run["buckets"]}
+    want = {day.isoformat(): qty for day, qty in daily.items()}
+    want.update({day.isoformat(): total for day, total in sums.items()
+                 if day.isoformat() not in want})
+    assert got == {d: v for d, v in want.items() if "2025-03-12" <= d < "2025-04-21"}

@@ -469,7 +469,8 @@ def test_read_2_8_without_a_layer_the_finest_with_points_in_the_range(store):
     assert_buckets_equal(recent["runs"], aggregate(minutes, "day", "local"))
     csv_reply = get(store.address, "/api/points", metric="step_count", bucket="day",
                     format="csv", from_="2025-09-04", to="2025-11-04")
-    assert csv_reply.headers["X-Healthlog-Layer"] == months["layer"]
+    assert months["layers"] == ["days", "minutes"]  # days the chosen layer lacks: filled
+    assert csv_reply.headers["X-Healthlog-Layer"] == "days,minutes"
 
 
 def test_read_3_5_a_run_without_a_point_in_the_range_is_left_out(store):
