@@ -5177,30 +5177,35 @@ def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: st
     summaries, summed inside SQLite, for the hours whose points all lie in one local day
     (their one offset a whole hour; ``offset`` None: the offsets the fold wrote); the
     other hours (two offsets, a half-hour one, a summary from before offsets were kept)
-    are left to be read from their points.  Each summary is parsed once per statement (one
-    json_extract of several paths).  None where this SQLite has no JSON functions."""
+    are left to be read from their points.  One statement, each summary parsed once (one
+    json_extract of several paths); an hour left over is a group of its own.  None where
+    this SQLite has no JSON functions, or for a zone of a half-hour offset (every hour
+    straddles two local days there)."""
     path = '$.f."%s"' % field.replace('"', "")
-    where = " FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
     if offset is None:
         shift = "json_extract(v, '$[0]')"
-        good = "coalesce(%s %% 3600 = 0 AND json_extract(v, '$[1]') IS NULL, 0)" % shift
+        good = "coalesce(has AND %s %% 3600 = 0 AND json_extract(v, '$[1]') IS NULL, 0)" % shift
+    elif offset % 3600:
+        return None  # a half-hour zone: every hour straddles two local days, read points
     else:
-        shift, good = str(int(offset)), "1"
-    values = ("SELECT hour, units, json_extract(summary, '$.o[0]', '$.o[1]', ? || '[0]',"
-              " ? || '[3]') AS v" + where + " AND summary IS NOT NULL")
+        shift, good = str(int(offset)), "has"
+    # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
+    # repeat its json_extract (a parse of the whole summary) for every use of ``v``.
     try:
         rows = conn.execute(
-            "SELECT (hour * 3600 + %s) / 86400, units, sum(json_extract(v, '$[2]')),"
-            " sum(json_extract(v, '$[3]')) FROM (%s) WHERE %s AND json_extract(v, '$[2]')"
-            " IS NOT NULL GROUP BY 1, 2" % (shift, values, good),
-            (path, path, metric, layer, low, high)).fetchall()
-        left = [hour for (hour,) in conn.execute(
-            "SELECT hour FROM (SELECT hour, summary, json_extract(summary, '$.o[0]', '$.o[1]')"
-            " AS v" + where + ") WHERE summary IS NULL OR NOT %s" % good,
-            (metric, layer, low, high))]
+            "SELECT CASE WHEN ok THEN (hour * 3600 + %s) / 86400 END, CASE WHEN ok THEN NULL"
+            " ELSE hour END, units, sum(json_extract(v, '$[2]')), sum(json_extract(v, '$[3]'))"
+            " FROM (SELECT hour, units, v, %s AS ok FROM (SELECT hour, units, summary IS NOT"
+            " NULL AS has, json_extract(summary, '$.o[0]', '$.o[1]', ? || '[0]', ? || '[3]')"
+            " AS v FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
+            " LIMIT -1 OFFSET 0) LIMIT -1 OFFSET 0)"
+            " WHERE NOT ok OR json_extract(v, '$[2]') IS NOT NULL GROUP BY 1, 2, 3"
+            % (shift, good), (path, path, metric, layer, low, high)).fetchall()
     except sqlite3.OperationalError:
         return None
-    return rows, left
+    return ([(day, units, count, total) for day, hour, units, count, total in rows
+             if hour is None],
+            sorted({hour for _, hour, _, _, _ in rows if hour is not None}))
 
 
 def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,

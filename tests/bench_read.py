@@ -3,7 +3,8 @@
     python3 tests/bench_read.py [--data DIR] [--days N] [--budget-s S] [--python PYTHON]
 
 Builds (once; cached in ``--data``, default /tmp/healthlog-bench-read) a store of minute
-data for ten metrics, one point per minute each: a year is 10 x 525,600 = 5.26 M points.
+data for ten metrics, one point per minute each: a year is 10 x 525,600 = 5.26 M points;
+and each day a night's sleep summary (stages) and a workout (version 2, 120 route points).
 Each day is one HAE-shaped delivery (compact JSON, ``date``/``qty``/``source``; heart rate
 with ``Min``/``Avg``/``Max``), journaled with ``healthlog.accept_delivery`` into the
 data directory's archive and folded with ``healthlog.FoldEngine``: the real ingest and fold
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import healthlog  # noqa: E402  (after the path: the working tree's healthlog)
+import hae_factory as hf  # noqa: E402  (tests/: HAE's own shapes of a night and a workout)
 
 TOKEN = "bench-token-0123456789abcdef"
 START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
@@ -56,6 +58,8 @@ METRICS = (("step_count", "count", "sum"), ("active_energy", "kcal", "sum"),
            ("heart_rate", "count/min", "hr"), ("respiratory_rate", "count/min", "level"),
            ("blood_oxygen_saturation", "%", "level"), ("flights_climbed", "count", "sum"),
            ("apple_exercise_time", "min", "sum"), ("apple_stand_time", "min", "sum"))
+#: Besides the minute series, every day holds a night's sleep summary and a workout.
+EXTRA = ("sleep_analysis", "workouts")
 MARKER = "bench-read.json"
 HEADERS = {"automation-name": "Bench read", "automation-id": "BENCH-READ-0001",
            "automation-aggregation": "Minutes", "automation-period": "Since Last Sync"}
@@ -84,7 +88,13 @@ def day_body(day: int, rng: random.Random) -> bytes:
             point["source"] = "Apple Watch"
             points.append(point)
         metrics.append({"name": name, "units": units, "data": points})
-    return json.dumps({"data": {"metrics": metrics}}, separators=(",", ":")).encode()
+    # The night that ends this day (a sleep summary with stages) and an evening run.
+    date = base.date()
+    metrics.append({"name": "sleep_analysis", "units": "hr",
+                    "data": hf.sleep_summaries(day, date, date + dt.timedelta(days=1))})
+    workout = hf.workout_v2(day, dt.datetime.combine(date, dt.time(17, 30)), route_points=120)
+    return json.dumps({"data": {"metrics": metrics, "workouts": [workout]}},
+                      separators=(",", ":")).encode()
 
 
 def build(data_dir: Path, days: int, budget_s: float) -> dict:
@@ -128,7 +138,7 @@ def build(data_dir: Path, days: int, budget_s: float) -> dict:
         lock.release()
     info = {"days": built, "wanted_days": days, "points": points, "body_bytes": body_bytes,
             "build_s": round(time.perf_counter() - started, 1), "fold_s": round(fold_s, 1),
-            "metrics": [m[0] for m in METRICS], "start": START.isoformat()}
+            "metrics": [m[0] for m in METRICS] + list(EXTRA), "start": START.isoformat()}
     (data_dir / MARKER).write_text(json.dumps(info, indent=1) + "\n")
     return info
 
@@ -139,7 +149,8 @@ def cached(data_dir: Path, days: int) -> dict:
         info = json.loads((data_dir / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    if info.get("wanted_days") != days or info.get("metrics") != [m[0] for m in METRICS]:
+    if (info.get("wanted_days") != days
+            or info.get("metrics") != [m[0] for m in METRICS] + list(EXTRA)):
         return None
     return info
 
@@ -269,10 +280,11 @@ def measure(serve: Serve, info: dict) -> list:
 def report(rows: list, info: dict, python: str) -> None:
     scale = 365 / info["days"]
     print()
-    print("read: serve subprocess, %s, store of %d days x %d metrics = %d points "
+    print("read: serve subprocess, %s, store of %d days x %d minute metrics = %d points, a night"
+          " and a workout a day "
           "(built in %.0f s, fold %.0f s = %.0f points/s)"
           % (subprocess.check_output([python, "-c", "import sys; print(sys.version.split()[0])"],
-                                     text=True).strip(), info["days"], len(info["metrics"]),
+                                     text=True).strip(), info["days"], len(METRICS),
              info["points"], info["build_s"], info["fold_s"], info["points"] / info["fold_s"]))
     print("%-34s %-11s %8s %11s %10s %12s %9s %9s %9s" % (
         "query", "metric", "seconds", "bytes", "points", "points/s", "RSS0 MiB", "max MiB",

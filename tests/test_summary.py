@@ -278,3 +278,48 @@ def test_read_15_3_trends_up_down_and_flat_by_the_stated_rule(trending):
         == ("down", True)
     assert (trends["step_count"]["direction"], trends["step_count"]["better"]) == ("up", True)
     json.dumps(answer)  # plain JSON, no NaN
+
+
+# -- READ-15.1: day values for every kind of offset --------------------------------------
+
+
+def test_read_15_1_day_values_for_half_hour_and_changing_offsets(client, data_dir):
+    """The day values come mostly from the hourly summaries summed inside SQLite; the hours
+    whose points fall on two local days (a +05:30 phone, a traveller whose offset changes
+    inside an hour) are read from their points. Both kinds, in local time and in a fixed
+    zone, against day sums computed here."""
+    points = []
+    first = dt.datetime(2025, 5, 1, tzinfo=dt.timezone.utc)
+    for n in range(10 * 24 * 4):  # every 15 minutes for ten days
+        moment = first + dt.timedelta(minutes=15 * n)
+        day = n // 96
+        # Days 0-3 in India, days 4-6 in Lisbon (+01:00), a flight to Berlin on day 7
+        # (the offset changes at 10:40 UTC, inside an hour), then +02:00.
+        if day < 4:
+            offset = dt.timedelta(hours=5, minutes=30)
+        elif day < 7 or (day == 7 and moment.hour * 60 + moment.minute < 10 * 60 + 40):
+            offset = dt.timedelta(hours=1)
+        else:
+            offset = dt.timedelta(hours=2)
+        local = moment.astimezone(dt.timezone(offset))
+        points.append({"date": local.strftime("%Y-%m-%d %H:%M:%S %z"),
+                       "qty": 1 + (n * 7) % 11, "source": "Watch"})
+    assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
+        hf.metric("step_count", points, "count")])), headers=MINUTES)[0] == 200
+    wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
+             what="the trip is folded")
+    for tz, offset in (("local", None), ("+05:30", dt.timedelta(hours=5, minutes=30)),
+                       ("-07:00", dt.timedelta(hours=-7))):
+        sums: dict = {}
+        for point in points:
+            when = dt.datetime.strptime(point["date"], "%Y-%m-%d %H:%M:%S %z")
+            date = when.date() if offset is None else when.astimezone(dt.timezone(offset)).date()
+            sums[date] = sums.get(date, 0) + point["qty"]
+        day = dt.date(2025, 5, 10)
+        status, answer = client.request(
+            "GET", "/api/summary?date=%s&tz=%s" % (day, tz.replace("+", "%2B")))
+        assert status == 200, answer
+        spark = {dt.date.fromisoformat(p["date"]): p["value"]
+                 for p in card(answer, "movement", "step_count")["spark"]}
+        assert {d: v for d, v in spark.items() if v is not None} == {
+            d: v for d, v in sums.items() if d <= day}, tz
