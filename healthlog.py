@@ -2843,6 +2843,9 @@ class FoldPlan:
     rows: list = field(default_factory=list)
     written: list = field(default_factory=list)  # write-behind: (object, row)
     warnings: list = field(default_factory=list)  # (message, fields) logged after commit
+    metric_layer: Optional[str] = None  # where its time-grouped metrics go
+    plain: bool = False  # its body holds no boolean (HourObject.plain)
+    here: tuple = ()  # (received_at, id): its place in the journal
 
 
 class _Positions:
@@ -3011,25 +3014,38 @@ class FoldEngine:
                             counters=dict.fromkeys(_COUNTERS, 0))
         extraction, plain = extract_body(self.config.data_dir / row["archive_path"],
                                          check_deadline)
-        if extraction.bad_points and not extraction.points:
-            raise ContentNotParsed("no point in the delivery could be placed",
-                                   uncovered=extraction.uncovered)
-        layer, warnings = self._layer(row, extraction)
-        plan = FoldPlan(row["id"], "partial" if extraction.uncovered else "parsed",
-                        layer if extraction.has_metric_points else (
-                            RECORD_LAYER if extraction.points else None),
-                        extraction.uncovered, warnings=warnings)
-        self._merge(plan, row, extraction, layer, check_deadline, plain)
-        self._describe(plan, extraction)
+        summary = summarize(extraction, plain, row["automation_aggregation"])
+        plan = self.decide(row, summary)
+        self._merge(plan, row, extraction, check_deadline)
+        self._describe(plan, summary)
         return plan
 
-    def _layer(self, row: sqlite3.Row, extraction: Extraction) -> tuple:
+    def decide(self, row: Mapping[str, Any], summary: "BodySummary") -> FoldPlan:
+        """The outcome a parsed body gets before its points meet the store: its status
+        and layer, the counters the body itself gives; raises the fold failures that
+        need no comparison (nothing placed, no layer to be found)."""
+        if summary.bad_points and not summary.points:
+            raise ContentNotParsed("no point in the delivery could be placed",
+                                   uncovered=summary.uncovered)
+        layer, warnings = self._layer(row, summary)
+        counters = dict.fromkeys(_COUNTERS, 0)
+        counters.update(metrics=summary.metrics, points=summary.points,
+                        bad_points=summary.bad_points,
+                        unit_conflicts=len(summary.mixed_units))
+        return FoldPlan(row["id"], "partial" if summary.uncovered else "parsed",
+                        layer if summary.has_metric_points else (
+                            RECORD_LAYER if summary.points else None),
+                        summary.uncovered, counters=counters, warnings=warnings,
+                        metric_layer=layer, plain=summary.plain,
+                        here=(row["received_at"], row["id"]))
+
+    def _layer(self, row: Mapping[str, Any], summary: "BodySummary") -> tuple:
         """(layer, warnings): header, else inference, else inheritance (storage spec)."""
-        if not extraction.has_metric_points:
+        if not summary.has_metric_points:
             return None, []
         raw = row["automation_aggregation"]
         header = header_layer(raw)
-        inferred = infer_layer(extraction, sample=INFER_SAMPLE if header else None)
+        inferred = summary.inferred
         warnings = []
         if header is not None:
             if (inferred is not None and header != "default"
@@ -3046,46 +3062,39 @@ class FoldEngine:
                               "known": ",".join(GROUPINGS)}))
         layer = inferred or self.inherited_layer(row)
         if layer is None:
-            raise LayerNotInferable(uncovered=extraction.uncovered)
+            raise LayerNotInferable(uncovered=summary.uncovered)
         return layer, warnings
 
     def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
-               layer: Optional[str], check_deadline: Callable[[], None],
-               plain: bool = False) -> None:
-        counters = dict.fromkeys(_COUNTERS, 0)
-        counters["metrics"] = len({m.name for m in extraction.metrics.values()})
-        counters["points"] = extraction.points
-        counters["bad_points"] = extraction.bad_points
-        counters["unit_conflicts"] = len(extraction.mixed_units)
-        here = (row["received_at"], row["id"])
+               check_deadline: Callable[[], None]) -> None:
         metrics = extraction.metrics
         for key in list(metrics):
             bucket = metrics.pop(key)  # its points are let go once merged and encoded
-            object_layer = layer if bucket.is_metric else RECORD_LAYER
-            for hour, coords in bucket.hour_coords(check_deadline):
-                items, dropped = [], 0  # (coordinate, point); values the reduction dropped
-                for coord, slot in coords.items():
-                    if type(slot) is list:
-                        slot, lost = reduce_candidates(slot, check_deadline)
-                        dropped += lost
-                    items.append((coord, slot))
-                del coords
+            for hour, items, dropped in hour_items(bucket, check_deadline):
                 check_deadline()
-                stored = self.load_object(bucket.name, object_layer, hour)
-                merged = merge_hour(stored, bucket.name, object_layer, hour, bucket.units,
-                                    items, plan.delivery_id, here, _Positions(self.position),
-                                    dropped, plain)
-                for name, count in merged.counters.items():
-                    counters[name] += count
-                plan.warnings.extend(merged.warnings)
-                if merged.written is None:
-                    continue
-                row = self._row(merged.written)
-                if self._dirty is None:
-                    plan.rows.append(row)
-                else:  # held until the next flush
-                    plan.written.append((merged.written, row))
-        plan.counters = counters
+                self.merge_items(plan, bucket.name, bucket.is_metric, bucket.units, hour,
+                                 items, dropped)
+
+    def merge_items(self, plan: FoldPlan, name: str, is_metric: bool, units: Optional[str],
+                    hour: int, items: list, dropped: int) -> None:
+        """Merge one hour of one metric of the planned delivery with the stored object
+        and encode the object it gives: its counters and warnings go to ``plan``, its row
+        to ``plan.rows`` (or, writing behind, ``plan.written``)."""
+        layer = plan.metric_layer if is_metric else RECORD_LAYER
+        stored = self.load_object(name, layer, hour)
+        merged = merge_hour(stored, name, layer, hour, units, items, plan.delivery_id,
+                            plan.here, _Positions(self.position), dropped, plan.plain)
+        counters = plan.counters
+        for counter, count in merged.counters.items():
+            counters[counter] += count
+        plan.warnings.extend(merged.warnings)
+        if merged.written is None:
+            return
+        row = self._row(merged.written)
+        if self._dirty is None:
+            plan.rows.append(row)
+        else:  # held until the next flush
+            plan.written.append((merged.written, row))
 
     @staticmethod
     def _row(written: HourObject) -> tuple:
@@ -3098,25 +3107,25 @@ class FoldEngine:
                 encode_spans(coords))
 
     @staticmethod
-    def _describe(plan: FoldPlan, extraction: Extraction) -> None:
-        if extraction.bad_points:
-            names = sorted({loggable_metric(str(n)) for n in extraction.bad_metrics})
+    def _describe(plan: FoldPlan, summary: "BodySummary") -> None:
+        if summary.bad_points:
+            names = sorted({loggable_metric(str(n)) for n in summary.bad_metrics})
             plan.warnings.insert(0, ("points without a readable time or not objects were"
                                      " counted, not stored",
                                      {"delivery_id": plan.delivery_id,
-                                      "bad_points": extraction.bad_points,
+                                      "bad_points": summary.bad_points,
                                       "metrics": names[:WARN_NAMES_MAX]}))
-        if extraction.mixed_units:
-            names = sorted({loggable_metric(n) for n in extraction.mixed_units})
+        if summary.mixed_units:
+            names = sorted({loggable_metric(n) for n in summary.mixed_units})
             plan.warnings.insert(0, ("a metric came in two units in one body; the points in"
                                      " the second stay in the archive only",
                                      {"delivery_id": plan.delivery_id,
                                       "metrics": names[:WARN_NAMES_MAX]}))
-        if extraction.uncovered_dropped or extraction.uncovered_cut:
+        if summary.uncovered_dropped or summary.uncovered_cut:
             plan.warnings.insert(0, ("the list of uncovered keys hit its bounds",
                                      {"delivery_id": plan.delivery_id,
-                                      "dropped": extraction.uncovered_dropped,
-                                      "cut": extraction.uncovered_cut}))
+                                      "dropped": summary.uncovered_dropped,
+                                      "cut": summary.uncovered_cut}))
 
     # -- writing -----------------------------------------------------------------
 
@@ -3496,6 +3505,54 @@ def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -
         return indexer.extraction()
     except (ValueError, IndexError, RecursionError):
         raise ContentNotParsed() from None
+
+
+def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tuple]:
+    """(hour, [(coordinate, point)], values dropped) for each UTC hour of one metric of a
+    delivery (:class:`MetricPoints` or :class:`IndexedMetric`), each coordinate's
+    candidates reduced to one (:func:`reduce_candidates`)."""
+    for hour, coords in bucket.hour_coords(check_deadline):
+        items, dropped = [], 0
+        for coord, slot in coords.items():
+            if type(slot) is list:
+                slot, lost = reduce_candidates(slot, check_deadline)
+                dropped += lost
+            items.append((coord, slot))
+        del coords
+        yield hour, items, dropped
+
+
+@dataclass
+class BodySummary:
+    """What a fold's outcome is decided by, without the points (:meth:`FoldEngine.decide`):
+    small enough to cross from a rebuild's worker process to its writer."""
+
+    metrics: int  # distinct metric names
+    points: int
+    bad_points: int
+    bad_metrics: set
+    mixed_units: set
+    uncovered: list
+    uncovered_dropped: int
+    uncovered_cut: int
+    has_metric_points: bool
+    inferred: Optional[str]  # the layer the bucket starts suggest (infer_layer)
+    plain: bool
+
+
+def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -> BodySummary:
+    """The :class:`BodySummary` of an extraction, before its points are merged; the layer
+    is inferred as the delivery's ``automation-aggregation`` header asks (a sample of
+    starts when it names a grouping, to see a contradiction; all of them when not)."""
+    has_metric_points = extraction.has_metric_points
+    inferred = None
+    if has_metric_points:
+        inferred = infer_layer(extraction,
+                               sample=INFER_SAMPLE if header_layer(aggregation) else None)
+    return BodySummary(len({m.name for m in extraction.metrics.values()}), extraction.points,
+                       extraction.bad_points, extraction.bad_metrics, extraction.mixed_units,
+                       extraction.uncovered, extraction.uncovered_dropped,
+                       extraction.uncovered_cut, has_metric_points, inferred, plain)
 
 
 class _Indexer:
