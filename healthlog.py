@@ -42,6 +42,7 @@ import csv
 import datetime as _dt
 import errno
 import fcntl
+import gc
 import hashlib
 import hmac
 import io
@@ -51,6 +52,7 @@ import logging
 import math
 import operator
 import os
+import pickle
 import re
 import secrets
 import selectors
@@ -58,6 +60,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import struct
 import sys
 import tempfile
 import threading
@@ -2212,6 +2215,17 @@ class Archive:
                     removed += 1
         return removed
 
+    def clear_scratch(self) -> int:
+        """Remove the scratch folders of killed rebuilds (``reindex``, ``verify``); the
+        uploads of a running ``import`` stay."""
+        removed = 0
+        for entry in self.tmp.iterdir() if self.tmp.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if entry.is_dir() and not _scratch_in_use(entry):
+                    shutil.rmtree(str(entry))
+                    removed += 1
+        return removed
+
     @staticmethod
     def names(received_at: _dt.datetime) -> tuple:
         """(relative folder, file stem) for a delivery received at that instant.
@@ -2904,16 +2918,36 @@ class FoldEngine:
         self._positions: dict = {}
         self._recent: Optional[collections.OrderedDict] = None
         self._dirty: Optional[dict] = None
+        self._written: Optional[set] = None
 
     def write_behind(self) -> None:
         """Hold the rows of the objects this engine writes and write them at
         :meth:`flush`, each once however many folds changed it (a fold still encodes its
-        objects, so a failure to encode one is its own ``failed``); keep those objects,
-        and the last :data:`RECENT_OBJECTS` flushed ones, decoded, to read from memory.
+        objects, so a failure to encode one is its own ``failed``); keep the last
+        :data:`RECENT_OBJECTS` of them decoded, to read from memory (a held one further
+        back is decoded from its row).
         Only for a rebuild: its tables have no other writer while the engine lives, so
         memory and the table never disagree."""
         self._recent = collections.OrderedDict()
         self._dirty = {}
+        empty = self.conn.execute("SELECT 1 FROM %s LIMIT 1" % self.objects).fetchone() is None
+        # A rebuild starts from an empty table: an object this engine never wrote is not
+        # there, and need not be looked for (hashes of the keys written: a collision
+        # only costs a look).
+        self._written: Optional[set] = set() if empty else None
+
+    def keep(self, plan: FoldPlan) -> None:
+        """Writing behind: hold the objects of a fold whose outcome stands, for the next
+        :meth:`flush`, and keep them decoded for the next folds."""
+        for written, encoded in plan.written:
+            key = (written.metric, written.layer, written.hour)
+            self._recent[key] = written
+            self._recent.move_to_end(key)
+            self._dirty[key] = encoded
+            if self._written is not None:
+                self._written.add(hash(key))
+        while len(self._recent) > RECENT_OBJECTS:  # a held one is decoded again from its row
+            self._recent.popitem(last=False)
 
     @property
     def held(self) -> int:
@@ -2934,7 +2968,7 @@ class FoldEngine:
             self._write(lambda: self.conn.executemany(self._insert_objects, rows))
             self._dirty.clear()
         while self._recent is not None and len(self._recent) > RECENT_OBJECTS:
-            self._recent.popitem(last=False)  # only flushed ones: none is held now
+            self._recent.popitem(last=False)
 
     # -- reading -----------------------------------------------------------------
 
@@ -2965,6 +2999,13 @@ class FoldEngine:
             if recent is not None:
                 self._recent.move_to_end((metric, layer, hour))
                 return recent
+            if self._written is not None and hash((metric, layer, hour)) not in self._written:
+                return None
+            held = self._dirty.get((metric, layer, hour))
+            if held is not None:  # written since the last flush, no longer decoded
+                found = self._recent[(metric, layer, hour)] = decode_object(
+                    operator.itemgetter(0, 1, 2, 3, 7, 8, 10, 11, 12, 14)(held))
+                return found
         row = self.conn.execute(
             "SELECT metric, layer, hour, units, delivery_id, updated_by, sealed, blob,"
             " point_deliveries, spans FROM %s WHERE metric = ? AND layer = ? AND hour = ?"
@@ -3225,11 +3266,7 @@ class FoldEngine:
             self.apply(plan)
             outcome = classify(None, plan.status)
             if self._dirty is not None:
-                for written, encoded in plan.written:
-                    key = (written.metric, written.layer, written.hour)
-                    self._recent[key] = written
-                    self._recent.move_to_end(key)
-                    self._dirty[key] = encoded
+                self.keep(plan)
         except Exception as exc:  # the fold boundary: classify, never crash the worker
             outcome = classify(exc)
             if outcome.kind == "failed":
@@ -7233,6 +7270,10 @@ many folds changed it (:meth:`FoldEngine.write_behind`), or sooner when
 :data:`REBUILD_HELD_MAX` rows are held.  Each delivery's outcome is still committed with
 its fold, so the write lock is held only for moments and ``import`` keeps working."""
 REBUILD_HELD_MAX = 4096
+REBUILD_AHEAD = 16
+REBUILD_AHEAD_BYTES = 32 << 20
+"""A parallel rebuild asks its workers to prepare at most 4 deliveries per worker beyond
+the one being decided, and at most 32 MiB of bodies."""
 _NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
 
 
@@ -7371,16 +7412,582 @@ class Progress:
             self.stream.flush()
 
 
-def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str,
-            ids: list, label: str) -> float:
-    """Fold ``ids`` in the given (journal) order into ``objects``/``journal`` with the
-    worker's own fold code and classifier; no out-of-order check, no lag WARN.
+# ------------------------------------------------------------------------------
+# A rebuild on every core: workers parse (map) and merge the objects of their shard
+# (reduce); the writer decides each outcome in journal order and routes the points.
+# ------------------------------------------------------------------------------
 
-    Returns the seconds it took.  A database that stays busy aborts the rebuild.
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. ``taskset``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def can_fork() -> bool:
+    """Rebuild workers are forked: the platform needs ``os.fork`` (Linux, the BSDs,
+    macOS); elsewhere a rebuild runs in one process."""
+    return hasattr(os, "fork")
+
+
+class PoolBroken(HealthlogError):
+    """A rebuild worker ended, or could not merge what it was sent: the parallel rebuild
+    is abandoned and started again in one process."""
+
+
+REBUILD_SHARD_FLUSH_S = 2.0
+"""A worker writes the objects of its shard to its own scratch file every 2 s (or at
+:data:`REBUILD_HELD_MAX` rows): no other process waits for that file's lock."""
+REBUILD_CHUNK_POINTS = 20_000
+"""A body the writer reads itself (one of :data:`STREAM_FOLD_BYTES` or more) goes to the
+shards' workers in pieces of about this many points, so it is never whole in memory."""
+REBUILD_UNSENT_MAX = 64 << 20
+"""Bytes the writer may hold for workers that have not read them yet; past it, it waits."""
+_FRAME = struct.Struct("!Q")
+
+
+def _frame(message: Any) -> bytes:
+    data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(data)) + data
+
+
+def _read_message(sock: socket.socket) -> Any:
+    """The next framed message from a blocking socket; None at its end."""
+    head = _read_exactly(sock, _FRAME.size)
+    body = head and _read_exactly(sock, _FRAME.unpack(head)[0])
+    return None if body is None else pickle.loads(body)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> Optional[bytearray]:
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        count = sock.recv_into(view[got:])
+        if not count:
+            return None
+        got += count
+    return data
+
+
+def shard_of(name: str, hour: int, shards: int) -> int:
+    """The worker that owns the objects of a metric's hour (whatever their layer)."""
+    return (zlib.crc32(name.encode("utf-8", "surrogatepass")) + hour) % shards
+
+
+def shard_entries(extraction: Extraction, shards: int,
+                  check_deadline: Callable[[], None]) -> Iterator[tuple]:
+    """(shard, (name, is_metric, units, hour, items, dropped)) for every hour of every
+    metric of a body, in the order :meth:`FoldEngine._merge` takes them."""
+    metrics = extraction.metrics
+    for key in list(metrics):
+        bucket = metrics.pop(key)
+        for hour, items, dropped in hour_items(bucket, check_deadline):
+            yield shard_of(bucket.name, hour, shards), (bucket.name, bucket.is_metric,
+                                                        bucket.units, hour, items, dropped)
+
+
+class Workers:
+    """Forked worker processes, each reached over its own socket pair with pickled,
+    length-prefixed messages: no semaphore, so nothing needs ``/dev/shm``.  The writer
+    never blocks sending (its ends are non-blocking; what a socket does not take waits
+    here and goes when it drains), so it never waits on a worker that waits on it."""
+
+    def __init__(self, jobs: int, child: Callable[[socket.socket, int], None]):
+        self.socks: list = []
+        self._pids: list = []
+        # What exists now is shared with the workers until written to: keep the collector
+        # from writing to all of it in each of them (every page would be copied).
+        gc.freeze()
+        try:
+            for index in range(jobs):
+                ours, theirs = socket.socketpair()
+                pid = os.fork()
+                if pid == 0:  # the worker leaves by os._exit: no finalizer, no atexit
+                    code = 0
+                    try:
+                        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writer's
+                        ours.close()
+                        for other in self.socks:  # the writer's ends of earlier workers
+                            other.close()
+                        child(theirs, index)
+                    except BaseException:
+                        code = 1
+                    finally:
+                        os._exit(code)
+                theirs.close()
+                ours.setblocking(False)
+                self.socks.append(ours)
+                self._pids.append(pid)
+        except BaseException:
+            self.close(abort=True)
+            raise
+        finally:
+            gc.unfreeze()
+        self._selector = selectors.DefaultSelector()
+        for index, sock in enumerate(self.socks):
+            self._selector.register(sock, selectors.EVENT_READ, index)
+        self._out: list = [collections.deque() for _ in self.socks]
+        self._in: list = [bytearray() for _ in self.socks]
+        self.unsent = 0
+
+    def send(self, index: int, message: Any) -> None:
+        frame = memoryview(_frame(message))
+        self._out[index].append(frame)
+        self.unsent += len(frame)
+        self._pump(index)
+
+    def _pump(self, index: int) -> None:
+        out = self._out[index]
+        while out:
+            try:
+                sent = self.socks[index].send(out[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                raise PoolBroken("rebuild worker %d ended" % (index + 1)) from None
+            self.unsent -= sent
+            if sent == len(out[0]):
+                out.popleft()
+            else:
+                out[0] = out[0][sent:]
+                return
+
+    def receive(self) -> list:
+        """Wait until a worker answers or a socket with something unsent drains:
+        [(worker, message)], possibly empty."""
+        for index, out in enumerate(self._out):
+            self._selector.modify(self.socks[index], selectors.EVENT_READ | (
+                selectors.EVENT_WRITE if out else 0), index)
+        messages = []
+        for selected, events in self._selector.select():
+            index = selected.data
+            if events & selectors.EVENT_WRITE:
+                self._pump(index)
+            if events & selectors.EVENT_READ:
+                messages.extend((index, message) for message in self._read(index))
+        return messages
+
+    def _read(self, index: int) -> list:
+        try:
+            chunk = self.socks[index].recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            chunk = b""
+        if not chunk:
+            raise PoolBroken("rebuild worker %d ended" % (index + 1))
+        data = self._in[index]
+        data += chunk
+        messages = []
+        while len(data) >= _FRAME.size:
+            size = _FRAME.unpack_from(data)[0]
+            if len(data) < _FRAME.size + size:
+                break
+            messages.append(pickle.loads(memoryview(data)[_FRAME.size:_FRAME.size + size]))
+            del data[:_FRAME.size + size]
+        return messages
+
+    def close(self, abort: bool = False) -> None:
+        """Close the writer's ends (a worker reads their end and exits), or kill the
+        workers first (``abort``: an error or Ctrl-C in the writer); reap them."""
+        for pid in self._pids if abort else ():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if getattr(self, "_selector", None) is not None:
+            self._selector.close()
+        for sock in self.socks:
+            sock.close()
+        for pid in self._pids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+
+
+class _ShardEngine(FoldEngine):
+    """A worker's fold engine for the objects of its shard, in a scratch database of its
+    own, writing behind; journal positions come from the writer's snapshot."""
+
+    def __init__(self, conn: sqlite3.Connection, config: Config, positions: dict):
+        super().__init__(conn, config, verbose=False)
+        self.write_behind()
+        self._journal_positions = positions
+        self.flushed = time.monotonic()
+
+    def position(self, delivery_id: int) -> tuple:
+        return (self._journal_positions.get(delivery_id, ""), delivery_id)
+
+
+def _rebuild_child(sock: socket.socket, index: int, config: Config, shards: int,
+                   shard_path: Path, positions: dict) -> None:
+    """A rebuild worker: prepare the bodies it is asked to (parse, place, summarize,
+    split by shard) and merge, in the order sent, the hours of its own shard; at the
+    end, write its objects to ``shard_path``.  It writes no other file and logs
+    nothing."""
+    engine = None
+    kept: dict = {}  # delivery id -> the hours of this shard of a body prepared here
+    while True:
+        message = _read_message(sock)
+        if message is None:
+            return
+        kind = message[0]
+        if kind == "prepare":
+            answer = _prepare(message, config, shards, index, kept)
+        elif kind == "forget":
+            kept.pop(message[1], None)
+            continue
+        elif kind == "merge":
+            if engine is None:
+                # A scratch file read once at the end and lost with the rebuild if it
+                # fails: no journal, no sync.
+                conn = sqlite3.connect(str(shard_path), isolation_level=None)
+                conn.execute("PRAGMA journal_mode=OFF")
+                conn.execute("PRAGMA synchronous=OFF")
+                migrate(conn, shard_path)
+                engine = _ShardEngine(conn, config, positions)
+            answer = _merge_share(engine, message, kept)
+        else:
+            if engine is not None:
+                engine.flush()
+                engine.conn.close()
+            answer = ("finished", index)
+        sock.sendall(_frame(answer))
+
+
+def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict) -> tuple:
+    """("prepared", id, summary, shares): the body's outcome inputs and its hours split
+    by shard, each a pickled list or None (nothing), this worker's own shard kept here
+    (True); or ("prepared", id, None, (kind, error, uncovered)) when it cannot be read,
+    parsed or placed."""
+    _, delivery_id, relative, aggregation = message
+    deadline = time.monotonic() + config.fold_deadline_s
+
+    def check_deadline() -> None:
+        if time.monotonic() > deadline:
+            raise FoldDeadlineExceeded()
+
+    try:
+        extraction, plain = extract_body(config.data_dir / relative, check_deadline)
+        summary = summarize(extraction, plain, aggregation)
+        shares: list = [[] for _ in range(shards)]
+        for shard, entry in shard_entries(extraction, shards, check_deadline):
+            shares[shard].append(entry)
+        if shares[index]:
+            kept[delivery_id] = shares[index]
+            shares[index] = True
+        return ("prepared", delivery_id, summary,
+                [share if share in (True, None) else pickle.dumps(share, pickle.HIGHEST_PROTOCOL)
+                 for share in (share or None for share in shares)])
+    except Exception as exc:  # classified as the fold thread would
+        outcome = classify(exc)
+        return ("prepared", delivery_id, None,
+                (outcome.kind, outcome.error, getattr(exc, "uncovered", None)))
+
+
+def _merge_share(engine: _ShardEngine, message: tuple, kept: dict) -> tuple:
+    """Merge a delivery's hours of this shard (sent, or None: kept here when it was
+    prepared): ("merged", id, counters, warnings), or ("merge failed", id) (the writer
+    then abandons the parallel rebuild)."""
+    _, delivery_id, here, metric_layer, plain, share = message
+    entries = kept.pop(delivery_id) if share is None else pickle.loads(share)
+    deadline = time.monotonic() + engine.config.fold_deadline_s
+    plan = FoldPlan(delivery_id, "", None, [], counters=dict.fromkeys(_COUNTERS, 0),
+                    metric_layer=metric_layer, plain=plain, here=here)
+    try:
+        for name, is_metric, units, hour, items, dropped in entries:
+            if time.monotonic() > deadline:
+                raise FoldDeadlineExceeded()
+            engine.merge_items(plan, name, is_metric, units, hour, items, dropped)
+        engine.keep(plan)
+        if (time.monotonic() - engine.flushed >= REBUILD_SHARD_FLUSH_S
+                or engine.held >= REBUILD_HELD_MAX):
+            engine.flush()
+            engine.flushed = time.monotonic()
+    except Exception:
+        return ("merge failed", delivery_id)
+    return ("merged", delivery_id, plan.counters, plan.warnings)
+
+
+class _ParallelRebuild:
+    """The writer of a parallel rebuild (:func:`rebuild` with jobs > 1).
+
+    Workers prepare the next deliveries ahead (at most :data:`REBUILD_AHEAD` per worker
+    and :data:`REBUILD_AHEAD_BYTES` of bodies); the writer takes them in journal order,
+    decides each outcome with the fold's own code (:meth:`FoldEngine.decide`, the
+    duplicate and inheritance rules reading the journal it writes) and sends each hour
+    to the worker that owns its objects (:func:`shard_of`), which merges them in the
+    order sent.  Every object meets the deliveries that touch it in journal order, as in
+    one process, so the store is the same; the outcomes are written as decided (their
+    counters once the shards have answered), in transactions of :data:`REBUILD_BATCH_S`.
+    A body of :data:`STREAM_FOLD_BYTES` or more, or one a worker could not read for a
+    passing fault, is read here and sent in pieces."""
+
+    def __init__(self, engine: FoldEngine, ids: list, sizes: dict, progress: Progress,
+                 jobs: int, shard_dir: Path):
+        self.engine, self.conn, self.config = engine, engine.conn, engine.config
+        self.ids, self.sizes, self.progress, self.jobs = ids, sizes, progress, jobs
+        self.shard_paths = [shard_dir / ("shard-%d.sqlite3" % n) for n in range(jobs)]
+        self.prepared: dict = {}
+        self.waiting: dict = {}  # id -> [plan, answers awaited, started]
+        self.finished: set = set()
+        positions = dict(self.conn.execute("SELECT id, received_at FROM %s" % engine.journal))
+        config, paths = self.config, self.shard_paths
+        self.workers = Workers(jobs, lambda sock, index: _rebuild_child(
+            sock, index, config, jobs, paths[index], positions))
+        self.asked = self.asked_bytes = self.done_bytes = 0
+        self.rows: dict = {}
+        self.committed = time.monotonic()
+
+    def run(self) -> None:
+        """Fold every delivery, wait for the shards, copy their objects in."""
+        try:
+            for done, delivery_id in enumerate(self.ids, 1):
+                self._ask_ahead(done)
+                self._fold(delivery_id)
+                self.done_bytes += self.sizes.get(delivery_id, 0)
+                self.progress.update(done, self.done_bytes)
+                if time.monotonic() - self.committed >= REBUILD_BATCH_S:
+                    self._commit()
+            while self.waiting:
+                self._receive()
+            for index in range(self.jobs):
+                self.workers.send(index, ("finish",))
+            while len(self.finished) < self.jobs:
+                self._receive()
+            self._commit()
+        except BaseException as exc:
+            self.workers.close(abort=True)
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):  # as the one-process rebuild ends
+                raise HealthlogError(STUCK_REBUILD) from None
+            raise
+        self.workers.close()
+        try:
+            self._gather()
+        except sqlite3.Error:
+            raise HealthlogError(STUCK_REBUILD) from None
+
+    def _ask_ahead(self, done: int) -> None:
+        limit = min(done + REBUILD_AHEAD * self.jobs, len(self.ids))
+        while self.asked < limit and (self.asked < done
+                                      or self.asked_bytes < REBUILD_AHEAD_BYTES):
+            delivery_id = self.ids[self.asked]
+            row = self.rows[delivery_id] = self.engine.row(delivery_id)
+            size = self.sizes.get(delivery_id, 0)
+            if row is not None and size < STREAM_FOLD_BYTES:
+                self.workers.send(self.asked % self.jobs, (
+                    "prepare", delivery_id, row["archive_path"],
+                    row["automation_aggregation"]))
+                self.prepared[delivery_id] = None  # asked
+                self.asked_bytes += size
+            self.asked += 1
+
+    def _fold(self, delivery_id: int) -> None:
+        started = time.monotonic()
+        row = self.rows.pop(delivery_id)
+        if row is None:
+            return
+        self._begin()
+        duplicate = self.engine.earlier_duplicate(row)
+        asked = delivery_id in self.prepared
+        if asked:
+            while self.prepared[delivery_id] is None:
+                self._receive()
+            summary, shares = self.prepared.pop(delivery_id)
+            self.asked_bytes -= self.sizes.get(delivery_id, 0)
+        plan = None
+        if duplicate is not None:
+            earlier, status, layer, uncovered = duplicate
+            plan = FoldPlan(row["id"], status, layer, json.loads(uncovered),
+                            error="duplicate of delivery %d" % earlier,
+                            counters=dict.fromkeys(_COUNTERS, 0))
+            self._record(plan)
+            self._done(plan, started)
+        elif asked and summary is None and shares[0] == "failed":
+            self._record_failed(delivery_id, shares[1], shares[2])
+        elif not asked or summary is None:  # too big to send whole, or a passing fault
+            self._fold_here(row, started)
+        else:
+            plan = self._decide(row, summary)
+        if plan is None or plan.error is not None:  # no hour of it is merged
+            for shard, share in enumerate(shares if asked and summary else ()):
+                if share is True:
+                    self.workers.send(shard, ("forget", delivery_id))
+            return
+        self.engine._describe(plan, summary)
+        self._record(plan)
+        sent = 0
+        for shard, share in enumerate(shares):
+            if share is not None:
+                self._send(shard, plan, None if share is True else share)
+                sent += 1
+        self._await(plan, sent, started)
+
+    def _fold_here(self, row: Mapping[str, Any], started: float) -> None:
+        """Read, parse and place the body here, and send its hours in pieces."""
+        deadline = started + self.config.fold_deadline_s
+
+        def check_deadline() -> None:
+            if time.monotonic() > deadline:
+                raise FoldDeadlineExceeded()
+
+        path = self.config.data_dir / row["archive_path"]
+        for _ in range(REBUILD_BUSY_TRIES):
+            try:
+                extraction, plain = extract_body(path, check_deadline)
+                break
+            except Exception as exc:
+                outcome = classify(exc)
+                if outcome.kind == "failed":
+                    self._record_failed(row["id"], outcome.error,
+                                        getattr(exc, "uncovered", None))
+                    return
+                time.sleep(1.0)
+        else:
+            raise HealthlogError(STUCK_REBUILD)
+        summary = summarize(extraction, plain, row["automation_aggregation"])
+        plan = self._decide(row, summary)
+        if plan is None:
+            return
+        self.engine._describe(plan, summary)
+        self._record(plan)
+        pieces: list = [[] for _ in range(self.jobs)]
+        sizes = [0] * self.jobs
+        sent = 0
+        try:
+            for shard, entry in shard_entries(extraction, self.jobs, check_deadline):
+                pieces[shard].append(entry)
+                sizes[shard] += len(entry[4])
+                if sizes[shard] >= REBUILD_CHUNK_POINTS:
+                    self._send(shard, plan, pickle.dumps(pieces[shard], pickle.HIGHEST_PROTOCOL))
+                    pieces[shard], sizes[shard] = [], 0
+                    sent += 1
+        except FoldDeadlineExceeded:
+            raise PoolBroken("a body took longer than the fold deadline") from None
+        for shard, piece in enumerate(pieces):
+            if piece:
+                self._send(shard, plan, pickle.dumps(piece, pickle.HIGHEST_PROTOCOL))
+                sent += 1
+        self._await(plan, sent, started)
+
+    def _decide(self, row: Mapping[str, Any], summary: BodySummary) -> Optional[FoldPlan]:
+        try:
+            return self.engine.decide(row, summary)
+        except FoldFailure as exc:  # nothing placed, no layer to be found
+            self._record_failed(row["id"], classify(exc).error, exc.uncovered)
+            return None
+
+    def _send(self, shard: int, plan: FoldPlan, share: bytes) -> None:
+        while self.workers.unsent > REBUILD_UNSENT_MAX:
+            self._receive()
+        self.workers.send(shard, ("merge", plan.delivery_id, plan.here, plan.metric_layer,
+                                  plan.plain, share))
+
+    def _await(self, plan: FoldPlan, answers: int, started: float) -> None:
+        if answers:
+            self.waiting[plan.delivery_id] = [plan, answers, started]
+        else:
+            self._done(plan, started)
+
+    def _receive(self) -> None:
+        for _, message in self.workers.receive():
+            kind = message[0]
+            if kind == "prepared":
+                self.prepared[message[1]] = message[2:]
+            elif kind == "merged":
+                _, delivery_id, counters, warnings = message
+                waiting = self.waiting[delivery_id]
+                plan = waiting[0]
+                for name, count in counters.items():  # the shard's own, from zero
+                    plan.counters[name] += count
+                plan.warnings.extend(warnings)
+                waiting[1] -= 1
+                if not waiting[1]:
+                    del self.waiting[delivery_id]
+                    self._begin()
+                    self.conn.execute(
+                        "UPDATE %s SET %s WHERE id = ?" % (self.engine.journal, ", ".join(
+                            "%s = ?" % name for name in _COUNTERS)),
+                        [plan.counters[name] for name in _COUNTERS] + [delivery_id])
+                    self._done(plan, waiting[2])
+            elif kind == "merge failed":
+                raise PoolBroken("a rebuild worker could not merge a delivery")
+            else:
+                self.finished.add(message[1])
+
+    def _record(self, plan: FoldPlan) -> None:
+        self.engine._record(plan.delivery_id, plan.status, plan.layer, plan.uncovered,
+                            plan.error, [plan.counters.get(name) for name in _COUNTERS])
+
+    def _record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
+        self._begin()
+        self.engine._record(delivery_id, "failed", None, uncovered, error,
+                            [None] * len(_COUNTERS))
+        log_event(logging.DEBUG, "delivery failed to fold", delivery_id=delivery_id,
+                  error=error)
+
+    def _done(self, plan: FoldPlan, started: float) -> None:
+        self.engine._log_folded(plan, time.monotonic() - started, False)
+
+    def _begin(self) -> None:
+        """Open the writer's transaction (held until :meth:`_commit`)."""
+        if self.conn.in_transaction:
+            return
+        for attempt in range(REBUILD_BUSY_TRIES):
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.Error as exc:
+                if not is_busy(exc) or attempt == REBUILD_BUSY_TRIES - 1:
+                    raise HealthlogError(STUCK_REBUILD) from None
+                time.sleep(1.0)
+
+    def _commit(self) -> None:
+        if self.conn.in_transaction:
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.Error:
+                raise HealthlogError(STUCK_REBUILD) from None
+        self.committed = time.monotonic()
+
+    def _gather(self) -> None:
+        """Copy the shards' objects into the rebuild's object table."""
+        columns = ("metric, layer, hour, units, first_at, last_at, points, delivery_id,"
+                   " updated_by, hash, sealed, blob, point_deliveries, summary, spans")
+        for path in self.shard_paths:
+            if not path.exists():
+                continue
+            self.conn.execute("ATTACH DATABASE ? AS shard", (str(path),))
+            try:
+                self._begin()
+                self.conn.execute("INSERT INTO %s (%s) SELECT %s FROM shard.object"
+                                  % (self.engine.objects, columns, columns))
+                self._commit()
+            finally:
+                self.conn.execute("DETACH DATABASE shard")
+
+
+def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str,
+            ids: list, label: str, jobs: int = 1) -> float:
+    """Fold ``ids`` in the given (journal) order into ``objects``/``journal`` with the
+    worker's own fold code and classifier; no out-of-order check, no lag WARN.  With
+    ``jobs`` > 1, in that many worker processes beside this one
+    (:class:`_ParallelRebuild`): the same store, on every core.
+
+    Returns the seconds it took.  A database that stays busy aborts the rebuild; a
+    worker that ends or fails raises :class:`PoolBroken` (the caller starts again in
+    one process).
     """
     engine = FoldEngine(conn, config, objects=objects, journal=journal, verbose=False)
     sizes = dict(conn.execute("SELECT id, body_bytes FROM %s" % journal))
     progress = Progress(label, len(ids), sum(sizes.get(i, 0) for i in ids))
+    if jobs > 1 and len(ids) > 1 and can_fork():
+        with scratch_folder(config.data_dir, "rebuild-") as shard_dir:
+            _ParallelRebuild(engine, ids, sizes, progress, jobs, shard_dir).run()
+        progress.finish()
+        return time.monotonic() - progress.started
     done_bytes = 0
     engine.write_behind()
     flushed = time.monotonic()
@@ -7430,14 +8037,15 @@ def _drop_rebuild_tables(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE IF EXISTS delivery_rebuild")
 
 
-def run_reindex(config: Config, out: Any = None, force: bool = False) -> int:
+def run_reindex(config: Config, out: Any = None, force: bool = False, jobs: int = 1) -> int:
     """``healthlog reindex``: rebuild journal outcomes and the vitrine from the archive.
 
     Everything is folded into ``delivery_rebuild``/``object_rebuild``; the live tables
     are replaced in one transaction at the end, so a crash or Ctrl-C at any point
     leaves the previous store intact and usable.  A rebuild in which deliveries that
     are folded now would end ``failed`` (an unmounted archive, a full disk, memory
-    running out) is not swapped in unless ``force``.
+    running out) is not swapped in unless ``force``.  ``jobs``: processes that parse and
+    merge beside this one (:func:`rebuild`); the store is the same.
     """
     out = out or sys.stdout
     if not (config.data_dir / ARCHIVE_DIR).is_dir():
@@ -7452,20 +8060,22 @@ def run_reindex(config: Config, out: Any = None, force: bool = False) -> int:
     swapped = False
     try:
         _drop_rebuild_tables(conn)  # left by an interrupted run
+        Archive(config.data_dir).clear_scratch()
         adopted = adopt_orphans(conn, config.data_dir)
         cols = ", ".join(JOURNAL_COLUMNS)
-        with write_txn(conn):
-            for statement in schema_statements("delivery_rebuild", "object_rebuild"):
-                if " ON object_rebuild " not in statement:  # built once, at the swap
-                    conn.execute(statement)
-            conn.execute("INSERT INTO delivery_rebuild (%s) SELECT %s FROM delivery"
-                         % (cols, cols))
-        missing = mark_missing(conn, config.data_dir, "delivery_rebuild")
-        last_id = conn.execute("SELECT coalesce(max(id), 0) FROM delivery_rebuild").fetchone()[0]
-        ids = [i for (i,) in conn.execute(
-            "SELECT id FROM delivery_rebuild WHERE parse_status = 'pending'"
-            " ORDER BY received_at, id")]
-        seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids, "reindex")
+        missing, last_id, ids = _rebuild_tables(conn, config, cols)
+        jobs = jobs if can_fork() and len(ids) > 1 else 1
+        try:
+            seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids,
+                              "reindex", jobs)
+        except PoolBroken as exc:
+            log_event(logging.WARNING, "the parallel reindex stopped; starting again in one"
+                      " process", reason=str(exc))
+            _drop_rebuild_tables(conn)
+            missing, last_id, ids = _rebuild_tables(conn, config, cols)
+            jobs = 1
+            seconds = rebuild(conn, config, "delivery_rebuild", "object_rebuild", ids,
+                              "reindex")
         if not force:
             _refuse_regressions(conn)
         _swap_rebuild(conn, cols, last_id)
@@ -7505,11 +8115,29 @@ def run_reindex(config: Config, out: Any = None, force: bool = False) -> int:
         "%s %d" % item for item in counts.items())))
     out.write("orphans adopted: %d\nbodies missing: %d\nobjects: %d\npoints: %d\n"
               % (adopted, missing, objects, points))
-    out.write("folded: %d deliveries in %.1f s (%.0f deliveries/s, %.1f MB/s, %.0f points/s)\n"
-              % (len(ids), seconds, len(ids) / max(seconds, 1e-9),
+    out.write("folded: %d deliveries in %.1f s, %s (%.0f deliveries/s, %.1f MB/s,"
+              " %.0f points/s)\n"
+              % (len(ids), seconds, _plural(jobs, "job", "jobs"), len(ids) / max(seconds, 1e-9),
                  archive_bytes / 1e6 / max(seconds, 1e-9), points / max(seconds, 1e-9)))
     out.write("fingerprint: %s\n" % fp)
     return 0
+
+
+def _rebuild_tables(conn: sqlite3.Connection, config: Config, cols: str) -> tuple:
+    """Create the rebuild's tables with every journal row waiting: (bodies missing, the
+    last id copied, the ids to fold in journal order)."""
+    with write_txn(conn):
+        for statement in schema_statements("delivery_rebuild", "object_rebuild"):
+            if " ON object_rebuild " not in statement:  # built once, at the swap
+                conn.execute(statement)
+        conn.execute("INSERT INTO delivery_rebuild (%s) SELECT %s FROM delivery"
+                     % (cols, cols))
+    missing = mark_missing(conn, config.data_dir, "delivery_rebuild")
+    last_id = conn.execute("SELECT coalesce(max(id), 0) FROM delivery_rebuild").fetchone()[0]
+    ids = [i for (i,) in conn.execute(
+        "SELECT id FROM delivery_rebuild WHERE parse_status = 'pending'"
+        " ORDER BY received_at, id")]
+    return missing, last_id, ids
 
 
 def _refuse_regressions(conn: sqlite3.Connection) -> None:
@@ -7559,7 +8187,7 @@ def _swap_rebuild(conn: sqlite3.Connection, cols: str, last_id: int) -> None:
             conn.execute(statement)
 
 
-def run_verify(config: Config, out: Any = None) -> int:
+def run_verify(config: Config, out: Any = None, jobs: int = 1) -> int:
     """``healthlog verify``: rebuild into a scratch database and compare objects.
 
     Reads the live database only (one snapshot of journal and objects), so it runs
@@ -7580,28 +8208,15 @@ def run_verify(config: Config, out: Any = None) -> int:
         live.close()
     path_at = JOURNAL_COLUMNS.index("archive_path")
     orphans = len(set(archive_bodies(config.data_dir)) - {row[path_at] for row in journal})
-    with scratch_folder(config.data_dir, "verify-") as scratch_dir:
-        scratch = connect(scratch_dir / DB_NAME, busy_timeout_s=config.busy_timeout_s,
-                          synchronous="NORMAL")
-        try:
-            migrate(scratch, scratch_dir / DB_NAME)
-            with write_txn(scratch):
-                scratch.executemany("INSERT INTO delivery (%s) VALUES (%s)" % (
-                    ", ".join(JOURNAL_COLUMNS), ", ".join("?" * len(JOURNAL_COLUMNS))),
-                    [row[:-2] for row in journal])
-            mark_missing(scratch, config.data_dir, "delivery")
-            # Never folded yet: not in the live store either.  (A row requeued at start
-            # has been folded before; its objects are live, so it is rebuilt too.)
-            live_pending = {row[0] for row in journal if row[-2] == "pending" and not row[-1]}
-            ids = [i for (i,) in scratch.execute(
-                "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
-                if i not in live_pending]
-            rebuild(scratch, config, "delivery", "object", ids, "verify")
-            rebuilt = {(metric, layer, hour): digest
-                       for metric, layer, hour, digest in scratch.execute(
-                "SELECT metric, layer, hour, hash FROM object")}
-        finally:
-            scratch.close()
+    # Never folded yet: not in the live store either.  (A row requeued at start has been
+    # folded before; its objects are live, so it is rebuilt too.)
+    live_pending = {row[0] for row in journal if row[-2] == "pending" and not row[-1]}
+    try:
+        rebuilt = _verify_rebuild(config, journal, live_pending, jobs)
+    except PoolBroken as exc:
+        log_event(logging.WARNING, "the parallel verify stopped; starting again in one"
+                  " process", reason=str(exc))
+        rebuilt = _verify_rebuild(config, journal, live_pending, 1)
     differing = sorted(k for k in live_objects.keys() | rebuilt.keys()
                        if live_objects.get(k) != rebuilt.get(k))
     out.write("live:    %d objects, fingerprint: %s\n" % (
@@ -7626,6 +8241,29 @@ def run_verify(config: Config, out: Any = None) -> int:
                                 " reindex` rebuilds the store from the archive"
                                 % len(differing)))
     return 1 if differing else 0
+
+
+def _verify_rebuild(config: Config, journal: list, live_pending: set, jobs: int) -> dict:
+    """The object hashes a rebuild of the journal's snapshot gives, in a scratch store."""
+    with scratch_folder(config.data_dir, "verify-") as scratch_dir:
+        scratch = connect(scratch_dir / DB_NAME, busy_timeout_s=config.busy_timeout_s,
+                          synchronous="NORMAL")
+        try:
+            migrate(scratch, scratch_dir / DB_NAME)
+            with write_txn(scratch):
+                scratch.executemany("INSERT INTO delivery (%s) VALUES (%s)" % (
+                    ", ".join(JOURNAL_COLUMNS), ", ".join("?" * len(JOURNAL_COLUMNS))),
+                    [row[:-2] for row in journal])
+            mark_missing(scratch, config.data_dir, "delivery")
+            ids = [i for (i,) in scratch.execute(
+                "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
+                if i not in live_pending]
+            rebuild(scratch, config, "delivery", "object", ids, "verify", jobs)
+            return {(metric, layer, hour): digest
+                    for metric, layer, hour, digest in scratch.execute(
+                "SELECT metric, layer, hour, hash FROM object")}
+        finally:
+            scratch.close()
 
 
 def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
@@ -7995,6 +8633,12 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _jobs(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,4}", text) or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 1024")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="healthlog", description="Self-hosted store for Apple Health "
                      "data pushed by Health Auto Export.")
@@ -8032,6 +8676,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="rebuild into a scratch copy and compare;"
                                  " exit 1 on a difference")
     data_option(verify)
+    for command in (reindex, verify):
+        command.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                             help="worker processes that parse and merge (default: the"
+                                  " cores this process may use, here %d)" % usable_cores())
 
     importer = commands.add_parser("import", help="add HAE JSON files exported by hand")
     data_option(importer)
@@ -8088,9 +8736,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps(status, indent=1) if args.json else format_status(status))
             return 0
         if args.command == "reindex":
-            return run_reindex(config, force=args.force)
+            return run_reindex(config, force=args.force, jobs=args.jobs or usable_cores())
         if args.command == "verify":
-            return run_verify(config)
+            return run_verify(config, jobs=args.jobs or usable_cores())
         if args.command == "import":
             return run_import(config, args.files, args.aggregation, args.name)
         if args.command == "refold":

@@ -1,7 +1,7 @@
 """Benchmark of ``healthlog reindex`` on a year of minute data: figures, not asserts.
 
     python3 tests/bench_reindex.py [--data DIR] [--days 365] [--pushes-per-day 24] [--verify]
-                                   [--stdlib-json]
+                                   [--stdlib-json] [--jobs]
 
 The traffic is what a phone with one fast Health Auto Export automation sends for a year:
 Minutes grouping, "Since Last Sync", ``--pushes-per-day`` pushes a day at even intervals
@@ -18,7 +18,9 @@ subprocess under ``/usr/bin/time -v`` (else ``resource.getrusage``), and the scr
 wall time, deliveries/s, MB/s of archive, points/s and the peak RSS of the reindex process.
 An existing ``--data`` directory is reused as it is (delete it to regenerate). healthlog
 uses orjson when the interpreter has it; ``--stdlib-json`` runs it with ``-S`` (no
-site-packages) to measure the standard ``json`` path.
+site-packages) to measure the standard ``json`` path. ``--jobs`` runs ``reindex`` with one
+job, two, every usable core and pinned to one core (``taskset -c 0``), sampling the memory
+of the main process and of each worker every 100 ms.
 """
 
 from __future__ import annotations
@@ -106,6 +108,84 @@ def run_measured(args: list) -> tuple:
     return wall, peak, result.stdout
 
 
+def _rss_kib(pid: int) -> int:
+    """The proportional set size (PSS) of a process: its resident memory with each page
+    shared with the processes it forked counted once among them, so that the workers'
+    figures add up (their RSS would count the pages they share with the main process
+    in each of them); VmRSS where the kernel gives no smaps_rollup."""
+    try:
+        for line in Path("/proc/%d/smaps_rollup" % pid).read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list:
+    try:
+        return [int(c) for c in Path("/proc/%d/task/%d/children" % (pid, pid)).read_text().split()]
+    except OSError:
+        return []
+
+
+def run_sampled(args: list) -> dict:
+    """Run ``args``; sample the resident memory of it and of its child processes (the
+    rebuild's workers) every 100 ms (:func:`_rss_kib`): wall seconds, stdout, and the
+    peaks in MiB of the main process, of the largest worker and of their sum."""
+    started = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_main = peak_worker = peak_sum = 0
+    while proc.poll() is None:
+        main_kib = _rss_kib(proc.pid)
+        workers = [_rss_kib(child) for child in _children(proc.pid)]
+        peak_main = max(peak_main, main_kib)
+        peak_worker = max([peak_worker] + workers)
+        peak_sum = max(peak_sum, main_kib + sum(workers))
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.exit("%s failed (%d):\n%s" % (" ".join(args), proc.returncode, err))
+    return {"wall": wall, "out": out, "main": peak_main / 1024, "worker": peak_worker / 1024,
+            "sum": peak_sum / 1024}
+
+
+def bench_jobs(python: list, data_dir: Path, deliveries: int, archive_bytes: int) -> None:
+    """``reindex`` with 1 job, 2 jobs, the default (every usable core) and pinned to one
+    core: speed, the ratio to one job, memory per process, and the fingerprints."""
+    command = python + [str(ROOT / "healthlog.py"), "reindex", "--data", str(data_dir)]
+    runs = [("--jobs 1", command + ["--jobs", "1"]), ("--jobs 2", command + ["--jobs", "2"]),
+            ("default (%d usable cores)" % len(os.sched_getaffinity(0)), command)]
+    if shutil.which("taskset"):
+        runs.append(("default, taskset -c 0", ["taskset", "-c", "0"] + command))
+    print("reindex of %d deliveries, %.1f MB, python %s" % (
+        deliveries, archive_bytes / 1e6, sys.version.split()[0]))
+    print("wall: the whole command; fold: its `folded:` line (the rebuild without start-up,"
+          " swap and index building); memory: peak PSS")
+    print("%-26s %6s %6s %12s %8s %9s %11s %8s %s" % (
+        "run", "wall s", "fold s", "fold pts/s", "x 1 job", "main MiB", "worker MiB",
+        "sum MiB", "jobs, fingerprint"))
+    first = None
+    for label, args in runs:
+        run = run_sampled(args)
+        points = int(re.search(r"^points: (\d+)$", run["out"], re.M).group(1))
+        fold_s, jobs = re.search(r"^folded: \d+ deliveries in ([\d.]+) s, (\d+ jobs?) ",
+                                 run["out"], re.M).groups()
+        fingerprint = re.search(r"^fingerprint: (\w+)$", run["out"], re.M).group(1)
+        rate = points / float(fold_s)
+        first = first or rate
+        print("%-26s %6.1f %6s %12.0f %7.2fx %9.0f %11.0f %8.0f %s, %s" % (
+            label, run["wall"], fold_s, rate, rate / first, run["main"], run["worker"],
+            run["sum"], jobs, fingerprint[:16]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="data directory (kept; default: a temp dir)")
@@ -114,6 +194,8 @@ def main() -> int:
     parser.add_argument("--verify", action="store_true", help="also time `verify` afterwards")
     parser.add_argument("--stdlib-json", action="store_true",
                         help="run healthlog with `python3 -S` (no site-packages, so no orjson)")
+    parser.add_argument("--jobs", action="store_true",
+                        help="compare 1 job, 2 jobs, every core and one pinned core instead")
     args = parser.parse_args()
     temporary = args.data is None
     data_dir = args.data or Path(tempfile.mkdtemp(prefix="bench-reindex-")) / "data"
@@ -125,6 +207,9 @@ def main() -> int:
             "SELECT count(*), sum(body_bytes) FROM delivery").fetchone()
         conn.close()
         python = [sys.executable, "-S"] if args.stdlib_json else [sys.executable]
+        if args.jobs:
+            bench_jobs(python, data_dir, deliveries, archive_bytes)
+            return 0
         command = python + [str(ROOT / "healthlog.py"), "reindex", "--data", str(data_dir)]
         print("$ " + " ".join(command))
         wall, peak, out = run_measured(command)
