@@ -132,6 +132,10 @@ FOLD_WAKE_S = 60.0
 """Periodic wake-up of the fold thread, so a delivery left pending is retried even
 when the phone is silent for hours (ING-4.5)."""
 
+HANDOFF_BYTES = 8 << 20
+"""Bodies (up to :data:`QUICK_CHECK_BYTES` each) whose document, parsed at ingest, waits
+in memory for the fold thread (:class:`Handoff`): at most 8 MiB of them, about 60 MiB of
+documents.  0 turns the hand-over off."""
 FOLD_DEADLINE_S = 300.0
 """A fold that takes longer is ``failed`` and frees the queue (ING-3): the largest
 body folds in seconds here, so five minutes only catches a pathological one."""
@@ -427,6 +431,7 @@ class Config:
     fold_wake_s: float = FOLD_WAKE_S
     fold_deadline_s: float = FOLD_DEADLINE_S
     stop_budget_s: float = STOP_BUDGET_S
+    handoff_bytes: int = HANDOFF_BYTES
 
     @property
     def db_path(self) -> Path:
@@ -2363,8 +2368,9 @@ def _int64(text: str) -> int:
     return value
 
 
-def check_delivery_shape(path: Path) -> None:
-    """Validate a whole body as HAE JSON.
+def check_delivery_shape(path: Path) -> Optional[tuple]:
+    """Validate a whole body as HAE JSON; return (document, plain) when orjson parsed
+    it whole on the way (:func:`_quick_shape_ok`), for the fold (:class:`Handoff`).
 
     Every byte is checked by the JSON scanner, but each object collapses into one
     shared sentinel as soon as it is parsed, so memory stays near the body's own size.
@@ -2382,8 +2388,10 @@ def check_delivery_shape(path: Path) -> None:
         return _VALID_OBJECT
 
     body = path.read_bytes()
-    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES and _quick_shape_ok(body):
-        return
+    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
+        doc = _quick_shape_ok(body)
+        if doc is not None:
+            return doc, not may_hold_booleans(body)
     try:
         text = body.decode("utf-8")
         del body
@@ -2404,6 +2412,7 @@ def check_delivery_shape(path: Path) -> None:
     data = [value for key, value in last_pairs[0] if key == "data"]
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
+    return None
 
 
 QUICK_CHECK_BYTES = 4 << 20
@@ -2420,8 +2429,9 @@ _DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in
 19 digits is then ``" " + 19 × "0"`` (a fraction's digits follow a ``.``)."""
 
 
-def _quick_shape_ok(body: bytes) -> bool:
-    """True when orjson proves the body acceptable.  orjson refuses what the full check
+def _quick_shape_ok(body: bytes) -> Optional[dict]:
+    """The document, when orjson proves the body acceptable (else None).  orjson refuses
+    what the full check
     refuses (invalid UTF-8, a BOM, NaN, Infinity, a double overflow, an unpaired
     surrogate escape), except integers beyond 64 bits, which it reads as floats, and
     nesting between the full check's recursion limit and its own 1024: a run of 19
@@ -2432,13 +2442,12 @@ def _quick_shape_ok(body: bytes) -> bool:
     try:
         doc = _orjson.loads(body)
     except ValueError:
-        return False
+        return None
     if type(doc) is not dict or type(doc.get("data")) is not dict:
-        return False
+        return None
     if not _nested_at_most(doc, QUICK_CHECK_DEPTH):
-        return False
-    del doc
-    return b" 0000000000000000000" not in body.translate(_DIGITS_AS_ZEROS)
+        return None
+    return doc if b" 0000000000000000000" not in body.translate(_DIGITS_AS_ZEROS) else None
 
 
 def _nested_at_most(doc: Any, limit: int) -> bool:
@@ -2487,7 +2496,8 @@ _INSERT_DELIVERY = (
 
 def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                     received_at: _dt.datetime, headers: Mapping[str, Optional[str]],
-                    name: Optional[str], extra_meta: Optional[dict] = None) -> int:
+                    name: Optional[str], extra_meta: Optional[dict] = None,
+                    handoff: Optional["Handoff"] = None) -> int:
     """The one way a body becomes a delivery (HTTP ingest and ``import`` alike).
 
     Validates the body, writes ``.meta.json`` and then the body durably into the
@@ -2496,7 +2506,7 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
     written, whose body is then an orphan until reindex adopts it — ING-9).
     """
     try:
-        check_delivery_shape(upload.tmp_path)
+        parsed = check_delivery_shape(upload.tmp_path)
         meta = {
             "received_at": format_received_at(received_at),
             "headers": {h: v for h, v in headers.items() if v is not None},
@@ -2524,13 +2534,49 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                  headers.get("automation-id"), headers.get("automation-name"),
                  headers.get("automation-aggregation"), headers.get("automation-period"),
                  headers.get("session-id"), name))
-            return int(cursor.lastrowid)
+            delivery_id = int(cursor.lastrowid)
     except sqlite3.Error as exc:
         log_event(logging.ERROR,
                   "delivery row not written: the body is an orphan in the archive until"
                   " `healthlog reindex` adopts it",
                   archive_path=archive_path, busy=is_busy(exc), error=type(exc).__name__)
         raise InternalError() from None
+    if handoff is not None and parsed is not None:
+        handoff.put(delivery_id, upload.size, *parsed)
+    return delivery_id
+
+
+class Handoff:
+    """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
+    once (the fold would read and parse the archived copy of the same bytes again).
+
+    At most ``budget`` bytes of bodies wait; the oldest give way.  What is not here (a
+    restart, a large body, a document given way) is read from the archive, which stays
+    the truth: the fold of a handed-over document is the fold of the archived body."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
+        self._bytes = 0
+
+    def put(self, delivery_id: int, size: int, doc: Any, plain: bool) -> None:
+        if size > self.budget:
+            return
+        with self._lock:
+            self._waiting[delivery_id] = (size, doc, plain)
+            self._bytes += size
+            while self._bytes > self.budget:
+                self._bytes -= self._waiting.popitem(last=False)[1][0]
+
+    def take(self, delivery_id: int) -> Optional[tuple]:
+        """(document, plain) of a delivery, once; None when it is not here."""
+        with self._lock:
+            entry = self._waiting.pop(delivery_id, None)
+            if entry is None:
+                return None
+            self._bytes -= entry[0]
+            return entry[1:]
 
 
 # ==============================================================================
@@ -2860,6 +2906,7 @@ class FoldPlan:
     metric_layer: Optional[str] = None  # where its time-grouped metrics go
     plain: bool = False  # its body holds no boolean (HourObject.plain)
     here: tuple = ()  # (received_at, id): its place in the journal
+    from_ingest: bool = False  # its document came from ingest (Handoff), not the archive
 
 
 class _Positions:
@@ -2919,6 +2966,7 @@ class FoldEngine:
         self._recent: Optional[collections.OrderedDict] = None
         self._dirty: Optional[dict] = None
         self._written: Optional[set] = None
+        self.handoff: Optional[Handoff] = None  # the fold thread's: documents from ingest
 
     def write_behind(self) -> None:
         """Hold the rows of the objects this engine writes and write them at
@@ -3047,16 +3095,24 @@ class FoldEngine:
             if time.monotonic() > deadline:
                 raise FoldDeadlineExceeded()
 
+        handed = self.handoff.take(row["id"]) if self.handoff is not None else None
         duplicate = self.earlier_duplicate(row)
         if duplicate is not None:
             earlier, status, layer, uncovered = duplicate
             return FoldPlan(row["id"], status, layer, json.loads(uncovered),
                             error="duplicate of delivery %d" % earlier,
                             counters=dict.fromkeys(_COUNTERS, 0))
-        extraction, plain = extract_body(self.config.data_dir / row["archive_path"],
-                                         check_deadline)
+        if handed is None:
+            extraction, plain = extract_body(self.config.data_dir / row["archive_path"],
+                                             check_deadline)
+        else:  # the document ingest parsed from the bytes it archived
+            doc, plain = handed
+            handed = True
+            extraction = extract_points(doc, check_deadline)
+            del doc
         summary = summarize(extraction, plain, row["automation_aggregation"])
         plan = self.decide(row, summary)
+        plan.from_ingest = handed is True
         self._merge(plan, row, extraction, check_deadline)
         self._describe(plan, summary)
         return plan
@@ -3319,7 +3375,8 @@ class FoldEngine:
         log_event(logging.INFO if verbose else logging.DEBUG, "delivery folded",
                   delivery_id=plan.delivery_id,
                   status=plan.status, layer=plan.layer, uncovered=plan.uncovered or None,
-                  duplicate_of=plan.error, ms=round(seconds * 1000, 1), **plan.counters)
+                  duplicate_of=plan.error, ms=round(seconds * 1000, 1),
+                  parsed="at ingest" if plan.from_ingest else None, **plan.counters)
 
 
 def body_size(path: Path) -> int:
@@ -3829,6 +3886,7 @@ class FoldWorker:
         self.current: Optional[int] = None  # the delivery being folded
         self.fault: Optional[str] = None  # the machine fault the loop is paused for
         self._owed: dict = {}  # delivery id -> attempts to take back at its next one
+        self.handoff = Handoff(config.handoff_bytes) if config.handoff_bytes > 0 else None
 
     def start(self) -> None:
         self._started_at = format_received_at(utc_now())
@@ -3892,6 +3950,7 @@ class FoldWorker:
         conn = self.connect()
         try:
             engine = FoldEngine(conn, self._config)
+            engine.handoff = self.handoff
             backlog = count_pending(conn)
             if backlog:
                 log_event(logging.INFO, "deliveries waiting to be folded", backlog=backlog)
@@ -6254,7 +6313,8 @@ class App:
                     headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
                     delivery_id = accept_delivery(
                         self.archive, conn, upload, received_at, headers, name,
-                        {"content_type": environ.get("CONTENT_TYPE") or None})
+                        {"content_type": environ.get("CONTENT_TYPE") or None},
+                        self.worker.handoff)
             except ServiceBusy:
                 log_event(logging.WARNING, "upload refused: the validation ceiling was not"
                           " free in time", body_bytes=upload.size, retry_after_s=RETRY_AFTER_S)
