@@ -132,10 +132,13 @@ FOLD_WAKE_S = 60.0
 """Periodic wake-up of the fold thread, so a delivery left pending is retried even
 when the phone is silent for hours (ING-4.5)."""
 
-HANDOFF_BYTES = 8 << 20
+HANDOFF_BYTES = 4 << 20
 """Bodies (up to :data:`QUICK_CHECK_BYTES` each) whose document, parsed at ingest, waits
-in memory for the fold thread (:class:`Handoff`): at most 8 MiB of them, about 60 MiB of
-documents.  0 turns the hand-over off."""
+in memory for the fold thread (:class:`Handoff`): at most 4 MiB of them.  0 turns the
+hand-over off."""
+HANDOFF_MEMORY_FACTOR = 6.0
+"""orjson's document of a body, per byte of it: 4.8 for compact dense points, 2.3 for
+HAE's pretty-printed 2.8 MB body (tracemalloc); with room."""
 FOLD_DEADLINE_S = 300.0
 """A fold that takes longer is ``failed`` and frees the queue (ING-3): the largest
 body folds in seconds here, so five minutes only catches a pathological one."""
@@ -7155,10 +7158,10 @@ CGROUP_ROOT = Path("/")
 
 
 def memory_needed_mib(max_body_bytes: int) -> int:
-    """What ``serve`` may need while it folds one body of the largest size and validates
-    another."""
-    return int(SERVE_BASE_MIB + (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR)
-               * max_body_bytes / 1048576)
+    """What ``serve`` may need while it folds one body of the largest size, validates
+    another, and small documents wait for the fold (:class:`Handoff`)."""
+    return int(SERVE_BASE_MIB + HANDOFF_MEMORY_FACTOR * HANDOFF_BYTES / 1048576
+               + (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR) * max_body_bytes / 1048576)
 
 
 def _cgroup_limit(path: Path) -> Optional[int]:
@@ -7208,8 +7211,8 @@ def warn_if_memory_short(config: Config) -> None:
     needed = memory_needed_mib(config.max_body_bytes)
     if needed * 1048576 <= limit:
         return
-    per_mib = FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR
-    safe = int((limit / 1048576 - SERVE_BASE_MIB) / per_mib)
+    safe = int((limit / 1048576 - memory_needed_mib(0))
+               / (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR))
     log_event(logging.WARNING, "the largest body allowed may need more memory than healthlog"
               " may use: a fold killed for it would be tried again at each restart (three"
               " times, then failed); lower --max-body-mib or give more memory",
