@@ -791,18 +791,43 @@ def text_offset(raw: Any, instant_us: int) -> int:
     (0 for epoch numbers, ``Z`` and texts without an offset; a date alone is its own
     day)."""
     if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
-        tail = raw[20:]
-        offset = _OFFSET_TAIL.get(tail)
-        if offset is None:
-            offset = _offset_seconds(tail[0], tail[1:3], tail[3:]) or 0
-            if len(_OFFSET_TAIL) < 4096:
-                _OFFSET_TAIL[tail] = offset
-        return offset
+        return _tail_offset(raw[20:])
     fields = local_day_and_second(raw)
     if fields is None:
         return 0
     local_s = (fields[0] - _EPOCH_ORDINAL) * 86400 + fields[1]
     return int(round((local_s - instant_us / US) / 60.0)) * 60
+
+
+def _tail_offset(tail: str) -> int:
+    """Seconds east of UTC of the ``+hhmm`` that ends one of HAE's own timestamps."""
+    offset = _OFFSET_TAIL.get(tail)
+    if offset is None:
+        offset = _offset_seconds(tail[0], tail[1:3], tail[3:]) or 0
+        if len(_OFFSET_TAIL) < 4096:
+            _OFFSET_TAIL[tail] = offset
+    return offset
+
+
+def start_offsets(points: list, coords: Sequence) -> set:
+    """The offsets (:func:`text_offset`) the starts of an object's points were written
+    in.  One loop that reads each start as :func:`raw_start` does and looks at only the
+    distinct offset texts of HAE's own timestamps: it sees every stored point."""
+    tails, offsets = set(), set()
+    for point, coord in zip(points, coords):
+        if type(point) is not dict:
+            continue
+        raw = point.get("start")
+        if raw is None:
+            raw = point.get("startDate")
+            if raw is None:
+                raw = point.get("date")
+        if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
+            tails.add(raw[20:])
+        else:
+            offsets.add(text_offset(raw, coord[0]))
+    offsets.update(_tail_offset(tail) for tail in tails)
+    return offsets
 
 
 class Zone:
@@ -2671,9 +2696,7 @@ def hour_summary(points: list, coords: Sequence) -> dict:
     point's local time knows the hour's local day without reading the points."""
     fields: dict = {}
     count = accumulate(fields, points)
-    offsets = {text_offset(raw_start(point), coord[0]) for point, coord in zip(points, coords)
-               if type(point) is dict}
-    return {"n": count, "f": fields, "o": sorted(offsets)}
+    return {"n": count, "f": fields, "o": sorted(start_offsets(points, coords))}
 
 
 def object_hash(points: list) -> str:
