@@ -26,6 +26,32 @@ When a 200 is sent: after the body and its metadata are durable in the archive
 (temp file, fsync, rename, fsync of the folder) and the ``delivery`` row exists with
 status ``pending``.  The fold happens later and never delays the answer.
 
+Sections, top-down (each banner says what it owns)::
+
+     1. Constants — every tunable number, with the reason for its value.
+     2. Errors — one tree; HTTP-facing errors carry a status and a stable code.
+     3. Logging and metrics — one record per line on stderr, logfmt or JSON; /metrics histograms.
+     4. Config — defaults -> environment -> flags, merged once into a frozen object.
+     5. Time — every timestamp form HAE sends, parsed to integer UTC microseconds.
+     6. Canonical form and merge rule — same value, emptiness, dominance (storage spec).
+     7. Files and archive — durable writes, raw bodies and their metadata, scratch folders.
+     8. Body validation and JSON — what ingest accepts; parsing and writing bodies and objects.
+     9. HAE extraction — which key of ``data`` becomes which metric, whole or hour by hour.
+    10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
+    11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
+    12. Fold worker — the one thread that folds pending deliveries in journal order.
+    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec).
+    14. Export — the SQLite file of every point with its local time.
+    15. Observability — the figures of /metrics, /healthz and status.
+    16. Web sign-in — session cookies and the guess limiter.
+    17. Web app — the routes, one JSON error shape, an access log without bodies.
+    18. HTTP transport — the head gate and the Cheroot adapter.
+    19. Service — the lock, database, worker and server of `serve`, in order; its memory.
+    20. Maintenance — reindex, verify, import, refold, export: the store from the archive.
+    21. Status — what the journal and the vitrine hold, readable while serve runs.
+    22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
+    23. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
+
 The archive is the truth; the database is an index that ``reindex`` can rebuild.
 Requirements live in ``openspec/specs/*/spec.md``; decisions in
 ``openspec/decisions.md``.
@@ -402,6 +428,157 @@ class ArchiveFault(HealthlogError):
         super().__init__("an archived body cannot be read (%s)" % self.reason)
 
 
+class UnknownMetric(NotFound):
+    """No data of that metric: the reply lists the metrics there are."""
+
+    code = "unknown_metric"
+
+    def __init__(self, names: list):
+        """``names``: the metrics there are, each as :func:`loggable_metric` gives it."""
+        super().__init__("no data of that metric; see /api/catalog")
+        self.extra = {"metrics": sorted(set(names))}
+
+
+class UnknownLayer(NotFound):
+    """The metric has no data in that layer."""
+
+    code = "unknown_layer"
+
+
+class PoolBroken(HealthlogError):
+    """A rebuild worker ended, or could not merge what it was sent: the parallel rebuild
+    is abandoned and started again in one process."""
+
+
+# ==============================================================================
+# Logging and metrics: one record per line on stderr, logfmt or JSON; /metrics histograms.
+# ==============================================================================
+
+_log = logging.getLogger("healthlog")
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+_LEVEL_NAMES = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WARN",
+                logging.ERROR: "ERROR", logging.CRITICAL: "ERROR"}
+
+# Control characters and Unicode line separators are escaped so that a name taken
+# from a foreign body can never split or forge a log line (STO-6).
+_ESCAPES = {i: "\\u%04x" % i for i in list(range(0x20)) + [0x7F, 0x85, 0x2028, 0x2029]}
+_ESCAPES.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r"): "\\r",
+                 ord("\t"): "\\t"})
+
+
+def log_event(level: int, msg: str, **fields: Any) -> None:
+    """Write one structured record.  Fields above DEBUG must never carry health data."""
+    if _log.isEnabledFor(level):
+        _log.log(level, msg, extra={"fields": fields})
+
+
+def _logfmt_value(value: Any) -> str:
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    escaped = value.translate(_ESCAPES)
+    if escaped and escaped == value and not any(c in value for c in ' ="'):
+        return value
+    return '"%s"' % escaped
+
+
+def _utc_iso(ts: float) -> str:
+    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (moment.microsecond // 1000)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``time=… level=… msg="…" key=value …`` (README, "Logging")."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = ["time=" + _utc_iso(record.created),
+                 "level=" + _LEVEL_NAMES.get(record.levelno, "INFO"),
+                 "msg=" + _logfmt_value(record.getMessage())]
+        for key, value in _record_fields(record).items():
+            if value is not None:
+                parts.append("%s=%s" % (key, _logfmt_value(value)))
+        return " ".join(parts)
+
+
+class JSONFormatter(logging.Formatter):
+    """The same fields as logfmt, one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": _utc_iso(record.created),
+               "level": _LEVEL_NAMES.get(record.levelno, "INFO"),
+               "msg": record.getMessage()}
+        out.update(_record_fields(record))
+        return json.dumps(out, default=str)
+
+
+def _record_fields(record: logging.LogRecord) -> dict:
+    fields = dict(getattr(record, "fields", None) or {})
+    if record.name != "healthlog":
+        fields.setdefault("logger", record.name)
+    if record.exc_info and record.levelno <= logging.DEBUG:
+        # Tracebacks may quote values from a body: only DEBUG shows them.
+        fields["traceback"] = logging.Formatter().formatException(record.exc_info)
+    return fields
+
+
+def setup_logging(config: Config, stream: Any = None) -> logging.Handler:
+    """Send every record of the process to one stderr handler in the chosen format."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JSONFormatter() if config.log_format == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, "_healthlog", False):
+            root.removeHandler(old)
+    handler._healthlog = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(_LEVELS[config.log_level])
+    return handler
+
+
+class Histogram:
+    """A Prometheus histogram kept in memory (this process only), thread-safe."""
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self._lock = threading.Lock()
+        self._series: dict = {}  # labels -> [bucket counts…, sum, count]
+
+    def observe(self, seconds: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            series = self._series.setdefault(key, [0] * len(self.bounds) + [0.0, 0])
+            for i, bound in enumerate(self.bounds):
+                if seconds <= bound:
+                    series[i] += 1
+            series[-2] += seconds
+            series[-1] += 1
+
+    def render(self, name: str, help_text: str) -> list:
+        lines = ["# HELP %s %s" % (name, help_text), "# TYPE %s histogram" % name]
+        with self._lock:
+            series = {key: list(values) for key, values in self._series.items()}
+        for key, values in sorted(series.items()):
+            labels = ",".join('%s="%s"' % item for item in key)
+            sep = "," if labels else ""
+            for bound, count in zip(self.bounds, values):
+                lines.append('%s_bucket{%s%sle="%s"} %d' % (name, labels, sep, repr(bound), count))
+            lines.append('%s_bucket{%s%sle="+Inf"} %d' % (name, labels, sep, values[-1]))
+            braces = "{%s}" % labels if labels else ""
+            lines.append("%s_sum%s %s" % (name, braces, repr(values[-2])))
+            lines.append("%s_count%s %d" % (name, braces, values[-1]))
+        return lines
+
+
+TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+"""Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
+
+
 # ==============================================================================
 # Config: defaults -> environment -> flags, merged once into a frozen object.
 # ==============================================================================
@@ -509,97 +686,6 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
             raise ConfigError("--log-level must be one of DEBUG, INFO, WARN, ERROR")
         values["log_level"] = log_level.upper()
     return Config(**values)
-
-
-# ==============================================================================
-# Logging: one record per line on stderr, logfmt or JSON; fields never break a line.
-# ==============================================================================
-
-_log = logging.getLogger("healthlog")
-_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-           "WARNING": logging.WARNING, "ERROR": logging.ERROR}
-_LEVEL_NAMES = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WARN",
-                logging.ERROR: "ERROR", logging.CRITICAL: "ERROR"}
-
-# Control characters and Unicode line separators are escaped so that a name taken
-# from a foreign body can never split or forge a log line (STO-6).
-_ESCAPES = {i: "\\u%04x" % i for i in list(range(0x20)) + [0x7F, 0x85, 0x2028, 0x2029]}
-_ESCAPES.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r"): "\\r",
-                 ord("\t"): "\\t"})
-
-
-def log_event(level: int, msg: str, **fields: Any) -> None:
-    """Write one structured record.  Fields above DEBUG must never carry health data."""
-    if _log.isEnabledFor(level):
-        _log.log(level, msg, extra={"fields": fields})
-
-
-def _logfmt_value(value: Any) -> str:
-    if value is None:
-        return '""'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if not isinstance(value, str):
-        value = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    escaped = value.translate(_ESCAPES)
-    if escaped and escaped == value and not any(c in value for c in ' ="'):
-        return value
-    return '"%s"' % escaped
-
-
-def _utc_iso(ts: float) -> str:
-    moment = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (moment.microsecond // 1000)
-
-
-class LogfmtFormatter(logging.Formatter):
-    """``time=… level=… msg="…" key=value …`` (README, "Logging")."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        parts = ["time=" + _utc_iso(record.created),
-                 "level=" + _LEVEL_NAMES.get(record.levelno, "INFO"),
-                 "msg=" + _logfmt_value(record.getMessage())]
-        for key, value in _record_fields(record).items():
-            if value is not None:
-                parts.append("%s=%s" % (key, _logfmt_value(value)))
-        return " ".join(parts)
-
-
-class JSONFormatter(logging.Formatter):
-    """The same fields as logfmt, one JSON object per line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"time": _utc_iso(record.created),
-               "level": _LEVEL_NAMES.get(record.levelno, "INFO"),
-               "msg": record.getMessage()}
-        out.update(_record_fields(record))
-        return json.dumps(out, default=str)
-
-
-def _record_fields(record: logging.LogRecord) -> dict:
-    fields = dict(getattr(record, "fields", None) or {})
-    if record.name != "healthlog":
-        fields.setdefault("logger", record.name)
-    if record.exc_info and record.levelno <= logging.DEBUG:
-        # Tracebacks may quote values from a body: only DEBUG shows them.
-        fields["traceback"] = logging.Formatter().formatException(record.exc_info)
-    return fields
-
-
-def setup_logging(config: Config, stream: Any = None) -> logging.Handler:
-    """Send every record of the process to one stderr handler in the chosen format."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JSONFormatter() if config.log_format == "json" else LogfmtFormatter())
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        if getattr(old, "_healthlog", False):
-            root.removeHandler(old)
-    handler._healthlog = True  # type: ignore[attr-defined]
-    root.addHandler(handler)
-    root.setLevel(_LEVELS[config.log_level])
-    return handler
 
 
 # ==============================================================================
@@ -809,19 +895,26 @@ def _tail_offset(tail: str) -> int:
     return offset
 
 
+def raw_start(point: dict) -> Any:
+    """The start as written: ``start``, else ``startDate``, else ``date``."""
+    get = point.get
+    raw = get("start")
+    if raw is None:
+        raw = get("startDate")
+        if raw is None:
+            raw = get("date")
+    return raw
+
+
 def start_offsets(points: list, coords: Sequence) -> set:
     """The offsets (:func:`text_offset`) the starts of an object's points were written
-    in.  One loop that reads each start as :func:`raw_start` does and looks at only the
+    in.  One loop that reads each start (:func:`raw_start`) and converts only the
     distinct offset texts of HAE's own timestamps: it sees every stored point."""
     tails, offsets = set(), set()
     for point, coord in zip(points, coords):
         if type(point) is not dict:
             continue
-        raw = point.get("start")
-        if raw is None:
-            raw = point.get("startDate")
-            if raw is None:
-                raw = point.get("date")
+        raw = raw_start(point)
         if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
             tails.add(raw[20:])
         else:
@@ -1343,8 +1436,492 @@ def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position
 
 
 # ==============================================================================
-# HAE sections to points: which key of ``data`` becomes which metric (storage spec).
+# Files and archive: durable writes, raw bodies and their metadata, scratch folders.
 # ==============================================================================
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_MKDIR_LOCK = threading.Lock()
+
+
+def makedirs_durable(path: Path) -> None:
+    """``mkdir -p`` that fsyncs each parent whose entries it changed.
+
+    Under a lock, so a thread that finds the folder existing knows the fsync that made
+    its entry durable has already happened (another thread may have just created it).
+    """
+    with _MKDIR_LOCK:
+        missing = []
+        probe = path
+        while not probe.exists():
+            missing.append(probe)
+            probe = probe.parent
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700)
+            fsync_dir(directory.parent)
+
+
+def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Temp file beside ``path``, fsync, rename, fsync the folder."""
+    tmp = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(str(tmp), str(path))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(tmp))
+        raise
+    fsync_dir(path.parent)
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    """Unbuffered, so a full disk fails here, never later in a flush or a close."""
+    view = memoryview(chunk)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:  # disk full (ENOSPC, EFBIG), read-only, I/O error
+        raise StorageFailure(exc) from None
+
+
+@dataclass
+class Upload:
+    """A body received into ``DATA/tmp``: durable on disk, not yet in the archive."""
+
+    tmp_path: Path
+    size: int
+    sha256: str
+
+    def discard(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.tmp_path.unlink()
+
+
+class Archive:
+    """The raw archive under ``DATA/archive``, and the upload area ``DATA/tmp``."""
+
+    def __init__(self, data_dir: Path, tmp: Optional[Path] = None):
+        self.data_dir = data_dir
+        self.root = data_dir / ARCHIVE_DIR
+        self.tmp = tmp or data_dir / TMP_DIR
+
+    def clear_tmp(self) -> int:
+        """Remove what dead processes left in ``DATA/tmp``: half uploads (none was
+        acknowledged) and scratch folders of a killed ``verify`` (a running one keeps its
+        folder locked)."""
+        removed = 0
+        for entry in self.tmp.iterdir():
+            with contextlib.suppress(OSError):
+                if entry.is_dir():
+                    if not _scratch_in_use(entry):
+                        shutil.rmtree(str(entry))
+                        removed += 1
+                else:
+                    entry.unlink()
+                    removed += 1
+        return removed
+
+    def clear_scratch(self) -> int:
+        """Remove the scratch folders of killed rebuilds (``reindex``, ``verify``); the
+        uploads of a running ``import`` stay."""
+        removed = 0
+        for entry in self.tmp.iterdir() if self.tmp.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if entry.is_dir() and not _scratch_in_use(entry):
+                    shutil.rmtree(str(entry))
+                    removed += 1
+        return removed
+
+    @staticmethod
+    def names(received_at: _dt.datetime) -> tuple:
+        """(relative folder, file stem) for a delivery received at that instant.
+
+        The stem is the basic ISO form ``20261129T210321.123456Z``: colons in file
+        names break copies to SMB shares and Windows backups.
+        """
+        moment = received_at.astimezone(_dt.timezone.utc)
+        folder = "%s/%04d/%02d/%02d" % (ARCHIVE_DIR, moment.year, moment.month, moment.day)
+        stem = moment.strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(4)
+        return folder, stem
+
+    def receive(self, read: Callable[[int], bytes], length: Optional[int], limit: int,
+                before_read: Callable[[], None]) -> Upload:
+        """Stream a body into ``DATA/tmp`` in chunks, hashing it; fsync at the end.
+
+        ``length`` is the Content-Length (None for chunked bodies).  Raises
+        PayloadTooLarge past ``limit`` and BadRequest when the body ends early.
+        """
+        tmp_path = self.tmp / ("upload-%s.part" % secrets.token_hex(8))
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            fd = os.open(str(tmp_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise StorageFailure(exc) from None
+        try:
+            while length is None or size < length:
+                want = READ_CHUNK if length is None else min(READ_CHUNK, length - size)
+                before_read()
+                chunk = read(want)  # an OSError here is the client's connection
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                digest.update(chunk)
+                _write_all(fd, chunk)
+            if length is not None and size != length:
+                raise BadRequest("the body ended after %d of %d bytes" % (size, length))
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise StorageFailure(exc) from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp_path.unlink()
+            raise
+        finally:
+            os.close(fd)
+        return Upload(tmp_path, size, digest.hexdigest())
+
+    def commit(self, upload: Upload, received_at: _dt.datetime, meta: dict) -> str:
+        """Write ``.meta.json`` durably, then move the body in: its rename commits.
+
+        Returns the body's path relative to the data directory.
+        """
+        folder, stem = self.names(received_at)
+        target_dir = self.data_dir / folder
+        makedirs_durable(target_dir)
+        meta_bytes = json.dumps(meta, ensure_ascii=False, sort_keys=True, indent=1).encode()
+        meta_path = target_dir / (stem + ".meta.json")
+        try:
+            write_durable(meta_path, meta_bytes + b"\n", mode=0o600)
+            os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
+        except OSError:  # e.g. DATA/tmp on another file system (EXDEV): no body, no meta
+            with contextlib.suppress(OSError):
+                meta_path.unlink()
+                fsync_dir(target_dir)
+            raise
+        fsync_dir(target_dir)
+        return "%s/%s.json" % (folder, stem)
+
+
+SCRATCH_LOCK = "in-use.lock"
+
+
+SCRATCH_GRACE_S = 600.0
+"""A scratch folder without its lock file yet is being created: left alone this long."""
+
+
+@contextlib.contextmanager
+def scratch_folder(data_dir: Path, prefix: str) -> Iterator[Path]:
+    """A private folder under ``DATA/tmp`` for one process (verify's scratch database,
+    import's uploads), locked while in use and removed afterwards.  A ``serve`` that
+    starts meanwhile leaves it alone; one of a killed process is removed then."""
+    tmp = data_dir / TMP_DIR
+    tmp.mkdir(mode=0o700, exist_ok=True)  # absent in a directory restored from the archive
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=str(tmp)))
+    fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        shutil.rmtree(str(folder), ignore_errors=True)
+        os.close(fd)
+
+
+def _scratch_in_use(folder: Path) -> bool:
+    """Does a live process hold the scratch folder's lock (or is it being created)?"""
+    try:
+        fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDONLY)
+    except FileNotFoundError:
+        return time.time() - folder.stat().st_mtime < SCRATCH_GRACE_S
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+_NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
+
+
+def archive_bodies(data_dir: Path) -> list:
+    """Every archived body (relative path), sorted; metadata and temp files excluded."""
+    root = data_dir / ARCHIVE_DIR
+    found = []
+    for folder, dirs, files in os.walk(str(root)):
+        dirs.sort()
+        for name in files:
+            if name.endswith(".json") and not name.endswith(".meta.json") and \
+                    not name.startswith("."):
+                found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
+    return sorted(found)
+
+
+def received_at_from_name(name: str) -> Optional[str]:
+    """``20261129T210321.123456Z-…json`` → ``2026-11-29T21:03:21.123456Z``."""
+    match = _NAME_STAMP.fullmatch(name)
+    if not match:
+        return None
+    stamp = match.group(1)
+    return "%s-%s-%sT%s:%s:%s" % (stamp[:4], stamp[4:6], stamp[6:8], stamp[9:11], stamp[11:13],
+                                  stamp[13:])
+
+
+def _read_meta(body: Path, relative: str) -> dict:
+    """A body's ``.meta.json``; a missing one is ``{}``, a damaged one too, with a WARN:
+    the delivery is then adopted without the headers that may decide its layer."""
+    path = body.with_name(body.name[:-5] + ".meta.json")
+    try:
+        meta = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        meta = exc
+    if type(meta) is not dict:
+        log_event(logging.WARNING, "damaged .meta.json: the delivery is adopted without its"
+                  " receive headers (its time comes from the file name)",
+                  archive_path=relative, error=type(meta).__name__)
+        return {}
+    return meta
+
+
+def _hash_file(path: Path) -> tuple:
+    digest, size = hashlib.sha256(), 0
+    with open(str(path), "rb") as handle:
+        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+# ==============================================================================
+# Body validation and JSON: what ingest accepts; parsing and writing bodies and objects.
+# ==============================================================================
+
+_VALID_OBJECT = object()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError("%s is not valid JSON" % name)
+
+
+_INT64 = 1 << 63
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0:  # inf (NaN cannot be spelled as a number)
+        raise ValueError("number out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -_INT64 <= value < _INT64:
+        raise ValueError("integer out of range")
+    return value
+
+
+def check_delivery_shape(path: Path) -> Optional[tuple]:
+    """Validate a whole body as HAE JSON; return (document, plain) when orjson parsed
+    it whole on the way (:func:`_quick_shape_ok`), for the fold (:class:`Handoff`).
+
+    Every byte is checked by the JSON scanner, but each object collapses into one
+    shared sentinel as soon as it is parsed, so memory stays near the body's own size.
+    With orjson, a body up to :data:`QUICK_CHECK_BYTES` is first offered to
+    :func:`_quick_shape_ok`, which accepts only what this check accepts.
+    Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
+    every JSON parser reads alike: no NaN or Infinity, no number that overflows a
+    double, no integer beyond 64 bits (orjson refuses the first and rounds the last,
+    so the two parse paths could otherwise store different values).
+    """
+    last_pairs: list = []
+
+    def collapse(pairs: list) -> object:
+        last_pairs[:] = [pairs]
+        return _VALID_OBJECT
+
+    body = path.read_bytes()
+    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
+        doc = _quick_shape_ok(body)
+        if doc is not None:
+            return doc, not may_hold_booleans(body)
+    try:
+        text = body.decode("utf-8")
+        del body
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    try:
+        top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
+                         parse_float=_finite_float, parse_int=_int64)
+        lone = ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text)
+    except (ValueError, RecursionError):
+        raise BadRequest("the body is not valid JSON, or holds a number out of range") from None
+    finally:
+        del text
+    if lone:  # no UTF-8 spelling exists for it, so no store could hold it
+        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape")
+    if top is not _VALID_OBJECT or not last_pairs:
+        raise BadRequest("the body must be a JSON object with a \"data\" object")
+    data = [value for key, value in last_pairs[0] if key == "data"]
+    if not data or data[-1] is not _VALID_OBJECT:
+        raise BadRequest("the body must be a JSON object with a \"data\" object")
+    return None
+
+
+QUICK_CHECK_BYTES = 4 << 20
+"""Bodies up to this size are first checked by orjson, about 2× faster than the full check
+but holding the whole document for a moment: :func:`validation_bytes` counts it."""
+
+QUICK_CHECK_FACTOR = 32
+"""Resident memory of orjson's check per body byte, at most: 4× for HAE bodies, 27× for a
+body of empty objects (measured)."""
+
+QUICK_CHECK_DEPTH = 256
+"""Nesting the quick check accepts; deeper bodies go to the full check, whose limit is the
+interpreter's recursion limit less the stack in use (orjson's is 1024)."""
+
+_DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in range(256))
+"""Digits to ``0``, the decimal point kept, every other byte to a space: an integer part of
+19 digits is then ``" " + 19 × "0"`` (a fraction's digits follow a ``.``)."""
+
+
+def _quick_shape_ok(body: bytes) -> Optional[dict]:
+    """The document, when orjson proves the body acceptable (else None).  orjson refuses
+    what the full check
+    refuses (invalid UTF-8, a BOM, NaN, Infinity, a double overflow, an unpaired
+    surrogate escape), except integers beyond 64 bits, which it reads as floats, and
+    nesting between the full check's recursion limit and its own 1024: a run of 19
+    digits anywhere, or nesting past :data:`QUICK_CHECK_DEPTH`, leaves the verdict to the
+    full check, as does every body orjson refuses (for the message).  (A long run of
+    digits in a string or an exponent sends the body to the full check too: slower,
+    never wrong.)"""
+    try:
+        doc = _orjson.loads(body)
+    except ValueError:
+        return None
+    if type(doc) is not dict or type(doc.get("data")) is not dict:
+        return None
+    if not _nested_at_most(doc, QUICK_CHECK_DEPTH):
+        return None
+    return doc if b" 0000000000000000000" not in body.translate(_DIGITS_AS_ZEROS) else None
+
+
+def _nested_at_most(doc: Any, limit: int) -> bool:
+    """Are ``doc``'s containers nested at most ``limit`` deep?  Level by level, no
+    recursion."""
+    level, depth = [doc], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return False
+        below: list = []
+        for container in level:
+            for value in container.values() if type(container) is dict else container:
+                if type(value) is dict or type(value) is list:
+                    below.append(value)
+        level = below
+    return True
+
+
+def validation_bytes(size: int) -> int:
+    """What validating a body of ``size`` bytes may hold in memory, for the shared
+    ceiling: the body and its document while orjson checks it, else about the body."""
+    if _orjson is not None and size <= QUICK_CHECK_BYTES:
+        return QUICK_CHECK_FACTOR * size
+    return size
+
+
+_SURROGATE_ESCAPES = re.compile(
+    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    r"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
+"""In valid JSON every backslash opens an escape; read left to right, an escaped
+backslash and a paired surrogate are skipped whole, so group 1 is a lone surrogate."""
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Does valid JSON text escape a UTF-16 surrogate without its pair?  A scan, not a
+    parse: memory stays flat however large the body."""
+    return any(match.group(1) for match in _SURROGATE_ESCAPES.finditer(text))
+
+
+GZIP_LEVEL = 6
+
+
+def loads_body(body: bytes) -> Any:
+    """Parse a delivery: orjson when the host has it, else the standard json module.
+
+    Both refuse NaN and Infinity, so the two paths accept the same bodies.
+    """
+    if _orjson is not None:
+        return _orjson.loads(body)
+    return json.loads(body, parse_constant=_reject_constant)
+
+
+def dumps_points(points: list) -> bytes:
+    """The stored points as compact JSON, verbatim: same keys, same order, same strings
+    (no escaping of non-ASCII or ``&<>``), every number the same double."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(points)
+        except TypeError:  # orjson stops at 255 levels of nesting; the json module does not
+            pass
+    return json.dumps(points, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def compress_blob(data: bytes) -> bytes:
+    """gzip at :data:`GZIP_LEVEL`, without a timestamp.  Through a compressor object:
+    ``gzip.compress`` and ``zlib.compress`` took 2.8× as long for an hour's 2 KB
+    (measured on Python 3.11).  The deflate stream is the gzip module's; the header's
+    operating-system byte may differ by Python version, which no hash depends on."""
+    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    return compressor.compress(data) + compressor.flush()
+
+
+def decompress_blob(blob: bytes) -> bytes:
+    """The JSON of a gzip blob (one member, as :func:`compress_blob` writes)."""
+    return zlib.decompress(blob, 31)
+
+
+def may_hold_booleans(text: bytes) -> bool:
+    """Could JSON text hold a boolean?  (Its literals, or those words in a string.)"""
+    return b"true" in text or b"false" in text
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# ==============================================================================
+# HAE extraction: which key of ``data`` becomes which metric, whole or hour by hour.
+# ==============================================================================
+
+
+def _category(point: Any) -> str:
+    """The category of a stored point's coordinate (:func:`point_coordinate`)."""
+    if type(point) is not dict:
+        return ""
+    category = point.get("value")
+    if type(category) is not str:
+        category = point.get("kind")
+    return category if type(category) is str else ""
 
 RECORD_LAYER = "record"
 GROUPINGS = ("default", "seconds", "minutes", "hours", "days", "weeks", "months", "years")
@@ -1411,17 +1988,6 @@ def loggable_metric(name: str) -> str:
     return name
 
 
-def raw_start(point: dict) -> Any:
-    """The start as written: ``start``, else ``startDate``, else ``date``."""
-    get = point.get
-    raw = get("start")
-    if raw is None:
-        raw = get("startDate")
-        if raw is None:
-            raw = get("date")
-    return raw
-
-
 def point_coordinate(point: dict, times: Optional[dict] = None) -> Optional[tuple]:
     """(start, end, category): the span in UTC µs and the category, the point's
     ``value`` when that is a string (a sleep stage, a cycle-tracking flow), else its
@@ -1464,12 +2030,7 @@ def point_span(point: dict, times: Optional[TimeMemo] = None) -> Optional[tuple]
     else endDate, else start.  None when a present timestamp cannot be parsed."""
     read = parse_time if times is None else times.time
     get = point.get
-    raw = get("start")
-    if raw is None:
-        raw = get("startDate")
-        if raw is None:
-            raw = get("date")
-    start = read(raw)
+    start = read(raw_start(point))
     if start is None:
         return None
     raw = get("end")
@@ -1618,7 +2179,7 @@ def _extract_metric(out: Extraction, element: Any) -> None:
             out.bad_metrics.add(name)
             continue
         get = point.get
-        raw = get("start")
+        raw = get("start")  # raw_start, inlined like the rest of point_coordinate here
         if raw is None:
             raw = get("startDate")
             if raw is None:
@@ -1757,7 +2318,6 @@ def _grouping(level: int, days: set) -> str:
     return ("seconds", "minutes", "hours")[level] if level < 3 else _day_grouping(days)
 
 
-
 def _day_grouping(days: set) -> str:
     """days, weeks, months or years, from the local dates of day-aligned starts."""
     dates = set()
@@ -1777,8 +2337,472 @@ def _day_grouping(days: set) -> str:
     return "days"
 
 
+FOLD_MAX_BYTES = 512 << 20
+"""A body above this is not parsed (a full parse holds ~6× the body in memory)."""
+
+
+def body_size(path: Path) -> int:
+    """The size of an archived body, classifying what can go wrong with it."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise BodyMissing() from None
+    except OSError as exc:
+        raise ArchiveFault(exc) from None
+    if size > FOLD_MAX_BYTES:
+        raise BodyTooBig()
+    return size
+
+
+def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) -> tuple:
+    """(extraction, plain) of an archived body: parsed whole and mapped by
+    :func:`extract_points` below :data:`STREAM_FOLD_BYTES`, indexed by
+    :func:`index_points` from that size on.  ``plain`` when the text holds no boolean
+    (:attr:`HourObject.plain`)."""
+    if body_size(path) < STREAM_FOLD_BYTES:
+        body = _read_body(path)
+        plain = not may_hold_booleans(body)
+        try:
+            doc = loads_body(body)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise ContentNotParsed() from None
+        del body
+        check_deadline()
+        return extract_points(doc, check_deadline), plain
+    text, plain = read_ascii_text(path)
+    check_deadline()
+    return index_points(text, check_deadline), plain
+
+
+def _read_body(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise BodyMissing() from None
+    except OSError as exc:
+        raise ArchiveFault(exc) from None
+
+
+_ASCII_BYTES = bytes(range(128))
+
+_ESCAPED_NON_ASCII = re.compile(rb"\\[\x80-\xff]")
+
+LEAN_REPLACE_MAX = 8
+"""Distinct non-ASCII characters that :func:`read_ascii_text` replaces pass by pass; a
+body with more is escaped in one decoding pass instead (slower per character)."""
+
+
+def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
+    """Codec error handler: a run of non-ASCII bytes (whole UTF-8 characters, in a body
+    validated at ingest) as JSON ``\\u`` escapes."""
+    data, end = exc.object, exc.start
+    while end < len(data) and data[end] >= 0x80:
+        end += 1
+    return json.dumps(bytes(data[exc.start:end]).decode("utf-8"))[1:-1], end
+
+
+codecs.register_error("healthlog-json-escape", _json_escape_error)
+
+
+def read_ascii_text(path: Path) -> tuple:
+    """(text, plain): a large archived body as ASCII text for :func:`index_points`.
+    Every non-ASCII character (only ever inside a string, in valid JSON) is first
+    written as its ``\\u`` escape, so the text takes one byte per character instead of
+    two or four; the document it holds is the same.  The file is read here, so that no
+    caller holds its bytes beside the text.  What ingest refuses and an escape would
+    make valid (a backslash before a non-ASCII character, an unpaired surrogate) is
+    ContentNotParsed."""
+    body = _read_body(path)
+    plain = not may_hold_booleans(body)
+    if _ESCAPED_NON_ASCII.search(body):  # invalid JSON an escape would make valid
+        raise ContentNotParsed()
+    if not body.isascii():
+        try:
+            characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ContentNotParsed() from None
+        if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
+            for character in characters:
+                body = body.replace(character.encode("utf-8"),
+                                    json.dumps(character)[1:-1].encode("ascii"))
+    try:
+        text = body.decode("ascii", "healthlog-json-escape")
+    except UnicodeDecodeError:
+        raise ContentNotParsed() from None
+    del body
+    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text):
+        raise ContentNotParsed()  # one surrogate of a pair is no character
+    return text, plain
+
+
+# -- large bodies: an index of where the points are, each parsed again in its hour -------
+
+STREAM_FOLD_BYTES = 8 << 20
+"""From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
+document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
+990k heart-rate points needed 600 MiB); the text, the index (16 bytes a point) and the
+encoded objects stay near twice the body (fold spec, FOLD-13)."""
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+_SCANNER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float,
+                            parse_int=_int64).scan_once
+"""The json module's C scanner with ingest's rules: one JSON value at an index."""
+
+_scanstring = json.decoder.scanstring
+
+
+def _scan(text: str, at: int) -> tuple:
+    """(value, index after it) of the JSON value at ``text[at]``; ValueError if none."""
+    try:
+        return _SCANNER(text, at)
+    except StopIteration:
+        raise ValueError("no JSON value at %d" % at) from None
+
+
+def _walk_object(text: str, at: int, member: Callable[[str, int], int]) -> int:
+    """Walk the object at ``text[at]``: ``member(key, index of its value)`` reads or
+    skips each value and returns the index after it.  Returns the index after the
+    object; ValueError (or IndexError at the end of the text) when it is not one."""
+    if text[at] != "{":
+        raise ValueError("not an object")
+    space = _WHITESPACE.match
+    at = space(text, at + 1).end()
+    if text[at] == "}":
+        return at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError("a key must be a string")
+        key, at = _scanstring(text, at + 1)
+        at = space(text, at).end()
+        if text[at] != ":":
+            raise ValueError("':' expected")
+        at = space(text, member(key, space(text, at + 1).end())).end()
+        if text[at] == "}":
+            return at + 1
+        if text[at] != ",":
+            raise ValueError("',' or '}' expected")
+        at = space(text, at + 1).end()
+
+
+@dataclass
+class IndexedMetric:
+    """One metric of a large body (:func:`index_points`): where each of its points
+    starts in the text, by UTC hour; the points themselves are parsed again, one hour at
+    a time, when the hour is merged.  Duck-types :class:`MetricPoints` for the fold."""
+
+    name: str
+    is_metric: bool
+    text: str = ""
+    units: Optional[str] = None
+    hours: dict = field(default_factory=dict)  # hour -> array('q') of offsets, body order
+    starts: list = field(default_factory=list)
+    has_interval: bool = False
+    seen: set = field(default_factory=set)  # the first distinct coordinates
+
+    @property
+    def distinct(self) -> int:
+        """Distinct coordinates, counted up to :data:`DISTINCT_COUNTED` (layer inference
+        asks no more)."""
+        return len(self.seen)
+
+    def place(self, coord: tuple, offset: int) -> None:
+        hour = coord[0] // HOUR_US
+        found = self.hours.get(hour)
+        if found is None:
+            found = self.hours[hour] = array.array("q")
+        found.append(offset)
+        if len(self.seen) < DISTINCT_COUNTED:
+            self.seen.add(coord)
+
+    def absorb(self, other: "IndexedMetric") -> None:
+        """Add the points of ``other``, an element of the same metric read later."""
+        for hour, offsets in other.hours.items():
+            found = self.hours.get(hour)
+            if found is None:
+                self.hours[hour] = offsets
+            else:
+                found.extend(offsets)
+        self.starts.extend(other.starts[:STARTS_KEPT - len(self.starts)])
+        self.has_interval = self.has_interval or other.has_interval
+        for coord in other.seen:
+            if len(self.seen) >= DISTINCT_COUNTED:
+                break
+            self.seen.add(coord)
+
+    def hour_coords(self, check_deadline: Callable[[], None]) -> Iterator[tuple]:
+        """As :meth:`MetricPoints.hour_coords`, parsing each hour's points again."""
+        times = TimeMemo()
+        while self.hours:
+            hour, offsets = self.hours.popitem()
+            check_deadline()
+            coords: dict = {}
+            for offset in offsets:
+                point = _SCANNER(self.text, offset)[0]
+                coord = point_coordinate(point, times)
+                slot = coords.get(coord)
+                if slot is None:
+                    coords[coord] = point
+                elif type(slot) is list:
+                    slot.append(point)
+                else:
+                    coords[coord] = [slot, point]
+            yield hour, coords
+
+
+def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -> Extraction:
+    """What :func:`extract_points` makes of the document in ``text``, without building
+    it: every point is parsed once here to place it (its metric, hour and coordinate),
+    and only its offset is kept.  Duplicate keys keep their last value, as a parse does;
+    invalid JSON anywhere is ContentNotParsed, as it is for a parse."""
+    try:
+        indexer = _Indexer(text, check_deadline)
+        end = _WHITESPACE.match(text, _walk_object(
+            text, _WHITESPACE.match(text).end(), indexer.top)).end()
+        if end != len(text):
+            raise ValueError("extra data after the body")
+        return indexer.extraction()
+    except (ValueError, IndexError, RecursionError):
+        raise ContentNotParsed() from None
+
+
+class _Indexer:
+    """The walk of :func:`index_points`: ``data`` and its sections as they come, then
+    the sections combined in :data:`SECTIONS` order, as :func:`extract_points` reads
+    them."""
+
+    def __init__(self, text: str, check_deadline: Callable[[], None]):
+        self.text, self.check_deadline = text, check_deadline
+        self.times = TimeMemo()
+        self.data: Optional[dict] = None  # section key -> what it held (the last "data")
+        self.data_is_object = False
+
+    def top(self, key: str, at: int) -> int:
+        if key != "data":
+            return _scan(self.text, at)[1]
+        if self.text[at] != "{":
+            self.data, self.data_is_object = None, False
+            return _scan(self.text, at)[1]
+        self.data, self.data_is_object = {}, True
+        return _walk_object(self.text, at, self.section)
+
+    def section(self, key: str, at: int) -> int:
+        text = self.text
+        if key not in SECTIONS or text[at] != "[":
+            value, end = _scan(text, at)
+            self.data[key] = None if value is None else "other"  # uncovered: only the key
+            return end
+        elements: list = []
+        self.data[key] = elements
+        if SECTIONS[key] is None:
+            return self._elements(at, lambda at: self._metric(at, elements))
+        name_of = SECTIONS[key]
+
+        def record(at: int) -> int:
+            element, end = _scan(text, at)
+            name = name_of(element) if type(element) is dict else None
+            coord = point_coordinate(element, self.times) if name is not None else None
+            elements.append((name, coord, at))
+            return end
+
+        return self._elements(at, record)
+
+    def _elements(self, at: int, element: Callable[[int], int]) -> int:
+        text, space = self.text, _WHITESPACE.match
+        at = space(text, at + 1).end()
+        if text[at] == "]":
+            return at + 1
+        while True:
+            at = space(text, element(at)).end()
+            if text[at] == "]":
+                return at + 1
+            if text[at] != ",":
+                raise ValueError("',' or ']' expected")
+            at = space(text, at + 1).end()
+
+    def _metric(self, at: int, elements: list) -> int:
+        """One element of ``data.metrics``: its name, units and where its points are."""
+        if self.text[at] != "{":
+            value, end = _scan(self.text, at)
+            elements.append((None, None, None))
+            return end
+        fields: dict = {}  # "name"/"units" -> value, "data" -> (index, count, bad) | value
+
+        def member(key: str, at: int) -> int:
+            if key == "data" and self.text[at] == "[":
+                placed = IndexedMetric("", True)
+                end, count, bad = self._points(at, placed)
+                fields["data"] = (placed, count, bad)
+                return end
+            value, end = _scan(self.text, at)
+            if key in ("name", "units", "data"):
+                fields[key] = value
+            return end
+
+        end = _walk_object(self.text, at, member)
+        elements.append((fields.get("name"), fields.get("units"), fields.get("data")))
+        return end
+
+    def _points(self, at: int, placed: IndexedMetric) -> tuple:
+        """(index after the array, points, bad points): :func:`_extract_metric`'s loop,
+        keeping offsets instead of points."""
+        text, space, scan = self.text, _WHITESPACE.match, _SCANNER
+        memo, read = self.times.get, self.times.time
+        starts = placed.starts
+        count = bad = 0
+        at = space(text, at + 1).end()
+        if text[at] == "]":
+            return at + 1, 0, 0
+        while True:
+            try:
+                point, end_at = scan(text, at)
+            except StopIteration:
+                raise ValueError("no JSON value") from None
+            count += 1
+            if not count & 0xFFF:
+                self.check_deadline()
+            if type(point) is dict:
+                get = point.get
+                raw = get("start")  # raw_start, inlined: as in _extract_metric
+                if raw is None:
+                    raw = get("startDate")
+                    if raw is None:
+                        raw = get("date")
+                start = memo(raw, _UNREAD) if type(raw) is str else _UNREAD
+                if start is _UNREAD:
+                    start = read(raw)
+                end_raw = get("end")
+                if end_raw is None:
+                    end_raw = get("endDate")
+                if end_raw is None:
+                    end = start
+                else:
+                    end = memo(end_raw, _UNREAD) if type(end_raw) is str else _UNREAD
+                    if end is _UNREAD:
+                        end = read(end_raw)
+                if start is None or end is None:
+                    bad += 1
+                else:
+                    placed.place((start, end, _category(point)), at)
+                    if start != end:
+                        placed.has_interval = True
+                    elif len(starts) < STARTS_KEPT:
+                        starts.append(raw)
+            else:
+                bad += 1
+            at = space(text, end_at).end()
+            if text[at] == "]":
+                return at + 1, count, bad
+            if text[at] != ",":
+                raise ValueError("',' or ']' expected")
+            at = space(text, at + 1).end()
+
+    def extraction(self) -> Extraction:
+        if not self.data_is_object:
+            raise ContentNotParsed("the body is not a JSON object with a \"data\" object")
+        out = Extraction()
+        data = self.data
+        uncovered = [key for key in data if key not in SECTIONS]
+        out.uncovered, out.uncovered_dropped, out.uncovered_cut = _bounded_names(uncovered)
+        for key, name_of in SECTIONS.items():
+            section = data.get(key)
+            if section is None:
+                continue
+            if type(section) is not list:
+                out.bad_points += 1
+                out.bad_metrics.add(key)
+            elif name_of is None:
+                for element in section:
+                    self._add_metric(out, *element)
+            else:
+                for name, coord, offset in section:
+                    if coord is None:
+                        out.bad_points += 1
+                        out.bad_metrics.add(name or name_of({}) or key)
+                        continue
+                    out.points += 1
+                    self._bucket(out, False, name).place(coord, offset)
+        return out
+
+    def _bucket(self, out: Extraction, is_metric: bool, name: str) -> IndexedMetric:
+        bucket = out.metrics.get((is_metric, name))
+        if bucket is None:
+            bucket = out.metrics[(is_metric, name)] = IndexedMetric(name, is_metric, self.text)
+        return bucket
+
+    def _add_metric(self, out: Extraction, name: Any, units: Any, points: Any) -> None:
+        """:func:`_extract_metric`'s decisions on one element's index."""
+        named = type(name) is str and name.strip()
+        if points is None and named:
+            return
+        if not named or type(points) is not tuple:
+            out.bad_points += points[1] if type(points) is tuple else 1
+            out.bad_metrics.add(name if named else "metrics")
+            return
+        placed, count, bad = points
+        bucket = self._bucket(out, name != SLEEP_METRIC, name)
+        units = units if type(units) is str else None
+        if bucket.distinct and units != bucket.units:
+            out.mixed_units.add(name)
+            return
+        bucket.units = units
+        if bad:
+            out.bad_points += bad
+            out.bad_metrics.add(name)
+        out.points += count - bad
+        bucket.absorb(placed)
+
+
+def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tuple]:
+    """(hour, [(coordinate, point)], values dropped) for each UTC hour of one metric of a
+    delivery (:class:`MetricPoints` or :class:`IndexedMetric`), each coordinate's
+    candidates reduced to one (:func:`reduce_candidates`)."""
+    for hour, coords in bucket.hour_coords(check_deadline):
+        items, dropped = [], 0
+        for coord, slot in coords.items():
+            if type(slot) is list:
+                slot, lost = reduce_candidates(slot, check_deadline)
+                dropped += lost
+            items.append((coord, slot))
+        del coords
+        yield hour, items, dropped
+
+
+@dataclass
+class BodySummary:
+    """What a fold's outcome is decided by, without the points (:meth:`FoldEngine.decide`):
+    small enough to cross from a rebuild's worker process to its writer."""
+
+    metrics: int  # distinct metric names
+    points: int
+    bad_points: int
+    bad_metrics: set
+    mixed_units: set
+    uncovered: list
+    uncovered_dropped: int
+    uncovered_cut: int
+    has_metric_points: bool
+    inferred: Optional[str]  # the layer the bucket starts suggest (infer_layer)
+    plain: bool
+
+
+def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -> BodySummary:
+    """The :class:`BodySummary` of an extraction, before its points are merged; the layer
+    is inferred as the delivery's ``automation-aggregation`` header asks (a sample of
+    starts when it names a grouping, to see a contradiction; all of them when not)."""
+    has_metric_points = extraction.has_metric_points
+    inferred = None
+    if has_metric_points:
+        inferred = infer_layer(extraction,
+                               sample=INFER_SAMPLE if header_layer(aggregation) else None)
+    return BodySummary(len({m.name for m in extraction.metrics.values()}), extraction.points,
+                       extraction.bad_points, extraction.bad_metrics, extraction.mixed_units,
+                       extraction.uncovered, extraction.uncovered_dropped,
+                       extraction.uncovered_cut, has_metric_points, inferred, plain)
+
+
 # ==============================================================================
-# Storage: schema, connections, the write transaction, the data-directory lock.
+# Storage: schema, connections, the write transaction, the lock; accepting a delivery.
 # ==============================================================================
 
 _SCHEMA = """
@@ -2150,372 +3174,6 @@ def fingerprint_rows(items: Any) -> str:
     return digest.hexdigest()
 
 
-# ==============================================================================
-# Archive: raw bodies and their metadata, written durably before any row exists.
-# ==============================================================================
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_MKDIR_LOCK = threading.Lock()
-
-
-def makedirs_durable(path: Path) -> None:
-    """``mkdir -p`` that fsyncs each parent whose entries it changed.
-
-    Under a lock, so a thread that finds the folder existing knows the fsync that made
-    its entry durable has already happened (another thread may have just created it).
-    """
-    with _MKDIR_LOCK:
-        missing = []
-        probe = path
-        while not probe.exists():
-            missing.append(probe)
-            probe = probe.parent
-        for directory in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                directory.mkdir(mode=0o700)
-            fsync_dir(directory.parent)
-
-
-def write_durable(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Temp file beside ``path``, fsync, rename, fsync the folder."""
-    tmp = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
-    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(str(tmp), str(path))
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(tmp))
-        raise
-    fsync_dir(path.parent)
-
-
-def _write_all(fd: int, chunk: bytes) -> None:
-    """Unbuffered, so a full disk fails here, never later in a flush or a close."""
-    view = memoryview(chunk)
-    try:
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError as exc:  # disk full (ENOSPC, EFBIG), read-only, I/O error
-        raise StorageFailure(exc) from None
-
-
-@dataclass
-class Upload:
-    """A body received into ``DATA/tmp``: durable on disk, not yet in the archive."""
-
-    tmp_path: Path
-    size: int
-    sha256: str
-
-    def discard(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.tmp_path.unlink()
-
-
-class Archive:
-    """The raw archive under ``DATA/archive``, and the upload area ``DATA/tmp``."""
-
-    def __init__(self, data_dir: Path, tmp: Optional[Path] = None):
-        self.data_dir = data_dir
-        self.root = data_dir / ARCHIVE_DIR
-        self.tmp = tmp or data_dir / TMP_DIR
-
-    def clear_tmp(self) -> int:
-        """Remove what dead processes left in ``DATA/tmp``: half uploads (none was
-        acknowledged) and scratch folders of a killed ``verify`` (a running one keeps its
-        folder locked)."""
-        removed = 0
-        for entry in self.tmp.iterdir():
-            with contextlib.suppress(OSError):
-                if entry.is_dir():
-                    if not _scratch_in_use(entry):
-                        shutil.rmtree(str(entry))
-                        removed += 1
-                else:
-                    entry.unlink()
-                    removed += 1
-        return removed
-
-    def clear_scratch(self) -> int:
-        """Remove the scratch folders of killed rebuilds (``reindex``, ``verify``); the
-        uploads of a running ``import`` stay."""
-        removed = 0
-        for entry in self.tmp.iterdir() if self.tmp.is_dir() else ():
-            with contextlib.suppress(OSError):
-                if entry.is_dir() and not _scratch_in_use(entry):
-                    shutil.rmtree(str(entry))
-                    removed += 1
-        return removed
-
-    @staticmethod
-    def names(received_at: _dt.datetime) -> tuple:
-        """(relative folder, file stem) for a delivery received at that instant.
-
-        The stem is the basic ISO form ``20261129T210321.123456Z``: colons in file
-        names break copies to SMB shares and Windows backups.
-        """
-        moment = received_at.astimezone(_dt.timezone.utc)
-        folder = "%s/%04d/%02d/%02d" % (ARCHIVE_DIR, moment.year, moment.month, moment.day)
-        stem = moment.strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(4)
-        return folder, stem
-
-    def receive(self, read: Callable[[int], bytes], length: Optional[int], limit: int,
-                before_read: Callable[[], None]) -> Upload:
-        """Stream a body into ``DATA/tmp`` in chunks, hashing it; fsync at the end.
-
-        ``length`` is the Content-Length (None for chunked bodies).  Raises
-        PayloadTooLarge past ``limit`` and BadRequest when the body ends early.
-        """
-        tmp_path = self.tmp / ("upload-%s.part" % secrets.token_hex(8))
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            fd = os.open(str(tmp_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError as exc:
-            raise StorageFailure(exc) from None
-        try:
-            while length is None or size < length:
-                want = READ_CHUNK if length is None else min(READ_CHUNK, length - size)
-                before_read()
-                chunk = read(want)  # an OSError here is the client's connection
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > limit:
-                    raise body_too_large(limit)
-                digest.update(chunk)
-                _write_all(fd, chunk)
-            if length is not None and size != length:
-                raise BadRequest("the body ended after %d of %d bytes" % (size, length))
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise StorageFailure(exc) from None
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp_path.unlink()
-            raise
-        finally:
-            os.close(fd)
-        return Upload(tmp_path, size, digest.hexdigest())
-
-    def commit(self, upload: Upload, received_at: _dt.datetime, meta: dict) -> str:
-        """Write ``.meta.json`` durably, then move the body in: its rename commits.
-
-        Returns the body's path relative to the data directory.
-        """
-        folder, stem = self.names(received_at)
-        target_dir = self.data_dir / folder
-        makedirs_durable(target_dir)
-        meta_bytes = json.dumps(meta, ensure_ascii=False, sort_keys=True, indent=1).encode()
-        meta_path = target_dir / (stem + ".meta.json")
-        try:
-            write_durable(meta_path, meta_bytes + b"\n", mode=0o600)
-            os.replace(str(upload.tmp_path), str(target_dir / (stem + ".json")))
-        except OSError:  # e.g. DATA/tmp on another file system (EXDEV): no body, no meta
-            with contextlib.suppress(OSError):
-                meta_path.unlink()
-                fsync_dir(target_dir)
-            raise
-        fsync_dir(target_dir)
-        return "%s/%s.json" % (folder, stem)
-
-
-SCRATCH_LOCK = "in-use.lock"
-
-
-SCRATCH_GRACE_S = 600.0
-"""A scratch folder without its lock file yet is being created: left alone this long."""
-
-
-@contextlib.contextmanager
-def scratch_folder(data_dir: Path, prefix: str) -> Iterator[Path]:
-    """A private folder under ``DATA/tmp`` for one process (verify's scratch database,
-    import's uploads), locked while in use and removed afterwards.  A ``serve`` that
-    starts meanwhile leaves it alone; one of a killed process is removed then."""
-    tmp = data_dir / TMP_DIR
-    tmp.mkdir(mode=0o700, exist_ok=True)  # absent in a directory restored from the archive
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=str(tmp)))
-    fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield folder
-    finally:
-        shutil.rmtree(str(folder), ignore_errors=True)
-        os.close(fd)
-
-
-def _scratch_in_use(folder: Path) -> bool:
-    """Does a live process hold the scratch folder's lock (or is it being created)?"""
-    try:
-        fd = os.open(str(folder / SCRATCH_LOCK), os.O_RDONLY)
-    except FileNotFoundError:
-        return time.time() - folder.stat().st_mtime < SCRATCH_GRACE_S
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-_VALID_OBJECT = object()
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError("%s is not valid JSON" % name)
-
-
-_INT64 = 1 << 63
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value - value != 0:  # inf (NaN cannot be spelled as a number)
-        raise ValueError("number out of range")
-    return value
-
-
-def _int64(text: str) -> int:
-    value = int(text)
-    if not -_INT64 <= value < _INT64:
-        raise ValueError("integer out of range")
-    return value
-
-
-def check_delivery_shape(path: Path) -> Optional[tuple]:
-    """Validate a whole body as HAE JSON; return (document, plain) when orjson parsed
-    it whole on the way (:func:`_quick_shape_ok`), for the fold (:class:`Handoff`).
-
-    Every byte is checked by the JSON scanner, but each object collapses into one
-    shared sentinel as soon as it is parsed, so memory stays near the body's own size.
-    With orjson, a body up to :data:`QUICK_CHECK_BYTES` is first offered to
-    :func:`_quick_shape_ok`, which accepts only what this check accepts.
-    Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
-    every JSON parser reads alike: no NaN or Infinity, no number that overflows a
-    double, no integer beyond 64 bits (orjson refuses the first and rounds the last,
-    so the two parse paths could otherwise store different values).
-    """
-    last_pairs: list = []
-
-    def collapse(pairs: list) -> object:
-        last_pairs[:] = [pairs]
-        return _VALID_OBJECT
-
-    body = path.read_bytes()
-    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
-        doc = _quick_shape_ok(body)
-        if doc is not None:
-            return doc, not may_hold_booleans(body)
-    try:
-        text = body.decode("utf-8")
-        del body
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
-    try:
-        top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
-                         parse_float=_finite_float, parse_int=_int64)
-        lone = ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text)
-    except (ValueError, RecursionError):
-        raise BadRequest("the body is not valid JSON, or holds a number out of range") from None
-    finally:
-        del text
-    if lone:  # no UTF-8 spelling exists for it, so no store could hold it
-        raise BadRequest("the body holds an unpaired UTF-16 surrogate escape")
-    if top is not _VALID_OBJECT or not last_pairs:
-        raise BadRequest("the body must be a JSON object with a \"data\" object")
-    data = [value for key, value in last_pairs[0] if key == "data"]
-    if not data or data[-1] is not _VALID_OBJECT:
-        raise BadRequest("the body must be a JSON object with a \"data\" object")
-    return None
-
-
-QUICK_CHECK_BYTES = 4 << 20
-"""Bodies up to this size are first checked by orjson, about 2× faster than the full check
-but holding the whole document for a moment: :func:`validation_bytes` counts it."""
-QUICK_CHECK_FACTOR = 32
-"""Resident memory of orjson's check per body byte, at most: 4× for HAE bodies, 27× for a
-body of empty objects (measured)."""
-QUICK_CHECK_DEPTH = 256
-"""Nesting the quick check accepts; deeper bodies go to the full check, whose limit is the
-interpreter's recursion limit less the stack in use (orjson's is 1024)."""
-_DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in range(256))
-"""Digits to ``0``, the decimal point kept, every other byte to a space: an integer part of
-19 digits is then ``" " + 19 × "0"`` (a fraction's digits follow a ``.``)."""
-
-
-def _quick_shape_ok(body: bytes) -> Optional[dict]:
-    """The document, when orjson proves the body acceptable (else None).  orjson refuses
-    what the full check
-    refuses (invalid UTF-8, a BOM, NaN, Infinity, a double overflow, an unpaired
-    surrogate escape), except integers beyond 64 bits, which it reads as floats, and
-    nesting between the full check's recursion limit and its own 1024: a run of 19
-    digits anywhere, or nesting past :data:`QUICK_CHECK_DEPTH`, leaves the verdict to the
-    full check, as does every body orjson refuses (for the message).  (A long run of
-    digits in a string or an exponent sends the body to the full check too: slower,
-    never wrong.)"""
-    try:
-        doc = _orjson.loads(body)
-    except ValueError:
-        return None
-    if type(doc) is not dict or type(doc.get("data")) is not dict:
-        return None
-    if not _nested_at_most(doc, QUICK_CHECK_DEPTH):
-        return None
-    return doc if b" 0000000000000000000" not in body.translate(_DIGITS_AS_ZEROS) else None
-
-
-def _nested_at_most(doc: Any, limit: int) -> bool:
-    """Are ``doc``'s containers nested at most ``limit`` deep?  Level by level, no
-    recursion."""
-    level, depth = [doc], 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return False
-        below: list = []
-        for container in level:
-            for value in container.values() if type(container) is dict else container:
-                if type(value) is dict or type(value) is list:
-                    below.append(value)
-        level = below
-    return True
-
-
-def validation_bytes(size: int) -> int:
-    """What validating a body of ``size`` bytes may hold in memory, for the shared
-    ceiling: the body and its document while orjson checks it, else about the body."""
-    if _orjson is not None and size <= QUICK_CHECK_BYTES:
-        return QUICK_CHECK_FACTOR * size
-    return size
-
-
-_SURROGATE_ESCAPES = re.compile(
-    r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-    r"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
-"""In valid JSON every backslash opens an escape; read left to right, an escaped
-backslash and a paired surrogate are skipped whole, so group 1 is a lone surrogate."""
-
-
-def _lone_surrogate(text: str) -> bool:
-    """Does valid JSON text escape a UTF-16 surrogate without its pair?  A scan, not a
-    parse: memory stays flat however large the body."""
-    return any(match.group(1) for match in _SURROGATE_ESCAPES.finditer(text))
-
-
 _INSERT_DELIVERY = (
     "INSERT INTO delivery (received_at, journaled_at, archive_path, body_bytes, body_sha256,"
     " automation_id, automation_name, automation_aggregation, automation_period, session_id,"
@@ -2607,6 +3265,13 @@ class Handoff:
             return entry[1:]
 
 
+def _status_counts(conn: sqlite3.Connection, journal: str = "delivery") -> dict:
+    counts = dict.fromkeys(STATUSES, 0)
+    counts.update(conn.execute("SELECT parse_status, count(*) FROM %s GROUP BY parse_status"
+                               % journal))
+    return counts
+
+
 # ==============================================================================
 # Fold: one delivery into hourly objects, all-or-nothing (fold and storage specs).
 # ==============================================================================
@@ -2614,49 +3279,7 @@ class Handoff:
 FOLD_BUSY_BACKOFF_S = (0.1, 0.5)
 """Retries of the apply transaction after the busy timeout; then the delivery is
 deferred (stays pending) and the pass stops at it (ING-4.2)."""
-
-FOLD_MAX_BYTES = 512 << 20
-"""A body above this is not parsed (a full parse holds ~6× the body in memory)."""
-
-GZIP_LEVEL = 6
 WARN_NAMES_MAX = 20
-
-
-
-def loads_body(body: bytes) -> Any:
-    """Parse a delivery: orjson when the host has it, else the standard json module.
-
-    Both refuse NaN and Infinity, so the two paths accept the same bodies.
-    """
-    if _orjson is not None:
-        return _orjson.loads(body)
-    return json.loads(body, parse_constant=_reject_constant)
-
-
-def dumps_points(points: list) -> bytes:
-    """The stored points as compact JSON, verbatim: same keys, same order, same strings
-    (no escaping of non-ASCII or ``&<>``), every number the same double."""
-    if _orjson is not None:
-        try:
-            return _orjson.dumps(points)
-        except TypeError:  # orjson stops at 255 levels of nesting; the json module does not
-            pass
-    return json.dumps(points, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False).encode()
-
-
-def compress_blob(data: bytes) -> bytes:
-    """gzip at :data:`GZIP_LEVEL`, without a timestamp.  Through a compressor object:
-    ``gzip.compress`` and ``zlib.compress`` took 2.8× as long for an hour's 2 KB
-    (measured on Python 3.11).  The deflate stream is the gzip module's; the header's
-    operating-system byte may differ by Python version, which no hash depends on."""
-    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
-    return compressor.compress(data) + compressor.flush()
-
-
-def decompress_blob(blob: bytes) -> bytes:
-    """The JSON of a gzip blob (one member, as :func:`compress_blob` writes)."""
-    return zlib.decompress(blob, 31)
 
 
 def accumulate(fields: dict, points: Sequence) -> int:
@@ -2741,21 +3364,6 @@ def decode_spans(blob: Optional[bytes], count: int) -> Optional[tuple]:
     if sys.byteorder == "big":
         spans.byteswap()
     return spans[:count], spans[count:]
-
-
-def may_hold_booleans(text: bytes) -> bool:
-    """Could JSON text hold a boolean?  (Its literals, or those words in a string.)"""
-    return b"true" in text or b"false" in text
-
-
-def _category(point: Any) -> str:
-    """The category of a stored point's coordinate (:func:`point_coordinate`)."""
-    if type(point) is not dict:
-        return ""
-    category = point.get("value")
-    if type(category) is not str:
-        category = point.get("kind")
-    return category if type(category) is str else ""
 
 
 def decode_object(row: tuple) -> HourObject:
@@ -3405,463 +4013,6 @@ class FoldEngine:
                   parsed="at ingest" if plan.from_ingest else None, **plan.counters)
 
 
-def body_size(path: Path) -> int:
-    """The size of an archived body, classifying what can go wrong with it."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise BodyMissing() from None
-    except OSError as exc:
-        raise ArchiveFault(exc) from None
-    if size > FOLD_MAX_BYTES:
-        raise BodyTooBig()
-    return size
-
-
-def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) -> tuple:
-    """(extraction, plain) of an archived body: parsed whole and mapped by
-    :func:`extract_points` below :data:`STREAM_FOLD_BYTES`, indexed by
-    :func:`index_points` from that size on.  ``plain`` when the text holds no boolean
-    (:attr:`HourObject.plain`)."""
-    if body_size(path) < STREAM_FOLD_BYTES:
-        body = _read_body(path)
-        plain = not may_hold_booleans(body)
-        try:
-            doc = loads_body(body)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise ContentNotParsed() from None
-        del body
-        check_deadline()
-        return extract_points(doc, check_deadline), plain
-    text, plain = read_ascii_text(path)
-    check_deadline()
-    return index_points(text, check_deadline), plain
-
-
-def _read_body(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise BodyMissing() from None
-    except OSError as exc:
-        raise ArchiveFault(exc) from None
-
-
-_ASCII_BYTES = bytes(range(128))
-_ESCAPED_NON_ASCII = re.compile(rb"\\[\x80-\xff]")
-LEAN_REPLACE_MAX = 8
-"""Distinct non-ASCII characters that :func:`read_ascii_text` replaces pass by pass; a
-body with more is escaped in one decoding pass instead (slower per character)."""
-
-
-def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
-    """Codec error handler: a run of non-ASCII bytes (whole UTF-8 characters, in a body
-    validated at ingest) as JSON ``\\u`` escapes."""
-    data, end = exc.object, exc.start
-    while end < len(data) and data[end] >= 0x80:
-        end += 1
-    return json.dumps(bytes(data[exc.start:end]).decode("utf-8"))[1:-1], end
-
-
-codecs.register_error("healthlog-json-escape", _json_escape_error)
-
-
-def read_ascii_text(path: Path) -> tuple:
-    """(text, plain): a large archived body as ASCII text for :func:`index_points`.
-    Every non-ASCII character (only ever inside a string, in valid JSON) is first
-    written as its ``\\u`` escape, so the text takes one byte per character instead of
-    two or four; the document it holds is the same.  The file is read here, so that no
-    caller holds its bytes beside the text.  What ingest refuses and an escape would
-    make valid (a backslash before a non-ASCII character, an unpaired surrogate) is
-    ContentNotParsed."""
-    body = _read_body(path)
-    plain = not may_hold_booleans(body)
-    if _ESCAPED_NON_ASCII.search(body):  # invalid JSON an escape would make valid
-        raise ContentNotParsed()
-    if not body.isascii():
-        try:
-            characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
-        except UnicodeDecodeError:
-            raise ContentNotParsed() from None
-        if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
-            for character in characters:
-                body = body.replace(character.encode("utf-8"),
-                                    json.dumps(character)[1:-1].encode("ascii"))
-    try:
-        text = body.decode("ascii", "healthlog-json-escape")
-    except UnicodeDecodeError:
-        raise ContentNotParsed() from None
-    del body
-    if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text):
-        raise ContentNotParsed()  # one surrogate of a pair is no character
-    return text, plain
-
-
-# -- large bodies: an index of where the points are, each parsed again in its hour -------
-
-STREAM_FOLD_BYTES = 8 << 20
-"""From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
-document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
-990k heart-rate points needed 600 MiB); the text, the index (16 bytes a point) and the
-encoded objects stay near twice the body (fold spec, FOLD-13)."""
-
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_SCANNER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float,
-                            parse_int=_int64).scan_once
-"""The json module's C scanner with ingest's rules: one JSON value at an index."""
-_scanstring = json.decoder.scanstring
-
-
-def _scan(text: str, at: int) -> tuple:
-    """(value, index after it) of the JSON value at ``text[at]``; ValueError if none."""
-    try:
-        return _SCANNER(text, at)
-    except StopIteration:
-        raise ValueError("no JSON value at %d" % at) from None
-
-
-def _walk_object(text: str, at: int, member: Callable[[str, int], int]) -> int:
-    """Walk the object at ``text[at]``: ``member(key, index of its value)`` reads or
-    skips each value and returns the index after it.  Returns the index after the
-    object; ValueError (or IndexError at the end of the text) when it is not one."""
-    if text[at] != "{":
-        raise ValueError("not an object")
-    space = _WHITESPACE.match
-    at = space(text, at + 1).end()
-    if text[at] == "}":
-        return at + 1
-    while True:
-        if text[at] != '"':
-            raise ValueError("a key must be a string")
-        key, at = _scanstring(text, at + 1)
-        at = space(text, at).end()
-        if text[at] != ":":
-            raise ValueError("':' expected")
-        at = space(text, member(key, space(text, at + 1).end())).end()
-        if text[at] == "}":
-            return at + 1
-        if text[at] != ",":
-            raise ValueError("',' or '}' expected")
-        at = space(text, at + 1).end()
-
-
-@dataclass
-class IndexedMetric:
-    """One metric of a large body (:func:`index_points`): where each of its points
-    starts in the text, by UTC hour; the points themselves are parsed again, one hour at
-    a time, when the hour is merged.  Duck-types :class:`MetricPoints` for the fold."""
-
-    name: str
-    is_metric: bool
-    text: str = ""
-    units: Optional[str] = None
-    hours: dict = field(default_factory=dict)  # hour -> array('q') of offsets, body order
-    starts: list = field(default_factory=list)
-    has_interval: bool = False
-    seen: set = field(default_factory=set)  # the first distinct coordinates
-
-    @property
-    def distinct(self) -> int:
-        """Distinct coordinates, counted up to :data:`DISTINCT_COUNTED` (layer inference
-        asks no more)."""
-        return len(self.seen)
-
-    def place(self, coord: tuple, offset: int) -> None:
-        hour = coord[0] // HOUR_US
-        found = self.hours.get(hour)
-        if found is None:
-            found = self.hours[hour] = array.array("q")
-        found.append(offset)
-        if len(self.seen) < DISTINCT_COUNTED:
-            self.seen.add(coord)
-
-    def absorb(self, other: "IndexedMetric") -> None:
-        """Add the points of ``other``, an element of the same metric read later."""
-        for hour, offsets in other.hours.items():
-            found = self.hours.get(hour)
-            if found is None:
-                self.hours[hour] = offsets
-            else:
-                found.extend(offsets)
-        self.starts.extend(other.starts[:STARTS_KEPT - len(self.starts)])
-        self.has_interval = self.has_interval or other.has_interval
-        for coord in other.seen:
-            if len(self.seen) >= DISTINCT_COUNTED:
-                break
-            self.seen.add(coord)
-
-    def hour_coords(self, check_deadline: Callable[[], None]) -> Iterator[tuple]:
-        """As :meth:`MetricPoints.hour_coords`, parsing each hour's points again."""
-        times = TimeMemo()
-        while self.hours:
-            hour, offsets = self.hours.popitem()
-            check_deadline()
-            coords: dict = {}
-            for offset in offsets:
-                point = _SCANNER(self.text, offset)[0]
-                coord = point_coordinate(point, times)
-                slot = coords.get(coord)
-                if slot is None:
-                    coords[coord] = point
-                elif type(slot) is list:
-                    slot.append(point)
-                else:
-                    coords[coord] = [slot, point]
-            yield hour, coords
-
-
-
-def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -> Extraction:
-    """What :func:`extract_points` makes of the document in ``text``, without building
-    it: every point is parsed once here to place it (its metric, hour and coordinate),
-    and only its offset is kept.  Duplicate keys keep their last value, as a parse does;
-    invalid JSON anywhere is ContentNotParsed, as it is for a parse."""
-    try:
-        indexer = _Indexer(text, check_deadline)
-        end = _WHITESPACE.match(text, _walk_object(
-            text, _WHITESPACE.match(text).end(), indexer.top)).end()
-        if end != len(text):
-            raise ValueError("extra data after the body")
-        return indexer.extraction()
-    except (ValueError, IndexError, RecursionError):
-        raise ContentNotParsed() from None
-
-
-def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tuple]:
-    """(hour, [(coordinate, point)], values dropped) for each UTC hour of one metric of a
-    delivery (:class:`MetricPoints` or :class:`IndexedMetric`), each coordinate's
-    candidates reduced to one (:func:`reduce_candidates`)."""
-    for hour, coords in bucket.hour_coords(check_deadline):
-        items, dropped = [], 0
-        for coord, slot in coords.items():
-            if type(slot) is list:
-                slot, lost = reduce_candidates(slot, check_deadline)
-                dropped += lost
-            items.append((coord, slot))
-        del coords
-        yield hour, items, dropped
-
-
-@dataclass
-class BodySummary:
-    """What a fold's outcome is decided by, without the points (:meth:`FoldEngine.decide`):
-    small enough to cross from a rebuild's worker process to its writer."""
-
-    metrics: int  # distinct metric names
-    points: int
-    bad_points: int
-    bad_metrics: set
-    mixed_units: set
-    uncovered: list
-    uncovered_dropped: int
-    uncovered_cut: int
-    has_metric_points: bool
-    inferred: Optional[str]  # the layer the bucket starts suggest (infer_layer)
-    plain: bool
-
-
-def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -> BodySummary:
-    """The :class:`BodySummary` of an extraction, before its points are merged; the layer
-    is inferred as the delivery's ``automation-aggregation`` header asks (a sample of
-    starts when it names a grouping, to see a contradiction; all of them when not)."""
-    has_metric_points = extraction.has_metric_points
-    inferred = None
-    if has_metric_points:
-        inferred = infer_layer(extraction,
-                               sample=INFER_SAMPLE if header_layer(aggregation) else None)
-    return BodySummary(len({m.name for m in extraction.metrics.values()}), extraction.points,
-                       extraction.bad_points, extraction.bad_metrics, extraction.mixed_units,
-                       extraction.uncovered, extraction.uncovered_dropped,
-                       extraction.uncovered_cut, has_metric_points, inferred, plain)
-
-
-class _Indexer:
-    """The walk of :func:`index_points`: ``data`` and its sections as they come, then
-    the sections combined in :data:`SECTIONS` order, as :func:`extract_points` reads
-    them."""
-
-    def __init__(self, text: str, check_deadline: Callable[[], None]):
-        self.text, self.check_deadline = text, check_deadline
-        self.times = TimeMemo()
-        self.data: Optional[dict] = None  # section key -> what it held (the last "data")
-        self.data_is_object = False
-
-    def top(self, key: str, at: int) -> int:
-        if key != "data":
-            return _scan(self.text, at)[1]
-        if self.text[at] != "{":
-            self.data, self.data_is_object = None, False
-            return _scan(self.text, at)[1]
-        self.data, self.data_is_object = {}, True
-        return _walk_object(self.text, at, self.section)
-
-    def section(self, key: str, at: int) -> int:
-        text = self.text
-        if key not in SECTIONS or text[at] != "[":
-            value, end = _scan(text, at)
-            self.data[key] = None if value is None else "other"  # uncovered: only the key
-            return end
-        elements: list = []
-        self.data[key] = elements
-        if SECTIONS[key] is None:
-            return self._elements(at, lambda at: self._metric(at, elements))
-        name_of = SECTIONS[key]
-
-        def record(at: int) -> int:
-            element, end = _scan(text, at)
-            name = name_of(element) if type(element) is dict else None
-            coord = point_coordinate(element, self.times) if name is not None else None
-            elements.append((name, coord, at))
-            return end
-
-        return self._elements(at, record)
-
-    def _elements(self, at: int, element: Callable[[int], int]) -> int:
-        text, space = self.text, _WHITESPACE.match
-        at = space(text, at + 1).end()
-        if text[at] == "]":
-            return at + 1
-        while True:
-            at = space(text, element(at)).end()
-            if text[at] == "]":
-                return at + 1
-            if text[at] != ",":
-                raise ValueError("',' or ']' expected")
-            at = space(text, at + 1).end()
-
-    def _metric(self, at: int, elements: list) -> int:
-        """One element of ``data.metrics``: its name, units and where its points are."""
-        if self.text[at] != "{":
-            value, end = _scan(self.text, at)
-            elements.append((None, None, None))
-            return end
-        fields: dict = {}  # "name"/"units" -> value, "data" -> (index, count, bad) | value
-
-        def member(key: str, at: int) -> int:
-            if key == "data" and self.text[at] == "[":
-                placed = IndexedMetric("", True)
-                end, count, bad = self._points(at, placed)
-                fields["data"] = (placed, count, bad)
-                return end
-            value, end = _scan(self.text, at)
-            if key in ("name", "units", "data"):
-                fields[key] = value
-            return end
-
-        end = _walk_object(self.text, at, member)
-        elements.append((fields.get("name"), fields.get("units"), fields.get("data")))
-        return end
-
-    def _points(self, at: int, placed: IndexedMetric) -> tuple:
-        """(index after the array, points, bad points): :func:`_extract_metric`'s loop,
-        keeping offsets instead of points."""
-        text, space, scan = self.text, _WHITESPACE.match, _SCANNER
-        memo, read = self.times.get, self.times.time
-        starts = placed.starts
-        count = bad = 0
-        at = space(text, at + 1).end()
-        if text[at] == "]":
-            return at + 1, 0, 0
-        while True:
-            try:
-                point, end_at = scan(text, at)
-            except StopIteration:
-                raise ValueError("no JSON value") from None
-            count += 1
-            if not count & 0xFFF:
-                self.check_deadline()
-            if type(point) is dict:
-                get = point.get
-                raw = get("start")
-                if raw is None:
-                    raw = get("startDate")
-                    if raw is None:
-                        raw = get("date")
-                start = memo(raw, _UNREAD) if type(raw) is str else _UNREAD
-                if start is _UNREAD:
-                    start = read(raw)
-                end_raw = get("end")
-                if end_raw is None:
-                    end_raw = get("endDate")
-                if end_raw is None:
-                    end = start
-                else:
-                    end = memo(end_raw, _UNREAD) if type(end_raw) is str else _UNREAD
-                    if end is _UNREAD:
-                        end = read(end_raw)
-                if start is None or end is None:
-                    bad += 1
-                else:
-                    placed.place((start, end, _category(point)), at)
-                    if start != end:
-                        placed.has_interval = True
-                    elif len(starts) < STARTS_KEPT:
-                        starts.append(raw)
-            else:
-                bad += 1
-            at = space(text, end_at).end()
-            if text[at] == "]":
-                return at + 1, count, bad
-            if text[at] != ",":
-                raise ValueError("',' or ']' expected")
-            at = space(text, at + 1).end()
-
-    def extraction(self) -> Extraction:
-        if not self.data_is_object:
-            raise ContentNotParsed("the body is not a JSON object with a \"data\" object")
-        out = Extraction()
-        data = self.data
-        uncovered = [key for key in data if key not in SECTIONS]
-        out.uncovered, out.uncovered_dropped, out.uncovered_cut = _bounded_names(uncovered)
-        for key, name_of in SECTIONS.items():
-            section = data.get(key)
-            if section is None:
-                continue
-            if type(section) is not list:
-                out.bad_points += 1
-                out.bad_metrics.add(key)
-            elif name_of is None:
-                for element in section:
-                    self._add_metric(out, *element)
-            else:
-                for name, coord, offset in section:
-                    if coord is None:
-                        out.bad_points += 1
-                        out.bad_metrics.add(name or name_of({}) or key)
-                        continue
-                    out.points += 1
-                    self._bucket(out, False, name).place(coord, offset)
-        return out
-
-    def _bucket(self, out: Extraction, is_metric: bool, name: str) -> IndexedMetric:
-        bucket = out.metrics.get((is_metric, name))
-        if bucket is None:
-            bucket = out.metrics[(is_metric, name)] = IndexedMetric(name, is_metric, self.text)
-        return bucket
-
-    def _add_metric(self, out: Extraction, name: Any, units: Any, points: Any) -> None:
-        """:func:`_extract_metric`'s decisions on one element's index."""
-        named = type(name) is str and name.strip()
-        if points is None and named:
-            return
-        if not named or type(points) is not tuple:
-            out.bad_points += points[1] if type(points) is tuple else 1
-            out.bad_metrics.add(name if named else "metrics")
-            return
-        placed, count, bad = points
-        bucket = self._bucket(out, name != SLEEP_METRIC, name)
-        units = units if type(units) is str else None
-        if bucket.distinct and units != bucket.units:
-            out.mixed_units.add(name)
-            return
-        bucket.units = units
-        if bad:
-            out.bad_points += bad
-            out.bad_metrics.add(name)
-        out.points += count - bad
-        bucket.absorb(placed)
-
-
 # ==============================================================================
 # Fold worker: the one thread that folds pending deliveries in journal order.
 # ==============================================================================
@@ -4180,7 +4331,7 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
-# Read side: catalog, points, buckets, deliveries, metrics; shared by routes and export.
+# Queries: catalog, points, buckets, nights, records, summary, deliveries (read spec).
 # ==============================================================================
 
 LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
@@ -4200,6 +4351,7 @@ SNAPSHOT_HOLD_S = 5.0
 """How long a streamed reply may keep its read snapshot open while the client reads.  A
 client still reading after that gets the rest from a file under ``DATA/tmp``, written at
 once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
+
 
 # -- what each metric means: one table, served with the catalog ------------------------
 
@@ -4389,22 +4541,6 @@ def catalog(conn: sqlite3.Connection) -> list:
                 " FROM object GROUP BY metric, layer ORDER BY metric, layer")]
 
 
-class UnknownMetric(NotFound):
-    """No data of that metric: the reply lists the metrics there are."""
-
-    code = "unknown_metric"
-
-    def __init__(self, names: list):
-        super().__init__("no data of that metric; see /api/catalog")
-        self.extra = {"metrics": sorted({loggable_metric(n) for n in names})}
-
-
-class UnknownLayer(NotFound):
-    """The metric has no data in that layer."""
-
-    code = "unknown_layer"
-
-
 @dataclass(frozen=True)
 class PointQuery:
     """What ``/api/points`` and ``healthlog export`` were asked, checked."""
@@ -4520,7 +4656,8 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     layers = [row[0] for row in conn.execute(
         "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
     if not layers:
-        raise UnknownMetric([row[0] for row in conn.execute("SELECT DISTINCT metric FROM object")])
+        raise UnknownMetric([loggable_metric(row[0])
+                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
     fill: tuple = ()
     if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
@@ -5735,43 +5872,80 @@ def _whole_number(name: str, text: Optional[str], default: int, high: int) -> in
     return value
 
 
-class Histogram:
-    """A Prometheus histogram kept in memory (this process only), thread-safe."""
+# ==============================================================================
+# Export: the SQLite file of every point with its local time.
+# ==============================================================================
 
-    def __init__(self, bounds: tuple):
-        self.bounds = bounds
-        self._lock = threading.Lock()
-        self._series: dict = {}  # labels -> [bucket counts…, sum, count]
+# -- export: the same replies on the command line, and a flat SQLite file ------------
 
-    def observe(self, seconds: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            series = self._series.setdefault(key, [0] * len(self.bounds) + [0.0, 0])
-            for i, bound in enumerate(self.bounds):
-                if seconds <= bound:
-                    series[i] += 1
-            series[-2] += seconds
-            series[-1] += 1
+EXPORT_COLUMNS = ("qty", "value", "min", "avg", "max", "source")
+"""Fields of a point that get a column of their own in an exported SQLite file."""
 
-    def render(self, name: str, help_text: str) -> list:
-        lines = ["# HELP %s %s" % (name, help_text), "# TYPE %s histogram" % name]
-        with self._lock:
-            series = {key: list(values) for key, values in self._series.items()}
-        for key, values in sorted(series.items()):
-            labels = ",".join('%s="%s"' % item for item in key)
-            sep = "," if labels else ""
-            for bound, count in zip(self.bounds, values):
-                lines.append('%s_bucket{%s%sle="%s"} %d' % (name, labels, sep, repr(bound), count))
-            lines.append('%s_bucket{%s%sle="+Inf"} %d' % (name, labels, sep, values[-1]))
-            braces = "{%s}" % labels if labels else ""
-            lines.append("%s_sum%s %s" % (name, braces, repr(values[-2])))
-            lines.append("%s_count%s %d" % (name, braces, values[-1]))
-        return lines
+_EXPORT_SCHEMA = """
+CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT NULL,
+                     "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_date TEXT NOT NULL,
+                     units TEXT, qty REAL, value TEXT, min REAL, avg REAL, max REAL,
+                     source TEXT, extra TEXT);
+CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
+                      first TEXT, last TEXT);
+"""
+
+_EXPORT_INDEXES = """
+CREATE INDEX points_metric ON points (metric, layer, start);
+CREATE INDEX points_start ON points (start);
+CREATE INDEX points_local_date ON points (local_date);
+"""
 
 
-TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
-"""Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
+def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict) -> tuple:
+    lowered = {}
+    extra = {}
+    for key, value in point.items():
+        name = key.lower()
+        if name in EXPORT_COLUMNS and name not in lowered and (
+                type(value) in (int, float) if name in ("qty", "min", "avg", "max")
+                else type(value) is str):
+            lowered[name] = value
+        else:
+            extra[key] = value
+    offset = text_offset(raw_start(point), coord[0])
+    return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
+             local_iso(coord[0], offset),
+             _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat(), units)
+            + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
+            + (json.dumps(extra, ensure_ascii=False) if extra else None,))
 
+
+def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
+    """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
+    shape Datasette and sqlite-utils open directly; returns the number of points."""
+    target = sqlite3.connect(str(out), isolation_level=None)
+    written = 0
+    try:
+        target.executescript(_EXPORT_SCHEMA)
+        target.execute("BEGIN")
+        for metric, layer in conn.execute(
+                "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
+            query = PointQuery(metric, layer)
+            rows = (_export_row(metric, layer, units, coord, point)
+                    for units, coord, point in iter_points(conn, query))
+            before = target.total_changes
+            target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            written += target.total_changes - before
+        for item in catalog(conn):
+            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                           (item["metric"], item["layer"], ",".join(item["units"]) or None,
+                            item["points"], item["first"], item["last"]))
+        target.execute("COMMIT")
+        target.executescript(_EXPORT_INDEXES)
+    finally:
+        target.close()
+    return written
+
+
+# ==============================================================================
+# Observability: the figures of /metrics, /healthz and status.
+# ==============================================================================
 
 WORKER_STATES = ("starting", "idle", "folding", "restarting", "stopped")
 
@@ -5858,9 +6032,14 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
     return ("\n".join(lines) + "\n").encode()
 
 
+# ==============================================================================
+# Web sign-in: session cookies and the guess limiter.
+# ==============================================================================
+
 # -- sessions: the dashboard's sign-in --------------------------------------------
 
 SESSION_COOKIE = "healthlog_session"
+
 SESSION_MAX_AGE_S = 30 * 86400
 """A signed-in browser stays signed in for 30 days; changing the token signs all out."""
 
@@ -5941,74 +6120,8 @@ class GuessLimiter:
             self._failures.pop(address, None)
 
 
-# -- export: the same replies on the command line, and a flat SQLite file ------------
-
-EXPORT_COLUMNS = ("qty", "value", "min", "avg", "max", "source")
-"""Fields of a point that get a column of their own in an exported SQLite file."""
-
-_EXPORT_SCHEMA = """
-CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT NULL,
-                     "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_date TEXT NOT NULL,
-                     units TEXT, qty REAL, value TEXT, min REAL, avg REAL, max REAL,
-                     source TEXT, extra TEXT);
-CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
-                      first TEXT, last TEXT);
-"""
-_EXPORT_INDEXES = """
-CREATE INDEX points_metric ON points (metric, layer, start);
-CREATE INDEX points_start ON points (start);
-CREATE INDEX points_local_date ON points (local_date);
-"""
-
-
-def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict) -> tuple:
-    lowered = {}
-    extra = {}
-    for key, value in point.items():
-        name = key.lower()
-        if name in EXPORT_COLUMNS and name not in lowered and (
-                type(value) in (int, float) if name in ("qty", "min", "avg", "max")
-                else type(value) is str):
-            lowered[name] = value
-        else:
-            extra[key] = value
-    offset = text_offset(raw_start(point), coord[0])
-    return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
-             local_iso(coord[0], offset),
-             _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat(), units)
-            + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
-            + (json.dumps(extra, ensure_ascii=False) if extra else None,))
-
-
-def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
-    """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
-    shape Datasette and sqlite-utils open directly; returns the number of points."""
-    target = sqlite3.connect(str(out), isolation_level=None)
-    written = 0
-    try:
-        target.executescript(_EXPORT_SCHEMA)
-        target.execute("BEGIN")
-        for metric, layer in conn.execute(
-                "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
-            query = PointQuery(metric, layer)
-            rows = (_export_row(metric, layer, units, coord, point)
-                    for units, coord, point in iter_points(conn, query))
-            before = target.total_changes
-            target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            written += target.total_changes - before
-        for item in catalog(conn):
-            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                           (item["metric"], item["layer"], ",".join(item["units"]) or None,
-                            item["points"], item["first"], item["last"]))
-        target.execute("COMMIT")
-        target.executescript(_EXPORT_INDEXES)
-    finally:
-        target.close()
-    return written
-
-
 # ==============================================================================
-# HTTP app: ingest, health, one JSON error shape, an access log without bodies.
+# Web app: the routes, one JSON error shape, an access log without bodies.
 # ==============================================================================
 
 ENV_REQUEST = "healthlog.cheroot_request"
@@ -6023,10 +6136,6 @@ def error_body(status: int, code: str, message: str, extra: Optional[dict] = Non
     error = {"status": status, "code": code, "message": message}
     error.update(extra or {})
     return json.dumps({"error": error}).encode()
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _header(environ: Mapping[str, Any], name: str) -> Optional[str]:
@@ -6696,12 +6805,13 @@ def _request_socket(environ: Mapping[str, Any]) -> Any:
 
 
 # ==============================================================================
-# Server lifecycle: the Service owns lock, database, worker and Cheroot server.
+# HTTP transport: the head gate and the Cheroot adapter.
 # ==============================================================================
 
-
 _HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+
 _CONTENT_LENGTH = re.compile(rb"\ncontent-length[ \t]*:[ \t]*([0-9]{1,12})[ \t]*\r?\n", re.I)
+
 _EXPECT_CONTINUE = re.compile(rb"\nexpect[ \t]*:[ \t]*100-continue", re.I)
 
 GATE_BODY_MAX = 16 * 1024
@@ -6921,10 +7031,59 @@ def _close_quietly(conn: Any) -> None:
         conn.close()
 
 
+CHEROOT_INTERNALS = (
+    ("makefile.StreamReader.has_data", "whether a connection's reader holds unread bytes"),
+    ("makefile.StreamReader's base io.BufferedReader(raw, bufsize)",
+     "the head reader calls it, skipping StreamReader.__init__(sock, mode, bufsize)"),
+    ("server.HTTPConnection: rfile, socket, rbufsize", "the head gate swaps the reader"),
+    ("server.HTTPRequest: conn, server", "the gateway restores the socket timeout"),
+    ("wsgi.Server: prepare, process_conn, stop, error_log", "overridden"),
+    ("wsgi.Gateway_10: get_environ, respond; server.Gateway: req",
+     "overridden; the request in environ"),
+)
+"""What the Cheroot adapter (:func:`_make_server_classes`) relies on beyond Cheroot's
+documented API, checked by :func:`cheroot_missing` when it is built: Cheroot 11.1.2 is
+pinned (``pyproject.toml``, the build), and an upgrade that drops one of these stops
+``serve`` with a message naming the adapter instead of failing on a request."""
+
+
+def cheroot_missing(makefile: Any, server: Any, wsgi: Any) -> list:
+    """The entries of :data:`CHEROOT_INTERNALS` these Cheroot modules no longer have."""
+    def assigned(function: Any) -> set:
+        return set(getattr(getattr(function, "__code__", None), "co_names", ()))
+
+    reader = getattr(makefile, "StreamReader", None)
+    base = reader.__mro__[1] if isinstance(reader, type) and len(reader.__mro__) > 1 else None
+    checks = (
+        callable(getattr(reader, "has_data", None)),
+        base is not None and base.__name__ == "BufferedReader",
+        {"rfile", "socket"} <= assigned(getattr(getattr(server, "HTTPConnection", None),
+                                                "__init__", None))
+        and hasattr(getattr(server, "HTTPConnection", None), "rbufsize"),
+        {"conn", "server"} <= assigned(getattr(getattr(server, "HTTPRequest", None),
+                                               "__init__", None)),
+        all(callable(getattr(getattr(wsgi, "Server", None), name, None))
+            for name in ("prepare", "process_conn", "stop", "error_log")),
+        all(callable(getattr(getattr(wsgi, "Gateway_10", None), name, None))
+            for name in ("get_environ", "respond"))
+        and "req" in assigned(getattr(getattr(server, "Gateway", None), "__init__", None)),
+    )
+    return [name for (name, _), present in zip(CHEROOT_INTERNALS, checks) if not present]
+
+
 def _make_server_classes() -> tuple:
-    """Cheroot subclasses: a gateway exposing the request, errors routed to logging,
-    and a server that gives a connection a thread only once its head has arrived."""
-    from cheroot import makefile, wsgi
+    """The Cheroot adapter, the only code that relies on Cheroot's internals
+    (:data:`CHEROOT_INTERNALS`): a gateway exposing the request, errors routed to
+    logging, and a server that gives a connection a thread only once its head has
+    arrived."""
+    from cheroot import makefile, server, wsgi
+
+    missing = cheroot_missing(makefile, server, wsgi)
+    if missing:
+        raise ConfigError(
+            "the installed Cheroot lacks what healthlog's Cheroot adapter"
+            " (_make_server_classes) relies on: %s; install cheroot==11.1.2, the version"
+            " the .pyz is built with" % "; ".join(missing))
 
     class _Replayed(socket.SocketIO):
         """The socket's reads, after the bytes the head gate already took from it."""
@@ -7018,6 +7177,11 @@ def _make_server_classes() -> tuple:
                 _log.debug("http server traceback", exc_info=True)
 
     return Gateway, Server
+
+
+# ==============================================================================
+# Service: the lock, database, worker and server of `serve`, in order; its memory.
+# ==============================================================================
 
 
 class Service:
@@ -7340,8 +7504,80 @@ def run_serve(config: Config) -> int:
 
 
 # ==============================================================================
-# Reindex, verify, import: the store is a function of the archive (reindex spec).
+# Maintenance: reindex, verify, import, refold, export: the store from the archive.
 # ==============================================================================
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return "%ds" % seconds
+    if seconds < 7200:
+        return "%dm%02ds" % divmod(seconds, 60)
+    return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1024.0
+    return str(count)
+
+
+def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = None) -> int:
+    """``healthlog refold``: set failed deliveries back to ``pending`` for the fold to try
+    again, without a full ``reindex``.  One short write transaction, so it is safe
+    beside a running ``serve`` (its periodic pass picks them up) or without one (the
+    next start folds them)."""
+    out = out or sys.stdout
+    if not ids and not all_failed:
+        raise ConfigError("name the deliveries to fold again (their ids, as `healthlog"
+                          " status` lists them), or pass --failed for every failed one")
+    if DataDirLock(config.data_dir).holder() == "reindex":
+        raise ConfigError("%s is being reindexed, which folds every delivery again"
+                          % config.data_dir)
+    conn = open_database(config, create=False)
+    try:
+        with write_txn(conn):
+            if all_failed:  # every failed one, besides the ids named
+                ids = list(ids) + [i for (i,) in conn.execute(
+                    "SELECT id FROM delivery WHERE parse_status = 'failed' ORDER BY id")]
+            found = dict(conn.execute("SELECT id, parse_status FROM delivery WHERE id IN"
+                                      " (%s)" % ",".join("?" * len(ids)), list(ids)))
+            unknown = sorted(set(ids) - set(found))
+            if unknown:
+                raise ConfigError("no delivery %s in %s" % (
+                    ", ".join(map(str, unknown)), config.data_dir))
+            chosen = sorted(i for i in set(ids) if found[i] == "failed")
+            conn.executemany(
+                "UPDATE delivery SET parse_status = 'pending', attempts = 0, error = NULL,"
+                " folded_at = NULL, layer = NULL, %s WHERE id = ? AND parse_status = 'failed'"
+                % ", ".join("%s = NULL" % column for column in _COUNTERS),
+                [(i,) for i in chosen])
+            first = chosen and conn.execute(
+                "SELECT received_at, id FROM delivery WHERE id IN (%s) ORDER BY received_at, id"
+                " LIMIT 1" % ",".join("?" * len(chosen)), chosen).fetchone()
+            later = first and conn.execute(
+                "SELECT 1 FROM delivery WHERE parse_status IN ('parsed', 'partial') AND"
+                " (received_at > ? OR (received_at = ? AND id > ?)) LIMIT 1",
+                (first[0], first[0], first[1])).fetchone()
+    finally:
+        conn.close()
+    for delivery_id in sorted(set(ids) - set(chosen)):
+        out.write("delivery %d is %s, not failed: left as it is\n"
+                  % (delivery_id, found[delivery_id]))
+    if not chosen:
+        out.write("refold: no failed delivery to fold again\n")
+        return 0
+    out.write("refold: %s set back to pending (%s); a running `healthlog serve` folds them"
+              " within a minute, otherwise its next start does\n"
+              % (_plural(len(chosen), "delivery", "deliveries"), ", ".join(map(str, chosen))))
+    if later:
+        out.write("later deliveries are folded already: `healthlog reindex` folds everything"
+                  " in journal order, should a value depend on it\n")
+    log_event(logging.INFO, "deliveries set back to pending", count=len(chosen))
+    return 0
 
 JOURNAL_COLUMNS = ("id", "received_at", "journaled_at", "archive_path", "body_bytes",
                    "body_sha256",
@@ -7360,57 +7596,6 @@ REBUILD_AHEAD = 16
 REBUILD_AHEAD_BYTES = 32 << 20
 """A parallel rebuild asks its workers to prepare at most 4 deliveries per worker beyond
 the one being decided, and at most 32 MiB of bodies."""
-_NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
-
-
-def archive_bodies(data_dir: Path) -> list:
-    """Every archived body (relative path), sorted; metadata and temp files excluded."""
-    root = data_dir / ARCHIVE_DIR
-    found = []
-    for folder, dirs, files in os.walk(str(root)):
-        dirs.sort()
-        for name in files:
-            if name.endswith(".json") and not name.endswith(".meta.json") and \
-                    not name.startswith("."):
-                found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
-    return sorted(found)
-
-
-def received_at_from_name(name: str) -> Optional[str]:
-    """``20261129T210321.123456Z-…json`` → ``2026-11-29T21:03:21.123456Z``."""
-    match = _NAME_STAMP.fullmatch(name)
-    if not match:
-        return None
-    stamp = match.group(1)
-    return "%s-%s-%sT%s:%s:%s" % (stamp[:4], stamp[4:6], stamp[6:8], stamp[9:11], stamp[11:13],
-                                  stamp[13:])
-
-
-def _read_meta(body: Path, relative: str) -> dict:
-    """A body's ``.meta.json``; a missing one is ``{}``, a damaged one too, with a WARN:
-    the delivery is then adopted without the headers that may decide its layer."""
-    path = body.with_name(body.name[:-5] + ".meta.json")
-    try:
-        meta = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        meta = exc
-    if type(meta) is not dict:
-        log_event(logging.WARNING, "damaged .meta.json: the delivery is adopted without its"
-                  " receive headers (its time comes from the file name)",
-                  archive_path=relative, error=type(meta).__name__)
-        return {}
-    return meta
-
-
-def _hash_file(path: Path) -> tuple:
-    digest, size = hashlib.sha256(), 0
-    with open(str(path), "rb") as handle:
-        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 def adopt_orphans(conn: sqlite3.Connection, data_dir: Path) -> int:
@@ -7516,11 +7701,6 @@ def can_fork() -> bool:
     """Rebuild workers are forked: the platform needs ``os.fork`` (Linux, the BSDs,
     macOS); elsewhere a rebuild runs in one process."""
     return hasattr(os, "fork")
-
-
-class PoolBroken(HealthlogError):
-    """A rebuild worker ended, or could not merge what it was sent: the parallel rebuild
-    is abandoned and started again in one process."""
 
 
 REBUILD_SHARD_FLUSH_S = 2.0
@@ -8110,13 +8290,6 @@ def _flush(engine: FoldEngine) -> None:
             time.sleep(1.0)
 
 
-def _status_counts(conn: sqlite3.Connection, journal: str = "delivery") -> dict:
-    counts = dict.fromkeys(STATUSES, 0)
-    counts.update(conn.execute("SELECT parse_status, count(*) FROM %s GROUP BY parse_status"
-                               % journal))
-    return counts
-
-
 def _drop_rebuild_tables(conn: sqlite3.Connection) -> None:
     with write_txn(conn):
         conn.execute("DROP TABLE IF EXISTS object_rebuild")
@@ -8520,7 +8693,6 @@ def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
 # Status: what the journal and the vitrine hold, readable while serve runs.
 # ==============================================================================
 
-
 STATUS_PROBLEMS_MAX = 10
 """How many of the latest failed and partial deliveries ``status`` lists."""
 
@@ -8575,61 +8747,6 @@ def collect_status(config: Config) -> dict:
 def worth_retrying(error: Optional[str]) -> bool:
     """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
     return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
-
-
-def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = None) -> int:
-    """``healthlog refold``: set failed deliveries back to ``pending`` for the fold to try
-    again, without a full ``reindex``.  One short write transaction, so it is safe
-    beside a running ``serve`` (its periodic pass picks them up) or without one (the
-    next start folds them)."""
-    out = out or sys.stdout
-    if not ids and not all_failed:
-        raise ConfigError("name the deliveries to fold again (their ids, as `healthlog"
-                          " status` lists them), or pass --failed for every failed one")
-    if DataDirLock(config.data_dir).holder() == "reindex":
-        raise ConfigError("%s is being reindexed, which folds every delivery again"
-                          % config.data_dir)
-    conn = open_database(config, create=False)
-    try:
-        with write_txn(conn):
-            if all_failed:  # every failed one, besides the ids named
-                ids = list(ids) + [i for (i,) in conn.execute(
-                    "SELECT id FROM delivery WHERE parse_status = 'failed' ORDER BY id")]
-            found = dict(conn.execute("SELECT id, parse_status FROM delivery WHERE id IN"
-                                      " (%s)" % ",".join("?" * len(ids)), list(ids)))
-            unknown = sorted(set(ids) - set(found))
-            if unknown:
-                raise ConfigError("no delivery %s in %s" % (
-                    ", ".join(map(str, unknown)), config.data_dir))
-            chosen = sorted(i for i in set(ids) if found[i] == "failed")
-            conn.executemany(
-                "UPDATE delivery SET parse_status = 'pending', attempts = 0, error = NULL,"
-                " folded_at = NULL, layer = NULL, %s WHERE id = ? AND parse_status = 'failed'"
-                % ", ".join("%s = NULL" % column for column in _COUNTERS),
-                [(i,) for i in chosen])
-            first = chosen and conn.execute(
-                "SELECT received_at, id FROM delivery WHERE id IN (%s) ORDER BY received_at, id"
-                " LIMIT 1" % ",".join("?" * len(chosen)), chosen).fetchone()
-            later = first and conn.execute(
-                "SELECT 1 FROM delivery WHERE parse_status IN ('parsed', 'partial') AND"
-                " (received_at > ? OR (received_at = ? AND id > ?)) LIMIT 1",
-                (first[0], first[0], first[1])).fetchone()
-    finally:
-        conn.close()
-    for delivery_id in sorted(set(ids) - set(chosen)):
-        out.write("delivery %d is %s, not failed: left as it is\n"
-                  % (delivery_id, found[delivery_id]))
-    if not chosen:
-        out.write("refold: no failed delivery to fold again\n")
-        return 0
-    out.write("refold: %s set back to pending (%s); a running `healthlog serve` folds them"
-              " within a minute, otherwise its next start does\n"
-              % (_plural(len(chosen), "delivery", "deliveries"), ", ".join(map(str, chosen))))
-    if later:
-        out.write("later deliveries are folded already: `healthlog reindex` folds everything"
-                  " in journal order, should a value depend on it\n")
-    log_event(logging.INFO, "deliveries set back to pending", count=len(chosen))
-    return 0
 
 
 def _recent_problems(conn: sqlite3.Connection) -> list:
@@ -8687,23 +8804,6 @@ def format_status(status: dict) -> str:
             lines[-1] = lines[-1].translate(_ESCAPES)  # names from a body or a header
     lines.append("fingerprint: %s" % status["fingerprint"])
     return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 120:
-        return "%ds" % seconds
-    if seconds < 7200:
-        return "%dm%02ds" % divmod(seconds, 60)
-    return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-
-
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
-        count /= 1024.0
-    return str(count)
 
 
 # ==============================================================================

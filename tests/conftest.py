@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import build_zipapp
 import healthlog
 
 pytest.register_assert_rewrite("read_helpers")  # the read tests' oracle: say what differed
+pytest.register_assert_rewrite("fold_helpers")  # the fold tests' Journal and Store
 
 
 @pytest.fixture(scope="session")
@@ -297,6 +299,21 @@ class Passes:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the server sends on a raw socket until it closes the connection (a reset
+    counts as closing: the server may drop a connection whose request it refused)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 class Client:

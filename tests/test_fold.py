@@ -35,17 +35,12 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, Passes, db_rows, wait_for, without_source
+from conftest import Passes, db_rows, wait_for, without_source
+from fold_helpers import AUTOMATION, Journal
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
-AUTOMATION = {
-    "automation-name": "Fold test",
-    "automation-id": "6F0D1D5E-0C1A-4E2B-9A3C-00000000F01D",
-    "automation-aggregation": "Minutes",
-    "automation-period": "Since Last Sync",
-}
 NO_AGGREGATION = {k: v for k, v in AUTOMATION.items() if k != "automation-aggregation"}
 DAY = "2024-03-08"
 MINUTES = ("10:01", "10:02", "10:03")  # three minute-aligned starts: inferred "minutes"
@@ -89,73 +84,6 @@ def unreadable_times_body() -> bytes:
 
 
 # -- the journal and passes ------------------------------------------------------------------
-
-
-class Journal:
-    """Posts real deliveries to a running service and reads or edits its journal."""
-
-    def __init__(self, service: healthlog.Service):
-        self.service = service
-        self.config = service.config
-        self.data_dir = service.config.data_dir
-        self.client = Client(*service.address)
-
-    def post(self, body: bytes, headers: dict = AUTOMATION, path: str = "/api/ingest") -> int:
-        status, payload = self.client.ingest(body, headers=dict(headers), path=path)
-        assert status == 200, payload
-        return payload["delivery_id"]
-
-    def row(self, delivery_id: int) -> dict:
-        [row] = db_rows(self.data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
-        return row
-
-    def statuses(self, *ids) -> list:
-        return [self.row(i)["parse_status"] for i in ids]
-
-    def pending(self) -> list:
-        return [r["id"] for r in db_rows(self.data_dir, "SELECT id FROM delivery WHERE"
-                                         " parse_status = 'pending' ORDER BY id")]
-
-    def settle(self, service: healthlog.Service = None, timeout: float = 20.0) -> None:
-        """Wait until nothing is pending and the fold thread's pass has returned: a fold's
-        records are written after its commit, and the lag WARN at the end of the pass."""
-        worker = (service or self.service).worker
-        wait_for(lambda: not self.pending() and worker.state == "idle", timeout=timeout)
-
-    def execute(self, sql: str, args=()) -> None:
-        conn = sqlite3.connect(str(self.config.db_path))
-        try:
-            conn.execute(sql, args)
-            conn.commit()
-        finally:
-            conn.close()
-
-    def received_at(self, delivery_id: int) -> dt.datetime:
-        return healthlog.parse_received_at(self.row(delivery_id)["received_at"])
-
-    def set_received_at(self, delivery_id: int, moment: dt.datetime) -> None:
-        # received_at is the journal position; journaled_at, when the row entered the
-        # journal, is where its wait for the fold starts: a row "received" earlier by
-        # these tests also entered the journal then.
-        text = healthlog.format_received_at(moment)
-        self.execute("UPDATE delivery SET received_at = ?, journaled_at = ? WHERE id = ?",
-                     (text, text, delivery_id))
-
-    def archive_path(self, delivery_id: int):
-        return self.data_dir / self.row(delivery_id)["archive_path"]
-
-    def fold_order(self, ids) -> list:
-        """The given deliveries sorted by when their outcome was written."""
-        return sorted(ids, key=lambda i: self.row(i)["folded_at"])
-
-    def objects_touched_by(self, delivery_id: int) -> list:
-        """(metric, layer, hour) of every object that was created or changed by the
-        delivery, or that holds one of its points."""
-        return [(o["metric"], o["layer"], o["hour"]) for o in db_rows(
-            self.data_dir, "SELECT metric, layer, hour, delivery_id, updated_by,"
-            " point_deliveries FROM object")
-            if delivery_id in (o["delivery_id"], o["updated_by"])
-            or delivery_id in json.loads(o["point_deliveries"])]
 
 
 @pytest.fixture

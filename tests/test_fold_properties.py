@@ -8,7 +8,6 @@ coordinate domain so deliveries overlap, with random subsets of fields, empty va
 """
 
 import datetime as dt
-import gzip
 import io
 import json
 import random
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import healthlog
+from fold_helpers import Store
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -63,45 +63,10 @@ def body_of(pts: list) -> bytes:
                                              "data": pts}]}}).encode()
 
 
-class Store:
-    """A fresh data directory with a journal, folded by the real FoldEngine."""
-
-    def __init__(self, root: Path):
-        self.config = healthlog.Config(data_dir=root, log_level="ERROR")
-        healthlog.ensure_data_dir(root)
-        self.conn = healthlog.open_database(self.config, synchronous="NORMAL")
-        self.archive = healthlog.Archive(root)
-        self.engine = healthlog.FoldEngine(self.conn, self.config, verbose=False)
-
-    def journal(self, body: bytes, seconds: int) -> int:
-        upload = self.archive.receive(io.BytesIO(body).read, len(body), 1 << 30, lambda: None)
-        return healthlog.accept_delivery(self.archive, self.conn, upload,
-                                         T0 + dt.timedelta(seconds=seconds), HEADERS, None)
-
-    def fold(self, delivery_id: int) -> None:
-        assert self.engine.fold(delivery_id).kind == "folded"
-
-    def objects(self) -> list:
-        return self.conn.execute("SELECT metric, layer, hour, units, points, hash, blob,"
-                                 " point_deliveries FROM object ORDER BY 1, 2, 3").fetchall()
-
-    def stored(self) -> dict:
-        """(start, end) -> stored point, over every object."""
-        out = {}
-        for (blob,) in self.conn.execute("SELECT blob FROM object"):
-            for point in json.loads(gzip.decompress(blob)):
-                out[healthlog.point_span(point)] = point
-        return out
-
-    def fingerprint(self) -> str:
-        return healthlog.fingerprint(self.conn)
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 def fresh_store(tmp: str, name: str) -> Store:
-    return Store(Path(tmp) / name)
+    """A fresh data directory ``tmp/name``: deliveries received ``seconds`` after T0, with
+    HEADERS."""
+    return Store(Path(tmp) / name, T0, HEADERS)
 
 
 @SETTINGS

@@ -29,13 +29,15 @@ def traffic() -> list:
 
 
 def fold_all(service: healthlog.Service, deliveries: list) -> None:
+    """Post each delivery and wait for its fold before the next, so that the hand-over
+    never has more than one waiting, however slow the machine."""
     client = Client(*service.address)
+    data_dir = service.config.data_dir
     for headers, body in deliveries:
         status, answer = client.ingest(body, headers=headers)
         assert status == 200, answer
-    data_dir = service.config.data_dir
-    wait_for(lambda: all(r["parse_status"] != "pending" for r in db_rows(data_dir)),
-             timeout=120, what="every delivery folded")
+        wait_for(lambda: all(r["parse_status"] != "pending" for r in db_rows(data_dir)),
+                 timeout=120, what="the delivery folded")
 
 
 def journal(data_dir) -> list:

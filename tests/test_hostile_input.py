@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, LogCapture, assert_no_leaks, parse_logfmt, wait_for
+from conftest import TOKEN, LogCapture, assert_no_leaks, parse_logfmt, read_to_end, wait_for
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # the fold runs with orjson and without
 
@@ -160,15 +160,7 @@ def exchange(address: tuple, method: str, path: str, headers: dict, body: bytes 
             sock.shutdown(socket.SHUT_WR)  # the request is complete: no more is coming
         except OSError:  # the server answered early (413) and closed: read its answer
             pass
-        data = b""
-        while True:
-            try:
-                chunk = sock.recv(1 << 16)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            data += chunk
+        data = read_to_end(sock)
     head_part, _, payload = data.partition(b"\r\n\r\n")
     lines = head_part.split(b"\r\n")
     assert lines and lines[0].startswith(b"HTTP/1."), "no HTTP answer: %r" % data[:200]

@@ -21,7 +21,6 @@ properties journal through ``accept_delivery`` into a fresh data directory per e
 import contextlib
 import datetime as dt
 import gzip
-import io
 import json
 import os
 import random
@@ -39,7 +38,8 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, Client, Passes, archive_files, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, Passes, archive_files, assert_no_leaks, db_rows, wait_for
+from fold_helpers import Journal, Store
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -209,26 +209,8 @@ def warns(logs, msg_part: str, delivery_id: int = None) -> list:
 
 
 # ---------------------------------------------------------------------------------------------
-# The journal (a paused real server) and passes driven by the test (tests/test_fold.py).
-
-class Journal:
-    """Posts real deliveries to a paused service and reads its journal."""
-
-    def __init__(self, service: healthlog.Service):
-        self.service = service
-        self.config = service.config
-        self.data_dir = service.config.data_dir
-        self.client = Client(*service.address)
-
-    def post(self, body: bytes, headers: dict) -> int:
-        status, payload = self.client.ingest(body, headers=dict(headers))
-        assert status == 200, payload
-        return payload["delivery_id"]
-
-    def row(self, delivery_id: int) -> dict:
-        [row] = db_rows(self.data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
-        return row
-
+# Folding at once: the journal of a paused real server (fold_helpers.Journal) and passes
+# driven by the test (tests/test_fold.py).
 
 class FoldNow:
     """Post one delivery and fold it at once: the delivery's journal row."""
@@ -254,41 +236,12 @@ def fold(start_service):
 
 
 # ---------------------------------------------------------------------------------------------
-# A data directory folded without HTTP, one per hypothesis example
-# (tests/test_fold_properties.py).
+# A data directory folded without HTTP, one per hypothesis example (fold_helpers.Store, as
+# in tests/test_fold_properties.py): deliveries received a second apart from T0.
 
 T0 = dt.datetime(2024, 6, 1, tzinfo=dt.timezone.utc)
-
-
-class Store:
-    """A fresh data directory with a journal, folded by the real FoldEngine."""
-
-    def __init__(self, root: Path):
-        self.config = healthlog.Config(data_dir=root, log_level="ERROR")
-        healthlog.ensure_data_dir(root)
-        self.conn = healthlog.open_database(self.config, synchronous="NORMAL")
-        self.archive = healthlog.Archive(root)
-        self.engine = healthlog.FoldEngine(self.conn, self.config, verbose=False)
-        self.seconds = 0
-
-    def fold(self, body: bytes, headers: dict) -> dict:
-        upload = self.archive.receive(io.BytesIO(body).read, len(body), 1 << 30, lambda: None)
-        self.seconds += 1
-        delivery_id = healthlog.accept_delivery(self.archive, self.conn, upload,
-                                                T0 + dt.timedelta(seconds=self.seconds),
-                                                headers, None)
-        assert self.engine.fold(delivery_id).kind == "folded"
-        cursor = self.conn.execute("SELECT * FROM delivery WHERE id = ?", (delivery_id,))
-        names = [c[0] for c in cursor.description]
-        return dict(zip(names, cursor.fetchone()))
-
-    def objects(self) -> list:
-        return self.conn.execute("SELECT metric, layer, hour, units, points, hash, blob,"
-                                 " point_deliveries, delivery_id, updated_by FROM object"
-                                 " ORDER BY 1, 2, 3").fetchall()
-
-    def close(self) -> None:
-        self.conn.close()
+#: The extra columns read by Store.objects() here: who created and who last changed an object.
+WRITERS = ("delivery_id", "updated_by")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,21 +653,21 @@ def test_storage_8_7_property_any_respelling_of_a_folded_delivery_writes_nothing
     day = dt.date(2024, 3, 13) + dt.timedelta(days=seed % 5)
     bodies = _whole_day(seed, day, (first_hour, first_hour + 1))
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "data")
+        store = Store(Path(tmp) / "data", T0)
         try:
             for body in bodies:
-                store.fold(hf.dumps_hae(body), headers)
-            before = store.objects()
+                store.journal_and_fold(hf.dumps_hae(body), headers)
+            before = store.objects(*WRITERS)
             fingerprint = healthlog.fingerprint(store.conn)
             for body in bodies:
                 again = respell_all(body, styles, [0])
-                row = store.fold(hf.dumps_hae(again, random.Random(shuffle)), headers)
+                row = store.journal_and_fold(hf.dumps_hae(again, random.Random(shuffle)), headers)
                 assert row["parse_status"] == "parsed"
                 # (a re-spelling that changed no byte is a duplicate: a no-op by design)
                 assert row["error"] is None or row["error"].startswith("duplicate of")
                 assert (row["objects_written"], row["overwrites"], row["incomparable"],
                         row["bad_points"]) == (0, 0, 0, 0)
-            assert store.objects() == before
+            assert store.objects(*WRITERS) == before
             assert healthlog.fingerprint(store.conn) == fingerprint
         finally:
             store.close()
@@ -738,7 +691,7 @@ energy_deliveries = st.lists(
 def test_storage_8_8_property_stored_points_keep_the_units_they_came_in(deliveries):
     headers = {"automation-aggregation": "Minutes", "automation-id": "UNITS"}
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "data")
+        store = Store(Path(tmp) / "data", T0)
         try:
             units_of, model = {}, {}  # delivery id -> units; hour -> units the oracle expects
             seen = set()
@@ -752,10 +705,10 @@ def test_storage_8_8_property_stored_points_keep_the_units_they_came_in(deliveri
                 if body in seen:  # the same bytes again: a duplicate, a no-op by design
                     conflicts = 0
                 seen.add(body)
-                row = store.fold(body, headers)
+                row = store.journal_and_fold(body, headers)
                 units_of[row["id"]] = units
                 assert row["unit_conflicts"] == conflicts
-            rows = store.objects()
+            rows = store.objects(*WRITERS)
             assert {hour: units for _, _, hour, units, *_ in rows} == model
             for _, _, _, units, count, _, blob, point_deliveries, created, _ in rows:
                 came_from = json.loads(point_deliveries)

@@ -30,7 +30,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, assert_no_leaks, wait_for
+from conftest import ROOT, TOKEN, assert_no_leaks, read_to_end, wait_for
 
 DEVICE = "Quillon\u2019s Oura Ring"
 VALUE = 8.642097531
@@ -82,15 +82,7 @@ def request(service, method: str, path: str, headers: dict = None, body: bytes =
     with socket.create_connection(service.address, timeout=30,
                                   source_address=(source, 0)) as sock:
         sock.sendall(head + b"\r\n" + (body or b""))
-        data = b""
-        while True:
-            try:
-                chunk = sock.recv(1 << 16)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            data += chunk
+        data = read_to_end(sock)
     head_part, _, payload = data.partition(b"\r\n\r\n")
     lines = head_part.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])

@@ -1,0 +1,158 @@
+"""Helpers of the fold tests (test_fold.py, test_real_exports.py, test_fold_properties.py):
+the two ways they get deliveries into a real journal.
+
+* `Journal`: really posting them to a running Cheroot server on 127.0.0.1:0 (usually a
+  paused one, whose fold thread waits for ``worker.gate``), then reading or editing the
+  journal it keeps.
+* `Store`: journaling them through the ingest path (``accept_delivery``: archive +
+  journal) into a fresh data directory, without HTTP, and folding them with the worker's
+  own ``FoldEngine``; one per hypothesis example.
+"""
+
+import datetime as dt
+import gzip
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import healthlog
+from conftest import Client, db_rows, wait_for
+
+#: The headers `Journal.post` sends unless told otherwise: a Minutes automation.
+AUTOMATION = {
+    "automation-name": "Fold test",
+    "automation-id": "6F0D1D5E-0C1A-4E2B-9A3C-00000000F01D",
+    "automation-aggregation": "Minutes",
+    "automation-period": "Since Last Sync",
+}
+
+
+class Journal:
+    """Posts real deliveries to a running service and reads or edits its journal."""
+
+    def __init__(self, service: healthlog.Service):
+        self.service = service
+        self.config = service.config
+        self.data_dir = service.config.data_dir
+        self.client = Client(*service.address)
+
+    def post(self, body: bytes, headers: dict = AUTOMATION, path: str = "/api/ingest") -> int:
+        status, payload = self.client.ingest(body, headers=dict(headers), path=path)
+        assert status == 200, payload
+        return payload["delivery_id"]
+
+    def row(self, delivery_id: int) -> dict:
+        [row] = db_rows(self.data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
+        return row
+
+    def statuses(self, *ids) -> list:
+        return [self.row(i)["parse_status"] for i in ids]
+
+    def pending(self) -> list:
+        return [r["id"] for r in db_rows(self.data_dir, "SELECT id FROM delivery WHERE"
+                                         " parse_status = 'pending' ORDER BY id")]
+
+    def settle(self, service: healthlog.Service = None, timeout: float = 20.0) -> None:
+        """Wait until nothing is pending and the fold thread's pass has returned: a fold's
+        records are written after its commit, and the lag WARN at the end of the pass."""
+        worker = (service or self.service).worker
+        wait_for(lambda: not self.pending() and worker.state == "idle", timeout=timeout)
+
+    def execute(self, sql: str, args=()) -> None:
+        conn = sqlite3.connect(str(self.config.db_path))
+        try:
+            conn.execute(sql, args)
+            conn.commit()
+        finally:
+            conn.close()
+
+    def received_at(self, delivery_id: int) -> dt.datetime:
+        return healthlog.parse_received_at(self.row(delivery_id)["received_at"])
+
+    def set_received_at(self, delivery_id: int, moment: dt.datetime) -> None:
+        # received_at is the journal position; journaled_at, when the row entered the
+        # journal, is where its wait for the fold starts: a row "received" earlier by
+        # these tests also entered the journal then.
+        text = healthlog.format_received_at(moment)
+        self.execute("UPDATE delivery SET received_at = ?, journaled_at = ? WHERE id = ?",
+                     (text, text, delivery_id))
+
+    def archive_path(self, delivery_id: int):
+        return self.data_dir / self.row(delivery_id)["archive_path"]
+
+    def fold_order(self, ids) -> list:
+        """The given deliveries sorted by when their outcome was written."""
+        return sorted(ids, key=lambda i: self.row(i)["folded_at"])
+
+    def objects_touched_by(self, delivery_id: int) -> list:
+        """(metric, layer, hour) of every object that was created or changed by the
+        delivery, or that holds one of its points."""
+        return [(o["metric"], o["layer"], o["hour"]) for o in db_rows(
+            self.data_dir, "SELECT metric, layer, hour, delivery_id, updated_by,"
+            " point_deliveries FROM object")
+            if delivery_id in (o["delivery_id"], o["updated_by"])
+            or delivery_id in json.loads(o["point_deliveries"])]
+
+
+class Store:
+    """A fresh data directory with a journal, folded by the real FoldEngine.
+
+    A delivery is received ``seconds`` after ``t0``; ``headers`` are what `journal` sends
+    when it is given none.
+    """
+
+    def __init__(self, root: Path, t0: dt.datetime, headers: dict = None):
+        self.config = healthlog.Config(data_dir=root, log_level="ERROR")
+        healthlog.ensure_data_dir(root)
+        self.conn = healthlog.open_database(self.config, synchronous="NORMAL")
+        self.archive = healthlog.Archive(root)
+        self.engine = healthlog.FoldEngine(self.conn, self.config, verbose=False)
+        self.t0, self.headers = t0, headers
+        self.seconds = 0
+
+    def journal(self, body: bytes, seconds: int = None, headers: dict = None) -> int:
+        """Journal ``body``: its delivery id.  Without ``seconds``, it is received one
+        second after the one journaled before it without ``seconds``."""
+        upload = self.archive.receive(io.BytesIO(body).read, len(body), 1 << 30, lambda: None)
+        if seconds is None:
+            self.seconds += 1
+            seconds = self.seconds
+        return healthlog.accept_delivery(self.archive, self.conn, upload,
+                                         self.t0 + dt.timedelta(seconds=seconds),
+                                         self.headers if headers is None else headers, None)
+
+    def fold(self, delivery_id: int) -> None:
+        assert self.engine.fold(delivery_id).kind == "folded"
+
+    def journal_and_fold(self, body: bytes, headers: dict = None) -> dict:
+        """Journal ``body`` (a second after the one before it) and fold it at once: the
+        delivery's journal row."""
+        delivery_id = self.journal(body, headers=headers)
+        self.fold(delivery_id)
+        cursor = self.conn.execute("SELECT * FROM delivery WHERE id = ?", (delivery_id,))
+        names = [c[0] for c in cursor.description]
+        return dict(zip(names, cursor.fetchone()))
+
+    def objects(self, *extra: str) -> list:
+        """Every object as (metric, layer, hour, units, points, hash, blob,
+        point_deliveries) followed by the ``extra`` columns, in (metric, layer, hour)
+        order."""
+        columns = ("metric", "layer", "hour", "units", "points", "hash", "blob",
+                   "point_deliveries") + extra
+        return self.conn.execute("SELECT %s FROM object ORDER BY 1, 2, 3"
+                                 % ", ".join(columns)).fetchall()
+
+    def stored(self) -> dict:
+        """(start, end) -> stored point, over every object."""
+        out = {}
+        for (blob,) in self.conn.execute("SELECT blob FROM object"):
+            for point in json.loads(gzip.decompress(blob)):
+                out[healthlog.point_span(point)] = point
+        return out
+
+    def fingerprint(self) -> str:
+        return healthlog.fingerprint(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()

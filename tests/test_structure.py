@@ -1,0 +1,236 @@
+"""healthlog.py reads top-down: its sections, in the order of their banners, use only what
+the sections above them (or they themselves) define, and the module docstring's map lists
+the same sections in the same order.
+
+A *section* starts at a banner (a comment line of ``=`` signs, a title line, another line
+of ``=`` signs). A *reference* is any module-level name read by a top-level statement, at
+import time (a decorator, a default value, a class body) or at call time (inside a function
+or method), that is not bound locally where it is read; annotations are not references
+(the module has ``from __future__ import annotations``). The last section holds the page's
+HTML, CSS and script as string constants: data that the web app reads, kept last so that
+the program reads without it; it may be referred to from above, and must define nothing but
+constants (and end with the ``__main__`` guard).
+
+The Cheroot adapter (``_make_server_classes``) is the only code that relies on Cheroot's
+internals; ``CHEROOT_INTERNALS`` names them, and each is checked when the server is built.
+"""
+
+import ast
+import builtins
+import io
+import re
+import types
+
+import pytest
+
+import healthlog
+from conftest import ROOT
+
+SOURCE = (ROOT / "healthlog.py").read_text()
+BANNER = re.compile(r"^# =+\n# (.+)\n# =+$", re.M)
+
+
+def sections() -> list:
+    """[(first line, title)] of every banner, in file order (lines are 1-based)."""
+    return [(SOURCE.count("\n", 0, m.start()) + 3, m.group(1)) for m in BANNER.finditer(SOURCE)]
+
+
+def section_index(line: int, starts: list) -> int:
+    index = -1
+    for number, (first, _) in enumerate(starts):
+        if first <= line:
+            index = number
+    return index
+
+
+def top_level_names(node: ast.stmt) -> list:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        targets = [node.target]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+class References(ast.NodeVisitor):
+    """The module-level names a top-level statement reads, with the line of each read;
+    names bound in a function (parameters, assignments, loop and ``with`` targets,
+    imports, nested definitions, comprehension variables) are that function's own."""
+
+    def __init__(self, module_names: set):
+        self.module_names = module_names
+        self.scopes: list = []
+        self.found: list = []
+
+    # Annotations are strings at run time: skip them.
+    def visit_arg(self, node: ast.arg) -> None:
+        pass
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+        self.visit(node.target)
+
+    def _function(self, node) -> None:
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        for default in node.args.defaults + [d for d in node.args.kw_defaults if d]:
+            self.visit(default)
+        self.scopes.append(bound_in(node))
+        for statement in node.body:
+            self.visit(statement)
+        self.scopes.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self.scopes.append(bound_in(node))
+        self.visit(node.body)
+        self.scopes.pop()
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for expression in node.decorator_list + node.bases + [k.value for k in node.keywords]:
+            self.visit(expression)
+        for statement in node.body:
+            self.visit(statement)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if (isinstance(node.ctx, ast.Load) and node.id in self.module_names
+                and not any(node.id in scope for scope in self.scopes)):
+            self.found.append((node.id, node.lineno))
+
+
+def bound_in(function) -> set:
+    """The names a function (or lambda) binds, anywhere in its body."""
+    names = set()
+    arguments = function.args
+    for arg in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+                + [a for a in (arguments.vararg, arguments.kwarg) if a]):
+        names.add(arg.arg)
+    body = function.body if isinstance(function.body, list) else [function.body]
+    globals_: set = set()
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                names.add(node.name)
+            elif isinstance(node, ast.Global):
+                globals_.update(node.names)
+    return names - globals_
+
+
+def forward_references() -> list:
+    """(reader, section, name, its section, line) for every name read above its section."""
+    starts = sections()
+    tree = ast.parse(SOURCE)
+    home: dict = {}
+    for node in tree.body:
+        for name in top_level_names(node):
+            home.setdefault(name, section_index(node.lineno, starts))
+    data_section = len(starts) - 1
+    out = []
+    for node in tree.body:
+        here = section_index(node.lineno, starts)
+        visitor = References(set(home) - set(dir(builtins)))
+        visitor.visit(node)
+        for name, line in visitor.found:
+            there = home[name]
+            if there > here and there != data_section:
+                out.append((getattr(node, "name", "line %d" % node.lineno), starts[here][1],
+                            name, starts[there][1], line))
+    return out
+
+
+def test_every_section_uses_only_what_is_defined_above_it():
+    found = forward_references()
+    assert not found, "names read above the section that defines them:\n" + "\n".join(
+        "  %s (line %d, in '%s') reads %s from the later section '%s'"
+        % (reader, line, section, name, there) for reader, section, name, there, line in found)
+
+
+def test_the_last_section_is_data_only():
+    """Constants, then the ``if __name__ == "__main__"`` guard, which must come after
+    every definition (running the module calls main() there)."""
+    starts = sections()
+    tree = ast.parse(SOURCE)
+    last = [node for node in tree.body if node.lineno >= starts[-1][0]]
+    assert last, "the page assets section is empty"
+    guard = last.pop()
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "__name__ == '__main__'"
+    for node in last:
+        assert isinstance(node, (ast.Assign, ast.AnnAssign)) or (
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)), (
+            "line %d: the last section (%s) holds constants only" % (node.lineno, starts[-1][1]))
+
+
+def test_the_docstring_map_lists_the_sections_in_order():
+    """The module docstring's map names each section by the title's words before the
+    colon, in banner order."""
+    docstring = ast.get_docstring(ast.parse(SOURCE))
+    map_text = docstring.split("Sections, top-down", 1)[1]
+    listed = re.findall(r"^\s*\d+\.\s+(.+?)\s+[-—]", map_text, re.M)
+    titles = [title.split(":", 1)[0] for _, title in sections()]
+    assert listed == titles
+
+
+# -- The Cheroot adapter ----------------------------------------------------------------
+
+
+def test_the_installed_cheroot_has_what_the_adapter_relies_on():
+    from cheroot import makefile, server, wsgi
+
+    assert healthlog.cheroot_missing(makefile, server, wsgi) == []
+
+
+def _without(which: str) -> tuple:
+    """(makefile, server, wsgi) as Cheroot's, but for the one internal named ``which``."""
+    from cheroot import makefile, server, wsgi
+
+    fake = {"makefile": dict(vars(makefile)), "server": dict(vars(server)),
+            "wsgi": dict(vars(wsgi))}
+
+    def plain_init(self):
+        self.other = None
+
+    if which == "has_data":
+        fake["makefile"]["StreamReader"] = type("StreamReader", (io.BufferedReader,), {})
+    elif which == "base":
+        fake["makefile"]["StreamReader"] = type("StreamReader", (object,),
+                                                {"has_data": lambda self: False})
+    elif which == "connection":
+        fake["server"]["HTTPConnection"] = type("HTTPConnection", (), {"__init__": plain_init,
+                                                                       "rbufsize": 8192})
+    elif which == "request":
+        fake["server"]["HTTPRequest"] = type("HTTPRequest", (), {"__init__": plain_init})
+    elif which == "server":
+        fake["wsgi"]["Server"] = type("Server", (), {"prepare": lambda self: None})
+    elif which == "gateway":
+        fake["server"]["Gateway"] = type("Gateway", (), {"__init__": plain_init})
+    return tuple(types.SimpleNamespace(**fake[name]) for name in ("makefile", "server", "wsgi"))
+
+
+@pytest.mark.parametrize("which, entry", [
+    ("has_data", 0), ("base", 1), ("connection", 2), ("request", 3), ("server", 4),
+    ("gateway", 5)])
+def test_each_cheroot_internal_is_checked(which, entry):
+    missing = healthlog.cheroot_missing(*_without(which))
+    assert missing == [healthlog.CHEROOT_INTERNALS[entry][0]]
+
+
+def test_a_cheroot_without_them_stops_serve_naming_the_adapter(monkeypatch):
+    from cheroot import makefile
+
+    monkeypatch.setattr(makefile, "StreamReader",
+                        type("StreamReader", (io.BufferedReader,), {}))
+    with pytest.raises(healthlog.ConfigError) as raised:
+        healthlog._make_server_classes()
+    message = str(raised.value)
+    assert "Cheroot adapter (_make_server_classes)" in message
+    assert "makefile.StreamReader.has_data" in message and "cheroot==11.1.2" in message
