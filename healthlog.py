@@ -158,13 +158,15 @@ FOLD_WAKE_S = 60.0
 """Periodic wake-up of the fold thread, so a delivery left pending is retried even
 when the phone is silent for hours (ING-4.5)."""
 
-HANDOFF_BYTES = 4 << 20
-"""Bodies (up to :data:`QUICK_CHECK_BYTES` each) whose document, parsed at ingest, waits
-in memory for the fold thread (:class:`Handoff`): at most 4 MiB of them.  0 turns the
-hand-over off."""
-HANDOFF_MEMORY_FACTOR = 6.0
-"""orjson's document of a body, per byte of it: 4.8 for compact dense points, 2.3 for
-HAE's pretty-printed 2.8 MB body (tracemalloc); with room."""
+HANDOFF_BUDGET = 24 << 20
+"""Memory the documents parsed at ingest may take while they wait for the fold thread
+(:class:`Handoff`), as :func:`document_cost` estimates it.  0 turns the hand-over off."""
+HANDOFF_BYTE_COST = 6
+HANDOFF_CONTAINER_COST = 200
+"""orjson's document of a body: 4.8 bytes per byte of compact dense points and 2.3 for
+HAE's pretty-printed 2.8 MB body (tracemalloc), so 6 with room; but a body of tiny
+objects takes more (``[{},{},…]`` 24 bytes per byte), so each object or array counts at
+least 200 bytes (a small dict with its key and value)."""
 FOLD_DEADLINE_S = 300.0
 """A fold that takes longer is ``failed`` and frees the queue (ING-3): the largest
 body folds in seconds here, so five minutes only catches a pathological one."""
@@ -611,7 +613,7 @@ class Config:
     fold_wake_s: float = FOLD_WAKE_S
     fold_deadline_s: float = FOLD_DEADLINE_S
     stop_budget_s: float = STOP_BUDGET_S
-    handoff_bytes: int = HANDOFF_BYTES
+    handoff_budget: int = HANDOFF_BUDGET
 
     @property
     def db_path(self) -> Path:
@@ -1739,8 +1741,9 @@ def _int64(text: str) -> int:
 
 
 def check_delivery_shape(path: Path) -> Optional[tuple]:
-    """Validate a whole body as HAE JSON; return (document, plain) when orjson parsed
-    it whole on the way (:func:`_quick_shape_ok`), for the fold (:class:`Handoff`).
+    """Validate a whole body as HAE JSON; return (document, plain, its estimated memory)
+    when orjson parsed it whole on the way (:func:`_quick_shape_ok`), for the fold
+    (:class:`Handoff`).
 
     Every byte is checked by the JSON scanner, but each object collapses into one
     shared sentinel as soon as it is parsed, so memory stays near the body's own size.
@@ -1761,7 +1764,7 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
     if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
         doc = _quick_shape_ok(body)
         if doc is not None:
-            return doc, not may_hold_booleans(body)
+            return doc, not may_hold_booleans(body), document_cost(body)
     try:
         text = body.decode("utf-8")
         del body
@@ -1800,6 +1803,14 @@ interpreter's recursion limit less the stack in use (orjson's is 1024)."""
 _DIGITS_AS_ZEROS = bytes(48 if 48 <= i <= 57 else 46 if i == 46 else 32 for i in range(256))
 """Digits to ``0``, the decimal point kept, every other byte to a space: an integer part of
 19 digits is then ``" " + 19 × "0"`` (a fraction's digits follow a ``.``)."""
+
+
+def document_cost(body: bytes) -> int:
+    """The memory a parsed body is counted for while it waits for the fold:
+    :data:`HANDOFF_BYTE_COST` per byte, or :data:`HANDOFF_CONTAINER_COST` per object or
+    array, whichever is more (braces inside strings count too: never less)."""
+    return max(HANDOFF_BYTE_COST * len(body),
+               HANDOFF_CONTAINER_COST * (body.count(b"{") + body.count(b"[")))
 
 
 def _quick_shape_ok(body: bytes) -> Optional[dict]:
@@ -3211,6 +3222,7 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
             raise InternalError() from None
     finally:
         upload.discard()  # a no-op once the body has been renamed into the archive
+    delivery_id = None
     try:
         with write_txn(conn):
             cursor = conn.execute(
@@ -3221,14 +3233,16 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                  headers.get("automation-aggregation"), headers.get("automation-period"),
                  headers.get("session-id"), name))
             delivery_id = int(cursor.lastrowid)
+            if handoff is not None and parsed is not None:  # before the fold can see the row
+                handoff.put(delivery_id, *parsed)
     except sqlite3.Error as exc:
+        if handoff is not None and delivery_id is not None:
+            handoff.take(delivery_id)  # the row was not committed
         log_event(logging.ERROR,
                   "delivery row not written: the body is an orphan in the archive until"
                   " `healthlog reindex` adopts it",
                   archive_path=archive_path, busy=is_busy(exc), error=type(exc).__name__)
         raise InternalError() from None
-    if handoff is not None and parsed is not None:
-        handoff.put(delivery_id, upload.size, *parsed)
     return delivery_id
 
 
@@ -3236,9 +3250,10 @@ class Handoff:
     """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
     once (the fold would read and parse the archived copy of the same bytes again).
 
-    At most ``budget`` bytes of bodies wait; the oldest give way.  What is not here (a
-    restart, a large body, a document given way) is read from the archive, which stays
-    the truth: the fold of a handed-over document is the fold of the archived body."""
+    Documents whose estimated memory (:func:`document_cost`) adds up to at most
+    ``budget`` wait; the oldest give way.  What is not here (a restart, a large body, a
+    document given way) is read from the archive, which stays the truth: the fold of a
+    handed-over document is the fold of the archived body."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -3246,12 +3261,12 @@ class Handoff:
         self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
         self._bytes = 0
 
-    def put(self, delivery_id: int, size: int, doc: Any, plain: bool) -> None:
-        if size > self.budget:
+    def put(self, delivery_id: int, doc: Any, plain: bool, cost: int) -> None:
+        if cost > self.budget:
             return
         with self._lock:
-            self._waiting[delivery_id] = (size, doc, plain)
-            self._bytes += size
+            self._waiting[delivery_id] = (cost, doc, plain)
+            self._bytes += cost
             while self._bytes > self.budget:
                 self._bytes -= self._waiting.popitem(last=False)[1][0]
 
@@ -4063,7 +4078,7 @@ class FoldWorker:
         self.current: Optional[int] = None  # the delivery being folded
         self.fault: Optional[str] = None  # the machine fault the loop is paused for
         self._owed: dict = {}  # delivery id -> attempts to take back at its next one
-        self.handoff = Handoff(config.handoff_bytes) if config.handoff_bytes > 0 else None
+        self.handoff = Handoff(config.handoff_budget) if config.handoff_budget > 0 else None
 
     def start(self) -> None:
         self._started_at = format_received_at(utc_now())
@@ -7347,7 +7362,7 @@ CGROUP_ROOT = Path("/")
 def memory_needed_mib(max_body_bytes: int) -> int:
     """What ``serve`` may need while it folds one body of the largest size, validates
     another, and small documents wait for the fold (:class:`Handoff`)."""
-    return int(SERVE_BASE_MIB + HANDOFF_MEMORY_FACTOR * HANDOFF_BYTES / 1048576
+    return int(SERVE_BASE_MIB + HANDOFF_BUDGET / 1048576
                + (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR) * max_body_bytes / 1048576)
 
 
@@ -7594,7 +7609,7 @@ its fold, so the write lock is held only for moments and ``import`` keeps workin
 REBUILD_HELD_MAX = 4096
 REBUILD_AHEAD = 16
 REBUILD_AHEAD_BYTES = 32 << 20
-"""A parallel rebuild asks its workers to prepare at most 4 deliveries per worker beyond
+"""A parallel rebuild asks its workers to prepare at most 16 deliveries per worker beyond
 the one being decided, and at most 32 MiB of bodies."""
 
 
@@ -7706,12 +7721,21 @@ def can_fork() -> bool:
 REBUILD_SHARD_FLUSH_S = 2.0
 """A worker writes the objects of its shard to its own scratch file every 2 s (or at
 :data:`REBUILD_HELD_MAX` rows): no other process waits for that file's lock."""
+REBUILD_LOCK_HOLD_S = 0.05
+REBUILD_LOCK_GAP_S = 0.01
+"""The writer of a parallel rebuild commits before it waits for a worker, and at the
+latest after 50 ms; then it leaves the write lock free for 10 ms, so that an ``import``
+beside it (whose wait for the lock polls every few ms, then every 100 ms) gets a turn."""
+REBUILD_GATHER_ROWS = 16384
+"""Objects the writer copies from a worker's scratch file per transaction at the end: a
+year of minute data (57k objects) in a few transactions of about 0.15 s each."""
 REBUILD_CHUNK_POINTS = 20_000
 """A body the writer reads itself (one of :data:`STREAM_FOLD_BYTES` or more) goes to the
 shards' workers in pieces of about this many points, so it is never whole in memory."""
 REBUILD_UNSENT_MAX = 64 << 20
 """Bytes the writer may hold for workers that have not read them yet; past it, it waits."""
 _FRAME = struct.Struct("!Q")
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _frame(message: Any) -> bytes:
@@ -7769,14 +7793,22 @@ class Workers:
         try:
             for index in range(jobs):
                 ours, theirs = socket.socketpair()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError:
+                    ours.close()
+                    theirs.close()
+                    raise
                 if pid == 0:  # the worker leaves by os._exit: no finalizer, no atexit
                     code = 0
                     try:
                         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writer's
-                        ours.close()
-                        for other in self.socks:  # the writer's ends of earlier workers
-                            other.close()
+                        # Only its socket and the standard streams: not the data
+                        # directory's lock, the writer's database or other workers' ends,
+                        # so that nothing of the writer outlives it here.
+                        keep = theirs.fileno()
+                        os.closerange(3, keep)
+                        os.closerange(keep + 1, _MAX_FD)
                         child(theirs, index)
                     except BaseException:
                         code = 1
@@ -7786,6 +7818,10 @@ class Workers:
                 ours.setblocking(False)
                 self.socks.append(ours)
                 self._pids.append(pid)
+        except OSError as exc:  # no process or descriptor left (a pid or file limit)
+            self.close(abort=True)
+            raise PoolBroken("rebuild workers could not be started (%s)"
+                             % errno.errorcode.get(exc.errno, exc.errno)) from None
         except BaseException:
             self.close(abort=True)
             raise
@@ -7820,14 +7856,14 @@ class Workers:
                 out[0] = out[0][sent:]
                 return
 
-    def receive(self) -> list:
-        """Wait until a worker answers or a socket with something unsent drains:
-        [(worker, message)], possibly empty."""
+    def receive(self, timeout: Optional[float] = None) -> list:
+        """Wait (at most ``timeout`` seconds) until a worker answers or a socket with
+        something unsent drains: [(worker, message)], possibly empty."""
         for index, out in enumerate(self._out):
             self._selector.modify(self.socks[index], selectors.EVENT_READ | (
                 selectors.EVENT_WRITE if out else 0), index)
         messages = []
-        for selected, events in self._selector.select():
+        for selected, events in self._selector.select(timeout):
             index = selected.data
             if events & selectors.EVENT_WRITE:
                 self._pump(index)
@@ -7909,7 +7945,9 @@ def _rebuild_child(sock: socket.socket, index: int, config: Config, shards: int,
                 conn = sqlite3.connect(str(shard_path), isolation_level=None)
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")
-                migrate(conn, shard_path)
+                for statement in schema_statements():  # its object table, no index
+                    if statement.startswith("CREATE TABLE object "):
+                        conn.execute(statement)
                 engine = _ShardEngine(conn, config, positions)
             answer = _merge_share(engine, message, kept)
         else:
@@ -7923,8 +7961,9 @@ def _rebuild_child(sock: socket.socket, index: int, config: Config, shards: int,
 def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict) -> tuple:
     """("prepared", id, summary, shares): the body's outcome inputs and its hours split
     by shard, each a pickled list or None (nothing), this worker's own shard kept here
-    (True); or ("prepared", id, None, (kind, error, uncovered)) when it cannot be read,
-    parsed or placed."""
+    (True); or ("prepared", id, summary or None, (kind, error, uncovered)) when it cannot
+    be read, parsed or placed (the summary when only placing its hours failed: the
+    decision comes first, as in one process)."""
     _, delivery_id, relative, aggregation = message
     deadline = time.monotonic() + config.fold_deadline_s
 
@@ -7932,22 +7971,23 @@ def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict
         if time.monotonic() > deadline:
             raise FoldDeadlineExceeded()
 
+    summary = None
     try:
         extraction, plain = extract_body(config.data_dir / relative, check_deadline)
         summary = summarize(extraction, plain, aggregation)
         shares: list = [[] for _ in range(shards)]
         for shard, entry in shard_entries(extraction, shards, check_deadline):
             shares[shard].append(entry)
-        if shares[index]:
-            kept[delivery_id] = shares[index]
-            shares[index] = True
-        return ("prepared", delivery_id, summary,
-                [share if share in (True, None) else pickle.dumps(share, pickle.HIGHEST_PROTOCOL)
-                 for share in (share or None for share in shares)])
-    except Exception as exc:  # classified as the fold thread would
+        sent = [pickle.dumps(share, pickle.HIGHEST_PROTOCOL) if share and shard != index
+                else None for shard, share in enumerate(shares)]
+    except Exception as exc:  # classified as the fold would (after its decision, if any)
         outcome = classify(exc)
-        return ("prepared", delivery_id, None,
+        return ("prepared", delivery_id, summary,
                 (outcome.kind, outcome.error, getattr(exc, "uncovered", None)))
+    if shares[index]:
+        kept[delivery_id] = shares[index]
+        sent[index] = True
+    return ("prepared", delivery_id, summary, sent)
 
 
 def _merge_share(engine: _ShardEngine, message: tuple, kept: dict) -> tuple:
@@ -7983,8 +8023,9 @@ class _ParallelRebuild:
     duplicate and inheritance rules reading the journal it writes) and sends each hour
     to the worker that owns its objects (:func:`shard_of`), which merges them in the
     order sent.  Every object meets the deliveries that touch it in journal order, as in
-    one process, so the store is the same; the outcomes are written as decided (their
-    counters once the shards have answered), in transactions of :data:`REBUILD_BATCH_S`.
+    one process, so the store is the same.  The outcomes are written as decided (their
+    counters once the shards have answered); the writer commits before it waits for a
+    worker, so the write lock is held only while it writes and ``import`` keeps working.
     A body of :data:`STREAM_FOLD_BYTES` or more, or one a worker could not read for a
     passing fault, is read here and sent in pieces."""
 
@@ -7994,7 +8035,7 @@ class _ParallelRebuild:
         self.ids, self.sizes, self.progress, self.jobs = ids, sizes, progress, jobs
         self.shard_paths = [shard_dir / ("shard-%d.sqlite3" % n) for n in range(jobs)]
         self.prepared: dict = {}
-        self.waiting: dict = {}  # id -> [plan, answers awaited, started]
+        self.waiting: dict = {}  # id -> [plan, answers awaited, still sending, started]
         self.finished: set = set()
         positions = dict(self.conn.execute("SELECT id, received_at FROM %s" % engine.journal))
         config, paths = self.config, self.shard_paths
@@ -8002,7 +8043,7 @@ class _ParallelRebuild:
             sock, index, config, jobs, paths[index], positions))
         self.asked = self.asked_bytes = self.done_bytes = 0
         self.rows: dict = {}
-        self.committed = time.monotonic()
+        self.began = math.inf  # when the open transaction began
 
     def run(self) -> None:
         """Fold every delivery, wait for the shards, copy their objects in."""
@@ -8012,8 +8053,9 @@ class _ParallelRebuild:
                 self._fold(delivery_id)
                 self.done_bytes += self.sizes.get(delivery_id, 0)
                 self.progress.update(done, self.done_bytes)
-                if time.monotonic() - self.committed >= REBUILD_BATCH_S:
-                    self._commit()
+                if time.monotonic() - self.began >= REBUILD_LOCK_HOLD_S:
+                    self._commit()  # and a moment without the lock before the next write
+                    time.sleep(REBUILD_LOCK_GAP_S)
             while self.waiting:
                 self._receive()
             for index in range(self.jobs):
@@ -8030,10 +8072,7 @@ class _ParallelRebuild:
                 raise HealthlogError(STUCK_REBUILD) from None
             raise
         self.workers.close()
-        try:
-            self._gather()
-        except sqlite3.Error:
-            raise HealthlogError(STUCK_REBUILD) from None
+        self._gather()
 
     def _ask_ahead(self, done: int) -> None:
         limit = min(done + REBUILD_AHEAD * self.jobs, len(self.ids))
@@ -8055,41 +8094,53 @@ class _ParallelRebuild:
         row = self.rows.pop(delivery_id)
         if row is None:
             return
-        self._begin()
-        duplicate = self.engine.earlier_duplicate(row)
-        asked = delivery_id in self.prepared
-        if asked:
-            while self.prepared[delivery_id] is None:
-                self._receive()
-            summary, shares = self.prepared.pop(delivery_id)
-            self.asked_bytes -= self.sizes.get(delivery_id, 0)
-        plan = None
-        if duplicate is not None:
-            earlier, status, layer, uncovered = duplicate
-            plan = FoldPlan(row["id"], status, layer, json.loads(uncovered),
-                            error="duplicate of delivery %d" % earlier,
-                            counters=dict.fromkeys(_COUNTERS, 0))
-            self._record(plan)
-            self._done(plan, started)
-        elif asked and summary is None and shares[0] == "failed":
-            self._record_failed(delivery_id, shares[1], shares[2])
-        elif not asked or summary is None:  # too big to send whole, or a passing fault
+        if delivery_id not in self.prepared:  # too big to send whole
             self._fold_here(row, started)
-        else:
+            return
+        while self.prepared[delivery_id] is None:
+            self._receive()
+        summary, shares = self.prepared.pop(delivery_id)
+        self.asked_bytes -= self.sizes.get(delivery_id, 0)
+        kept = [shard for shard, share in enumerate(shares) if share is True]
+        plan = self._duplicate(row, started)
+        if plan is None and summary is not None:
             plan = self._decide(row, summary)
-        if plan is None or plan.error is not None:  # no hour of it is merged
-            for shard, share in enumerate(shares if asked and summary else ()):
-                if share is True:
-                    self.workers.send(shard, ("forget", delivery_id))
+        if plan is None or plan.error is not None or type(shares) is tuple:
+            for shard in kept:  # nothing of it is merged
+                self.workers.send(shard, ("forget", delivery_id))
+            if plan is not None and plan.error is None:  # placing its hours failed
+                kind, error, uncovered = shares
+                if kind == "failed":
+                    self._record_failed(delivery_id, error, uncovered)
+                else:  # a passing fault: read it here, as the fold would again
+                    self._fold_here(row, started)
+            elif plan is None and summary is None:  # it could not be read or parsed
+                kind, error, uncovered = shares
+                if kind == "failed":
+                    self._record_failed(delivery_id, error, uncovered)
+                else:
+                    self._fold_here(row, started)
             return
         self.engine._describe(plan, summary)
         self._record(plan)
-        sent = 0
+        self.waiting[delivery_id] = [plan, 0, True, started]
         for shard, share in enumerate(shares):
             if share is not None:
                 self._send(shard, plan, None if share is True else share)
-                sent += 1
-        self._await(plan, sent, started)
+        self._sent(delivery_id)
+
+    def _duplicate(self, row: Mapping[str, Any], started: float) -> Optional[FoldPlan]:
+        """The plan of a delivery whose bytes an earlier folded one had, recorded."""
+        duplicate = self.engine.earlier_duplicate(row)
+        if duplicate is None:
+            return None
+        earlier, status, layer, uncovered = duplicate
+        plan = FoldPlan(row["id"], status, layer, json.loads(uncovered),
+                        error="duplicate of delivery %d" % earlier,
+                        counters=dict.fromkeys(_COUNTERS, 0))
+        self._record(plan)
+        self._done(plan, started)
+        return plan
 
     def _fold_here(self, row: Mapping[str, Any], started: float) -> None:
         """Read, parse and place the body here, and send its hours in pieces."""
@@ -8099,6 +8150,8 @@ class _ParallelRebuild:
             if time.monotonic() > deadline:
                 raise FoldDeadlineExceeded()
 
+        if self._duplicate(row, started) is not None:
+            return
         path = self.config.data_dir / row["archive_path"]
         for _ in range(REBUILD_BUSY_TRIES):
             try:
@@ -8110,6 +8163,7 @@ class _ParallelRebuild:
                     self._record_failed(row["id"], outcome.error,
                                         getattr(exc, "uncovered", None))
                     return
+                self._commit()
                 time.sleep(1.0)
         else:
             raise HealthlogError(STUCK_REBUILD)
@@ -8119,24 +8173,26 @@ class _ParallelRebuild:
             return
         self.engine._describe(plan, summary)
         self._record(plan)
+        self.waiting[plan.delivery_id] = [plan, 0, True, started]
         pieces: list = [[] for _ in range(self.jobs)]
         sizes = [0] * self.jobs
-        sent = 0
         try:
             for shard, entry in shard_entries(extraction, self.jobs, check_deadline):
                 pieces[shard].append(entry)
                 sizes[shard] += len(entry[4])
                 if sizes[shard] >= REBUILD_CHUNK_POINTS:
-                    self._send(shard, plan, pickle.dumps(pieces[shard], pickle.HIGHEST_PROTOCOL))
+                    self._send(shard, plan, pickle.dumps(pieces[shard],
+                                                         pickle.HIGHEST_PROTOCOL))
                     pieces[shard], sizes[shard] = [], 0
-                    sent += 1
-        except FoldDeadlineExceeded:
-            raise PoolBroken("a body took longer than the fold deadline") from None
-        for shard, piece in enumerate(pieces):
-            if piece:
-                self._send(shard, plan, pickle.dumps(piece, pickle.HIGHEST_PROTOCOL))
-                sent += 1
-        self._await(plan, sent, started)
+            for shard, piece in enumerate(pieces):
+                if piece:
+                    self._send(shard, plan, pickle.dumps(piece, pickle.HIGHEST_PROTOCOL))
+        except (PoolBroken, HealthlogError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # some pieces are merged already: start again in one process
+            raise PoolBroken("a large body could not be placed here (%s)"
+                             % type(exc).__name__) from None
+        self._sent(plan.delivery_id)
 
     def _decide(self, row: Mapping[str, Any], summary: BodySummary) -> Optional[FoldPlan]:
         try:
@@ -8145,19 +8201,36 @@ class _ParallelRebuild:
             self._record_failed(row["id"], classify(exc).error, exc.uncovered)
             return None
 
-    def _send(self, shard: int, plan: FoldPlan, share: bytes) -> None:
+    def _send(self, shard: int, plan: FoldPlan, share: Optional[bytes]) -> None:
+        """Send one share of the planned delivery to its owner (counted as awaited)."""
         while self.workers.unsent > REBUILD_UNSENT_MAX:
             self._receive()
+        self.waiting[plan.delivery_id][1] += 1
         self.workers.send(shard, ("merge", plan.delivery_id, plan.here, plan.metric_layer,
                                   plan.plain, share))
 
-    def _await(self, plan: FoldPlan, answers: int, started: float) -> None:
-        if answers:
-            self.waiting[plan.delivery_id] = [plan, answers, started]
-        else:
-            self._done(plan, started)
+    def _sent(self, delivery_id: int) -> None:
+        """Every share of the delivery is on its way: done once all are merged."""
+        waiting = self.waiting[delivery_id]
+        waiting[2] = False
+        self._answered(delivery_id)
+
+    def _answered(self, delivery_id: int) -> None:
+        plan, awaited, sending, started = self.waiting[delivery_id]
+        if awaited or sending:
+            return
+        del self.waiting[delivery_id]
+        self._begin()
+        self.conn.execute(
+            "UPDATE %s SET %s WHERE id = ?" % (self.engine.journal, ", ".join(
+                "%s = ?" % name for name in _COUNTERS)),
+            [plan.counters[name] for name in _COUNTERS] + [delivery_id])
+        self._done(plan, started)
 
     def _receive(self) -> None:
+        """Wait for the workers, committing first: no write lock is held while they
+        work."""
+        self._commit()
         for _, message in self.workers.receive():
             kind = message[0]
             if kind == "prepared":
@@ -8170,20 +8243,14 @@ class _ParallelRebuild:
                     plan.counters[name] += count
                 plan.warnings.extend(warnings)
                 waiting[1] -= 1
-                if not waiting[1]:
-                    del self.waiting[delivery_id]
-                    self._begin()
-                    self.conn.execute(
-                        "UPDATE %s SET %s WHERE id = ?" % (self.engine.journal, ", ".join(
-                            "%s = ?" % name for name in _COUNTERS)),
-                        [plan.counters[name] for name in _COUNTERS] + [delivery_id])
-                    self._done(plan, waiting[2])
+                self._answered(delivery_id)
             elif kind == "merge failed":
                 raise PoolBroken("a rebuild worker could not merge a delivery")
             else:
                 self.finished.add(message[1])
 
     def _record(self, plan: FoldPlan) -> None:
+        self._begin()
         self.engine._record(plan.delivery_id, plan.status, plan.layer, plan.uncovered,
                             plan.error, [plan.counters.get(name) for name in _COUNTERS])
 
@@ -8198,12 +8265,13 @@ class _ParallelRebuild:
         self.engine._log_folded(plan, time.monotonic() - started, False)
 
     def _begin(self) -> None:
-        """Open the writer's transaction (held until :meth:`_commit`)."""
+        """Open the writer's transaction (until it next waits, :meth:`_commit`)."""
         if self.conn.in_transaction:
             return
         for attempt in range(REBUILD_BUSY_TRIES):
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
+                self.began = time.monotonic()
                 return
             except sqlite3.Error as exc:
                 if not is_busy(exc) or attempt == REBUILD_BUSY_TRIES - 1:
@@ -8216,23 +8284,46 @@ class _ParallelRebuild:
                 self.conn.execute("COMMIT")
             except sqlite3.Error:
                 raise HealthlogError(STUCK_REBUILD) from None
-        self.committed = time.monotonic()
+        self.began = math.inf
 
     def _gather(self) -> None:
-        """Copy the shards' objects into the rebuild's object table."""
+        """Copy the shards' objects into the rebuild's object table, in transactions of
+        :data:`REBUILD_GATHER_ROWS` rows.  A disk that fills here hands the rebuild to one
+        process (the shards' files are gone by then)."""
         columns = ("metric, layer, hour, units, first_at, last_at, points, delivery_id,"
                    " updated_by, hash, sealed, blob, point_deliveries, summary, spans")
-        for path in self.shard_paths:
-            if not path.exists():
-                continue
-            self.conn.execute("ATTACH DATABASE ? AS shard", (str(path),))
-            try:
-                self._begin()
-                self.conn.execute("INSERT INTO %s (%s) SELECT %s FROM shard.object"
-                                  % (self.engine.objects, columns, columns))
-                self._commit()
-            finally:
-                self.conn.execute("DETACH DATABASE shard")
+        try:
+            for path in self.shard_paths:
+                if not path.exists():
+                    continue
+                self.conn.execute("ATTACH DATABASE ? AS shard", (str(path),))
+                try:
+                    after: tuple = ("", "", -(1 << 62))
+                    while True:
+                        self._begin()
+                        last = self.conn.execute(
+                            "SELECT metric, layer, hour FROM (SELECT metric, layer, hour FROM"
+                            " shard.object WHERE (metric, layer, hour) > (?, ?, ?) ORDER BY"
+                            " metric, layer, hour LIMIT ?) ORDER BY metric DESC, layer DESC,"
+                            " hour DESC LIMIT 1", after + (REBUILD_GATHER_ROWS,)).fetchone()
+                        if last is None:
+                            self._commit()
+                            break
+                        self.conn.execute(
+                            "INSERT INTO %s (%s) SELECT %s FROM shard.object WHERE"
+                            " (metric, layer, hour) > (?, ?, ?) AND (metric, layer, hour) <="
+                            " (?, ?, ?)" % (self.engine.objects, columns, columns),
+                            after + tuple(last))
+                        self._commit()
+                        after = tuple(last)
+                finally:
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                    self.conn.execute("DETACH DATABASE shard")
+        except sqlite3.Error as exc:
+            if is_storage_failure(exc):
+                raise PoolBroken("the rebuild's copy of its objects ran out of room") from None
+            raise HealthlogError(STUCK_REBUILD) from None
 
 
 def rebuild(conn: sqlite3.Connection, config: Config, journal: str, objects: str,

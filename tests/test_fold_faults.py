@@ -540,7 +540,7 @@ def quick_service(make_config):
     """A real service whose fold loop pauses only 0.1 s and wakes every 0.2 s, and that
     folds every delivery from its archived body (no hand-over from ingest, FOLD-17): the
     faults here are the archive's."""
-    service = healthlog.Service(make_config(fold_wake_s=0.2, handoff_bytes=0),
+    service = healthlog.Service(make_config(fold_wake_s=0.2, handoff_budget=0),
                                 announce=lambda token: None)
     service.worker = QuickRetryWorker(service.config)
     service.start()

@@ -73,7 +73,7 @@ def test_fold_17_1_the_same_store_with_and_without_the_handoff(start_service, tm
     else:
         assert from_ingest == []
     before = len(logs.find("delivery folded"))
-    read_again = start_service(data_dir=tmp_path / "read", handoff_bytes=0)
+    read_again = start_service(data_dir=tmp_path / "read", handoff_budget=0)
     fold_all(read_again, deliveries)
     read_again.stop()
     assert len(logs.find("delivery folded")) == before + len(deliveries)
@@ -97,9 +97,9 @@ def test_fold_17_2_documents_past_the_budget_are_read_from_the_archive(start_ser
     bodies = [hf.dumps_hae(hf.metrics_payload(n, ("step_count", "heart_rate"),
                                               day + dt.timedelta(days=n), grouping="Minutes"))
               for n in range(5)]
-    budget = len(bodies[3]) + len(bodies[4])
+    budget = healthlog.document_cost(bodies[3]) + healthlog.document_cost(bodies[4])
     headers = {"automation-name": "Budget", "automation-aggregation": "Minutes"}
-    held = start_service(paused=True, data_dir=tmp_path / "held", handoff_bytes=budget)
+    held = start_service(paused=True, data_dir=tmp_path / "held", handoff_budget=budget)
     client = Client(*held.address)
     ids = [client.ingest(body, headers=headers)[1]["delivery_id"] for body in bodies]
     held.worker.gate.set()
@@ -109,7 +109,7 @@ def test_fold_17_2_documents_past_the_budget_are_read_from_the_archive(start_ser
     held.stop()
     parsed = {int(r["delivery_id"]): r.get("parsed") for r in logs.find("delivery folded")}
     assert [parsed[i] for i in ids] == [None, None, None, "at ingest", "at ingest"]
-    none = start_service(data_dir=tmp_path / "none", handoff_bytes=0)
+    none = start_service(data_dir=tmp_path / "none", handoff_budget=0)
     client = Client(*none.address)
     for body in bodies:
         assert client.ingest(body, headers=headers)[0] == 200

@@ -12,7 +12,9 @@ a second; the rebuilds run as real ``healthlog.py`` subprocesses.
 """
 
 import datetime as dt
+import errno
 import hashlib
+import io
 import json
 import os
 import random
@@ -353,3 +355,44 @@ def test_reindex_11_6_jobs_default_to_the_usable_cores_and_are_checked(slow_stor
                             capture_output=True, text=True, timeout=300)
     assert pinned.returncode == 0, pinned.stderr
     assert ", 1 job (" in pinned.stdout
+
+
+def rebuilt_here(store: Path, target: Path, jobs: int) -> str:
+    """``run_reindex`` in this process on a copy of ``store``: what it printed."""
+    shutil.copytree(str(store), str(target))
+    out = io.StringIO()
+    config = healthlog.Config(data_dir=target, log_level="WARN")
+    assert healthlog.run_reindex(config, out=out, jobs=jobs) == 0
+    return out.getvalue()
+
+
+@pytest.mark.json_agnostic
+def test_reindex_11_2_large_bodies_with_little_room_between_the_processes(tmp_path,
+                                                                          monkeypatch):
+    """Every body is read by the deciding process and sent in pieces of 300 points, and
+    it may hold almost nothing unsent, so it waits for the workers between pieces of one
+    delivery: the same journal and objects as one process."""
+    deliveries = random_traffic(4, count=60)
+    store = tmp_path / "store"
+    write_store(store, deliveries)
+    one = rebuilt_here(store, tmp_path / "one", 1)
+    monkeypatch.setattr(healthlog, "STREAM_FOLD_BYTES", 1)
+    monkeypatch.setattr(healthlog, "REBUILD_CHUNK_POINTS", 300)
+    monkeypatch.setattr(healthlog, "REBUILD_UNSENT_MAX", 1)
+    many = rebuilt_here(store, tmp_path / "many", 3)
+    assert ", 3 jobs (" in many
+    assert printed_fingerprint(many) == printed_fingerprint(one)
+    assert_same_store(tmp_path / "one", tmp_path / "many")
+
+
+@pytest.mark.json_agnostic
+def test_reindex_11_3_workers_that_cannot_be_started_leave_it_to_one_process(
+        slow_store, tmp_path, monkeypatch, logs):
+    def no_process_left():
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_process_left)
+    out = rebuilt_here(slow_store, tmp_path / "data", 2)
+    assert ", 1 job (" in out
+    [warning] = logs.find("the parallel reindex stopped", level="WARN")
+    assert warning["reason"] == "rebuild workers could not be started (EAGAIN)"
