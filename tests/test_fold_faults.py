@@ -639,7 +639,9 @@ def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
     found = row(data_dir, broken)
     assert (found["attempts"], found["error"]) == (1, None)
     assert objects_of(data_dir, broken) == found["objects_written"] > 0
-    [late] = logs.find("folded after a later one", level="WARN")
+    # The warning follows the commit the status was read from: wait for it as well.
+    [late] = wait_for(lambda: logs.find("folded after a later one", level="WARN"),
+                      what="the late fold's warning")
     assert late["delivery_id"] == str(broken)
     status, health = wait_for(lambda: (lambda h: h[1]["status"] == "ok" and h)(healthz(client)),
                               timeout=60, what="/healthz is ok again")
