@@ -9057,6 +9057,7 @@ LOGIN_HTML = r"""<!doctype html>
 <title>Sign in · healthlog</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/static/app.css">
+<script src="/static/app.js" defer></script>
 </head>
 <body class="login">
 <main class="signin">
@@ -10204,8 +10205,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       throw new HttpError('The server cannot be reached (' + err.message + ').', 0);
     }
     if (response.status === 401) {
-      // The session ended (signed out elsewhere, or the token changed): the sign-in page.
-      window.location.assign('/');
+      // The session ended (signed out elsewhere, or the token changed): the sign-in page,
+      // at the same address, so the view comes back once signed in.
+      window.location.reload();
       throw new HttpError('Signed out.', 401);
     }
     let body = null;
@@ -12199,6 +12201,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     };
   }
 
+  const signIn = document.getElementById('login');
+  if (signIn) {
+    // The sign-in page: a bookmarked view (#metric=...) outlives signing in. The form
+    // posts to /login#view, and the redirect to / keeps that fragment, which its
+    // Location does not name (a browser carries it over).
+    signIn.addEventListener('submit', () => {
+      signIn.setAttribute('action', '/login' + window.location.hash);
+    });
+    return;
+  }
   if (!document.getElementById('catalog')) return; // loaded without the dashboard (tests)
   if (document.readyState === 'loading') {
     document.addEventListener('DOMContentLoaded', init);

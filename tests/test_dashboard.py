@@ -771,6 +771,38 @@ def test_read_10_15_the_server_chooses_the_layer_and_the_page_names_it(session):
     assert page.input_value("#layer") == "minutes"
 
 
+def test_read_10_16_a_bookmarked_view_outlives_signing_in(session, store):
+    """A view opened from a bookmark before signing in, or left open while the session ends
+    elsewhere, is the view shown once signed in, not the summary."""
+    view = {"metric": "step_count", "range": "30d", "tz": "UTC"}
+    s = session(timezone="Europe/Lisbon")
+    page = s.page
+    page.goto(store.base + "/#" + urllib.parse.urlencode(view))
+    page.wait_for_selector("#token")
+    sign_in(page)
+    s.wait(view)
+    assert page.is_hidden("#summary") and page.is_visible("#metric-view")
+    assert query("?" + page.url.split("#", 1)[1]) == view
+    shown = buckets(page)
+    assert len(shown) == 30 and shown[-1]["date"] == "2025-12-30"  # as READ-10.10 finds
+
+    # Signed out by another browser: the next view asked for is refused, the sign-in page
+    # comes at that view's address, and signing in again shows it.
+    other = session(timezone="Europe/Paris").sign_in()
+    other.page.click("#signout-everywhere")
+    other.page.wait_for_selector("#token")
+    second = {"metric": "heart_rate", "range": "7d", "tz": "UTC"}
+    page.evaluate("h => { window.location.hash = h; }", "#" + urllib.parse.urlencode(second))
+    page.wait_for_selector("#token")
+    assert query("?" + page.url.split("#", 1)[1]) == second
+    sign_in(page)
+    s.wait(second)
+    assert page.is_hidden("#summary")
+    # The refused request is the browser's one logged error.
+    assert s.watch.errors and all("401" in e for e in s.watch.errors), s.watch.errors
+    s.watch.errors.clear()
+
+
 VIEWS = (
     ("steps", {"metric": "step_count", "range": "30d", "tz": "local"}),
     ("heart-rate", {"metric": "heart_rate", "range": "7d", "tz": "local"}),
