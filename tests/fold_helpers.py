@@ -1,5 +1,5 @@
-"""Helpers of the fold tests (test_fold.py, test_real_exports.py, test_fold_properties.py):
-the two ways they get deliveries into a real journal.
+"""Helpers of the fold tests (test_fold.py, test_real_exports.py, test_fold_properties.py,
+test_fold_stream.py): the two ways they get deliveries into a real journal.
 
 * `Journal`: really posting them to a running Cheroot server on 127.0.0.1:0 (usually a
   paused one, whose fold thread waits for ``worker.gate``), then reading or editing the
@@ -125,6 +125,10 @@ class Store:
     def fold(self, delivery_id: int) -> None:
         assert self.engine.fold(delivery_id).kind == "folded"
 
+    def fold_all(self) -> None:
+        """Fold everything pending as ``serve`` does: one pass of the worker's own loop."""
+        healthlog.FoldWorker(self.config).run_pass(self.engine)
+
     def journal_and_fold(self, body: bytes, headers: dict = None) -> dict:
         """Journal ``body`` (a second after the one before it) and fold it at once: the
         delivery's journal row."""
@@ -136,12 +140,19 @@ class Store:
 
     def objects(self, *extra: str) -> list:
         """Every object as (metric, layer, hour, units, points, hash, blob,
-        point_deliveries) followed by the ``extra`` columns, in (metric, layer, hour)
-        order."""
+        point_deliveries) followed by the ``extra`` columns (``"*"``: every column), in
+        (metric, layer, hour) order."""
         columns = ("metric", "layer", "hour", "units", "points", "hash", "blob",
                    "point_deliveries") + extra
         return self.conn.execute("SELECT %s FROM object ORDER BY 1, 2, 3"
                                  % ", ".join(columns)).fetchall()
+
+    def journal_rows(self) -> list:
+        """What the fold wrote of each delivery, in id order."""
+        return self.conn.execute(
+            "SELECT id, parse_status, layer, error, uncovered_keys, metrics, points,"
+            " bad_points, objects_written, overwrites, incomparable, unit_conflicts"
+            " FROM delivery ORDER BY id").fetchall()
 
     def stored(self) -> dict:
         """(start, end) -> stored point, over every object."""

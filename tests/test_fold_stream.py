@@ -12,7 +12,6 @@ real shapes and random bodies from hypothesis. The memory it saves is measured b
 """
 
 import datetime as dt
-import io
 import json
 import random
 import tempfile
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
+from fold_helpers import Store
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -160,42 +160,13 @@ def test_fold_13_1_real_shapes_are_indexed_to_what_their_documents_hold(tmp_path
 # -- the store two ways --------------------------------------------------------------------
 
 
-class Store:
-    """A fresh data directory journaled through ``accept_delivery`` and folded by the
-    worker's own ``FoldWorker.run_pass``/``FoldEngine``."""
-
-    def __init__(self, root: Path):
-        self.config = healthlog.Config(data_dir=root, log_level="ERROR")
-        healthlog.ensure_data_dir(root)
-        self.conn = healthlog.open_database(self.config, synchronous="NORMAL")
-        self.archive = healthlog.Archive(root)
-
-    def journal(self, body: bytes, headers: dict, seconds: int) -> int:
-        upload = self.archive.receive(io.BytesIO(body).read, len(body), 1 << 30, lambda: None)
-        return healthlog.accept_delivery(self.archive, self.conn, upload,
-                                         T0 + dt.timedelta(seconds=seconds), headers, None)
-
-    def fold_all(self) -> None:
-        worker = healthlog.FoldWorker(self.config)
-        worker.run_pass(healthlog.FoldEngine(self.conn, self.config, verbose=False))
-
-    def journal_rows(self) -> list:
-        return self.conn.execute(
-            "SELECT id, parse_status, layer, error, uncovered_keys, metrics, points,"
-            " bad_points, objects_written, overwrites, incomparable, unit_conflicts"
-            " FROM delivery ORDER BY id").fetchall()
-
-    def objects(self) -> list:
-        return self.conn.execute("SELECT * FROM object ORDER BY metric, layer, hour").fetchall()
-
-
 def fold_both_ways(deliveries: list, root: Path, monkeypatch) -> list:
     stores = []
     for name, threshold in (("whole", WHOLE), ("indexed", INDEXED)):
         monkeypatch.setattr(healthlog, "STREAM_FOLD_BYTES", threshold)
-        store = Store(root / name)
+        store = Store(root / name, T0)
         for seconds, (body, headers) in enumerate(deliveries):
-            store.journal(body, headers, seconds)
+            store.journal(body, seconds, headers)
         store.fold_all()
         stores.append(store)
     return stores
@@ -206,7 +177,7 @@ def test_fold_13_2_a_week_folded_hour_by_hour_is_the_week_folded_whole(tmp_path,
     whole, indexed = fold_both_ways([(p.body, p.headers) for p in pushes], tmp_path,
                                     monkeypatch)
     try:
-        assert whole.objects() == indexed.objects()  # every column, blobs included
+        assert whole.objects("*") == indexed.objects("*")  # every column, blobs included
         assert whole.journal_rows() == indexed.journal_rows()
         assert {row[1] for row in whole.journal_rows()} >= {"parsed"}
     finally:
@@ -269,7 +240,7 @@ def test_fold_13_2_random_deliveries_fold_alike_hour_by_hour_and_whole(deliverie
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
         whole, indexed = fold_both_ways(deliveries, Path(tmp), monkeypatch)
         try:
-            assert whole.objects() == indexed.objects()
+            assert whole.objects("*") == indexed.objects("*")
             assert whole.journal_rows() == indexed.journal_rows()
         finally:
             whole.conn.close()
