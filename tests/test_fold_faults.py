@@ -520,7 +520,11 @@ def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
     for delivery_id in ids:
         found = row(data_dir, delivery_id)
         assert (found["attempts"], found["error"]) == (1, None)
-    lines = proc.log_lines()
+    # Each fold logs "delivery folded" after the commit the statuses were read from:
+    # read the log once the last of those records is there.
+    lines = wait_for(lambda: (lambda found: len(find(found, "delivery folded")) >= len(ids)
+                              and found)(proc.log_lines()),
+                     what="the folds' records")
     assert find(lines, GAVE_UP) == []
     assert [int(r["delivery_id"]) for r in find(lines, "delivery folded")] == ids
     # The fault is cleared when fold_one returns, a moment after the outcome's commit.

@@ -244,6 +244,8 @@ def test_rely_3_2_a_busy_database_holds_the_live_fold_at_its_head_until_the_lock
     lock.release()
 
     assert wait_folded(data_dir, 3, timeout=30) == {i: "parsed" for i in ids}
+    # A fold's records follow its commit: read them once the pass has returned.
+    wait_for(lambda: service.worker.state == "idle", what="the fold pass has returned")
     folded = [int(r["delivery_id"]) for r in logs.find("delivery folded", level="INFO")]
     assert folded == ids
     assert logs.find("folded after a later one") == []
