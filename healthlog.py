@@ -15,10 +15,12 @@ Threads inside ``healthlog serve``:
 
 On-disk layout, all under one data directory (``--data``)::
 
-    healthlog.sqlite3   journal (table delivery) + vitrine (table object), WAL mode
+    healthlog.sqlite3   journal (table delivery) + vitrine (table object) + sign-in
+                        sessions (table session), WAL mode
     archive/YYYY/MM/DD/<received>-<random>.json        raw bodies, as received
     archive/YYYY/MM/DD/<received>-<random>.meta.json   received_at, HAE headers, path name
-    tmp/                in-flight uploads (same filesystem; emptied at start)
+    tmp/                in-flight uploads, rebuild scratch, spooled replies (same
+                        filesystem; emptied at start but for a running verify's folder)
     token               the access token, mode 0600
     healthlog.lock      advisory lock: one process serves a data directory
 
@@ -8984,7 +8986,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("output", nargs="?", metavar="OUT.db",
                         help="the SQLite file to create (with --format sqlite)")
     export.add_argument("--metric", help="the metric, as /api/catalog names it")
-    export.add_argument("--layer", help="its layer (default: the finest it has)")
+    export.add_argument("--layer", help="its layer (default: the one that answers the range"
+                        " best, as /api/points chooses)")
     export.add_argument("--from", dest="start", metavar="TIME",
                         help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
     export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
