@@ -20,7 +20,7 @@ On-disk layout, all under one data directory (``--data``)::
     archive/YYYY/MM/DD/<received>-<random>.json        raw bodies, as received
     archive/YYYY/MM/DD/<received>-<random>.meta.json   received_at, HAE headers, path name
     tmp/                in-flight uploads, rebuild scratch, spooled replies (same
-                        filesystem; emptied at start but for a running verify's folder)
+                        filesystem; emptied at start but for a running command's folder)
     token               the access token, mode 0600
     healthlog.lock      advisory lock: one process serves a data directory
 
