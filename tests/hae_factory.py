@@ -795,6 +795,24 @@ def _nights(seed: int, start: Any, end: Any, phone: Phone, cutoff: Any) -> list:
     return [night for night in nights if t0 <= night.in_bed[1] < t1]
 
 
+class _NightFigures(NamedTuple):
+    hours: dict  # stage -> hours: core, deep, rem, awake
+    sleep: tuple  # (first asleep start, last asleep end), epoch seconds
+    in_bed: tuple  # (start, end), epoch seconds
+    wake_day: int  # the local day (days since the epoch) the night ended on
+
+
+def _night_figures(night: _Night, zone: Zone) -> _NightFigures:
+    """What every summary of ``night`` is made from."""
+    hours = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
+    for begin, finish, stage in night.segments:
+        hours[stage] += (finish - begin) / 3600
+    asleep = [s for s in night.segments if s[2] != "awake"]
+    bed_end = night.in_bed[1]
+    return _NightFigures(hours, (asleep[0][0], asleep[-1][1]), night.in_bed,
+                         int((bed_end + _offset_at(zone, bed_end) * 60) // _DAY))
+
+
 def sleep_nights(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
                  phone: Phone = PHONE, cutoff: Any = None,
                  rng: Optional[random.Random] = None, date_only: bool = False) -> list:
@@ -809,17 +827,13 @@ def sleep_nights(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
     rng = rng or random.Random(seed)
     rows = []
     for night in _nights(seed, start, end, phone, cutoff):
-        hours = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
-        for begin, finish, stage in night.segments:
-            hours[stage] += (finish - begin) / 3600
-        asleep = [s for s in night.segments if s[2] != "awake"]
-        bed_start, bed_end = night.in_bed
-        wake_day = int((bed_end + _offset_at(phone.zone, bed_end) * 60) // _DAY)
+        hours, (sleep_start, sleep_end), (bed_start, bed_end), wake_day = _night_figures(
+            night, phone.zone)
         date = _date_text(wake_day) if date_only else phone.time(
             _local_epoch(phone.zone, wake_day * _DAY))
         row = {"date": date, "totalSleep": hours["core"] + hours["deep"] + hours["rem"],
                "asleep": 0, "core": hours["core"], "deep": hours["deep"], "rem": hours["rem"],
-               "sleepStart": phone.time(asleep[0][0]), "sleepEnd": phone.time(asleep[-1][1]),
+               "sleepStart": phone.time(sleep_start), "sleepEnd": phone.time(sleep_end),
                "inBed": (bed_end - bed_start) / 3600, "inBedStart": phone.time(bed_start),
                "inBedEnd": phone.time(bed_end), "awake": hours["awake"]}
         rows.append(_with_source(row, phone.pick_source(rng, PIPED_SOURCE)))
@@ -881,13 +895,8 @@ def sleep_summaries(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
     zone = phone.zone
     rows = []
     for night in _nights(seed, start, end, phone, cutoff):
-        hours = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
-        for begin, finish, stage in night.segments:
-            hours[stage] += (finish - begin) / 3600
-        asleep = [s for s in night.segments if s[2] != "awake"]
-        sleep_start, sleep_end = asleep[0][0], asleep[-1][1]
-        bed_start, bed_end = night.in_bed
-        wake_day = int((bed_end + _offset_at(zone, bed_end) * 60) // _DAY)
+        hours, (sleep_start, sleep_end), (bed_start, bed_end), wake_day = _night_figures(
+            night, zone)
         how = date_as
         if how == "mixed":
             how = "wake" if _draw(seed, _salt("sleep-date"), wake_day) < 0.5 else "start"

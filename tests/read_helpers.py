@@ -25,7 +25,7 @@ import urllib.parse
 import zoneinfo
 from typing import Any, NamedTuple, Optional
 
-from conftest import TOKEN, ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import TOKEN, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
 
 US = 1_000_000
 HOUR_US = 3600 * US
@@ -533,6 +533,10 @@ class Store(NamedTuple):
     data_dir: Any
     address: tuple
     corpus: Any
+
+    @property
+    def client(self) -> Client:
+        return Client(*self.address)
 
 
 def pending(data_dir) -> int:

@@ -656,15 +656,22 @@ def journal(data_dir: Path) -> list:
     return db_rows(data_dir)
 
 
-def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_dir, logs):
-    # What failed: a fold over its deadline (a slow machine: worth folding again) and a
-    # delivery whose layer no rule can tell (the body decides: it fails again).
+def parsed_and_unlayered(start_service, data_dir: Path) -> tuple:
+    """(parsed, unlayered): a delivery folded and one whose layer no rule can tell (failed),
+    posted to a service that is stopped again."""
     service = start_service()
     client = Client(*service.address)
     parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
     unlayered = client.ingest(one_point_body())[1]["delivery_id"]
     wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
     assert service.stop()
+    return parsed, unlayered
+
+
+def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_dir, logs):
+    # What failed: a fold over its deadline (a slow machine: worth folding again) and a
+    # delivery whose layer no rule can tell (the body decides: it fails again).
+    parsed, unlayered = parsed_and_unlayered(start_service, data_dir)
     service = start_service(fold_deadline_s=1e-9)
     slow = Client(*service.address).ingest(small_body(2, DAY.replace(day=9)),
                                            headers=HEADERS)[1]["delivery_id"]
@@ -712,12 +719,7 @@ def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_
 def test_fold_16_2_an_unknown_id_beside_failed_changes_nothing(start_service, data_dir):
     """`refold --failed ID…`: the ids are not dropped for --failed.  An unknown one exits 2
     and changes nothing, and one that is not failed is named and left alone."""
-    service = start_service()
-    client = Client(*service.address)
-    parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
-    unlayered = client.ingest(one_point_body())[1]["delivery_id"]
-    wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
-    assert service.stop()
+    parsed, unlayered = parsed_and_unlayered(start_service, data_dir)
 
     before = journal(data_dir)
     result = run_cli("refold", "--data", data_dir, "--failed", 999)

@@ -15,7 +15,8 @@ import urllib.parse
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, Client, ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, Client, db_rows, wait_for
+from read_helpers import serve_corpus
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
 NEW_YORK = hf.Zone("America/New_York", -300, -240, "us")
@@ -41,39 +42,29 @@ def local(day: dt.date, hour: int = 0, minute: int = 0) -> str:
 def fed(tmp_path_factory):
     """60 days of daily steps (a Days automation, one point at each local midnight) and the
     last 2 days by the minute, steps and heart rate (a Minutes automation), and a week of
-    sleep summaries, posted to a serve process and folded."""
-    base = tmp_path_factory.mktemp("grafana")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
-    try:
-        client = proc.client
-        today = dt.date(2025, 4, 20)
-        days = [today - dt.timedelta(days=n) for n in range(60, -1, -1)]
-        daily = [{"date": local(day), "qty": 5000 + day.day * 100, "source": "Watch"}
-                 for day in days]
-        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
-            "step_count", daily, "count")])), headers=DAYS)[0] == 200
-        for day in (today - dt.timedelta(days=1), today):
-            last = 24 * 60 if day < today else 11 * 60
-            steps = [{"date": local(day, m // 60, m % 60), "qty": 10 + m % 7, "source": "Watch"}
-                     for m in range(0, last, 3)]
-            heart = [{"date": local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
-                      "Max": 80, "source": "Watch"} for m in range(0, last, 5)]
-            assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
-                hf.metric("step_count", steps, "count"),
-                hf.metric("heart_rate", heart, "count/min")])), headers=MINUTES)[0] == 200
-        nights = [{"date": local(day, 7), "sleepStart": local(day - dt.timedelta(days=1), 23),
-                   "sleepEnd": local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
-                   "core": 4.0, "deep": 1.5, "rem": 2.0, "awake": 0.3, "source": "Watch"}
-                  for day in days[-7:]]
-        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
-            "sleep_analysis", nights, "hr")])), headers=DAYS)[0] == 200
-        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
-                 timeout=60, what="the store is folded")
-        yield client, days
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines())
+    sleep summaries, posted to a serve process and folded (the store's corpus: the days)."""
+    today = dt.date(2025, 4, 20)
+    days = [today - dt.timedelta(days=n) for n in range(60, -1, -1)]
+    daily = [{"date": local(day), "qty": 5000 + day.day * 100, "source": "Watch"}
+             for day in days]
+    deliveries = [(DAYS, hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+        "step_count", daily, "count")])))]
+    for day in (today - dt.timedelta(days=1), today):
+        last = 24 * 60 if day < today else 11 * 60
+        steps = [{"date": local(day, m // 60, m % 60), "qty": 10 + m % 7, "source": "Watch"}
+                 for m in range(0, last, 3)]
+        heart = [{"date": local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
+                  "Max": 80, "source": "Watch"} for m in range(0, last, 5)]
+        deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("step_count", steps, "count"),
+            hf.metric("heart_rate", heart, "count/min")]))))
+    nights = [{"date": local(day, 7), "sleepStart": local(day - dt.timedelta(days=1), 23),
+               "sleepEnd": local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
+               "core": 4.0, "deep": 1.5, "rem": 2.0, "awake": 0.3, "source": "Watch"}
+              for day in days[-7:]]
+    deliveries.append((DAYS, hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+        "sleep_analysis", nights, "hr")]))))
+    yield from serve_corpus(tmp_path_factory.mktemp("grafana"), days, deliveries)
 
 
 def grafana_url(target: dict, start: dt.datetime, end: dt.datetime, tz: str,
@@ -118,7 +109,7 @@ def test_read_9_2_grafana_panels_answer_real_ranges_of_a_minutes_and_days_store(
     THEN each answers 200, its selectors find a timestamp and a number in every row, and the
     panels this range is for have the rows the test counts: a bucket per local day (Days
     layer for 30 days, minutes for 2), per local hour, and per night."""
-    client, days = fed
+    client, days = fed.client, fed.corpus
     end = NOW
     start = end - span
     rows_of = {}

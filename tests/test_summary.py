@@ -16,7 +16,8 @@ import zoneinfo
 import pytest
 
 import hae_factory as hf
-from conftest import ServeProcess, assert_no_leaks, db_rows, wait_for
+from conftest import db_rows, wait_for
+from read_helpers import serve_corpus
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 20)
@@ -58,56 +59,50 @@ def energy_of(day: dt.date) -> tuple:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    base = tmp_path_factory.mktemp("summary")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
+    """The days' steps and energy by the minute, daily resting heart rate and weight, and
+    twelve nights in the three summary forms, posted and folded; the store's corpus is what
+    was posted of each."""
     bodies = {"steps": [], "energy": [], "resting": [], "weight": [], "nights": []}
-    try:
-        client = proc.client
-        for day in DAYS:
-            if day in MISSING:
-                continue
-            steps = steps_of(day)
-            energy, units = energy_of(day)
-            bodies["steps"] += steps
-            bodies["energy"] += [(p, units) for p in energy]
-            assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
-                hf.metric("step_count", steps, "count"),
-                hf.metric("active_energy", energy, units)])), headers=MINUTES)[0] == 200
-        resting = [{"date": stamp(day), "qty": 50 + day.day % 6, "source": "Watch"}
-                   for day in DAYS if day not in MISSING]
-        weight = [{"date": stamp(day, 7 * 60 + 5), "qty": 70 + day.day / 10, "source": "Scale"}
-                  for day in DAYS[::6]]
-        bodies["resting"], bodies["weight"] = resting, weight
-        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
-            hf.metric("resting_heart_rate", resting, "count/min"),
-            hf.metric("weight_body_mass", weight, "kg")])), headers=DAILY)[0] == 200
-        nights = []
-        for n, day in enumerate(DAYS[-12:]):
-            wake = stamp(day, 6 * 60 + 40 + n)
-            start = stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
-            # HAE's `date`: the wake time some nights, the sleep start the evening before on
-            # others; form (a) old, (b) stages beside a non-zero asleep, (c) asleep: 0.
-            night = {"date": wake if n % 2 else start, "sleepStart": start, "sleepEnd": wake,
-                     "inBedStart": start, "inBedEnd": wake, "inBed": 7.9 + n / 100,
-                     "source": "Watch"}
-            if n % 3 == 0:
-                night.update(asleep=7.2 + n / 50, sleepSource="Watch", inBedSource="Phone")
-            elif n % 3 == 1:
-                night.update(asleep=7.0 + n / 40, core=3.5, deep=1.2, rem=1.6, awake=0.3)
-            else:
-                night.update(asleep=0, totalSleep=6.9 + n / 30, core=3.9, deep=1.1, rem=1.4,
-                             awake=0.2)
-            nights.append(night)
-        bodies["nights"] = nights
-        assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[
-            hf.metric("sleep_analysis", nights, "hr")])), headers=RECORDS)[0] == 200
-        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
-                 timeout=120, what="every delivery is folded")
-        yield client, bodies
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines())
+    deliveries = []
+    for day in DAYS:
+        if day in MISSING:
+            continue
+        steps = steps_of(day)
+        energy, units = energy_of(day)
+        bodies["steps"] += steps
+        bodies["energy"] += [(p, units) for p in energy]
+        deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("step_count", steps, "count"),
+            hf.metric("active_energy", energy, units)]))))
+    resting = [{"date": stamp(day), "qty": 50 + day.day % 6, "source": "Watch"}
+               for day in DAYS if day not in MISSING]
+    weight = [{"date": stamp(day, 7 * 60 + 5), "qty": 70 + day.day / 10, "source": "Scale"}
+              for day in DAYS[::6]]
+    bodies["resting"], bodies["weight"] = resting, weight
+    deliveries.append((DAILY, hf.dumps_hae(hf.envelope(metrics=[
+        hf.metric("resting_heart_rate", resting, "count/min"),
+        hf.metric("weight_body_mass", weight, "kg")]))))
+    nights = []
+    for n, day in enumerate(DAYS[-12:]):
+        wake = stamp(day, 6 * 60 + 40 + n)
+        start = stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
+        # HAE's `date`: the wake time some nights, the sleep start the evening before on
+        # others; form (a) old, (b) stages beside a non-zero asleep, (c) asleep: 0.
+        night = {"date": wake if n % 2 else start, "sleepStart": start, "sleepEnd": wake,
+                 "inBedStart": start, "inBedEnd": wake, "inBed": 7.9 + n / 100,
+                 "source": "Watch"}
+        if n % 3 == 0:
+            night.update(asleep=7.2 + n / 50, sleepSource="Watch", inBedSource="Phone")
+        elif n % 3 == 1:
+            night.update(asleep=7.0 + n / 40, core=3.5, deep=1.2, rem=1.6, awake=0.3)
+        else:
+            night.update(asleep=0, totalSleep=6.9 + n / 30, core=3.9, deep=1.1, rem=1.4,
+                         awake=0.2)
+        nights.append(night)
+    bodies["nights"] = nights
+    deliveries.append((RECORDS, hf.dumps_hae(hf.envelope(metrics=[
+        hf.metric("sleep_analysis", nights, "hr")]))))
+    yield from serve_corpus(tmp_path_factory.mktemp("summary"), bodies, deliveries)
 
 
 def summary_of(client, day: dt.date) -> dict:
@@ -142,7 +137,7 @@ def close(a, b) -> bool:
                                  dt.date(2025, 4, 5), dt.date(2025, 3, 20)],
                          ids=["dst-day", "after-dst", "last", "missing"])
 def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day):
-    client, bodies = served
+    client, bodies = served.client, served.corpus
     answer = summary_of(client, day)
     assert answer["date"] == day.isoformat() and answer["tz"] == "local"
     steps = {d: sum(v) for d, v in by_date(bodies["steps"]).items()}
@@ -169,7 +164,7 @@ def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day)
 
 
 def test_read_15_2_last_night_in_every_summary_form(served):
-    client, bodies = served
+    client, bodies = served.client, served.corpus
     for night in bodies["nights"]:
         morning = written_date(night["sleepEnd"])
         answer = summary_of(client, morning)
@@ -187,7 +182,7 @@ def test_read_15_2_last_night_in_every_summary_form(served):
 
 
 def test_read_15_4_a_metric_in_two_units(served):
-    client, bodies = served
+    client, bodies = served.client, served.corpus
     day = dt.date(2025, 4, 2)
     answer = summary_of(client, day)
     energy = card(answer, "movement", "active_energy")
@@ -201,7 +196,7 @@ def test_read_15_4_a_metric_in_two_units(served):
 
 
 def test_read_15_1_a_day_before_any_data_has_no_values(served):
-    client, _ = served
+    client = served.client
     answer = summary_of(client, dt.date(2024, 6, 1))
     assert answer["cards"]["sleep"] is None
     for group in ("movement", "heart"):
@@ -211,7 +206,7 @@ def test_read_15_1_a_day_before_any_data_has_no_values(served):
 
 
 def test_read_15_1_without_a_date_the_day_of_the_newest_point(served):
-    client, _ = served
+    client = served.client
     status, answer = client.request("GET", "/api/summary")
     assert status == 200 and answer["date"] == DAYS[-1].isoformat()
     assert client.request("GET", "/api/summary?date=2025-13-01")[0] == 400
@@ -224,9 +219,6 @@ def test_read_15_1_without_a_date_the_day_of_the_newest_point(served):
 def trending(tmp_path_factory):
     """455 days of Days exports: resting heart rate falling in the last 90 days (better:
     down), steps rising (better: up), body fat flat, and VO2 max with too few recent days."""
-    base = tmp_path_factory.mktemp("trends")
-    data_dir = base / "data"
-    proc = ServeProcess(data_dir, base / "serve.log")
     last = dt.date(2025, 6, 30)
     days = [last - dt.timedelta(days=n) for n in range(454, -1, -1)]
     recent = set(days[-90:])
@@ -237,22 +229,15 @@ def trending(tmp_path_factory):
         "body_fat_percentage": [(d, 22 + (d.day % 3) * 0.5) for d in days],
         "vo2_max": [(d, 40 + d.day % 4) for d in days if d not in recent or d.day == 1],
     }
-    try:
-        metrics = [hf.metric(name, [{"date": stamp(d), "qty": v, "source": "Watch"}
-                                    for d, v in points], "x")
-                   for name, points in series.items()]
-        assert proc.client.ingest(hf.dumps_hae(hf.envelope(metrics=metrics)),
-                                  headers=DAILY)[0] == 200
-        wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
-                 timeout=60, what="the year is folded")
-        yield proc.client, last, series
-    finally:
-        proc.terminate()
-    assert_no_leaks(proc.log_lines())
+    metrics = [hf.metric(name, [{"date": stamp(d), "qty": v, "source": "Watch"}
+                                for d, v in points], "x")
+               for name, points in series.items()]
+    yield from serve_corpus(tmp_path_factory.mktemp("trends"), (last, series),
+                            [(DAILY, hf.dumps_hae(hf.envelope(metrics=metrics)))])
 
 
 def test_read_15_3_trends_up_down_and_flat_by_the_stated_rule(trending):
-    client, last, series = trending
+    client, (last, series) = trending.client, trending.corpus
     answer = summary_of(client, last)
     rule = answer["trend_rule"]
     assert (rule["recent_days"], rule["baseline_days"]) == (90, 365)
