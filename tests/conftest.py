@@ -2,6 +2,7 @@
 server on 127.0.0.1:0, real serve subprocesses, the .pyz, log capture with a leak check
 on every test, and a check that no test leaves threads or connections behind."""
 
+import contextlib
 import dataclasses
 import fcntl
 import http.client
@@ -130,10 +131,11 @@ def _open_handles() -> set:
     return handles
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_running():
-    """Fail a test that leaves threads, servers or connections behind: a fold thread
-    still burning a core slows every later test and makes timings vary."""
+@contextlib.contextmanager
+def leaves_nothing_running(what: str):
+    """Fail when ``what`` (the test, the module) leaves threads, servers or connections
+    behind, given :data:`LEAK_GRACE_S` to end them: a fold thread still burning a core
+    slows every later test and makes timings vary."""
     threads, handles = set(threading.enumerate()), _open_handles()
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
@@ -143,9 +145,16 @@ def nothing_left_running():
         if not extra_threads and not extra_handles:
             return
         if time.monotonic() > deadline:
-            raise AssertionError("left running after the test: threads %s, open %s"
-                                 % (extra_threads, extra_handles))
+            raise AssertionError("left running after %s: threads %s, open %s"
+                                 % (what, extra_threads, extra_handles))
         time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """Every test ends what it started."""
+    with leaves_nothing_running("the test"):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,8 +7,6 @@ tests/test_summary_page.py and tests/test_dashboard_logic.py."""
 
 import contextlib
 import os
-import threading
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import LEAK_GRACE_S, TOKEN, Client, _open_handles, db_rows, wait_for
+from conftest import TOKEN, Client, db_rows, leaves_nothing_running, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -68,19 +66,8 @@ def nothing_left_running():
 
 @pytest.fixture(scope="module", autouse=True)
 def module_leaves_nothing_running():
-    threads, handles = set(threading.enumerate()), _open_handles()
-    yield
-    deadline = time.monotonic() + LEAK_GRACE_S
-    while True:
-        extra_threads = [t.name for t in threading.enumerate()
-                         if t not in threads and t.is_alive()]
-        extra_handles = sorted(target for _, target in _open_handles() - handles)
-        if not extra_threads and not extra_handles:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("left running after the module: threads %s, open %s"
-                                 % (extra_threads, extra_handles))
-        time.sleep(0.05)
+    with leaves_nothing_running("the module"):
+        yield
 
 
 class Store:

@@ -23,7 +23,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -319,7 +318,10 @@ def test_reindex_11_5_a_stopped_parallel_reindex_leaves_no_worker_behind(slow_st
     try:
         workers = wait_for(lambda: children_of(proc.pid), timeout=60,
                            what="the reindex workers")
-        time.sleep(0.2)  # let them work
+        # Stopped while the workers merge: once a shard file exists (or the rebuild ended).
+        wait_for(lambda: proc.poll() is not None
+                 or list((data_dir / "tmp").glob("rebuild-*/shard-*.sqlite3")),
+                 timeout=60, what="the workers merging")
         proc.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
         _, stderr = proc.communicate(timeout=60)
     finally:
