@@ -40,6 +40,23 @@ Shapes (each a valid HAE body):
   than healthlog.LEAN_REPLACE_MAX distinct non-ASCII characters, so a large body is
   decoded with the escaping error handler instead of byte replacement).
 
+Issue 27's shapes, whose folds held an object, a row or a metric per point:
+
+* ``days-backfill``: HAE's manual export of a history with aggregation "days": 154 metrics
+  (hae-format §7 names and units, nutrition, cycle symptoms; heart rate with Min/Avg/Max,
+  blood pressure, glucose with ``mealTime``, sleep summaries) with one point a day, dated
+  at local midnight (``YYYY-MM-DD 00:00:00 -0500``/``-0400``: the offset follows DST), for
+  as many years as fit (~12 at 64 MiB), compact: one point in each (metric, UTC hour), so
+  one hour object per point.
+* ``workout-long``: ONE version-2 workout with a route point and a heart-rate sample every
+  second for as long as fits (~1.7 days at 64 MiB), compact: one record as large as the
+  body.
+* ``many-metrics-one-point``: ~600,000 metrics at 64 MiB, each with a name of its own and
+  one point (the names of symptoms, medications and cycle tracking are what the user
+  typed: nothing bounds how many a body names).
+* ``emoji-sources``: like ``compact-1metric-qty``, with an emoji (astral characters, ZWJ
+  sequences, variation selectors) in every ``source``.
+
 ``--root DIR`` benches DIR/healthlog.py (import and fold), with this script's bodies: run
 it once per checkout for a before/after comparison.  ``--no-orjson`` hides orjson from
 both subprocesses (a PYTHONPATH module that refuses to import, as bench.py does); note
@@ -357,6 +374,368 @@ def workouts_routes(out: BodyFile, target: int, rng: random.Random) -> dict:
             body.count(b'"latitude" :'), "aggregation": None}
 
 
+# -- issue 27, part 2: the shapes whose fold held an object, a row or a metric per point --
+
+DAYS_METRICS = (  # name, units, point kind, (low, high), integer, source kind
+    # activity
+    ("step_count", "count", "qty", (800, 22000), False, "piped"),
+    ("active_energy", "kJ", "qty", (600, 4500), False, "piped"),
+    ("basal_energy_burned", "kJ", "qty", (6500, 7600), False, "piped"),
+    ("walking_running_distance", "km", "qty", (0.5, 18), False, "piped"),
+    ("cycling_distance", "km", "qty", (0.5, 60), False, "watch"),
+    ("swimming_distance", "m", "qty", (200, 2500), False, "watch"),
+    ("wheelchair_distance", "km", "qty", (0.1, 5), False, "watch"),
+    ("downhill_snow_sports", "km", "qty", (1, 40), False, "watch"),
+    ("distance_downhill_snow_sports", "km", "qty", (1, 40), False, "watch"),  # 2021's name
+    ("flights_climbed", "count", "qty", (1, 40), True, "piped"),
+    ("apple_exercise_time", "min", "qty", (0, 120), True, "watch"),
+    ("apple_stand_time", "min", "qty", (20, 300), True, "watch"),
+    ("apple_stand_hour", "count", "qty", (4, 16), True, "watch"),
+    ("apple_move_time", "min", "qty", (10, 200), True, "watch"),
+    ("physical_effort", "kcal/hr·kg", "qty", (1, 9), False, "watch"),
+    ("time_in_daylight", "min", "qty", (5, 300), True, "watch"),
+    ("push_count", "count", "qty", (10, 900), True, "watch"),
+    ("wheelchair_push_count", "count", "qty", (10, 900), True, "watch"),
+    ("swim_stroke_count", "count", "qty", (100, 1800), True, "watch"),
+    ("swimming_stroke_count", "count", "qty", (100, 1800), True, "watch"),
+    ("nike_fuel", "count", "qty", (500, 4000), True, "phone"),
+    # heart
+    ("heart_rate", "count/min", "hr", (48, 170), False, "piped"),
+    ("resting_heart_rate", "count/min", "qty", (48, 66), True, "watch"),
+    ("walking_heart_rate_average", "count/min", "qty", (85, 115), False, "watch"),
+    ("heart_rate_variability", "ms", "qty", (15, 95), False, "watch"),
+    ("cardio_recovery", "count/min", "qty", (12, 40), False, "watch"),
+    ("atrial_fibrillation_burden", "%", "qty", (0, 2), False, "watch"),
+    ("high_heart_rate_notifications", "count", "qty", (0, 2), True, "watch"),
+    ("low_heart_rate_notifications", "count", "qty", (0, 2), True, "watch"),
+    ("irregular_heart_rhythm_notifications", "count", "qty", (0, 1), True, "watch"),
+    ("peripheral_perfusion_index", "%", "qty", (0.5, 8), False, "app"),
+    # respiratory, vitals
+    ("respiratory_rate", "count/min", "qty", (11, 19), False, "watch"),
+    ("blood_oxygen_saturation", "%", "qty", (92, 100), False, "watch"),
+    ("vo2_max", "mL/min·kg", "qty", (32, 52), False, "watch"),
+    ("forced_vital_capacity", "L", "qty", (3, 6), False, "app"),
+    ("forced_expiratory_volume_1", "L", "qty", (2.5, 4.5), False, "app"),
+    ("peak_expiratory_flow_rate", "L/min", "qty", (350, 650), False, "app"),
+    ("inhaler_usage", "count", "qty", (0, 4), True, "app"),
+    ("breathing_disturbances", "count", "qty", (0, 12), False, "watch"),
+    ("sleeping_breathing_disturbances", "count", "qty", (0, 12), False, "watch"),
+    ("apple_sleeping_wrist_temperature", "degC", "qty", (35.2, 36.9), False, "watch"),
+    ("body_temperature", "degC", "qty", (36.1, 37.4), False, "app"),
+    ("basal_body_temperature", "degC", "qty", (36.0, 36.9), False, "app"),
+    ("electrodermal_activity", "S", "qty", (0.000001, 0.00002), False, "app"),
+    ("blood_pressure", "mmHg", "bp", (70, 140), True, "app"),
+    ("blood_glucose", "mg/dL", "glucose", (70, 160), False, "app"),
+    ("insulin_delivery", "IU", "insulin", (1, 30), False, "app"),
+    ("blood_alcohol_content", "%", "qty", (0, 0.08), False, "app"),
+    ("number_of_alcoholic_beverages", "count", "qty", (0, 4), True, "app"),
+    ("number_of_times_fallen", "count", "qty", (0, 1), True, "watch"),
+    ("uv_exposure", "count", "qty", (0, 9), False, "app"),
+    # body
+    ("weight_body_mass", "kg", "qty", (70, 80), False, "app"),
+    ("body_mass_index", "count", "qty", (22, 26), False, "app"),
+    ("body_fat_percentage", "%", "qty", (14, 24), False, "app"),
+    ("lean_body_mass", "kg", "qty", (55, 64), False, "app"),
+    ("height", "cm", "qty", (178, 179), False, "app"),
+    ("waist_circumference", "cm", "qty", (80, 92), False, "app"),
+    # mobility
+    ("walking_speed", "km/hr", "qty", (3, 6), False, "phone"),
+    ("walking_step_length", "cm", "qty", (60, 80), False, "phone"),
+    ("walking_asymmetry_percentage", "%", "qty", (0, 8), False, "phone"),
+    ("walking_double_support_percentage", "%", "qty", (22, 34), False, "phone"),
+    ("stair_speed_up", "ft/s", "qty", (0.8, 2.2), False, "phone"),
+    ("stair_speed_down", "ft/s", "qty", (0.9, 2.4), False, "phone"),
+    ("stair_speed:_up", "ft/s", "qty", (0.8, 2.2), False, "phone"),  # 2021's spelling
+    ("six_minute_walking_test_distance", "m", "qty", (450, 650), False, "phone"),
+    ("apple_walking_steadiness", "%", "qty", (70, 100), False, "phone"),
+    ("running_speed", "km/hr", "qty", (8, 15), False, "watch"),
+    ("running_power", "W", "qty", (180, 320), False, "watch"),
+    ("running_stride_length", "m", "qty", (0.9, 1.4), False, "watch"),
+    ("running_vertical_oscillation", "cm", "qty", (6, 11), False, "watch"),
+    ("running_ground_contact_time", "ms", "qty", (200, 300), False, "watch"),
+    ("cycling_cadence", "count/min", "qty", (60, 100), False, "watch"),
+    ("cycling_power", "W", "qty", (90, 260), False, "watch"),
+    ("cycling_speed", "km/hr", "qty", (15, 35), False, "watch"),
+    ("cycling_functional_threshold_power", "W", "qty", (180, 260), False, "watch"),
+    # hearing, environment
+    ("environmental_audio_exposure", "dBASPL", "qty", (45, 80), False, "watch"),
+    ("headphone_audio_exposure", "dBASPL", "qty", (50, 80), False, "phone"),
+    ("environmental_sound_reduction", "dBASPL", "qty", (0, 20), False, "watch"),
+    ("under_water_depth", "m", "qty", (0.5, 6), False, "watch"),
+    ("under_water_temperature", "degC", "qty", (18, 28), False, "watch"),
+    ("water_temperature", "degC", "qty", (18, 28), False, "watch"),
+    # mindfulness, events
+    ("mindful_minutes", "min", "qty", (1, 30), True, "watch"),
+    ("handwashing", "s", "event", (10, 40), False, "watch"),
+    ("toothbrushing", "s", "event", (60, 150), False, "phone"),
+    ("sexual_activity", "count", "sexual", (0, 1), True, "app"),
+    ("sleep_analysis", "hr", "sleep", (5.5, 8.5), False, "piped"),
+    # nutrition, daily totals
+    ("dietary_energy", "kJ", "qty", (6000, 11000), False, "food"),
+    ("dietary_water", "mL", "qty", (800, 3000), False, "food"),
+    ("dietary_caffeine", "mg", "qty", (40, 400), False, "food"),
+    ("caffeine", "mg", "qty", (40, 400), False, "food"),
+    ("dietary_sugar", "g", "qty", (20, 110), False, "food"),
+    ("dietary_cholesterol", "mg", "qty", (100, 450), False, "food"),
+    ("cholesterol", "mg", "qty", (100, 450), False, "food"),
+    ("protein", "g", "qty", (50, 160), False, "food"),
+    ("carbohydrates", "g", "qty", (150, 380), False, "food"),
+    ("fiber", "g", "qty", (12, 45), False, "food"),
+    ("total_fat", "g", "qty", (40, 120), False, "food"),
+    ("saturated_fat", "g", "qty", (12, 40), False, "food"),
+    ("monounsaturated_fat", "g", "qty", (12, 45), False, "food"),
+    ("polyunsaturated_fat", "g", "qty", (8, 25), False, "food"),
+    ("biotin", "µg", "qty", (10, 60), False, "food"),
+    ("calcium", "mg", "qty", (500, 1400), False, "food"),
+    ("chloride", "mg", "qty", (1500, 3500), False, "food"),
+    ("chromium", "µg", "qty", (10, 50), False, "food"),
+    ("copper", "mg", "qty", (0.5, 2), False, "food"),
+    ("folate", "µg", "qty", (150, 500), False, "food"),
+    ("iodine", "µg", "qty", (80, 250), False, "food"),
+    ("iron", "mg", "qty", (6, 20), False, "food"),
+    ("magnesium", "mg", "qty", (200, 500), False, "food"),
+    ("manganese", "mg", "qty", (1, 5), False, "food"),
+    ("molybdenum", "µg", "qty", (20, 80), False, "food"),
+    ("niacin", "mg", "qty", (10, 35), False, "food"),
+    ("pantothenic_acid", "mg", "qty", (3, 9), False, "food"),
+    ("phosphorus", "mg", "qty", (700, 1600), False, "food"),
+    ("potassium", "mg", "qty", (1800, 4200), False, "food"),
+    ("riboflavin", "mg", "qty", (0.8, 2.5), False, "food"),
+    ("selenium", "µg", "qty", (30, 110), False, "food"),
+    ("sodium", "mg", "qty", (1500, 4000), False, "food"),
+    ("thiamin", "mg", "qty", (0.7, 2), False, "food"),
+    ("vitamin_a", "µg", "qty", (300, 1200), False, "food"),
+    ("vitamin_b6", "mg", "qty", (0.8, 2.5), False, "food"),
+    ("vitamin_b12", "µg", "qty", (1, 8), False, "food"),
+    ("vitamin_c", "mg", "qty", (30, 200), False, "food"),
+    ("vitamin_d", "µg", "qty", (2, 25), False, "food"),
+    ("vitamin_e", "mg", "qty", (4, 20), False, "food"),
+    ("vitamin_k", "µg", "qty", (40, 200), False, "food"),
+    ("zinc", "mg", "qty", (5, 16), False, "food"),
+    # reproductive health, symptoms as daily counts
+    ("basal_body_temperature_celsius", "degC", "qty", (36.0, 36.9), False, "app"),
+    ("cervical_mucus_quality", "count", "qty", (0, 5), True, "app"),
+    ("contraceptive", "count", "qty", (0, 1), True, "app"),
+    ("intermenstrual_bleeding", "count", "qty", (0, 1), True, "app"),
+    ("lactation", "count", "qty", (0, 1), True, "app"),
+    ("menstrual_flow", "count", "qty", (0, 4), True, "app"),
+    ("ovulation_test_result", "count", "qty", (0, 4), True, "app"),
+    ("pregnancy", "count", "qty", (0, 1), True, "app"),
+    ("pregnancy_test_result", "count", "qty", (0, 3), True, "app"),
+    ("progesterone_test_result", "count", "qty", (0, 3), True, "app"),
+    ("sexual_activity_protected", "count", "qty", (0, 1), True, "app"),
+    ("abdominal_cramps", "count", "qty", (0, 1), True, "app"),
+    ("bloating", "count", "qty", (0, 1), True, "app"),
+    ("headache", "count", "qty", (0, 1), True, "app"),
+    ("fatigue", "count", "qty", (0, 1), True, "app"),
+    ("mood_changes", "count", "qty", (0, 1), True, "app"),
+    ("sleep_changes", "count", "qty", (0, 1), True, "app"),
+    ("appetite_changes", "count", "qty", (0, 1), True, "app"),
+    ("acne", "count", "qty", (0, 1), True, "app"),
+    ("hot_flashes", "count", "qty", (0, 1), True, "app"),
+    ("dizziness", "count", "qty", (0, 1), True, "app"),
+    ("nausea", "count", "qty", (0, 1), True, "app"),
+    ("coughing", "count", "qty", (0, 1), True, "app"),
+    ("shortness_of_breath", "count", "qty", (0, 1), True, "app"),
+    ("chest_tightness_or_pain", "count", "qty", (0, 1), True, "app"),
+    ("rapid_pounding_or_fluttering_heartbeat", "count", "qty", (0, 1), True, "app"),
+    ("runny_nose", "count", "qty", (0, 1), True, "app"),
+)
+"""A manual Days export of every metric the Health app has (hae-format §7 names and units,
+nutrition and cycle symptoms as daily totals): 154 metrics."""
+
+DAYS_SOURCES = {
+    "piped": [OWNER_WATCH + "|" + OWNER_PHONE] * 3 + [OWNER_WATCH, OWNER_PHONE],
+    "watch": [OWNER_WATCH],
+    "phone": [OWNER_PHONE],
+    "app": ["Withings", "Health Mate", OWNER_PHONE],
+    "food": ["MyFitnessPal", "Lifesum"],
+}
+DAYS_ZONE = "America/New_York"
+"""Days at local midnight in a zone with DST: -0500 in winter, -0400 in summer (hae-format
+§11: the offset follows the phone's zone)."""
+
+
+def _days_point(kind: str, date: str, low: float, high: float, integer: bool,
+                source: Optional[str], r: Callable[[], float]) -> str:
+    """One Days point of ``kind`` dated ``date`` (local midnight), compact, key order as
+    HAE writes them."""
+    number = (lambda: "%d" % round(low + (high - low) * r())) if integer else (
+        lambda: "%.17g" % (low + (high - low) * r()))
+    tail = "" if source is None else ',"source":%s' % _quoted(source)
+    if kind == "hr":
+        a = 48 + 20 * r()
+        b = a + 40 + 80 * r()
+        return '{"Min":%d,"Avg":%.17g,"date":"%s"%s,"Max":%d}' % (
+            round(a), a + (b - a) * r() * 0.5, date, tail, round(b))
+    if kind == "bp":
+        return '{"date":"%s","systolic":%d,"diastolic":%d%s}' % (
+            date, 105 + int(30 * r()), 65 + int(20 * r()), tail)
+    if kind == "glucose":
+        return '{"date":"%s","qty":%s,"mealTime":"%s"%s}' % (
+            date, number(), ("Before Meal", "After Meal", "Unspecified")[int(3 * r())], tail)
+    if kind == "insulin":
+        return '{"date":"%s","qty":%s,"reason":"%s"%s}' % (
+            date, number(), ("Bolus", "Basal")[int(2 * r())], tail)
+    if kind == "event":
+        return '{"date":"%s","qty":%s,"value":"%s"%s}' % (
+            date, number(), "Complete" if r() < 0.8 else "Incomplete", tail)
+    if kind == "sexual":
+        return ('{"date":"%s","Unspecified":0,"Protection Used":%d,"Protection Not Used":0%s}'
+                % (date, int(2 * r()), tail))
+    if kind == "sleep":  # the aggregated night, dated like the rest of a Days export
+        core, deep, rem = 3 + 2 * r(), 0.6 + 0.8 * r(), 1 + 0.8 * r()
+        return ('{"date":"%s","totalSleep":%.17g,"asleep":0,"core":%.17g,"deep":%.17g,'
+                '"rem":%.17g,"awake":%.17g,"inBed":%.17g%s}' % (
+                    date, core + deep + rem, core, deep, rem, 0.3 * r(),
+                    core + deep + rem + 0.4 * r(), tail))
+    return '{"date":"%s","qty":%s%s}' % (date, number(), tail)
+
+
+def days_backfill(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """Every metric, one point a day at local midnight, for as many years as fit (HAE's
+    manual export of a history with aggregation "days"): one point in each (metric, UTC
+    hour), so as many hour objects as points."""
+    from zoneinfo import ZoneInfo
+
+    r = rng.random
+    zone = ZoneInfo(DAYS_ZONE)
+    sample = [len(_days_point(kind, "2025-03-01 00:00:00 -0500", low, high, integer,
+                              DAYS_SOURCES[source][0], r).encode("utf-8")) + 1
+              for _, _, kind, (low, high), integer, source in DAYS_METRICS]
+    per_day = sum(sample) + 4
+    overhead = 40 + sum(len('{"name":"%s","units":"%s","data":[]},' % (name, units))
+                        for name, units, *_ in DAYS_METRICS)
+    days = max(2, (target - overhead) // per_day)
+    last = dt.date(2025, 3, 1)
+    dates = []
+    for k in range(days):
+        day = last - dt.timedelta(days=days - 1 - k)
+        offset = dt.datetime(day.year, day.month, day.day, tzinfo=zone).utcoffset()
+        minutes = int(offset.total_seconds()) // 60
+        dates.append("%s 00:00:00 %s%02d%02d" % (day.isoformat(), "-" if minutes < 0 else "+",
+                                                 abs(minutes) // 60, abs(minutes) % 60))
+    out.write('{"data":{"metrics":[')
+    count = 0
+    for index, (name, units, kind, (low, high), integer, source) in enumerate(DAYS_METRICS):
+        sources = DAYS_SOURCES[source]
+        out.write(("," if index else "") + '{"name":%s,"units":%s,"data":[' % (
+            _quoted(name), _quoted(units)))
+        for start in range(0, days, BATCH):
+            out.write(("," if start else "") + ",".join(
+                _days_point(kind, date, low, high, integer, sources[int(len(sources) * r())],
+                            r) for date in dates[start:start + BATCH]))
+        count += days
+        out.write("]}")
+    out.write("]}}")
+    return {"points": count, "aggregation": "Days", "days": days}
+
+
+def _workout_seconds(count: int, begin: int, bpm: float, where: list, r: Callable[[], float],
+                     offset: tuple, source: str) -> tuple:
+    """``count`` seconds of a long run from ``begin``: (heart-rate texts, route texts)."""
+    heart, route = [], []
+    lat, lon, alt, course = where
+    for t in range(begin, begin + count):
+        bpm = min(185.0, max(60.0, bpm + 3 * (r() - 0.5)))
+        value = round(bpm)
+        date = stamp(t, *offset)
+        heart.append('{"date":"%s","Min":%d,"Avg":%d,"Max":%d,"units":"count/min","source":%s}'
+                     % (date, value, value, value, source))
+        course = (course + 6 * (r() - 0.5)) % 360
+        speed = 2.4 + r()
+        lat += speed * 0.0000063 * (r() - 0.5)
+        lon += speed * 0.0000079 * (r() - 0.5)
+        alt += r() - 0.5
+        route.append('{"latitude":%.17g,"longitude":%.17g,"altitude":%.17g,"course":%.17g,'
+                     '"courseAccuracy":%.17g,"horizontalAccuracy":%.17g,'
+                     '"verticalAccuracy":%.17g,"timestamp":"%s","speed":%.17g,'
+                     '"speedAccuracy":%.17g}' % (
+                         lat, lon, alt, course, 5 + 20 * r(), 2 + 7 * r(), 1.5 + 4.5 * r(),
+                         date, speed, 0.2 + r()))
+    where[:] = [lat, lon, alt, course]
+    return heart, route, bpm
+
+
+def workout_long(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """ONE version-2 workout with a route point and a heart-rate sample every second for as
+    long as fits (about 1.6 days at 64 MiB: an ultra, or a watch left recording), compact:
+    one point of the record layer as large as the body."""
+    r = rng.random
+    offset = (-25200, "-0700")
+    begin = EPOCH_2025_03_01 + 14 * 3600
+    source = _quoted(OWNER_WATCH)
+    heart, route, _ = _workout_seconds(200, begin, 120.0, [37.7749, -122.4194, 16.0, 90.0],
+                                       random.Random(0).random, offset, source)
+    per_second = sum(len(t) + 1 for t in heart + route) / 200
+    seconds = max(60, int((target - 700) / per_second))
+    end = begin + seconds
+    out.write('{"data":{"workouts":[{"id":"5C2F0E4B-8A1D-4E36-9B7F-2D6A1C9E3F80",'
+              '"name":"Outdoor Run","start":"%s","end":"%s","duration":%.17g,'
+              '"location":"Outdoor","isIndoor":false,'
+              '"activeEnergyBurned":{"qty":%.17g,"units":"kJ"},'
+              '"distance":{"qty":%.17g,"units":"km"},"intensity":{"qty":%.17g,"units":"MET"},'
+              '"heartRate":{"min":{"qty":61,"units":"count/min"},'
+              '"avg":{"qty":%.17g,"units":"count/min"},"max":{"qty":171,"units":"count/min"}},'
+              % (stamp(begin, *offset), stamp(end, *offset), seconds + r(),
+                 seconds * 0.9 * (1 + r()), seconds * 0.0027, 7 + 3 * r(), 128 + 10 * r()))
+    # The route is written after the heart rate: the two series are drawn together, a
+    # batch at a time, and the route's batches wait in a file beside the body.
+    spill = out.handle.name + ".route"
+    bpm, where = 120.0, [37.7749, -122.4194, 16.0, 90.0]
+    out.write('"heartRateData":[')
+    with open(spill, "w+", encoding="utf-8") as routes:
+        for start in range(0, seconds, BATCH):
+            heart, route, bpm = _workout_seconds(min(BATCH, seconds - start), begin + start,
+                                                 bpm, where, r, offset, source)
+            out.write(("," if start else "") + ",".join(heart))
+            routes.write(("," if start else "") + ",".join(route))
+        out.write('],"heartRateRecovery":[],"route":[')
+        routes.seek(0)
+        for chunk in iter(lambda: routes.read(1 << 20), ""):
+            out.write(chunk)
+    os.unlink(spill)
+    out.write('],"metadata":{}}]}}')
+    return {"points": 1, "aggregation": None, "route_points": seconds,
+            "heart_rate_points": seconds}
+
+
+def many_metrics_one_point(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """As many metrics as fit, each with a name of its own and ONE point (the names of
+    symptoms, medications and cycle tracking come from what the user typed, so nothing
+    bounds how many a body names), compact, a count and mostly no source: one metric, one
+    hour object and one row per ~100 bytes."""
+    r = rng.random
+    names = [name for name, *_ in DAYS_METRICS]
+    out.write('{"data":{"metrics":[')
+    count, t, first = 0, EPOCH_2025_03_01, True
+    while out.size + 10 < target:
+        batch = []
+        for _ in range(BATCH):
+            name = "%s_%d" % (names[count % len(names)], count)
+            source = ',"source":%s' % _quoted(OWNER_WATCH) if r() < 0.2 else ""
+            batch.append('{"name":"%s","units":"count","data":[{"date":"%s","qty":%d%s}]}'
+                         % (name, stamp(t, -18000, "-0500"), 1 + int(20 * r()), source))
+            count += 1
+            t += 60
+        out.write(("" if first else ",") + ",".join(batch))
+        first = False
+    out.write("]}}")
+    return {"points": count, "aggregation": "Minutes"}
+
+
+EMOJI_SOURCES = ["Anton’s Apple Watch 🏃", "🍎 iPhone", "Oura 💍", "WHOOP ⌚️", "Anton’s 📱",
+                 "Sleep Cycle 😴", "Zepp 💓", "Garmin 🚴‍♂️", "Withings ⚖️", "MyFitnessPal 🥗",
+                 "AutoSleep 🌙|Anton’s Apple Watch 🏃", "🏃‍♀️ Strava"]
+
+
+def emoji_sources(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """Like compact-1metric-qty with an emoji in every ``source`` (hae-format §11: sources
+    as people name their phones, emoji included): astral characters, written back as
+    surrogate-pair escapes in the text the large-body fold reads."""
+    return {"points": _qty_minutes(out, target, rng, EMOJI_SOURCES), "aggregation": "Minutes"}
+
+
 SHAPES = {
     "compact-1metric-seconds": heart_rate_seconds,
     "compact-1metric-qty": step_count_minutes,
@@ -364,6 +743,10 @@ SHAPES = {
     "workouts-routes": workouts_routes,
     "sleep-records": sleep_records,
     "non-ascii": non_ascii_minutes,
+    "days-backfill": days_backfill,
+    "workout-long": workout_long,
+    "many-metrics-one-point": many_metrics_one_point,
+    "emoji-sources": emoji_sources,
 }
 """Shape name -> generator(out, target bytes, rng) -> {"points", "aggregation", ...}."""
 
