@@ -19,8 +19,9 @@ On-disk layout, all under one data directory (``--data``)::
                         sessions (table session), WAL mode
     archive/YYYY/MM/DD/<received>-<random>.json        raw bodies, as received
     archive/YYYY/MM/DD/<received>-<random>.meta.json   received_at, HAE headers, path name
-    tmp/                in-flight uploads, rebuild scratch, spooled replies (same
-                        filesystem; emptied at start but for a running command's folder)
+    tmp/                in-flight uploads, rebuild scratch, spooled replies, a large
+                        fold's rows (same filesystem; emptied at start but for a running
+                        command's folder)
     token               the access token, mode 0600
     healthlog.lock      advisory lock: one process serves a data directory
 
@@ -380,6 +381,15 @@ class StorageFailure(HealthlogError):
 
 class FoldPaused(HealthlogError):
     """A fault of the machine deferred a fold: the fold loop pauses, then tries again."""
+
+
+class ScratchFault(HealthlogError):
+    """A fold's scratch file could not be written or read (a full or failing disk): a
+    fault of the machine, like a database that cannot be written (fold spec)."""
+
+    def __init__(self, cause: OSError):
+        super().__init__("a fold's scratch file failed (%s)"
+                         % errno.errorcode.get(cause.errno or 0, type(cause).__name__))
 
 
 class FoldFailure(HealthlogError):
@@ -1169,6 +1179,11 @@ def same_field(key: str, a: Any, b: Any) -> bool:
     return same_value(a, b)
 
 
+_LIST_KINDS = {list}
+"""What :func:`same_value` compares element by element: lists, and a large record's array
+left in its text (``Deferred``, added where the fold's extraction defines it)."""
+
+
 def same_value(a: Any, b: Any) -> bool:
     """Same structure, equal strings and booleans, numbers equal within 1e-12 relative,
     times (:data:`TIME_KEYS`) equal as instants; ``source`` is ignored at every level."""
@@ -1182,8 +1197,9 @@ def same_value(a: Any, b: Any) -> bool:
         if keys != b.keys() - {"source"}:
             return False
         return all(same_field(k, a[k], b[k]) for k in keys)
-    if ta is list:
-        return tb is list and len(a) == len(b) and all(map(same_value, a, b))
+    if ta is list or ta in _LIST_KINDS:
+        return (tb is list or tb in _LIST_KINDS) and len(a) == len(b) and all(
+            map(same_value, a, b))
     if ta is bool or tb is bool:
         return ta is tb and a == b
     if (ta is int or ta is float) and (tb is int or tb is float):
@@ -2063,7 +2079,7 @@ class MetricPoints:
     is_metric: bool  # time-grouped (data.metrics but sleep), not in the record layer
     units: Optional[str] = None
     coords: dict = field(default_factory=dict)  # (start, end, category) -> point | [points]
-    starts: list = field(default_factory=list)  # raw start strings, for layer inference
+    starts: list = field(default_factory=list)  # start codes, for layer inference
     has_interval: bool = False
 
     @property
@@ -2088,7 +2104,8 @@ class MetricPoints:
 class Extraction:
     """What a body holds, before any comparison with the store."""
 
-    metrics: dict = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
+    metrics: Any = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
+    """A dict of :class:`MetricPoints`, or a large body's :class:`IndexedMetrics`."""
     points: int = 0
     mixed_units: set = field(default_factory=set)  # metrics sent in two units: 2nd left out
     bad_points: int = 0
@@ -2100,7 +2117,24 @@ class Extraction:
 
     @property
     def has_metric_points(self) -> bool:
+        if type(self.metrics) is not dict:
+            return self.metrics.has_metric_points()
         return any(m.is_metric and m.distinct for m in self.metrics.values())
+
+    def name_count(self) -> int:
+        """Distinct metric names."""
+        if type(self.metrics) is not dict:
+            return self.metrics.name_count()
+        return len({m.name for m in self.metrics.values()})
+
+    def take_buckets(self) -> Iterator[Any]:
+        """Each metric once, in order, let go of as the next is taken (the merge)."""
+        metrics = self.metrics
+        if type(metrics) is not dict:
+            yield from metrics.take()
+            return
+        for key in list(metrics):
+            yield metrics.pop(key)
 
 
 def _bounded_names(keys: list) -> tuple:
@@ -2230,7 +2264,7 @@ def _extract_metric(out: Extraction, element: Any) -> None:
         if start != end:
             bucket.has_interval = True
         elif len(starts) < STARTS_KEPT:
-            starts.append(raw)
+            starts.append(start_code_of(raw))
     out.points += placed
 
 
@@ -2273,9 +2307,12 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
     voted_days: set = set()
     pooled_level, pooled_days, pooled_points = 3, set(), 0
     for bucket in extraction.metrics.values():
-        if not bucket.is_metric or bucket.has_interval or not bucket.starts:
+        if not bucket.is_metric or bucket.has_interval:
             continue
-        alignment = _alignment(bucket.starts[:sample])
+        starts = bucket.starts
+        if not starts:
+            continue
+        alignment = _alignment(starts[:sample])
         if alignment is None:
             continue
         level, days = alignment
@@ -2293,37 +2330,22 @@ def infer_layer(extraction: Extraction, sample: Optional[int] = None) -> Optiona
     return None
 
 
-def _alignment(starts: list) -> Optional[tuple]:
-    """(level, days): how coarsely these bucket starts are aligned in local time (0 the
-    second, 1 the minute, 2 the hour, 3 the day or coarser) and, at level 3, their local
-    dates; None when no start can be read."""
+def _alignment(codes: Sequence) -> Optional[tuple]:
+    """(level, days): how coarsely these bucket starts (their :func:`start_code`) are
+    aligned in local time (0 the second, 1 the minute, 2 the hour, 3 the day or coarser)
+    and, at level 3, the ordinals of their local dates; None when no start can be read."""
     level, days, readable = 3, set(), False
-    for raw in starts:
-        if (type(raw) is str and len(raw) == 25 and raw[10] == " " and raw[13] == ":"
-                and raw[16] == ":" and raw[19] == " "):
-            if raw[17:19] != "00":  # HAE's own format: read the fields in place
-                return 0, set()
-            if raw[14:16] != "00":
-                level = min(level, 1)
-            elif raw[11:13] != "00":
-                level = min(level, 2)
-            elif level == 3:
-                days.add(raw[:10])
-            readable = True
+    for code in codes:
+        if code < 0:
             continue
-        fields = local_day_and_second(raw)
-        if fields is None:
-            continue
-        readable = True
-        ordinal, second = fields
-        if second % 60:
+        if code == 0:
             return 0, set()
-        if second % 3600:
-            level = min(level, 1)
-        elif second:
-            level = min(level, 2)
-        elif level == 3:
-            days.add(ordinal)
+        readable = True
+        if code < 3:
+            if code < level:
+                level = code
+        elif level == 3 and code > 3:
+            days.add(code - 4)
     return (level, days if level == 3 else set()) if readable else None
 
 
@@ -2332,22 +2354,31 @@ def _grouping(level: int, days: set) -> str:
 
 
 def _day_grouping(days: set) -> str:
-    """days, weeks, months or years, from the local dates of day-aligned starts."""
-    dates = set()
-    for day in days:
-        if type(day) is str:
-            try:
-                day = _dt.date(int(day[:4]), int(day[5:7]), int(day[8:10])).toordinal()
-            except ValueError:
-                continue
-        dates.add(day)
-    dates = [_dt.date.fromordinal(o) for o in sorted(dates)]
+    """days, weeks, months or years, from the ordinals of day-aligned starts' dates."""
+    dates = [_dt.date.fromordinal(o) for o in sorted(days)]
     if len(dates) >= 2 and all(d.day == 1 for d in dates):
         return "years" if all(d.month == 1 for d in dates) else "months"
     gaps = [b.toordinal() - a.toordinal() for a, b in zip(dates, dates[1:])]
     if gaps and all(g % 7 == 0 for g in gaps):
         return "weeks"
     return "days"
+
+
+WHOLE_PARSE_NAMES_MAX = 4096
+"""A body below :data:`STREAM_FOLD_BYTES` with more ``"name"`` keys than this is indexed
+rather than parsed whole (:func:`extract_body`): a metric parsed whole costs about 1 KB
+beside the ~100 bytes of a one-point metric's text (12 times the body), and HAE's widest
+body, a Days export of every metric, names about 150."""
+
+
+def wide_document(doc: Any) -> bool:
+    """Does a parsed body hold more metrics, or named records, than
+    :data:`WHOLE_PARSE_NAMES_MAX`?"""
+    data = doc.get("data") if type(doc) is dict else None
+    if type(data) is not dict:
+        return False
+    return sum(len(data[key]) for key in ("metrics", "symptoms", "cycleTracking", "medications")
+               if type(data.get(key)) is list) > WHOLE_PARSE_NAMES_MAX
 
 
 FOLD_MAX_BYTES = 512 << 20
@@ -2370,18 +2401,21 @@ def body_size(path: Path) -> int:
 def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) -> tuple:
     """(extraction, plain) of an archived body: parsed whole and mapped by
     :func:`extract_points` below :data:`STREAM_FOLD_BYTES`, indexed by
-    :func:`index_points` from that size on.  ``plain`` when the text holds no boolean
+    :func:`index_points` from that size on, or when it names more than
+    :data:`WHOLE_PARSE_NAMES_MAX` metrics.  ``plain`` when the text holds no boolean
     (:attr:`HourObject.plain`)."""
     if body_size(path) < STREAM_FOLD_BYTES:
         body = _read_body(path)
-        plain = not may_hold_booleans(body)
-        try:
-            doc = loads_body(body)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise ContentNotParsed() from None
-        del body
-        check_deadline()
-        return extract_points(doc, check_deadline), plain
+        if body.count(b'"name"') <= WHOLE_PARSE_NAMES_MAX:
+            plain = not may_hold_booleans(body)
+            try:
+                doc = loads_body(body)
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                raise ContentNotParsed() from None
+            del body
+            check_deadline()
+            return extract_points(doc, check_deadline), plain
+        del body  # thousands of metrics: indexed, as a large body is
     text, plain = read_ascii_text(path)
     check_deadline()
     return index_points(text, check_deadline), plain
@@ -2401,8 +2435,8 @@ _ASCII_BYTES = bytes(range(128))
 _ESCAPED_NON_ASCII = re.compile(rb"\\[\x80-\xff]")
 
 LEAN_REPLACE_MAX = 8
-"""Distinct non-ASCII characters that :func:`read_ascii_text` replaces pass by pass; a
-body with more is escaped in one decoding pass instead (slower per character)."""
+"""Distinct non-ASCII characters that :func:`read_ascii_text` replaces pass by pass in a
+chunk; a chunk with more is escaped in one decoding pass instead (slower per character)."""
 
 
 def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
@@ -2417,35 +2451,87 @@ def _json_escape_error(exc: UnicodeDecodeError) -> tuple:
 codecs.register_error("healthlog-json-escape", _json_escape_error)
 
 
+ASCII_READ_CHUNK = 1 << 20
+"""Bytes of a large body read, checked and escaped at a time (:func:`read_ascii_text`)."""
+
+
 def read_ascii_text(path: Path) -> tuple:
     """(text, plain): a large archived body as ASCII text for :func:`index_points`.
     Every non-ASCII character (only ever inside a string, in valid JSON) is first
     written as its ``\\u`` escape, so the text takes one byte per character instead of
-    two or four; the document it holds is the same.  The file is read here, so that no
-    caller holds its bytes beside the text.  What ingest refuses and an escape would
-    make valid (a backslash before a non-ASCII character, an unpaired surrogate) is
-    ContentNotParsed."""
-    body = _read_body(path)
-    plain = not may_hold_booleans(body)
-    if _ESCAPED_NON_ASCII.search(body):  # invalid JSON an escape would make valid
-        raise ContentNotParsed()
-    if not body.isascii():
-        try:
-            characters = set(body.translate(None, _ASCII_BYTES).decode("utf-8"))
-        except UnicodeDecodeError:
-            raise ContentNotParsed() from None
-        if len(characters) <= LEAN_REPLACE_MAX:  # usually one: the ’ in device names
-            for character in characters:
-                body = body.replace(character.encode("utf-8"),
-                                    json.dumps(character)[1:-1].encode("ascii"))
+    two or four; the document it holds is the same.  The file is read here, a chunk at a
+    time, so that no caller holds its bytes beside the text: the text's bytes and the
+    text itself are the most this holds (2x the body), whatever characters it has.
+    What ingest refuses and an escape would make valid (a backslash before a non-ASCII
+    character, an unpaired surrogate) is ContentNotParsed, as is text that is not UTF-8."""
     try:
-        text = body.decode("ascii", "healthlog-json-escape")
-    except UnicodeDecodeError:
+        handle = open(str(path), "rb")
+    except FileNotFoundError:
+        raise BodyMissing() from None
+    except OSError as exc:
+        raise ArchiveFault(exc) from None
+    out = bytearray()
+    carry, before, plain = b"", b"", True
+    with handle:
+        while True:
+            try:
+                chunk = handle.read(ASCII_READ_CHUNK)
+            except OSError as exc:
+                raise ArchiveFault(exc) from None
+            piece, carry = carry + chunk, b""
+            if not piece:
+                break
+            if chunk:  # a character cut by the chunk's end waits for the next one
+                carry = _incomplete_tail(piece)
+                piece = piece[:len(piece) - len(carry)]
+            seen = before + piece  # a literal or a backslash across the chunks' seam
+            if plain and may_hold_booleans(seen):
+                plain = False
+            if _ESCAPED_NON_ASCII.search(seen):
+                raise ContentNotParsed()  # invalid JSON an escape would make valid
+            before = seen[-4:]
+            out += piece if piece.isascii() else _escaped_ascii(piece)
+            if not chunk:
+                break
+    try:
+        text = out.decode("ascii")
+    except UnicodeDecodeError:  # pragma: no cover - _escaped_ascii gives ASCII only
         raise ContentNotParsed() from None
-    del body
+    del out
     if ("\\ud" in text or "\\uD" in text) and _lone_surrogate(text):
         raise ContentNotParsed()  # one surrogate of a pair is no character
     return text, plain
+
+
+def _incomplete_tail(data: bytes) -> bytes:
+    """The last bytes of ``data`` from the start of a UTF-8 character that may continue
+    in the next chunk (a lead byte among the last four), else ``b""``."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return b""
+        if byte >= 0xC0:
+            return data[-back:]
+    return b""
+
+
+def _escaped_ascii(piece: bytes) -> bytes:
+    """UTF-8 ``piece`` (whole characters) with every non-ASCII character written as its
+    JSON escape: by replacing each character's bytes when they are few
+    (:data:`LEAN_REPLACE_MAX`; usually one, the ’ of device names), else with the
+    escaping error handler.  ContentNotParsed when it is not UTF-8."""
+    try:
+        characters = set(piece.translate(None, _ASCII_BYTES).decode("utf-8"))
+        if len(characters) <= LEAN_REPLACE_MAX:
+            for character in characters:
+                piece = piece.replace(character.encode("utf-8"),
+                                      json.dumps(character)[1:-1].encode("ascii"))
+            if not piece.isascii():  # a byte of no character (not UTF-8)
+                raise ContentNotParsed()
+            return piece
+        return piece.decode("ascii", "healthlog-json-escape").encode("ascii")
+    except UnicodeDecodeError:
+        raise ContentNotParsed() from None
 
 
 # -- large bodies: an index of where the points are, each parsed again in its hour -------
@@ -2453,14 +2539,20 @@ def read_ascii_text(path: Path) -> tuple:
 STREAM_FOLD_BYTES = 8 << 20
 """From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
 document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
-990k heart-rate points needed 600 MiB); the text, the index (16 bytes a point) and the
-encoded objects stay near twice the body (fold spec, FOLD-13)."""
+990k heart-rate points needed 600 MiB); the text, the index (4 to 20 bytes a point,
+about 60 a metric) and a bounded batch of encoded objects stay near twice the body
+(fold spec, FOLD-13)."""
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 _SCANNER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float,
                             parse_int=_int64).scan_once
 """The json module's C scanner with ingest's rules: one JSON value at an index."""
+
+_READ_AGAIN = json.JSONDecoder().scan_once
+"""The same scanner without ingest's checks (Python calls for every number), for text
+:data:`_SCANNER` has read once already (a point parsed again in its hour) or the fold
+wrote itself (a stored object): the same values, three times as fast."""
 
 _scanstring = json.decoder.scanstring
 
@@ -2498,60 +2590,540 @@ def _walk_object(text: str, at: int, member: Callable[[str, int], int]) -> int:
         at = space(text, at + 1).end()
 
 
-@dataclass
-class IndexedMetric:
-    """One metric of a large body (:func:`index_points`): where each of its points
-    starts in the text, by UTC hour; the points themselves are parsed again, one hour at
-    a time, when the hour is merged.  Duck-types :class:`MetricPoints` for the fold."""
+# -- a large record's long arrays, left in the text until they are compared or encoded --
 
-    name: str
-    is_metric: bool
-    text: str = ""
-    units: Optional[str] = None
-    hours: dict = field(default_factory=dict)  # hour -> array('q') of offsets, body order
-    starts: list = field(default_factory=list)
-    has_interval: bool = False
-    seen: set = field(default_factory=set)  # the first distinct coordinates
+DEFER_MIN_ELEMENTS = 256
+"""An array member of a record with more elements than this stays in the text of a large
+body (or of a large stored object) as a :class:`Deferred`: a two-day workout's 150,000
+route points and as many heart-rate samples would take 2.5 times the body as dicts."""
+
+
+class Deferred:
+    """An array member of a large record, left where it is in its text (a large body's,
+    in memory, or a large stored object's, in a scratch file: :class:`_TextFile`): its
+    elements are parsed one at a time whenever it is compared (:func:`same_value` takes
+    it for a list) or encoded (:func:`encode_points`).  It never leaves the fold:
+    candidates of one coordinate are compared with it made a list (:func:`materialize`),
+    a rebuild sends it to its worker as a list, and no object holding one is kept
+    decoded."""
+
+    __slots__ = ("source", "at", "count")
+
+    def __init__(self, source: Any, at: int, count: int):
+        self.source, self.at, self.count = source, at, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Any]:
+        cursor = _Cursor(self.source, self.at)
+        cursor.take("[")
+        for index in range(self.count):
+            if index:
+                cursor.take(",")
+            yield cursor.value()
+
+    def __reduce__(self) -> tuple:
+        return list, (list(self),)
+
+
+_LIST_KINDS.add(Deferred)
+
+
+class _TextFile:
+    """A large stored object's JSON, inflated and written as ASCII text
+    (:func:`read_ascii_text`'s escapes) into an anonymous file under ``DATA/tmp``, a chunk
+    at a time: read back a window at a time (:class:`_Cursor`), it is never whole in
+    memory.  ``categorized``: it holds a ``"value"`` or ``"kind"`` key (or text);
+    ``plain``: no ``true`` or ``false``."""
+
+    __slots__ = ("file", "categorized", "plain")
+
+    def __init__(self, scratch: Path, blob: bytes):
+        self.categorized, self.plain = False, True
+        try:
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            self.file = tempfile.TemporaryFile(dir=str(scratch))
+            inflate = zlib.decompressobj(31)
+            carry, data, before = b"", blob, b""
+            while not inflate.eof:
+                chunk = inflate.decompress(data, ASCII_READ_CHUNK)
+                data = inflate.unconsumed_tail
+                if not chunk and not data and not inflate.eof:
+                    raise zlib.error("the stored object ends early")
+                piece = carry + chunk
+                carry = b"" if inflate.eof else _incomplete_tail(piece)
+                piece = piece[:len(piece) - len(carry)]
+                piece = piece if piece.isascii() else _escaped_ascii(piece)
+                seen = before + piece
+                self.categorized = self.categorized or b'"value"' in seen or b'"kind"' in seen
+                self.plain = self.plain and not may_hold_booleans(seen)
+                before = seen[-8:]
+                self.file.write(piece)
+        except OSError as exc:
+            raise ScratchFault(exc) from None
+
+    def read(self, at: int, size: int) -> str:
+        try:
+            self.file.seek(at)
+            return self.file.read(size).decode("ascii")
+        except OSError as exc:
+            raise ScratchFault(exc) from None
+
+
+class _Cursor:
+    """Reads JSON a value at a time from a text in memory (a ``str``) or in a
+    :class:`_TextFile`, whose window it moves on as it goes (a value is whole in the
+    window when it is read).  ``at`` is where it is in the whole text."""
+
+    __slots__ = ("source", "text", "base", "at", "ended")
+
+    def __init__(self, source: Any, at: int):
+        self.source, self.at = source, at
+        if type(source) is str:
+            self.text, self.base, self.ended = source, 0, True
+        else:
+            self.text, self.base, self.ended = "", at, False
+
+    def _fill(self) -> bool:
+        """More of the text in the window (what is behind ``at`` let go); False at its end."""
+        if self.ended:
+            return False
+        more = self.source.read(self.base + len(self.text),
+                                max(ASCII_READ_CHUNK, len(self.text)))  # a long value: O(n)
+        if not more:
+            self.ended = True
+            return False
+        self.text = self.text[self.at - self.base:] + more
+        self.base = self.at
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not white space (``at`` moved to it)."""
+        text, at = self.text, self.at - self.base
+        if at < len(text) and text[at] not in " \t\n\r":
+            return text[at]
+        while True:
+            found = _WHITESPACE.match(self.text, self.at - self.base).end()
+            self.at = self.base + found
+            if found < len(self.text):
+                return self.text[found]
+            if not self._fill():
+                raise ValueError("the text ends early")
+
+    def take(self, character: str) -> None:
+        if self.peek() != character:
+            raise ValueError("%r expected" % character)
+        self.at += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = _READ_AGAIN(self.text, self.at - self.base)
+            except (StopIteration, ValueError):
+                if self._fill():
+                    continue
+                raise ValueError("no JSON value") from None
+            if end + 3 > len(self.text) and self._fill():  # a number may go on ("12." + "5")
+                continue
+            self.at = self.base + end
+            return value
+
+    def key(self) -> str:
+        if self.peek() != '"':
+            raise ValueError("a key must be a string")
+        while True:
+            try:
+                key, end = _scanstring(self.text, self.at - self.base + 1)
+            except ValueError:
+                if self._fill():
+                    continue
+                raise
+            self.at = self.base + end
+            return key
+
+
+def _shallow(text: str, at: int) -> tuple:
+    """(value, index after it) of the value at ``text[at]`` (:func:`_shallow_at`)."""
+    cursor = _Cursor(text, at)
+    return _shallow_at(cursor), cursor.at
+
+
+def _shallow_at(cursor: _Cursor) -> Any:
+    """The value at the cursor, an object's array members of more than
+    :data:`DEFER_MIN_ELEMENTS` elements left in the text (:class:`Deferred`).  Only for
+    text a walk or a dump has already checked."""
+    if cursor.peek() != "{":
+        return cursor.value()
+    cursor.take("{")
+    point: dict = {}
+    if cursor.peek() == "}":
+        cursor.at += 1
+        return point
+    while True:
+        key = cursor.key()
+        cursor.take(":")
+        if cursor.peek() == "[":
+            start = cursor.at
+            cursor.take("[")
+            elements, count = [], 0
+            if cursor.peek() == "]":
+                cursor.at += 1
+            else:
+                while True:
+                    element = cursor.value()
+                    count += 1
+                    if count <= DEFER_MIN_ELEMENTS:
+                        elements.append(element)
+                    elif count == DEFER_MIN_ELEMENTS + 1:
+                        elements = []  # let go: the array stays in the text
+                    if cursor.peek() == "]":
+                        cursor.at += 1
+                        break
+                    cursor.take(",")
+            point[key] = (Deferred(cursor.source, start, count)
+                          if count > DEFER_MIN_ELEMENTS else elements)
+        else:
+            point[key] = cursor.value()
+        if cursor.peek() == "}":
+            cursor.at += 1
+            return point
+        cursor.take(",")
+
+
+def holds_deferred(points: list) -> bool:
+    return any(type(point) is dict and any(type(v) is Deferred for v in point.values())
+               for point in points)
+
+
+def materialize(point: Any) -> Any:
+    """The point with every :class:`Deferred` member a list (the point itself when it
+    holds none)."""
+    if type(point) is not dict or not any(type(v) is Deferred for v in point.values()):
+        return point
+    return {key: list(value) if type(value) is Deferred else value
+            for key, value in point.items()}
+
+
+def _stored_points(source: _TextFile) -> list:
+    """A large stored object's points, each :func:`_shallow_at`."""
+    cursor = _Cursor(source, 0)
+    cursor.take("[")
+    points: list = []
+    if cursor.peek() == "]":
+        return points
+    while True:
+        points.append(_shallow_at(cursor))
+        if cursor.peek() == "]":
+            return points
+        cursor.take(",")
+
+
+def _stored_size(blob: bytes) -> int:
+    """The size of a stored object's JSON (gzip's ISIZE: its length modulo 2**32)."""
+    return int.from_bytes(blob[-4:], "little") if len(blob) >= 18 else 0
+
+
+_RECORD_FIELDS = frozenset(("name", "displayText", "nickname", "start", "startDate", "date",
+                            "end", "endDate", "value", "kind"))
+"""The members of a record element that name its metric and place it (:data:`SECTIONS`,
+:func:`point_coordinate`): the index reads only these, and walks past the others (a
+workout's route, its heart rate) an element at a time, never building the record."""
+
+_RECOUNT = 255
+"""A bucket's ``distinct`` when several elements placed points in it: counted again from
+its points if asked (only layer inference asks, of time-grouped metrics)."""
+
+
+class BodyIndex:
+    """The columns every section of a large body shares (:func:`index_points`): each
+    point's offset in the text, in the order the walk placed them, grouped in runs of one
+    UTC hour (``run_hours``, ``run_lens``), and the start codes layer inference reads
+    (:func:`start_code`).  About 20 bytes a point when every point has an hour of its
+    own, 4 when an hour holds many."""
+
+    __slots__ = ("text", "offsets", "run_hours", "run_lens", "starts")
+
+    def __init__(self, text: str):
+        self.text: Optional[str] = text
+        self.offsets = array.array("I" if len(text) < 1 << 32 else "q")
+        self.run_hours = array.array("q")
+        self.run_lens = array.array("I")
+        self.starts = array.array("i")
+
+
+class _Segment:
+    """What the walk placed of one element's points: runs from ``run0``, offsets from
+    ``off0`` (``placed`` of them), start codes from ``start0``; ``count`` points, ``bad``
+    of them not placed; up to :data:`DISTINCT_COUNTED` distinct coordinates."""
+
+    __slots__ = ("run0", "runs", "off0", "placed", "start0", "nstart", "count", "bad",
+                 "interval", "coords")
+
+    def __init__(self, index: BodyIndex):
+        self.run0, self.runs = len(index.run_hours), 0
+        self.off0, self.placed = len(index.offsets), 0
+        self.start0, self.nstart = len(index.starts), 0
+        self.count = self.bad = 0
+        self.interval = False
+        self.coords: list = []
+
+
+class _Buckets:
+    """The metrics of one section of a large body, in the order they first appear, as
+    columns rather than objects: a body of a million one-point metrics costs about 60
+    bytes a metric beside its text.  A metric is found by the hash of its name in an
+    open-addressing table of bucket numbers; a ``data.metrics`` name is kept as where it
+    is in the text and read again when asked (a record's, made from its content, is
+    kept).  A bucket's points are its first segment's (in its own columns) and any
+    further ones (``more``): the elements of one metric, in order, as
+    :meth:`IndexedMetric.absorb` used to join them."""
+
+    __slots__ = ("index", "section", "record", "hashes", "name_at", "names", "flags", "units",
+                 "distinct", "placed", "run0", "runs", "off0", "offn", "start0", "nstart",
+                 "more", "slots", "points", "bad_points", "bad_metrics", "mixed_units")
+
+    def __init__(self, index: BodyIndex, section: str):
+        self.index, self.section = index, section
+        self.record = SECTIONS[section] is not None
+        self.hashes = array.array("q")
+        self.name_at = array.array("q")  # data.metrics: the offset of the name's string
+        self.names: list = []  # records: the names
+        self.flags = bytearray()  # 1: time-grouped (is_metric); 2: a point has an interval
+        self.units: list = []
+        self.distinct = bytearray()
+        self.placed = array.array("i")
+        self.run0, self.runs = array.array("i"), array.array("i")
+        self.off0, self.offn = array.array("i"), array.array("i")
+        self.start0, self.nstart = array.array("i"), array.array("i")
+        self.more: dict = {}  # bucket -> [(run0, runs, off0, offn, start0, nstart)]
+        self.slots = array.array("i", [-1]) * 8
+        self.points = self.bad_points = 0
+        self.bad_metrics: set = set()
+        self.mixed_units: set = set()
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def name(self, b: int) -> str:
+        if self.record:
+            return self.names[b]
+        return _scan(self.index.text, self.name_at[b])[0]
+
+    def bucket(self, is_metric: bool, name: str, name_at: int) -> int:
+        """The bucket of (is_metric, name), made if it is new."""
+        h = hash(name)
+        slots, hashes, flags = self.slots, self.hashes, self.flags
+        mask = len(slots) - 1
+        i = h & mask
+        while True:
+            b = slots[i]
+            if b < 0:
+                break
+            if hashes[b] == h and (flags[b] & 1) == is_metric and self.name(b) == name:
+                return b
+            i = (i + 1) & mask
+        b = len(hashes)
+        slots[i] = b
+        hashes.append(h)
+        if self.record:
+            self.names.append(name)
+        else:
+            self.name_at.append(name_at)
+        flags.append(1 if is_metric else 0)
+        self.units.append(None)
+        self.distinct.append(0)
+        for column in (self.placed, self.run0, self.runs, self.off0, self.offn, self.start0,
+                       self.nstart):
+            column.append(0)
+        if 2 * len(hashes) > len(slots):
+            self._grow()
+        return b
+
+    def _grow(self) -> None:
+        slots = array.array("i", [-1]) * (2 * len(self.slots))
+        mask = len(slots) - 1
+        for b, h in enumerate(self.hashes):
+            i = h & mask
+            while slots[i] >= 0:
+                i = (i + 1) & mask
+            slots[i] = b
+        self.slots = slots
+
+    def absorb(self, b: int, segment: _Segment) -> None:
+        """Join an element's points to bucket ``b``, after the ones it has (one segment
+        with its last one when they follow each other in the columns)."""
+        if segment.interval:
+            self.flags[b] |= 2
+        if not segment.placed:
+            return
+        if not self.placed[b]:
+            self.run0[b], self.runs[b] = segment.run0, segment.runs
+            self.off0[b], self.offn[b] = segment.off0, segment.placed
+            self.start0[b], self.nstart[b] = segment.start0, segment.nstart
+            self.distinct[b] = len(segment.coords)
+            self.placed[b] = segment.placed
+            return
+        if self.distinct[b] < DISTINCT_COUNTED:
+            self.distinct[b] = _RECOUNT
+        self.placed[b] += segment.placed
+        more = self.more.get(b)
+        run0, runs, off0, offn, start0, nstart = self.tail(b)
+        if (run0 + runs == segment.run0 and off0 + offn == segment.off0
+                and (not nstart or not segment.nstart or start0 + nstart == segment.start0)):
+            joined = (run0, runs + segment.runs, off0, offn + segment.placed,
+                      start0 if nstart else segment.start0, nstart + segment.nstart)
+            if more:
+                more[-1] = joined
+            else:
+                (self.run0[b], self.runs[b], self.off0[b], self.offn[b], self.start0[b],
+                 self.nstart[b]) = joined
+        else:
+            self.more.setdefault(b, []).append(
+                (segment.run0, segment.runs, segment.off0, segment.placed, segment.start0,
+                 segment.nstart))
+
+    def tail(self, b: int) -> tuple:
+        """The last segment of bucket ``b`` (which has points)."""
+        more = self.more.get(b)
+        if more:
+            return more[-1]
+        return (self.run0[b], self.runs[b], self.off0[b], self.offn[b], self.start0[b],
+                self.nstart[b])
+
+    def segments(self, b: int) -> list:
+        """(run0, runs, off0, offn, start0, nstart) of each segment of bucket ``b``."""
+        if not self.placed[b]:
+            return []
+        first = (self.run0[b], self.runs[b], self.off0[b], self.offn[b], self.start0[b],
+                 self.nstart[b])
+        return [first] + self.more.get(b, [])
+
+
+def start_code(raw: Any) -> int:
+    """What layer inference reads of a bucket start (:func:`_alignment`), as one number:
+    -1 when it cannot be read; 0, 1 or 2 when it is aligned to the second, the minute or
+    the hour (in the local time written in it); 3 at local midnight of a date that does
+    not exist; 4 + the proleptic ordinal of its local date at local midnight.  HAE's
+    own format is read in place."""
+    if (type(raw) is str and len(raw) == 25 and raw[10] == " " and raw[13] == ":"
+            and raw[16] == ":" and raw[19] == " "):
+        if raw[17:19] != "00":
+            return 0
+        if raw[14:16] != "00":
+            return 1
+        if raw[11:13] != "00":
+            return 2
+        try:
+            return 4 + _dt.date(int(raw[:4]), int(raw[5:7]), int(raw[8:10])).toordinal()
+        except ValueError:
+            return 3
+    fields = local_day_and_second(raw)
+    if fields is None:
+        return -1
+    ordinal, second = fields
+    if second % 60:
+        return 0
+    if second % 3600:
+        return 1
+    if second:
+        return 2
+    return 4 + ordinal
+
+
+_START_CODES: dict = {}
+"""Start text → :func:`start_code`: a body's metrics share their dates."""
+_START_CODES_MAX = 1 << 16
+
+
+def start_code_of(raw: Any) -> int:
+    """:func:`start_code`, remembered for texts."""
+    if type(raw) is not str:
+        return start_code(raw)
+    code = _START_CODES.get(raw)
+    if code is None:
+        if len(_START_CODES) >= _START_CODES_MAX:
+            _START_CODES.clear()
+        code = _START_CODES[raw] = start_code(raw)
+    return code
+
+
+class IndexedMetric:
+    """One metric of a large body (:func:`index_points`): a view of its bucket, where
+    each of its points starts in the text; the points themselves are parsed again, one
+    hour at a time, when the hour is merged.  Duck-types :class:`MetricPoints` for the
+    fold."""
+
+    __slots__ = ("table", "b", "name", "is_metric", "units", "last")
+
+    def __init__(self, table: _Buckets, b: int, last: bool = False):
+        self.table, self.b, self.last = table, b, last
+        self.name = table.name(b)
+        self.is_metric = bool(table.flags[b] & 1)
+        self.units = table.units[b]
+
+    @property
+    def has_interval(self) -> bool:
+        return bool(self.table.flags[self.b] & 2)
+
+    @property
+    def starts(self) -> array.array:
+        """The start codes of its bucket points, :data:`STARTS_KEPT` at most."""
+        codes, all_codes = array.array("i"), self.table.index.starts
+        for _, _, _, _, start0, nstart in self.table.segments(self.b):
+            codes.extend(all_codes[start0:start0 + min(nstart, STARTS_KEPT - len(codes))])
+            if len(codes) >= STARTS_KEPT:
+                break
+        return codes
 
     @property
     def distinct(self) -> int:
         """Distinct coordinates, counted up to :data:`DISTINCT_COUNTED` (layer inference
         asks no more)."""
-        return len(self.seen)
+        table, b = self.table, self.b
+        if table.distinct[b] == _RECOUNT:
+            seen: set = set()
+            times = TimeMemo()
+            for offsets in self._offsets():
+                for offset in offsets:
+                    seen.add(point_coordinate(_shallow(table.index.text, offset)[0], times))
+                    if len(seen) >= DISTINCT_COUNTED:
+                        break
+                if len(seen) >= DISTINCT_COUNTED:
+                    break
+            table.distinct[b] = len(seen)
+        return table.distinct[b]
 
-    def place(self, coord: tuple, offset: int) -> None:
-        hour = coord[0] // HOUR_US
-        found = self.hours.get(hour)
-        if found is None:
-            found = self.hours[hour] = array.array("q")
-        found.append(offset)
-        if len(self.seen) < DISTINCT_COUNTED:
-            self.seen.add(coord)
-
-    def absorb(self, other: "IndexedMetric") -> None:
-        """Add the points of ``other``, an element of the same metric read later."""
-        for hour, offsets in other.hours.items():
-            found = self.hours.get(hour)
-            if found is None:
-                self.hours[hour] = offsets
-            else:
-                found.extend(offsets)
-        self.starts.extend(other.starts[:STARTS_KEPT - len(self.starts)])
-        self.has_interval = self.has_interval or other.has_interval
-        for coord in other.seen:
-            if len(self.seen) >= DISTINCT_COUNTED:
-                break
-            self.seen.add(coord)
+    def _offsets(self) -> Iterator[array.array]:
+        offsets = self.table.index.offsets
+        for _, _, off0, offn, _, _ in self.table.segments(self.b):
+            yield offsets[off0:off0 + offn]
 
     def hour_coords(self, check_deadline: Callable[[], None]) -> Iterator[tuple]:
-        """As :meth:`MetricPoints.hour_coords`, parsing each hour's points again."""
+        """As :meth:`MetricPoints.hour_coords`, parsing each hour's points again.  The
+        last metric of a body lets its text go once its last hour is parsed."""
+        index = self.table.index
+        offsets, run_hours, run_lens = index.offsets, index.run_hours, index.run_lens
+        hours: dict = {}  # hour -> offsets, body order; the hours in their first order
+        for run0, runs, at, _, _, _ in self.table.segments(self.b):
+            for run in range(run0, run0 + runs):
+                hour, length = run_hours[run], run_lens[run]
+                found = hours.get(hour)
+                if found is None:
+                    hours[hour] = offsets[at:at + length]
+                else:
+                    found.extend(offsets[at:at + length])
+                at += length
+        text = index.text
         times = TimeMemo()
-        while self.hours:
-            hour, offsets = self.hours.popitem()
+        record = self.table.record
+        while hours:
+            hour, offsets_of_hour = hours.popitem()
             check_deadline()
             coords: dict = {}
-            for offset in offsets:
-                point = _SCANNER(self.text, offset)[0]
+            for offset in offsets_of_hour:
+                point = (_shallow if record else _READ_AGAIN)(text, offset)[0]
                 coord = point_coordinate(point, times)
                 slot = coords.get(coord)
                 if slot is None:
@@ -2560,14 +3132,80 @@ class IndexedMetric:
                     slot.append(point)
                 else:
                     coords[coord] = [slot, point]
+            if self.last and not hours:  # nothing needs the text any more
+                index.text = text = None
             yield hour, coords
+
+
+class IndexedMetrics:
+    """``Extraction.metrics`` of a large body: (is_metric, name) → :class:`IndexedMetric`,
+    in the order the whole-document extraction makes them (sections in
+    :data:`SECTIONS` order, metrics in the order they first appear), each made when
+    asked."""
+
+    def __init__(self, tables: list):
+        self.tables = tables
+
+    def __len__(self) -> int:
+        return sum(len(table) for table in self.tables)
+
+    def values(self) -> Iterator[IndexedMetric]:
+        for table in self.tables:
+            for b in range(len(table)):
+                yield IndexedMetric(table, b)
+
+    def items(self) -> Iterator[tuple]:
+        for metric in self.values():
+            yield (metric.is_metric, metric.name), metric
+
+    def __iter__(self) -> Iterator[tuple]:
+        for key, _ in self.items():
+            yield key
+
+    def take(self) -> Iterator[IndexedMetric]:
+        """Each metric once, for the merge; the last one frees the text when done."""
+        left = len(self)
+        for table in self.tables:
+            for b in range(len(table)):
+                left -= 1
+                yield IndexedMetric(table, b, last=not left)
+        self.tables = []
+
+    def has_metric_points(self) -> bool:
+        return any(flags & 1 and placed for table in self.tables
+                   for flags, placed in zip(table.flags, table.placed))
+
+    def name_count(self) -> int:
+        """Distinct metric names (a time-grouped metric and a record may share one)."""
+        count = len(self)
+        named = [table for table in self.tables if not table.record]
+        for table in self.tables:
+            if table.record:
+                for name in table.names:  # records' names are never time-grouped
+                    count -= any(_named_in(other, name) for other in named)
+        return count
+
+
+def _named_in(table: _Buckets, name: str) -> bool:
+    """Does ``table`` (of data.metrics) hold a time-grouped metric called ``name``?"""
+    h = hash(name)
+    slots, mask = table.slots, len(table.slots) - 1
+    i = h & mask
+    while slots[i] >= 0:
+        b = slots[i]
+        if table.hashes[b] == h and table.flags[b] & 1 and table.name(b) == name:
+            return True
+        i = (i + 1) & mask
+    return False
 
 
 def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -> Extraction:
     """What :func:`extract_points` makes of the document in ``text``, without building
     it: every point is parsed once here to place it (its metric, hour and coordinate),
-    and only its offset is kept.  Duplicate keys keep their last value, as a parse does;
-    invalid JSON anywhere is ContentNotParsed, as it is for a parse."""
+    and only its offset is kept (:class:`BodyIndex`).  A record element is read member by
+    member: only what names and places it is built.  Duplicate keys keep their last
+    value, as a parse does; invalid JSON anywhere is ContentNotParsed, as it is for a
+    parse."""
     try:
         indexer = _Indexer(text, check_deadline)
         end = _WHITESPACE.match(text, _walk_object(
@@ -2580,14 +3218,17 @@ def index_points(text: str, check_deadline: Callable[[], None] = lambda: None) -
 
 
 class _Indexer:
-    """The walk of :func:`index_points`: ``data`` and its sections as they come, then
-    the sections combined in :data:`SECTIONS` order, as :func:`extract_points` reads
-    them."""
+    """The walk of :func:`index_points`: ``data`` and its sections as they come, each
+    section's elements joined to its metrics as they are read (a later duplicate of a
+    section, or of ``data``, replaces what an earlier one gave, as in a parse); then the
+    sections combined in :data:`SECTIONS` order, as :func:`extract_points` reads them."""
 
     def __init__(self, text: str, check_deadline: Callable[[], None]):
         self.text, self.check_deadline = text, check_deadline
         self.times = TimeMemo()
-        self.data: Optional[dict] = None  # section key -> what it held (the last "data")
+        self.index = BodyIndex(text)
+        self.units: dict = {}  # one string of each units
+        self.data: Optional[dict] = None  # section key -> _Buckets, "other" or None
         self.data_is_object = False
 
     def top(self, key: str, at: int) -> int:
@@ -2605,20 +3246,10 @@ class _Indexer:
             value, end = _scan(text, at)
             self.data[key] = None if value is None else "other"  # uncovered: only the key
             return end
-        elements: list = []
-        self.data[key] = elements
+        table = self.data[key] = _Buckets(self.index, key)
         if SECTIONS[key] is None:
-            return self._elements(at, lambda at: self._metric(at, elements))
-        name_of = SECTIONS[key]
-
-        def record(at: int) -> int:
-            element, end = _scan(text, at)
-            name = name_of(element) if type(element) is dict else None
-            coord = point_coordinate(element, self.times) if name is not None else None
-            elements.append((name, coord, at))
-            return end
-
-        return self._elements(at, record)
+            return self._elements(at, lambda at: self._metric(at, table))
+        return self._elements(at, lambda at: self._record(at, table))
 
     def _elements(self, at: int, element: Callable[[int], int]) -> int:
         text, space = self.text, _WHITESPACE.match
@@ -2633,39 +3264,123 @@ class _Indexer:
                 raise ValueError("',' or ']' expected")
             at = space(text, at + 1).end()
 
-    def _metric(self, at: int, elements: list) -> int:
-        """One element of ``data.metrics``: its name, units and where its points are."""
-        if self.text[at] != "{":
-            value, end = _scan(self.text, at)
-            elements.append((None, None, None))
+    def _skip(self, at: int) -> int:
+        """Past the value at ``at``; an array an element at a time."""
+        if self.text[at] == "[":
+            return self._elements(at, lambda at: _scan(self.text, at)[1])
+        return _scan(self.text, at)[1]
+
+    def _metric(self, at: int, table: _Buckets) -> int:
+        """One element of ``data.metrics``: its name, units and where its points are,
+        joined to its metric as :func:`_extract_metric` decides."""
+        text = self.text
+        if text[at] != "{":
+            end = _scan(text, at)[1]
+            self._add_metric(table, None, 0, None, None)
             return end
-        fields: dict = {}  # "name"/"units" -> value, "data" -> (index, count, bad) | value
+        fields: dict = {}  # "name"/"units" -> value, "at": the name's offset, "data"
 
         def member(key: str, at: int) -> int:
-            if key == "data" and self.text[at] == "[":
-                placed = IndexedMetric("", True)
-                end, count, bad = self._points(at, placed)
-                fields["data"] = (placed, count, bad)
+            if key == "data" and text[at] == "[":
+                segment = _Segment(self.index)
+                end = self._points(at, segment)
+                fields["data"] = segment
                 return end
-            value, end = _scan(self.text, at)
+            value, end = _scan(text, at)
             if key in ("name", "units", "data"):
                 fields[key] = value
+                if key == "name":
+                    fields["at"] = at
             return end
 
-        end = _walk_object(self.text, at, member)
-        elements.append((fields.get("name"), fields.get("units"), fields.get("data")))
+        end = _walk_object(text, at, member)
+        self._add_metric(table, fields.get("name"), fields.get("at", 0), fields.get("units"),
+                         fields.get("data"))
         return end
 
-    def _points(self, at: int, placed: IndexedMetric) -> tuple:
-        """(index after the array, points, bad points): :func:`_extract_metric`'s loop,
-        keeping offsets instead of points."""
+    def _add_metric(self, table: _Buckets, name: Any, name_at: int, units: Any,
+                    points: Any) -> None:
+        """:func:`_extract_metric`'s decisions on one element's index."""
+        named = type(name) is str and name.strip()
+        if points is None and named:
+            return
+        if not named or type(points) is not _Segment:
+            table.bad_points += points.count if type(points) is _Segment else 1
+            table.bad_metrics.add(name if named else "metrics")
+            return
+        b = table.bucket(name != SLEEP_METRIC, name, name_at)
+        units = self.units.setdefault(units, units) if type(units) is str else None
+        if table.placed[b] and units != table.units[b]:
+            table.mixed_units.add(name)
+            return
+        table.units[b] = units
+        if points.bad:
+            table.bad_points += points.bad
+            table.bad_metrics.add(name)
+        table.points += points.count - points.bad
+        table.absorb(b, points)
+
+    def _record(self, at: int, table: _Buckets) -> int:
+        """One record element: what names and places it, and its offset."""
+        text = self.text
+        name_of = SECTIONS[table.section]
+        if text[at] != "{":
+            end = _scan(text, at)[1]
+            name = coord = None
+        else:
+            fields: dict = {}
+
+            def member(key: str, at: int) -> int:
+                if key in _RECORD_FIELDS:
+                    fields[key], end = _scan(text, at)
+                    return end
+                return self._skip(at)
+
+            end = _walk_object(text, at, member)
+            name = name_of(fields)
+            coord = point_coordinate(fields, self.times) if name is not None else None
+        if coord is None:
+            table.bad_points += 1
+            table.bad_metrics.add(name or name_of({}) or table.section)
+            return end
+        table.points += 1
+        b = table.bucket(False, name, 0)
+        index = self.index
+        segment = _Segment(index)
+        segment.placed = segment.count = 1
+        segment.coords.append(coord)
+        hour = coord[0] // HOUR_US
+        if table.placed[b]:
+            run0, runs, off0, offn, _, _ = table.tail(b)
+            joins = (run0 + runs == segment.run0 and off0 + offn == segment.off0
+                     and index.run_hours[-1] == hour)
+        else:
+            joins = False
+        if joins:  # the same metric and hour as the record before it
+            index.run_lens[-1] += 1
+        else:
+            index.run_hours.append(hour)
+            index.run_lens.append(1)
+            segment.runs = 1
+        index.offsets.append(at)
+        table.absorb(b, segment)
+        return end
+
+    def _points(self, at: int, segment: _Segment) -> int:
+        """The index after the array: :func:`_extract_metric`'s loop, placing offsets in
+        the index's columns instead of keeping points."""
         text, space, scan = self.text, _WHITESPACE.match, _SCANNER
         memo, read = self.times.get, self.times.time
-        starts = placed.starts
-        count = bad = 0
+        index = self.index
+        offsets, run_hours, run_lens, starts = (index.offsets, index.run_hours,
+                                                index.run_lens, index.starts)
+        coords = segment.coords
+        last_hour = None
+        count = bad = nstart = 0
+        interval = False
         at = space(text, at + 1).end()
         if text[at] == "]":
-            return at + 1, 0, 0
+            return at + 1
         while True:
             try:
                 point, end_at = scan(text, at)
@@ -2696,19 +3411,36 @@ class _Indexer:
                 if start is None or end is None:
                     bad += 1
                 else:
-                    placed.place((start, end, _category(point)), at)
+                    hour = start // HOUR_US
+                    if hour == last_hour:
+                        run_lens[-1] += 1
+                    else:
+                        run_hours.append(hour)
+                        run_lens.append(1)
+                        last_hour = hour
+                    offsets.append(at)
+                    if len(coords) < DISTINCT_COUNTED:
+                        coord = (start, end, _category(point))
+                        if coord not in coords:
+                            coords.append(coord)
                     if start != end:
-                        placed.has_interval = True
-                    elif len(starts) < STARTS_KEPT:
-                        starts.append(raw)
+                        interval = True
+                    elif nstart < STARTS_KEPT:
+                        starts.append(start_code_of(raw))
+                        nstart += 1
             else:
                 bad += 1
             at = space(text, end_at).end()
             if text[at] == "]":
-                return at + 1, count, bad
+                break
             if text[at] != ",":
                 raise ValueError("',' or ']' expected")
             at = space(text, at + 1).end()
+        segment.runs = len(run_hours) - segment.run0
+        segment.placed = count - bad
+        segment.nstart, segment.count, segment.bad = nstart, count, bad
+        segment.interval = interval
+        return at + 1
 
     def extraction(self) -> Extraction:
         if not self.data_is_object:
@@ -2717,53 +3449,22 @@ class _Indexer:
         data = self.data
         uncovered = [key for key in data if key not in SECTIONS]
         out.uncovered, out.uncovered_dropped, out.uncovered_cut = _bounded_names(uncovered)
-        for key, name_of in SECTIONS.items():
+        tables = []
+        for key in SECTIONS:
             section = data.get(key)
             if section is None:
                 continue
-            if type(section) is not list:
+            if type(section) is not _Buckets:
                 out.bad_points += 1
                 out.bad_metrics.add(key)
-            elif name_of is None:
-                for element in section:
-                    self._add_metric(out, *element)
-            else:
-                for name, coord, offset in section:
-                    if coord is None:
-                        out.bad_points += 1
-                        out.bad_metrics.add(name or name_of({}) or key)
-                        continue
-                    out.points += 1
-                    self._bucket(out, False, name).place(coord, offset)
+                continue
+            out.points += section.points
+            out.bad_points += section.bad_points
+            out.bad_metrics |= section.bad_metrics
+            out.mixed_units |= section.mixed_units
+            tables.append(section)
+        out.metrics = IndexedMetrics(tables)
         return out
-
-    def _bucket(self, out: Extraction, is_metric: bool, name: str) -> IndexedMetric:
-        bucket = out.metrics.get((is_metric, name))
-        if bucket is None:
-            bucket = out.metrics[(is_metric, name)] = IndexedMetric(name, is_metric, self.text)
-        return bucket
-
-    def _add_metric(self, out: Extraction, name: Any, units: Any, points: Any) -> None:
-        """:func:`_extract_metric`'s decisions on one element's index."""
-        named = type(name) is str and name.strip()
-        if points is None and named:
-            return
-        if not named or type(points) is not tuple:
-            out.bad_points += points[1] if type(points) is tuple else 1
-            out.bad_metrics.add(name if named else "metrics")
-            return
-        placed, count, bad = points
-        bucket = self._bucket(out, name != SLEEP_METRIC, name)
-        units = units if type(units) is str else None
-        if bucket.distinct and units != bucket.units:
-            out.mixed_units.add(name)
-            return
-        bucket.units = units
-        if bad:
-            out.bad_points += bad
-            out.bad_metrics.add(name)
-        out.points += count - bad
-        bucket.absorb(placed)
 
 
 def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tuple]:
@@ -2774,7 +3475,8 @@ def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tupl
         items, dropped = [], 0
         for coord, slot in coords.items():
             if type(slot) is list:
-                slot, lost = reduce_candidates(slot, check_deadline)
+                slot, lost = reduce_candidates([materialize(p) for p in slot],
+                                               check_deadline)
                 dropped += lost
             items.append((coord, slot))
         del coords
@@ -2808,7 +3510,7 @@ def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -
     if has_metric_points:
         inferred = infer_layer(extraction,
                                sample=INFER_SAMPLE if header_layer(aggregation) else None)
-    return BodySummary(len({m.name for m in extraction.metrics.values()}), extraction.points,
+    return BodySummary(extraction.name_count(), extraction.points,
                        extraction.bad_points, extraction.bad_metrics, extraction.mixed_units,
                        extraction.uncovered, extraction.uncovered_dropped,
                        extraction.uncovered_cut, has_metric_points, inferred, plain)
@@ -3344,6 +4046,145 @@ def object_hash(points: list) -> str:
     return hashlib.sha256(canonical_bytes(points)).hexdigest()
 
 
+# -- encoding an object: its blob and hash, a piece at a time when it is large --------
+
+STREAM_NESTING_MAX = 200
+"""Nesting a piece-by-piece encoding allows (orjson stops at 255 levels; the json module
+at the interpreter's recursion limit): anything deeper is encoded whole, as before."""
+
+
+class _Unstreamable(Exception):
+    """The object is nested too deep to be encoded a piece at a time."""
+
+
+def _build(value: Any) -> int:
+    """0: a scalar, or a container of scalars; 1: a small container holding containers;
+    2: a :class:`Deferred`, or a container of more than :data:`DEFER_MIN_ELEMENTS`
+    members or holding one (walked by :func:`_json_pieces`)."""
+    kind = type(value)
+    if kind is Deferred:
+        return 2
+    if kind is not dict and kind is not list:
+        return 0
+    if len(value) > DEFER_MIN_ELEMENTS:
+        return 2
+    nested = 0
+    for member in value.values() if kind is dict else value:
+        member_kind = type(member)
+        if member_kind is Deferred:
+            return 2
+        if member_kind is dict or member_kind is list:
+            if len(member) > DEFER_MIN_ELEMENTS:
+                return 2
+            nested = 1
+    return nested
+
+
+PIECE_MEMBERS = 256
+"""Flat members of a long array written by one call of the JSON writer."""
+
+
+def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
+                 depth: int) -> Iterator[bytes]:
+    """The compact JSON of ``value`` in pieces: ``leaf`` of each small part (of a run of
+    :data:`PIECE_MEMBERS` flat members of an array at once), the weighty containers
+    walked (:func:`_build`); ``canonical``: keys sorted, no ``source``
+    (:func:`_canonical_std`).  Both JSON writers write a container as the concatenation
+    of its members' texts, so the pieces join to what ``leaf`` writes of the whole."""
+    if depth > STREAM_NESTING_MAX:
+        raise _Unstreamable()
+    build = _build(value)
+    if build < 2:
+        if build and not _nested_at_most(value, STREAM_NESTING_MAX - depth):
+            raise _Unstreamable()
+        yield leaf(value)
+    elif type(value) is dict:
+        keys = sorted(k for k in value if k != "source") if canonical else list(value)
+        yield b"{"
+        for index, key in enumerate(keys):
+            yield (b"," if index else b"") + leaf(key) + b":"
+            yield from _json_pieces(value[key], leaf, canonical, depth + 1)
+        yield b"}"
+    else:
+        yield b"["
+        run: list = []
+        comma = b""
+        for member in value:
+            if _build(member) == 0:
+                run.append(member)
+                if len(run) < PIECE_MEMBERS:
+                    continue
+            if run:
+                yield comma + leaf(run)[1:-1]  # the members' texts, without the brackets
+                comma, run = b",", []
+                if _build(member) == 0:
+                    continue
+            yield comma
+            comma = b","
+            yield from _json_pieces(member, leaf, canonical, depth + 1)
+        if run:
+            yield comma + leaf(run)[1:-1]
+        yield b"]"
+
+
+def _points_pieces(points: list, leaf: Callable[[Any], bytes],
+                   canonical: bool) -> Iterator[bytes]:
+    """:func:`_json_pieces` of an object's points, each point a piece of its own or
+    walked."""
+    yield b"["
+    for index, point in enumerate(points):
+        if index:
+            yield b","
+        yield from _json_pieces(point, leaf, canonical, 1)
+    yield b"]"
+
+
+def _std_dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def _compressed(pieces: Iterator[bytes]) -> bytes:
+    """:func:`compress_blob` of the joined pieces (deflate's output does not depend on how
+    its input is cut)."""
+    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    out, batch, size = [], [], 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece)
+        if size >= 1 << 16:
+            out.append(compressor.compress(b"".join(batch)))
+            batch, size = [], 0
+    out.append(compressor.compress(b"".join(batch)))
+    out.append(compressor.flush())
+    return b"".join(out)
+
+
+def encode_points(points: list) -> tuple:
+    """(blob, hash) of an object's points: ``compress_blob(dumps_points(points))`` and
+    :func:`object_hash`.  A few points holding long arrays (a workout's route, an ECG's
+    voltages, a :class:`Deferred`) are written a piece at a time, so that neither their
+    JSON nor a copy without ``source`` is ever whole in memory; the bytes are the same."""
+    if len(points) <= 64 and any(_build(point) == 2 for point in points):
+        try:
+            if _orjson is not None:
+                try:
+                    blob = _compressed(_points_pieces(points, _orjson.dumps, False))
+                except TypeError:  # as dumps_points: the json module writes it all
+                    blob = _compressed(_points_pieces(points, _std_dumps, False))
+            else:
+                blob = _compressed(_points_pieces(points, _std_dumps, False))
+            digest = hashlib.sha256()
+            for piece in _points_pieces(points, canonical_bytes, True):
+                digest.update(piece)
+            return blob, digest.hexdigest()
+        except (_Unstreamable, RecursionError):
+            points = [materialize(point) for point in points]
+    return compress_blob(dumps_points(points)), object_hash(points)
+
+
+# -- objects: one metric's hour, decoded, merged and encoded ----------------------------
+
 @dataclass
 class HourObject:
     """One row of the vitrine: the points of one metric, layer and UTC hour."""
@@ -3383,15 +4224,26 @@ def decode_spans(blob: Optional[bytes], count: int) -> Optional[tuple]:
     return spans[:count], spans[count:]
 
 
-def decode_object(row: tuple) -> HourObject:
+def decode_object(row: tuple, scratch: Optional[Path] = None) -> HourObject:
+    """The object of a stored row.  With ``scratch`` (a fold's ``DATA/tmp``), an object
+    whose JSON takes :data:`STREAM_FOLD_BYTES` or more keeps its records' long arrays in
+    its text, in a scratch file (:class:`_TextFile`, :class:`Deferred`), as a large
+    body's stay in its text."""
     metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries, spans = row
-    text = decompress_blob(blob)
-    points = loads_body(text)
+    if scratch is not None and _stored_size(blob) >= STREAM_FOLD_BYTES:
+        source = _TextFile(scratch, blob)
+        points = _stored_points(source)
+        categorized, plain = source.categorized, source.plain
+    else:
+        text = decompress_blob(blob)
+        points = loads_body(text)
+        categorized = b'"value"' in text or b'"kind"' in text
+        plain = not may_hold_booleans(text)
     known = decode_spans(spans, len(points))
     if known is None:  # written before schema 3: read the timestamps again
         coords = [point_coordinate(p) if type(p) is dict else None for p in points]
         coords = [c if c is not None else (-1, -1, "") for c in coords]
-    elif b'"value"' not in text and b'"kind"' not in text:  # no point has a category
+    elif not categorized:  # no point has a category
         coords = list(zip(known[0], known[1], itertools.repeat("")))
     elif -1 in known[0]:  # an unreadable point, stored as (-1, -1, "") before: keep it so
         coords = [(-1, -1, "") if start == -1 and end == -1 else (start, end, _category(p))
@@ -3399,7 +4251,7 @@ def decode_object(row: tuple) -> HourObject:
     else:
         coords = list(zip(known[0], known[1], map(_category, points)))
     return HourObject(metric, layer, hour, units, coords, points, loads_body(deliveries),
-                      created_by, updated_by, bool(sealed), not may_hold_booleans(text))
+                      created_by, updated_by, bool(sealed), plain)
 
 
 @dataclass
@@ -3534,11 +4386,75 @@ def classify(exc: Optional[BaseException], status: Optional[str] = None) -> Outc
         return Outcome("deferred", error="busy")
     if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
         return Outcome("deferred", error="storage")  # the machine's fault, not the body's
+    if isinstance(exc, ScratchFault):
+        return Outcome("deferred", error="storage")  # DATA/tmp: the database's disk
     if isinstance(exc, ArchiveFault):
         return Outcome("deferred", error="archive:" + exc.reason)
     if isinstance(exc, MemoryError):
         return Outcome("deferred", error="memory")
     return Outcome("failed", "failed", "unexpected:" + type(exc).__name__)
+
+
+FOLD_ROWS_HELD = 2048
+FOLD_ROW_BYTES_HELD = 8 << 20
+"""Encoded rows a fold holds in memory, at most (and their bytes, about): the rest wait in
+a scratch file until the write transaction (:class:`RowSpill`).  A body of one point per
+hour object (a Days history, thousands of one-point metrics) gives a row per ~100 bytes
+of body, each ~700 bytes in memory: 7x the body, had they all been held."""
+
+
+class RowSpill:
+    """The encoded rows of one fold, in the order they were made: the latest
+    (:data:`FOLD_ROWS_HELD` at most) in memory, the ones before in batches in an
+    anonymous file under ``DATA/tmp`` (gone when it is closed, or with the process).
+    :meth:`batches` gives them back in order, as often as a retried transaction asks."""
+
+    __slots__ = ("rows", "bytes", "file", "spilled", "count")
+
+    def __init__(self) -> None:
+        self.rows: list = []
+        self.bytes = 0
+        self.file: Any = None
+        self.spilled = 0  # batches in the file
+        self.count = 0  # rows in all
+
+    def append(self, row: tuple, scratch: Path) -> None:
+        self.rows.append(row)
+        self.count += 1
+        self.bytes += 400 + len(row[11]) + len(row[12]) + len(row[13] or "") + len(row[14])
+        if len(self.rows) >= FOLD_ROWS_HELD or self.bytes >= FOLD_ROW_BYTES_HELD:
+            self._spill(scratch)
+
+    def _spill(self, scratch: Path) -> None:
+        try:
+            if self.file is None:
+                scratch.mkdir(mode=0o700, exist_ok=True)
+                self.file = tempfile.TemporaryFile(dir=str(scratch))
+            pickle.dump(self.rows, self.file, pickle.HIGHEST_PROTOCOL)
+        except OSError as exc:
+            raise ScratchFault(exc) from None
+        self.rows, self.bytes = [], 0
+        self.spilled += 1
+
+    def batches(self) -> Iterator[list]:
+        """Every row, in batches, in the order appended."""
+        if self.spilled:
+            try:
+                self.file.seek(0)
+                for _ in range(self.spilled):
+                    yield pickle.load(self.file)
+            except OSError as exc:
+                raise ScratchFault(exc) from None
+        if self.rows:
+            yield self.rows
+
+    def __len__(self) -> int:
+        return self.count
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 @dataclass
@@ -3551,8 +4467,10 @@ class FoldPlan:
     uncovered: list
     error: Optional[str] = None
     counters: dict = field(default_factory=dict)
-    rows: list = field(default_factory=list)
-    written: list = field(default_factory=list)  # write-behind: (object, row)
+    rows: RowSpill = field(default_factory=RowSpill)  # the objects it writes, encoded
+    recent: collections.deque = field(  # write-behind: the last objects it writes, decoded
+        default_factory=lambda: collections.deque(maxlen=RECENT_OBJECTS))
+    forget: list = field(default_factory=list)  # write-behind: keys not kept decoded
     warnings: list = field(default_factory=list)  # (message, fields) logged after commit
     metric_layer: Optional[str] = None  # where its time-grouped metrics go
     plain: bool = False  # its body holds no boolean (HourObject.plain)
@@ -3617,6 +4535,7 @@ class FoldEngine:
         self._recent: Optional[collections.OrderedDict] = None
         self._dirty: Optional[dict] = None
         self._written: Optional[set] = None
+        self._scratch = config.data_dir / TMP_DIR  # where a fold's rows spill (RowSpill)
         self.handoff: Optional[Handoff] = None  # the fold thread's: documents from ingest
 
     def write_behind(self) -> None:
@@ -3624,7 +4543,9 @@ class FoldEngine:
         :meth:`flush`, each once however many folds changed it (a fold still encodes its
         objects, so a failure to encode one is its own ``failed``); keep the last
         :data:`RECENT_OBJECTS` of them decoded, to read from memory (a held one further
-        back is decoded from its row).
+        back is decoded from its row).  A fold whose rows spilled to its scratch file
+        (:class:`RowSpill`) is too big to hold: its rows are written with its outcome,
+        after the held ones.
         Only for a rebuild: its tables have no other writer while the engine lives, so
         memory and the table never disagree."""
         self._recent = collections.OrderedDict()
@@ -3637,16 +4558,33 @@ class FoldEngine:
 
     def keep(self, plan: FoldPlan) -> None:
         """Writing behind: hold the objects of a fold whose outcome stands, for the next
-        :meth:`flush`, and keep them decoded for the next folds."""
-        for written, encoded in plan.written:
+        :meth:`flush` (unless they spilled: then they are written already), and keep the
+        last :data:`RECENT_OBJECTS` of them decoded for the next folds (the ones before
+        would have been pushed out by these)."""
+        if not plan.rows.spilled:
+            for encoded in plan.rows.rows:
+                self._dirty[encoded[:3]] = encoded
+        for key in plan.forget:
+            self._recent.pop(key, None)
+        for written in plan.recent:
             key = (written.metric, written.layer, written.hour)
             self._recent[key] = written
             self._recent.move_to_end(key)
-            self._dirty[key] = encoded
-            if self._written is not None:
-                self._written.add(hash(key))
         while len(self._recent) > RECENT_OBJECTS:  # a held one is decoded again from its row
             self._recent.popitem(last=False)
+
+    def store(self, plan: FoldPlan) -> None:
+        """Writing behind, without a journal (a rebuild worker's shard): :meth:`keep`,
+        writing the rows of a fold that spilled first, after the held ones."""
+        if plan.rows.spilled:
+            self.flush()
+            self._write(lambda: self._insert(plan.rows))
+        self.keep(plan)
+
+    def _insert(self, rows: RowSpill) -> None:
+        insert = self._insert_objects
+        for batch in rows.batches():
+            self.conn.executemany(insert, batch)
 
     @property
     def held(self) -> int:
@@ -3702,14 +4640,16 @@ class FoldEngine:
                 return None
             held = self._dirty.get((metric, layer, hour))
             if held is not None:  # written since the last flush, no longer decoded
-                found = self._recent[(metric, layer, hour)] = decode_object(
-                    operator.itemgetter(0, 1, 2, 3, 7, 8, 10, 11, 12, 14)(held))
+                found = decode_object(operator.itemgetter(0, 1, 2, 3, 7, 8, 10, 11, 12, 14)(
+                    held), self._scratch)
+                if not holds_deferred(found.points):
+                    self._recent[(metric, layer, hour)] = found
                 return found
         row = self.conn.execute(
             "SELECT metric, layer, hour, units, delivery_id, updated_by, sealed, blob,"
             " point_deliveries, spans FROM %s WHERE metric = ? AND layer = ? AND hour = ?"
             % self.objects, (metric, layer, hour)).fetchone()
-        return decode_object(row) if row else None
+        return decode_object(row, self._scratch) if row else None
 
     def earlier_duplicate(self, row: sqlite3.Row) -> Optional[tuple]:
         """An earlier parsed/partial delivery with the same bytes and the same
@@ -3747,6 +4687,8 @@ class FoldEngine:
                 raise FoldDeadlineExceeded()
 
         handed = self.handoff.take(row["id"]) if self.handoff is not None else None
+        if handed is not None and wide_document(handed[0]):
+            handed = None  # thousands of metrics: indexed from the archive instead
         duplicate = self.earlier_duplicate(row)
         if duplicate is not None:
             earlier, status, layer, uncovered = duplicate
@@ -3815,21 +4757,25 @@ class FoldEngine:
 
     def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
                check_deadline: Callable[[], None]) -> None:
-        metrics = extraction.metrics
-        for key in list(metrics):
-            bucket = metrics.pop(key)  # its points are let go once merged and encoded
+        for bucket in extraction.take_buckets():  # its points let go once merged, encoded
+            layer = plan.metric_layer if bucket.is_metric else RECORD_LAYER
+            new = self._dirty is None and self.conn.execute(  # a metric the store lacks
+                "SELECT 1 FROM %s WHERE metric = ? AND layer = ? LIMIT 1" % self.objects,
+                (bucket.name, layer)).fetchone() is None
             for hour, items, dropped in hour_items(bucket, check_deadline):
                 check_deadline()
                 self.merge_items(plan, bucket.name, bucket.is_metric, bucket.units, hour,
-                                 items, dropped)
+                                 items, dropped, new)
 
     def merge_items(self, plan: FoldPlan, name: str, is_metric: bool, units: Optional[str],
-                    hour: int, items: list, dropped: int) -> None:
+                    hour: int, items: list, dropped: int, new: bool = False) -> None:
         """Merge one hour of one metric of the planned delivery with the stored object
         and encode the object it gives: its counters and warnings go to ``plan``, its row
-        to ``plan.rows`` (or, writing behind, ``plan.written``)."""
+        to ``plan.rows`` (and, writing behind, the object to ``plan.recent``).  ``new``:
+        the store holds no object of this metric and layer (no hour of it is looked up:
+        a Days history of every metric is one lookup a metric, not one a point)."""
         layer = plan.metric_layer if is_metric else RECORD_LAYER
-        stored = self.load_object(name, layer, hour)
+        stored = None if new else self.load_object(name, layer, hour)
         merged = merge_hour(stored, name, layer, hour, units, items, plan.delivery_id,
                             plan.here, _Positions(self.position), dropped, plan.plain)
         counters = plan.counters
@@ -3838,19 +4784,22 @@ class FoldEngine:
         plan.warnings.extend(merged.warnings)
         if merged.written is None:
             return
-        row = self._row(merged.written)
-        if self._dirty is None:
-            plan.rows.append(row)
-        else:  # held until the next flush
-            plan.written.append((merged.written, row))
+        plan.rows.append(self._row(merged.written), self._scratch)
+        if self._dirty is not None:  # writing behind: held until the next flush
+            if holds_deferred(merged.written.points):  # never kept decoded: it holds a text
+                plan.forget.append((name, layer, hour))
+            else:
+                plan.recent.append(merged.written)
+            if self._written is not None:  # (a fold that fails after this costs a look)
+                self._written.add(hash((name, layer, hour)))
 
     @staticmethod
     def _row(written: HourObject) -> tuple:
         points, coords = written.points, written.coords
-        blob = compress_blob(dumps_points(points))
+        blob, digest = encode_points(points)
         return (written.metric, written.layer, written.hour, written.units,
                 coords[0][0] // US, coords[-1][0] // US, len(points), written.created_by,
-                written.updated_by, object_hash(points), int(written.sealed), blob,
+                written.updated_by, digest, int(written.sealed), blob,
                 compact_json(written.deliveries), compact_json(hour_summary(points, coords)),
                 encode_spans(coords))
 
@@ -3878,10 +4827,16 @@ class FoldEngine:
     # -- writing -----------------------------------------------------------------
 
     def apply(self, plan: FoldPlan) -> None:
-        """Write every changed object and the delivery's outcome in one transaction."""
+        """Write every changed object and the delivery's outcome in one transaction (its
+        rows in batches, as :class:`RowSpill` gives them back).  Writing behind, the
+        objects wait for :meth:`keep` and :meth:`flush`, unless they spilled: then the
+        held ones are flushed first, and these written with the outcome."""
         counters = [plan.counters.get(name) for name in _COUNTERS]
+        rows = plan.rows if self._dirty is None or plan.rows.spilled else None
+        if rows is not None and self._dirty is not None:
+            self.flush()
         self._write(lambda: (
-            self.conn.executemany(self._insert_objects, plan.rows),
+            rows is not None and self._insert(rows),
             self._record(plan.delivery_id, plan.status, plan.layer, plan.uncovered, plan.error,
                          counters)))
 
@@ -3974,7 +4929,10 @@ class FoldEngine:
             outcome = classify(None, plan.status)
             if self._dirty is not None:
                 self.keep(plan)
+            plan.rows.close()
         except Exception as exc:  # the fold boundary: classify, never crash the worker
+            if plan is not None:
+                plan.rows.close()
             outcome = classify(exc)
             if outcome.kind == "failed":
                 log_event(logging.DEBUG, "fold failure detail", delivery_id=delivery_id,
@@ -7352,20 +8310,43 @@ class Service:
 
 SERVE_BASE_MIB = 64
 """Resident memory of an idle ``serve`` (about 45 MiB measured), with room."""
-FOLD_MEMORY_FACTOR = 3.2
+FOLD_MEMORY_FACTOR = 2.3
+WHOLE_FOLD_FACTOR = 7.0
 VALIDATION_MEMORY_FACTOR = 2.0
-"""Memory above the base per byte of the largest body: its fold takes 2.0 to 3.1 times the
-body (``tests/bench_memory.py``, every body shape), and the next body's validation beside
-it about 2 times (``tests/bench.py ingest``)."""
+"""Memory above the base per byte of the largest body.  Its fold: from
+:data:`STREAM_FOLD_BYTES` on, at most 2.24 times the body (``tests/bench_memory.py --mib
+64``, every body shape: the moment its bytes and its text both exist; a fold holds a
+bounded batch of objects, and a record's long arrays stay in the text); a smaller body
+is parsed whole, up to 6.6 times its size (``--mib 7.9``), so the fold of a body just
+under that size bounds what small limits need.  The next body's validation beside it
+takes about 2 times (``tests/bench.py ingest``)."""
 CGROUP_ROOT = Path("/")
 """Where ``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are read from."""
+
+
+def fold_memory_mib(max_body_bytes: int) -> float:
+    """What the fold of the largest body may need above the base, in MiB."""
+    return max(FOLD_MEMORY_FACTOR * max_body_bytes,
+               WHOLE_FOLD_FACTOR * min(max_body_bytes, STREAM_FOLD_BYTES - 1)) / 1048576
 
 
 def memory_needed_mib(max_body_bytes: int) -> int:
     """What ``serve`` may need while it folds one body of the largest size, validates
     another, and small documents wait for the fold (:class:`Handoff`)."""
-    return int(SERVE_BASE_MIB + HANDOFF_BUDGET / 1048576
-               + (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR) * max_body_bytes / 1048576)
+    return int(SERVE_BASE_MIB + HANDOFF_BUDGET / 1048576 + fold_memory_mib(max_body_bytes)
+               + VALIDATION_MEMORY_FACTOR * max_body_bytes / 1048576)
+
+
+def largest_body_mib(limit_bytes: int) -> int:
+    """The largest ``--max-body-mib`` whose need fits in ``limit_bytes`` (0 when none)."""
+    low, high = 0, 1 << 20  # the need grows with the body: the largest that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if memory_needed_mib(middle << 20) * 1048576 <= limit_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _cgroup_limit(path: Path) -> Optional[int]:
@@ -7415,13 +8396,12 @@ def warn_if_memory_short(config: Config) -> None:
     needed = memory_needed_mib(config.max_body_bytes)
     if needed * 1048576 <= limit:
         return
-    safe = int((limit / 1048576 - memory_needed_mib(0))
-               / (FOLD_MEMORY_FACTOR + VALIDATION_MEMORY_FACTOR))
+    safe = largest_body_mib(limit)
     log_event(logging.WARNING, "the largest body allowed may need more memory than healthlog"
               " may use: a fold killed for it would be tried again at each restart (three"
               " times, then failed); lower --max-body-mib or give more memory",
               max_body_mib=config.max_body_bytes >> 20, needed_mib=needed,
-              limit_mib=limit >> 20, limit_of=what, safe_max_body_mib=max(safe, 0))
+              limit_mib=limit >> 20, limit_of=what, safe_max_body_mib=safe)
 
 
 def local_addresses() -> list:
@@ -7772,9 +8752,7 @@ def shard_entries(extraction: Extraction, shards: int,
                   check_deadline: Callable[[], None]) -> Iterator[tuple]:
     """(shard, (name, is_metric, units, hour, items, dropped)) for every hour of every
     metric of a body, in the order :meth:`FoldEngine._merge` takes them."""
-    metrics = extraction.metrics
-    for key in list(metrics):
-        bucket = metrics.pop(key)
+    for bucket in extraction.take_buckets():
         for hour, items, dropped in hour_items(bucket, check_deadline):
             yield shard_of(bucket.name, hour, shards), (bucket.name, bucket.is_metric,
                                                         bucket.units, hour, items, dropped)
@@ -8006,13 +8984,15 @@ def _merge_share(engine: _ShardEngine, message: tuple, kept: dict) -> tuple:
             if time.monotonic() > deadline:
                 raise FoldDeadlineExceeded()
             engine.merge_items(plan, name, is_metric, units, hour, items, dropped)
-        engine.keep(plan)
+        engine.store(plan)
         if (time.monotonic() - engine.flushed >= REBUILD_SHARD_FLUSH_S
                 or engine.held >= REBUILD_HELD_MAX):
             engine.flush()
             engine.flushed = time.monotonic()
     except Exception:
         return ("merge failed", delivery_id)
+    finally:
+        plan.rows.close()
     return ("merged", delivery_id, plan.counters, plan.warnings)
 
 

@@ -155,7 +155,7 @@ def _compact_metric(out: BodyFile, target: int, name: str, units: str,
     t, count, first = EPOCH_2025_03_01, 0, True
     while out.size + len(tail) < target:
         batch = []
-        for _ in range(BATCH):
+        for _ in range(min(BATCH, max(1, (target - out.size) // 128))):  # the last ones few
             batch.append(point(stamp(t)))
             t += step()
         out.write(("" if first else ",") + ",".join(batch))
@@ -600,13 +600,15 @@ def days_backfill(out: BodyFile, target: int, rng: random.Random) -> dict:
 
     r = rng.random
     zone = ZoneInfo(DAYS_ZONE)
-    sample = [len(_days_point(kind, "2025-03-01 00:00:00 -0500", low, high, integer,
-                              DAYS_SOURCES[source][0], r).encode("utf-8")) + 1
-              for _, _, kind, (low, high), integer, source in DAYS_METRICS]
-    per_day = sum(sample) + 4
+    draw = random.Random(0).random  # a day's bytes, estimated apart from the body's draws
+    per_day = sum(len(_days_point(kind, "2025-03-01 00:00:00 -0500", low, high, integer,
+                                  sources[int(len(sources) * draw())], draw).encode()) + 1
+                  for _ in range(16)
+                  for _, _, kind, (low, high), integer, source in DAYS_METRICS
+                  for sources in [DAYS_SOURCES[source]]) / 16
     overhead = 40 + sum(len('{"name":"%s","units":"%s","data":[]},' % (name, units))
                         for name, units, *_ in DAYS_METRICS)
-    days = max(2, (target - overhead) // per_day)
+    days = max(2, int((target - overhead) / per_day))
     last = dt.date(2025, 3, 1)
     dates = []
     for k in range(days):
@@ -711,7 +713,7 @@ def many_metrics_one_point(out: BodyFile, target: int, rng: random.Random) -> di
     count, t, first = 0, EPOCH_2025_03_01, True
     while out.size + 10 < target:
         batch = []
-        for _ in range(BATCH):
+        for _ in range(min(BATCH, max(1, (target - out.size) // 160))):
             name = "%s_%d" % (names[count % len(names)], count)
             source = ',"source":%s' % _quoted(OWNER_WATCH) if r() < 0.2 else ""
             batch.append('{"name":"%s","units":"count","data":[{"date":"%s","qty":%d%s}]}'

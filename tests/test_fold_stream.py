@@ -245,3 +245,152 @@ def test_fold_13_2_random_deliveries_fold_alike_hour_by_hour_and_whole(deliverie
         finally:
             whole.conn.close()
             indexed.conn.close()
+
+
+# -- a bounded fold: rows in batches, records' long arrays left in the text -----------------
+
+BOUNDED = {"FOLD_ROWS_HELD": 3, "DEFER_MIN_ELEMENTS": 2, "PIECE_MEMBERS": 2,
+           "STREAM_FOLD_BYTES": 0, "WHOLE_PARSE_NAMES_MAX": 0, "ASCII_READ_CHUNK": 97}
+"""Every bound of a fold's memory at its tightest: three encoded rows held (the rest in the
+scratch file), arrays of more than two elements left in the text (a large body's, and a
+stored object's read back from its scratch file), pieces of two members, every body
+indexed, and read 97 bytes at a time."""
+
+
+def fold_bounded_and_not(deliveries: list, root: Path, monkeypatch) -> list:
+    """A store folded with the defaults (small bodies parsed whole), and one with every
+    bound of :data:`BOUNDED`."""
+    stores = []
+    for name, bounds in (("defaults", {}), ("bounded", BOUNDED)):
+        with monkeypatch.context() as patch:
+            for constant, value in bounds.items():
+                patch.setattr(healthlog, constant, value)
+            store = Store(root / name, T0)
+            for seconds, (body, headers) in enumerate(deliveries):
+                store.journal(body, seconds, headers)
+            store.fold_all()
+            stores.append(store)
+    return stores
+
+
+def wide_and_long_bodies(seed: int) -> list:
+    """(body, headers) of a Days history of every metric, hundreds of one-point metrics and
+    two long workouts, with the workouts sent again re-serialised and with one value
+    changed, and the Days history again with one day changed (a stored object each)."""
+    import bench_memory
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape, size in (("days-backfill", 60_000), ("many-metrics-one-point", 30_000),
+                            ("workout-long", 70_000), ("emoji-sources", 20_000)):
+            path = Path(tmp) / "body.json"
+            made = bench_memory.write_body(shape, path, size, seed=seed)
+            headers = ({"automation-aggregation": made["aggregation"]}
+                       if made["aggregation"] else {})
+            out.append((path.read_bytes(), headers))
+    days, workout = out[0], out[2]
+    out.append((hf.big_workouts_body(60_000, seed=seed), {}))
+    out.append((hf.resend(workout[0], random.Random(seed), pretty=False), {}))
+    out.append((workout[0].replace(b'"Avg":', b'"Avg":1', 1), {}))
+    out.append((days[0].replace(b'"qty":', b'"qty":1', 1), days[1]))
+    return out
+
+
+def test_fold_13_3_a_fold_that_holds_a_bounded_batch_leaves_the_store_it_always_did(
+        tmp_path, monkeypatch):
+    deliveries = [(p.body, p.headers) for p in hf.week_of_traffic(seed=13, days=2)]
+    deliveries += wide_and_long_bodies(13)
+    defaults, bounded = fold_bounded_and_not(deliveries, tmp_path, monkeypatch)
+    try:
+        assert bounded.objects("*") == defaults.objects("*")  # every column, blobs included
+        assert bounded.journal_rows() == defaults.journal_rows()
+        rows = defaults.journal_rows()
+        assert {row[1] for row in rows} == {"parsed"}
+        assert sum(row[8] for row in rows[-4:]) >= 3  # the re-sends changed what they carry
+        assert len(defaults.objects()) > 1000
+    finally:
+        defaults.conn.close()
+        bounded.conn.close()
+
+
+@st.composite
+def record_bodies(draw):
+    """Workouts whose arrays hold random points and values (``source`` at every level,
+    numbers that the JSON writers spell apart), and the body again with its keys in
+    another order or one value changed."""
+    workouts = []
+    for _ in range(draw(st.integers(1, 3))):
+        workout = {"id": draw(st.sampled_from(["W1", "W2"])),
+                   "start": draw(st.sampled_from(["2026-11-01 01:00:00 +0100",
+                                                  "2026-11-01 01:30:00 +0100"])),
+                   "end": "2026-11-01 02:10:00 +0100", "name": "Running"}
+        for key in draw(st.lists(st.sampled_from(["route", "heartRateData", "metadata"]),
+                                 unique=True)):
+            workout[key] = draw(st.lists(st.one_of(hae_points(), VALUE, st.lists(VALUE,
+                                                                                 max_size=3)),
+                                         max_size=6))
+        if draw(st.booleans()):
+            workout["source"] = "Zebulon’s Watch"
+        workouts.append(workout)
+    body = hf.dumps_hae({"data": {"workouts": workouts}}, pretty=draw(st.booleans()))
+    again = draw(st.sampled_from(["resend", "change", "none"]))
+    bodies = [(body, {})]
+    if again == "resend":
+        bodies.append((hf.resend(body, random.Random(draw(st.integers(0, 9)))), {}))
+    elif again == "change" and b'"qty"' in body:
+        bodies.append((body.replace(b'"qty"', b'"qty" : 7, "was"', 1), {}))
+    return bodies
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(record_bodies(), hae_bodies().map(lambda b: [b])), min_size=1,
+                max_size=4))
+def test_fold_13_3_random_deliveries_fold_alike_bounded_and_not(groups):
+    deliveries = [delivery for group in groups for delivery in group]
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
+        defaults, bounded = fold_bounded_and_not(deliveries, Path(tmp), monkeypatch)
+        try:
+            assert bounded.objects("*") == defaults.objects("*")
+            assert bounded.journal_rows() == defaults.journal_rows()
+        finally:
+            defaults.conn.close()
+            bounded.conn.close()
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 63) - 1),
+              st.floats(allow_nan=False, allow_infinity=False),
+              st.sampled_from([1e-7, 3.5e-5, 0.0001, 1e22, 0.1, -0.0]),
+              st.text(max_size=4), st.sampled_from(["source", "é’😀", "\u2028\n\"\\"])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(st.sampled_from(["source", "a", "Z", "é", "date", "value"]), inner,
+                        max_size=4)),
+    max_leaves=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(JSON_VALUES, st.dictionaries(
+    st.sampled_from(["route", "source", "date", "value", "heartRateData"]),
+    st.one_of(JSON_VALUES, st.lists(JSON_VALUES, min_size=3, max_size=9)), max_size=4)),
+    min_size=1, max_size=4))
+def test_fold_13_4_an_object_written_a_piece_at_a_time_is_the_object_written_whole(points):
+    whole = (healthlog.compress_blob(healthlog.dumps_points(points)),
+             healthlog.object_hash(points))
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as tmp:
+        for constant in ("DEFER_MIN_ELEMENTS", "PIECE_MEMBERS", "ASCII_READ_CHUNK"):
+            patch.setattr(healthlog, constant, BOUNDED.get(constant, 2))
+        assert healthlog.encode_points(points) == whole
+        text = json.dumps(points, ensure_ascii=True, indent=1)  # a body's text, arrays left
+        cursor = healthlog._Cursor(text, 0)  # in it: read back alike, the same value
+        cursor.take("[")
+        shallow = [healthlog._shallow_at(cursor)]
+        while cursor.peek() == ",":
+            cursor.take(",")
+            shallow.append(healthlog._shallow_at(cursor))
+        stored = healthlog._stored_points(healthlog._TextFile(Path(tmp), whole[0]))
+        for read in (shallow, stored):
+            assert [healthlog.materialize(point) for point in read] == points
+            assert all(map(healthlog.same_value, read, points))
+            assert all(map(healthlog.same_value, points, read))
+            assert healthlog.encode_points(read) == whole

@@ -23,6 +23,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,71 @@ def test_reindex_11_3_workers_that_cannot_be_started_leave_it_to_one_process(
     assert ", 1 job (" in out
     [warning] = logs.find("the parallel reindex stopped", level="WARN")
     assert warning["reason"] == "rebuild workers could not be started (EAGAIN)"
+
+
+BOUNDED = {"FOLD_ROWS_HELD": 3, "DEFER_MIN_ELEMENTS": 2, "PIECE_MEMBERS": 2,
+           "STREAM_FOLD_BYTES": 1, "WHOLE_PARSE_NAMES_MAX": 0, "ASCII_READ_CHUNK": 97,
+           "REBUILD_CHUNK_POINTS": 50}
+"""Every bound of a fold's memory at its tightest (tests/test_fold_stream.py, FOLD-13.3):
+the rebuild's own write-behind and its workers spill and write their rows as a live fold
+does, and every body goes to the workers in pieces."""
+
+
+def folded_live(store: Path, target: Path) -> None:
+    """A copy of ``store`` folded by serve's worker, in this process."""
+    shutil.copytree(str(store), str(target))
+    config = healthlog.Config(data_dir=target, log_level="WARN")
+    worker = healthlog.FoldWorker(config)
+    conn = worker.connect()
+    try:
+        worker.run_pass(healthlog.FoldEngine(conn, config))
+    finally:
+        conn.close()
+
+
+def wide_and_long(seed: int) -> list:
+    """(received_at, headers, path name, body) of a Days history of every metric,
+    hundreds of one-point metrics and a long workout, then the workout and the history
+    again, each with one value changed."""
+    import bench_memory
+
+    out = []
+    received = FIRST + dt.timedelta(days=9)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (shape, size) in enumerate((("days-backfill", 50_000),
+                                           ("many-metrics-one-point", 30_000),
+                                           ("workout-long", 60_000))):
+            path = Path(tmp) / "body.json"
+            made = bench_memory.write_body(shape, path, size, seed=seed)
+            headers = ({"automation-aggregation": made["aggregation"]}
+                       if made["aggregation"] else {"automation-name": "Workouts"})
+            out.append((received + dt.timedelta(minutes=n), headers, None, path.read_bytes()))
+    for n, (_, headers, _, body) in enumerate((out[2], out[0])):
+        changed = body.replace(b'"Avg":', b'"Avg":1', 1).replace(b'"qty":', b'"qty":1', 1)
+        out.append((received + dt.timedelta(minutes=5 + n), headers, None, changed))
+    return out
+
+
+def test_reindex_2_4_folds_that_hold_a_bounded_batch_build_the_store_they_always_did(
+        tmp_path, monkeypatch):
+    """WHEN the live fold and reindex with one and three jobs run with every bound of a
+    fold's memory at its tightest, THEN their journals and objects are those of the live
+    fold and reindex with the defaults."""
+    store = tmp_path / "store"
+    write_store(store, random_traffic(8, count=40) + wide_and_long(8))
+    folded_live(store, tmp_path / "live")
+    one = rebuilt_here(store, tmp_path / "one", 1)
+    with monkeypatch.context() as patch:
+        for constant, value in BOUNDED.items():
+            patch.setattr(healthlog, constant, value)
+        folded_live(store, tmp_path / "live bounded")
+        bounded_one = rebuilt_here(store, tmp_path / "one bounded", 1)
+        bounded_many = rebuilt_here(store, tmp_path / "many bounded", 3)
+    assert ", 3 jobs (" in bounded_many
+    assert printed_fingerprint(bounded_one) == printed_fingerprint(one)
+    assert printed_fingerprint(bounded_many) == printed_fingerprint(one)
+    for name in ("live", "live bounded", "one bounded", "many bounded"):
+        assert_same_store(tmp_path / "one", tmp_path / name)
+    rows = db_rows(tmp_path / "one")
+    assert sum(row["objects_written"] or 0 for row in rows[-2:]) >= 2  # the changes count
+    assert len(objects(tmp_path / "one")) > 500
