@@ -74,6 +74,7 @@ import gc
 import hashlib
 import hmac
 import io
+import ipaddress
 import itertools
 import json
 import logging
@@ -225,22 +226,28 @@ TOKEN_MIN_LENGTH = 16
 hold off guessing for centuries even without :class:`GuessLimiter`."""
 
 GUESSES_FREE = 5
-"""Failed authentications from one address answered at once; the next ones wait a moment
-that doubles (0.1 s, then up to :data:`GUESS_DELAY_MAX_S`)."""
+"""Wrong tokens from one client address answered at once; the next ones wait a moment
+that doubles (0.1 s, then up to :data:`GUESS_DELAY_MAX_S`).  A right token is never
+counted, delayed or refused: it is compared first (RELY-7.8)."""
 GUESS_DELAY_MAX_S = 2.0
+GUESS_WAITERS_MAX = 2
+"""Wrong answers waiting out their delay at once, whatever their addresses: a wrong token
+beyond them is answered 429 at once, so that guessers never hold the HTTP threads the
+phone's posts and the owner's sign-in need."""
 GUESSES_BEFORE_LOCKOUT = 10
-"""From this many failures in a burst on, an address is refused (429) without its
-credentials being looked at, for :data:`GUESS_LOCKOUT_S` after its last failure, doubling
-with each further failure up to :data:`GUESS_LOCKOUT_MAX_S`."""
+"""From this many wrong tokens in a burst on, an address's wrong tokens are answered 429
+at once, for :data:`GUESS_LOCKOUT_S` after its last one, doubling with each further one
+up to :data:`GUESS_LOCKOUT_MAX_S`.  Its right token is still served."""
 GUESS_LOCKOUT_S = 30.0
 GUESS_LOCKOUT_MAX_S = 900.0
-"""A phone left with a wrong token for hours is refused for at most 15 minutes once it is
-right again (restarting ``serve`` forgets every count)."""
 GUESS_BURST_GAP_S = 600.0
 """A failure more than this after an address's last one starts a new burst, and counting
 starts again."""
 GUESS_ADDRESSES_MAX = 4096
 """Addresses the limiter remembers; the one that failed longest ago is forgotten first."""
+FORWARDED_HINTS_MAX = 64
+"""Untrusted addresses whose forwarding headers were logged (once each, with the hint to
+name them in ``--trusted-proxy``): a bound, so that no client can grow it."""
 
 STATUSES = ("pending", "parsed", "partial", "failed")
 
@@ -616,6 +623,7 @@ class Config:
     fold_deadline_s: float = FOLD_DEADLINE_S
     stop_budget_s: float = STOP_BUDGET_S
     handoff_budget: int = HANDOFF_BUDGET
+    trusted_proxies: tuple = ()  # ip_network objects: whose forwarding headers count
 
     @property
     def db_path(self) -> Path:
@@ -661,6 +669,21 @@ def check_token_length(token: str, origin: str) -> str:
     return token
 
 
+def parse_trusted_proxies(text: str, origin: str) -> tuple:
+    """``ADDR[,ADDR...]``: addresses or networks (``10.0.0.0/8``, ``::1``) whose
+    forwarding headers are believed."""
+    networks = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ConfigError("%s: %r is not an address or a network (such as 127.0.0.1,"
+                              " ::1 or 10.0.0.0/8)" % (origin, part)) from None
+    if not networks:
+        raise ConfigError("%s wants one or more addresses, separated by commas" % origin)
+    return tuple(networks)
+
+
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Merge defaults, ``HEALTHLOG_*`` environment variables and flags (flags win)."""
     values: dict = {}
@@ -679,6 +702,12 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
         if max_mib < 1:
             raise ConfigError("--max-body-mib must be at least 1")
         values["max_body_bytes"] = max_mib << 20
+    proxies = getattr(args, "trusted_proxy", None)
+    if proxies is not None:
+        values["trusted_proxies"] = parse_trusted_proxies(proxies, "--trusted-proxy")
+    elif environ.get("HEALTHLOG_TRUSTED_PROXY"):
+        values["trusted_proxies"] = parse_trusted_proxies(environ["HEALTHLOG_TRUSTED_PROXY"],
+                                                          "HEALTHLOG_TRUSTED_PROXY")
     log_format = getattr(args, "log_format", None) or environ.get("HEALTHLOG_LOG_FORMAT")
     if log_format:
         if log_format not in ("logfmt", "json"):
@@ -6087,17 +6116,25 @@ def session_parts(token: bytes, value: str, now: float) -> Optional[tuple]:
 
 
 class GuessLimiter:
-    """Failed authentications per client address (RELY-7.8).  The first
-    :data:`GUESSES_FREE` of a burst are answered at once and the next ones after a delay
-    that doubles; from :data:`GUESSES_BEFORE_LOCKOUT` on, the address is refused (429)
-    without its credentials being looked at, for a lockout after its last failure that
-    doubles with each further one.  Thread-safe; in memory only."""
+    """Wrong tokens per client address (RELY-7.8): slowed, then answered 429, without a
+    right token ever being refused.  The token is compared before the limiter is asked,
+    so a phone that shares an address with a stranger (behind a reverse proxy that is not
+    named in ``--trusted-proxy``, or a carrier's NAT) keeps delivering whatever the
+    stranger sends.
+
+    The first :data:`GUESSES_FREE` wrong tokens of a burst are answered at once, the next
+    ones after a delay that doubles, and from :data:`GUESSES_BEFORE_LOCKOUT` on at once
+    with 429 for a lockout that doubles with each further one.  At most
+    :data:`GUESS_WAITERS_MAX` wrong answers wait at a time, whatever their addresses; one
+    beyond them is 429 at once.  A right token does not end a burst: behind a shared
+    address it would hand the stranger a fresh one.  Thread-safe; in memory only."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._lock = threading.Lock()
         self._failures: collections.OrderedDict = collections.OrderedDict()  # address ->
         # [failures in the burst, time of the last one]
+        self._waiters = threading.BoundedSemaphore(GUESS_WAITERS_MAX)
 
     @staticmethod
     def _lockout(failures: int) -> float:
@@ -6107,7 +6144,7 @@ class GuessLimiter:
                    GUESS_LOCKOUT_MAX_S)
 
     def refused_for(self, address: str) -> float:
-        """Seconds for which ``address`` is still refused (0: it may try)."""
+        """Seconds for which wrong tokens from ``address`` are still answered 429."""
         with self._lock:
             entry = self._failures.get(address)
         if entry is None:
@@ -6115,26 +6152,99 @@ class GuessLimiter:
         return max(0.0, entry[1] + self._lockout(entry[0]) - self._clock())
 
     def failed(self, address: str) -> tuple:
-        """Count a failure of ``address``: (failures in its burst, seconds to wait before
-        answering)."""
+        """Count a wrong token of ``address``: (failures in its burst, seconds to wait
+        before answering 401, or None: answer 429 now, for as long as
+        :meth:`refused_for` says)."""
         now = self._clock()
         with self._lock:
             entry = self._failures.pop(address, None)
             if entry is None or now - entry[1] > GUESS_BURST_GAP_S + self._lockout(entry[0]):
                 entry = [0, now]
+            locked = now < entry[1] + self._lockout(entry[0])
             entry[0] += 1
             entry[1] = now
             self._failures[address] = entry  # the most recent last
             while len(self._failures) > GUESS_ADDRESSES_MAX:
                 self._failures.popitem(last=False)
             failures = entry[0]
+        if locked:
+            return failures, None
         if failures <= GUESSES_FREE:
             return failures, 0.0
         return failures, min(0.1 * 2 ** (failures - GUESSES_FREE - 1), GUESS_DELAY_MAX_S)
 
-    def succeeded(self, address: str) -> None:
-        with self._lock:
-            self._failures.pop(address, None)
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[bool]:
+        """A place among the wrong answers that wait out their delay: yields False when
+        every place is taken (answer 429 at once instead)."""
+        got = self._waiters.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                self._waiters.release()
+
+
+# -- the client's address, behind a reverse proxy or not ------------------------------
+
+
+_FORWARDED_FOR = re.compile(r'(?:^|;)\s*for\s*=\s*("[^"]*"|[^;,\s]*)', re.IGNORECASE)
+
+
+def _hop_address(text: str) -> str:
+    """One hop of a forwarding header as an address: quotes, brackets and a port
+    removed; what is not an address becomes ``unknown``."""
+    text = text.strip().strip('"')
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:  # IPv4 with a port
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return "unknown"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def forwarded_hops(environ: Mapping[str, Any]) -> list:
+    """The addresses a request passed through, nearest last: ``X-Forwarded-For`` when it
+    is there (nginx and Caddy write it), else the ``for=`` of ``Forwarded`` (RFC 7239)."""
+    chain = environ.get("HTTP_X_FORWARDED_FOR")
+    if chain is not None:
+        return [_hop_address(hop) for hop in chain.split(",")]
+    forwarded = environ.get("HTTP_FORWARDED")
+    if forwarded is not None:
+        return [_hop_address(match.group(1)) for element in forwarded.split(",")
+                for match in [_FORWARDED_FOR.search(element)] if match]
+    return []
+
+
+def _is_trusted(address: str, trusted: Sequence) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return any(ip in network for network in trusted)
+
+
+def client_address(environ: Mapping[str, Any], trusted: Sequence) -> tuple:
+    """(the client's address, whether forwarding headers came from an untrusted peer).
+
+    From a peer named in ``--trusted-proxy`` the client is the nearest hop of the
+    forwarding headers that is not itself trusted (a hop a client wrote further left
+    is never believed); from any other peer the headers are ignored."""
+    peer = _hop_address(environ.get("REMOTE_ADDR") or "")
+    if peer == "unknown":
+        peer = environ.get("REMOTE_ADDR") or "-"
+    hops = forwarded_hops(environ)
+    if not trusted or not _is_trusted(peer, trusted):
+        return peer, bool(hops) or "HTTP_X_REAL_IP" in environ
+    for hop in reversed(hops):
+        if not _is_trusted(hop, trusted):
+            return hop, False
+    return (hops[0] if hops else peer), False
 
 
 # ==============================================================================
@@ -6144,6 +6254,7 @@ class GuessLimiter:
 ENV_REQUEST = "healthlog.cheroot_request"
 ENV_RECEIVED = "healthlog.received_at"
 ENV_QUIET = "healthlog.quiet"
+ENV_CLIENT = "healthlog.client"  # the client's address (behind a trusted proxy: the real one)
 """Set on a request whose access-log record goes to DEBUG: a failed authentication of a
 burst already named in a WARN."""
 
@@ -6257,6 +6368,7 @@ class App:
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
         self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
         self.guesses = GuessLimiter()
+        self._hinted: set = set()  # untrusted peers whose forwarding headers were logged
         self._token = b""
         self._token_in_path = ""
         self.bottle = bottle.Bottle()
@@ -6287,6 +6399,9 @@ class App:
     def __call__(self, environ: dict, start_response: Callable) -> Any:
         started = time.monotonic()
         environ[ENV_RECEIVED] = utc_now()
+        environ[ENV_CLIENT], untrusted = client_address(environ, self.config.trusted_proxies)
+        if untrusted:
+            self._hint_forwarded(environ[ENV_CLIENT])
         path = environ.get("PATH_INFO", "")
         if self._token and self._token_in_path in path:  # a token typed into the URL
             path = path.replace(self._token_in_path, "<token>")  # is never logged
@@ -6363,31 +6478,45 @@ class App:
         self.check_guess(environ, offered.encode("latin-1", "replace"))
 
     def check_guess(self, environ: Mapping[str, Any], offered: bytes) -> None:
-        """Compare an offered token in constant time, as one guess of its client address
-        (:class:`GuessLimiter`): a refused address gets 429 before any comparison, a
-        failure waits its delay and is 401, and only a burst's first failure and the
-        start of a lockout are WARNs."""
-        address = environ.get("REMOTE_ADDR") or "-"
-        refused = self.guesses.refused_for(address)
-        if refused:
-            environ[ENV_QUIET] = True
-            raise TooManyRequests(refused)
+        """Compare an offered token in constant time; a right one is served at once,
+        whatever its address did before (RELY-7.8).  A wrong one is one failure of its
+        client address (:class:`GuessLimiter`): 401 after its delay, or 429 at once when
+        the address is locked out or every waiting place is taken.  Only a burst's first
+        failure and the start of its lockout are WARNs."""
         if self._token and hmac.compare_digest(offered, self._token):
-            self.guesses.succeeded(address)
             return
+        address = environ.get(ENV_CLIENT) or environ.get("REMOTE_ADDR") or "-"
         failures, delay = self.guesses.failed(address)
         if failures == 1:
             log_event(logging.WARNING, "authentication failed; more failures from this"
                       " address are counted, not logged", address=address)
         elif failures == GUESSES_BEFORE_LOCKOUT:
-            log_event(logging.WARNING, "too many failed authentications: the address is"
-                      " refused for a while", address=address, failures=failures,
+            log_event(logging.WARNING, "too many failed authentications: wrong tokens from"
+                      " the address are refused for a while (a right one is still served)",
+                      address=address, failures=failures,
                       refused_s=int(self.guesses.refused_for(address)))
         else:
             environ[ENV_QUIET] = True
+        if delay is None:
+            raise TooManyRequests(self.guesses.refused_for(address))
         if delay:
-            time.sleep(delay)
+            with self.guesses.waiting() as placed:
+                if not placed:
+                    raise TooManyRequests(delay)
+                time.sleep(delay)
         raise Unauthorized()
+
+    def _hint_forwarded(self, peer: str) -> None:
+        """Forwarding headers from a peer not named in ``--trusted-proxy``: said once per
+        peer, since they are ignored (a stranger may write them; a proxy of one's own
+        would make every client one address)."""
+        if peer in self._hinted or len(self._hinted) >= FORWARDED_HINTS_MAX:
+            return
+        self._hinted.add(peer)
+        log_event(logging.WARNING, "a request carries X-Forwarded-For, Forwarded or X-Real-IP"
+                  " from an address not named in --trusted-proxy; the headers are ignored. If"
+                  " this is your reverse proxy, start serve with --trusted-proxy ADDRESS",
+                  address=peer)
 
     def _session(self, environ: Mapping[str, Any]) -> Optional[str]:
         """The id of the browser's session, when its cookie is genuine, unexpired and
@@ -6613,8 +6742,9 @@ class App:
             self.check_guess(environ, offered)
         except TooManyRequests as exc:
             status, headers, body = _html("429 Too Many Requests", LOGIN_HTML.replace(
-                "{message}", '<p class="error">Too many wrong tokens from this address; try'
-                ' again in a while.</p>'))
+                "{message}", '<p class="error">That is not the token of this healthlog, and'
+                ' too many wrong ones came from this address: wrong tokens are refused for a'
+                ' while (the right one is still taken).</p>'))
             return status, list(headers) + list(exc.headers), body
         except Unauthorized:
             return _html("401 Unauthorized", LOGIN_HTML.replace(
@@ -8942,6 +9072,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        " created on first start)")
     serve.add_argument("--max-body-mib", type=int, metavar="N",
                        help="largest accepted body in MiB (default %d)" % DEFAULT_MAX_BODY_MIB)
+    serve.add_argument("--trusted-proxy", metavar="ADDR[,ADDR...]",
+                       help="reverse proxies (addresses or networks) whose X-Forwarded-For or"
+                            " Forwarded header names the client (env HEALTHLOG_TRUSTED_PROXY;"
+                            " default: none, the headers are ignored)")
 
     status = commands.add_parser("status", help="journal and store summary")
     data_option(status)
