@@ -16,7 +16,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, db_rows, wait_for
+from conftest import TOKEN, db_rows
 from test_security import request
 
 STRANGER, PHONE, OTHER = "127.0.0.2", "127.0.0.3", "127.0.0.4"
