@@ -2383,14 +2383,26 @@ FOLD_MAX_BYTES = 512 << 20
 """A body above this is not parsed (a full parse holds ~6× the body in memory)."""
 
 
+def body_error(exc: OSError, path: Path) -> HealthlogError:
+    """What an ``OSError`` on an archived body says: its own loss, when its file is gone or
+    is no file while the archive around it is there (``body_missing``: the delivery fails),
+    else a fault of the machine (permissions, I/O, a folder, an archive not mounted:
+    :class:`ArchiveFault`, the delivery waits)."""
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
+        for parent in path.parents:
+            if parent.name == ARCHIVE_DIR:
+                if parent.is_dir():
+                    return BodyMissing()
+                break
+    return ArchiveFault(exc)
+
+
 def body_size(path: Path) -> int:
     """The size of an archived body, classifying what can go wrong with it."""
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
-        raise BodyMissing() from None
     except OSError as exc:
-        raise ArchiveFault(exc) from None
+        raise body_error(exc, path) from None
     if size > FOLD_MAX_BYTES:
         raise BodyTooBig()
     return size
@@ -2419,10 +2431,8 @@ def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) 
 def _read_body(path: Path) -> bytes:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
-        raise BodyMissing() from None
     except OSError as exc:
-        raise ArchiveFault(exc) from None
+        raise body_error(exc, path) from None
 
 
 _ASCII_BYTES = bytes(range(128))
@@ -3923,35 +3933,18 @@ class FoldEngine:
             "UPDATE %s SET attempts = max(attempts + 1 - ?, 0) WHERE id = ?" % self.journal,
             (taken_back, delivery_id)))
 
-    def note_fault(self, delivery_id: int, fault: str, counted: bool) -> None:
+    def note_fault(self, delivery_id: int, fault: str) -> bool:
         """Write the fault of the machine that deferred a fold on its (still pending)
-        row, and take its attempt back unless the fault follows the delivery.  Best
-        effort: a database that cannot be written leaves the attempt counted."""
-        with contextlib.suppress(sqlite3.Error):
+        row, and take its attempt back: only a death counts (FOLD-14, FOLD-15).  False
+        when the database could not be written (the attempt is then owed)."""
+        try:
             self._write(lambda: self.conn.execute(
-                "UPDATE %s SET error = ?, attempts = max(attempts - ?, 0)"
+                "UPDATE %s SET error = ?, attempts = max(attempts - 1, 0)"
                 " WHERE id = ? AND parse_status = 'pending'" % self.journal,
-                ("retrying:" + fault, 0 if counted else 1, delivery_id)))
-
-    def other_body_readable(self, row: Mapping[str, Any]) -> bool:
-        """Can the archive give the body of another delivery: the latest folded one, or
-        the next one waiting (a new data directory has none folded)?  Tells a fault of
-        one body (it follows the delivery) from one of the archive."""
-        others = self.conn.execute(
-            "SELECT archive_path FROM (SELECT archive_path FROM %s WHERE id != ? AND"
-            " parse_status IN ('parsed', 'partial') ORDER BY received_at DESC, id DESC"
-            " LIMIT 1) UNION ALL SELECT archive_path FROM (SELECT archive_path FROM %s WHERE"
-            " parse_status = 'pending' AND (received_at > ? OR (received_at = ? AND id > ?))"
-            " ORDER BY received_at, id LIMIT 1)" % (self.journal, self.journal),
-            (row["id"], row["received_at"], row["received_at"], row["id"])).fetchall()
-        for (relative,) in others:
-            try:
-                with open(str(self.config.data_dir / relative), "rb") as body:
-                    body.read(1)
-            except OSError:
-                continue
-            return True
-        return False
+                ("retrying:" + fault, delivery_id)))
+        except sqlite3.Error:
+            return False
+        return True
 
     def record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
         """Write a ``failed`` outcome (counters stay empty: only a successful fold has them)."""
@@ -4074,9 +4067,10 @@ FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
 (the last one repeats): a broken database is retried every minute, never given up on."""
 
 FOLD_ATTEMPTS_MAX = 3
-"""Fold attempts a delivery may have without an outcome (the process died during them,
-or a fault followed the delivery); the next pass then fails it, so that no single
-delivery stops the fold.  Three: one death may be bad luck, a third is the delivery."""
+"""Fold attempts a delivery may have without an outcome (the process died during them:
+a fault of the machine that the process survives takes its attempt back); the next pass
+then fails it, so that no single delivery stops the fold.  Three: one death may be bad
+luck, a third is the delivery."""
 ATTEMPTS_EXHAUSTED = "fold_attempts_exhausted"
 RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable")
 """Error classes the machine, not the body, may have caused (``body_unreadable`` was
@@ -4244,12 +4238,11 @@ class FoldWorker:
                 raise
             return outcome
         last_fault = (row["error"] or "retrying:died").partition(":")[2]
-        cure = ("make its archived body readable" if last_fault.startswith("archive:")
-                else "give healthlog more memory (or a lower --max-body-mib)")
         log_event(logging.ERROR, "a delivery was tried %d times without an outcome (the"
-                  " process died, or the machine failed, during its fold); it is failed now"
-                  " so that the deliveries after it are folded. To fold it again, %s, then"
-                  " run `healthlog refold %d`" % (row["attempts"], cure, row["id"]),
+                  " process died during its fold); it is failed now so that the deliveries"
+                  " after it are folded. To fold it again, give healthlog more memory (or a"
+                  " lower --max-body-mib), then run `healthlog refold %d`"
+                  % (row["attempts"], row["id"]),
                   delivery_id=row["id"], body_mib=round(row["body_bytes"] / 1048576, 1),
                   last_fault=last_fault)
         return Outcome("failed", "failed", ATTEMPTS_EXHAUSTED)
@@ -4291,10 +4284,11 @@ class FoldWorker:
         """Fold one delivery; the out-of-order WARN is asked before and written after.
 
         The attempt is counted before the fold (FOLD-14): a delivery that already had
-        :data:`FOLD_ATTEMPTS_MAX` attempts without an outcome is failed instead.  A
-        deferral by the database, or by an archive that cannot give any body, takes its
-        attempt back; memory running out, or a body the archive alone cannot give,
-        follows the delivery and keeps it."""
+        :data:`FOLD_ATTEMPTS_MAX` attempts without an outcome is failed instead.  An
+        attempt stays counted only when the process dies during the fold: a busy or
+        failing database, an archive that cannot be read (whatever the other folders do)
+        and memory running out take it back, and the loop pauses until the fault is
+        gone (FOLD-15)."""
         row = engine.row(delivery_id)
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
@@ -4319,11 +4313,11 @@ class FoldWorker:
             outcome = engine.fold(delivery_id, row)
         finally:
             self.current = None
-        if outcome.error in ("busy", "storage"):  # the database's: owed, not written now
-            self._owed[delivery_id] = self._owed.get(delivery_id, 0) + 1
-        elif outcome.deferred:
-            counted = outcome.error == "memory" or engine.other_body_readable(row)
-            engine.note_fault(delivery_id, outcome.error, counted)
+        if outcome.deferred:  # a busy database or a fault of the machine: no attempt
+            noted = outcome.error not in ("busy", "storage") and engine.note_fault(
+                delivery_id, outcome.error)
+            if not noted:  # the database's fault: owed, taken back at the next count
+                self._owed[delivery_id] = self._owed.get(delivery_id, 0) + 1
         if outcome.kind in ("folded", "failed"):
             self.fold_seconds.observe(time.monotonic() - started, outcome=outcome.status)
         if late and outcome.kind == "folded":
