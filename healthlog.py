@@ -194,6 +194,10 @@ LISTEN_BACKLOG = 128
 """Connections the kernel queues before they are accepted (Cheroot's default is 5:
 a burst of clients would wait for TCP's SYN retries, seconds each)."""
 
+SERVE_ERROR_PAUSE_S = 0.1
+"""Pause of the HTTP server's accept loop after an error in it (no file descriptor left
+for a new connection, say): the loop would otherwise retry at once, millions of times."""
+
 HTTP_RESERVED_THREADS = 4
 """Worker threads an upload never takes: the read routes and /healthz keep these even
 when every other thread is reading a slow body."""
@@ -362,6 +366,11 @@ class InternalError(HTTPFailure):
     status, code = 500, "internal_error"
 
 
+READ_FAILED = ("The server could not read the data; nothing was changed. Try again; the"
+               " server's log names the error.")
+REQUEST_FAILED = "The server could not complete the request; the server's log names the error."
+
+
 class ServiceStopping(HTTPFailure):
     """healthlog is shutting down; try again shortly."""
 
@@ -478,6 +487,20 @@ _ESCAPES.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r")
                  ord("\t"): "\\t"})
 
 
+LOG_REPEATS_WRITTEN = 5
+"""Identical records in a row written as they come; the rest of the run is counted."""
+LOG_REPEAT_REPORT_S = 60.0
+"""While a run of identical records goes on, its count is written this often."""
+
+
+def _error_name(exc: Optional[BaseException]) -> Optional[str]:
+    """An exception as a log field: its errno's name for an OSError (``EMFILE``), else its
+    class; never its message, which may quote data."""
+    if exc is None:
+        return None
+    return errno.errorcode.get(getattr(exc, "errno", None) or 0) or type(exc).__name__
+
+
 def log_event(level: int, msg: str, **fields: Any) -> None:
     """Write one structured record.  Fields above DEBUG must never carry health data."""
     if _log.isEnabledFor(level):
@@ -538,9 +561,60 @@ def _record_fields(record: logging.LogRecord) -> dict:
     return fields
 
 
+class CollapsingHandler(logging.StreamHandler):
+    """A stream handler that writes a run of identical records (level, message and
+    fields: everything but the time) as its first :data:`LOG_REPEATS_WRITTEN` lines and
+    then a count: the same record with ``repeated=N`` once the run ends (before the next
+    different record) and once every :data:`LOG_REPEAT_REPORT_S` while it goes on.  A
+    failing machine (no file descriptors, say) then cannot fill the disk with one line."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._key: Optional[tuple] = None
+        self._run = 0  # records of the current run after its first
+        self._held = 0  # of them, not written yet
+        self._last: Optional[logging.LogRecord] = None
+        self._reported = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:  # under the handler's lock
+        fields = getattr(record, "fields", None) or {}
+        key = (record.levelno, record.name, record.getMessage(),
+               repr(sorted(fields.items())), record.exc_info is None)
+        if key == self._key:
+            self._run += 1
+            if self._run >= LOG_REPEATS_WRITTEN:
+                self._held += 1
+                self._last = record
+                if record.created - self._reported >= LOG_REPEAT_REPORT_S:
+                    self._write_held()
+                return
+        else:
+            self._write_held()
+            self._key, self._run, self._reported = key, 0, record.created
+        self._last = record
+        super().emit(record)
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, 0
+        if held and self._last is not None:
+            count = logging.makeLogRecord(self._last.__dict__)
+            count.fields = dict(getattr(self._last, "fields", None) or {}, repeated=held)
+            super().emit(count)
+            self._reported = self._last.created
+
+    def close(self) -> None:
+        """Write the count of a run still going on (at exit, logging closes handlers)."""
+        self.acquire()
+        try:
+            self._write_held()
+        finally:
+            self.release()
+        super().close()
+
+
 def setup_logging(config: Config, stream: Any = None) -> logging.Handler:
     """Send every record of the process to one stderr handler in the chosen format."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = CollapsingHandler(stream or sys.stderr)
     handler.setFormatter(JSONFormatter() if config.log_format == "json" else LogfmtFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -882,6 +956,11 @@ _HOUR_TEXT: dict = {}
 """UTC hour (epoch hours) → ``YYYY-MM-DDTHH:``: exports format the hours once."""
 
 
+def _hour_prefix(moment: _dt.datetime) -> str:
+    """``YYYY-MM-DDTHH:`` with a four-digit year also before 1000 (strftime writes ``1``)."""
+    return "%04d-%02d-%02dT%02d:" % (moment.year, moment.month, moment.day, moment.hour)
+
+
 def format_instant(instant_us: int) -> str:
     """UTC ISO-8601 text of an instant (for exports and messages, never for keys)."""
     hour, rest = divmod(instant_us, HOUR_US)
@@ -890,7 +969,7 @@ def format_instant(instant_us: int) -> str:
         moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(hours=hour)
         if len(_HOUR_TEXT) >= _HOUR_BASE_MAX:
             _HOUR_TEXT.clear()
-        prefix = _HOUR_TEXT[hour] = moment.strftime("%Y-%m-%dT%H:")
+        prefix = _HOUR_TEXT[hour] = _hour_prefix(moment)
     seconds, micros = divmod(rest, US)
     text = "%s%02d:%02d" % (prefix, seconds // 60, seconds % 60)
     if micros:
@@ -1041,7 +1120,7 @@ def local_iso(instant_us: int, offset_s: int) -> str:
         if len(_LOCAL_HOUR) >= _HOUR_BASE_MAX:
             _LOCAL_HOUR.clear()
         moment = _dt.datetime(1970, 1, 1) + _dt.timedelta(hours=hour)
-        prefix = _LOCAL_HOUR[hour] = moment.strftime("%Y-%m-%dT%H:")
+        prefix = _LOCAL_HOUR[hour] = _hour_prefix(moment)
     zone = _OFFSET_TEXT.get(offset_s)
     if zone is None:
         zone = _OFFSET_TEXT[offset_s] = format_offset(offset_s)
@@ -4874,22 +4953,29 @@ def _in_range(point: Any, query: PointQuery) -> bool:
                            point)
 
 
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection)."""
+_FORMULA_CHARACTERS = "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c"
+"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with
+the pipe of DDE and the full-width forms some spreadsheets take for them."""
+_FORMULA = re.compile(r"[\t\r\n]|\s*[%s]" % re.escape(_FORMULA_CHARACTERS))
+"""A cell a spreadsheet could run: one that starts with a tab or a line break, or whose
+first character after any whitespace starts a formula."""
+_FORMULA_FIRST = frozenset(_FORMULA_CHARACTERS)
 
 
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
     """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes.  A text cell that
-    starts like a formula gets a leading ``'`` (OWASP's advice against CSV injection), so
+    starts like a formula (:data:`_FORMULA`) gets a leading ``'`` (OWASP's advice against
+    CSV injection), so
     it is data, never a formula, in a spreadsheet; numbers pass as numbers, so ``-5`` stays
     ``-5``: only names, units and text values that arrived as strings can carry a formula
     (any app that writes to HealthKit chooses its source name)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    starts = _FORMULA_STARTS
+    first, formula = _FORMULA_FIRST, _FORMULA.match
     for row in rows:  # one comprehension: this loop sees every cell
-        writer.writerow(["'" + cell if type(cell) is str and cell.startswith(starts) else cell
-                         for cell in row])
+        writer.writerow(["'" + cell if type(cell) is str and cell and (
+            cell[0] in first or cell[0].isspace()) and formula(cell) else cell
+            for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -5819,6 +5905,13 @@ def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     return local_ordinal(*newest)
 
 
+SUMMARY_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
+SUMMARY_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
+"""The days a summary can be asked for: its trends look back a year and more and its
+offsets reach a day beyond, which the calendar's ends (years 1 and 9999) cannot hold;
+no health record is older than 1900."""
+
+
 def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
     day (default: the day of the newest point, in its own local time)."""
@@ -5830,8 +5923,10 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
             day = _dt.date(*map(int, match.groups())).toordinal() if match else None
         except ValueError:
             day = None
-        if day is None:
-            raise BadRequest("date must be YYYY-MM-DD")
+        if day is None or not SUMMARY_FIRST_DAY <= day <= SUMMARY_LAST_DAY:
+            raise BadRequest("date must be a day YYYY-MM-DD from %s to %s"
+                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
     else:
         day = _newest_day(conn, zone)
     cards: dict = {}
@@ -6406,7 +6501,9 @@ class App:
         except Exception as exc:  # the boundary: log the class, answer one JSON 500
             log_event(logging.ERROR, "request failed", error=type(exc).__name__, path=path)
             log_event(logging.DEBUG, "request failure detail", detail=repr(exc))
-            status, headers, body = self._failure(environ, InternalError())
+            status, headers, body = self._failure(environ, InternalError(
+                None if path.startswith("/api/ingest") else READ_FAILED
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD") else REQUEST_FAILED))
         start_response(status, list(headers) + list(SECURITY_HEADERS))
         code = int(status.split(" ", 1)[0])
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
@@ -7313,9 +7410,12 @@ def _make_server_classes() -> tuple:
 
         def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
             log_event(max(level, logging.WARNING) if traceback else level,
-                      "http server: " + str(msg)[:200])
+                      "http server: " + str(msg)[:200],
+                      error=_error_name(sys.exc_info()[1]) if traceback else None)
             if traceback:
                 _log.debug("http server traceback", exc_info=True)
+            if msg == "Error in HTTPServer.serve":  # its loop would spin: out of descriptors
+                time.sleep(SERVE_ERROR_PAUSE_S)
 
     return Gateway, Server
 

@@ -658,11 +658,25 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
 
 
 FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",
-            "@SUM(A1:A9)", "\tcmd", "\r=1"]
+            "@SUM(A1:A9)", "\tcmd", "\r=1", "\n=1+1", " =1", "\n\n +1", "\u3000=2",
+            "\u00a0@SUM(1)", "|cmd", "\uff1dSUM(1)", "\uff0b1", "\uff0d1", "\uff20A1",
+            "\uff5ccmd", "\r\n-1"]
+"""Text a spreadsheet could run: OWASP's starts, the same after leading whitespace and line
+breaks, the pipe, and the full-width forms."""
+
+
+def runnable(cell: str) -> bool:
+    """Could a spreadsheet run this cell?  In this test's words: it begins with a tab or a
+    line break, or its first character after any whitespace is one of = + - @ | or their
+    full-width forms."""
+    first = cell.lstrip()[:1]
+    return cell[:1] in ("\t", "\r", "\n") or bool(first) and first in (
+        "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c")
 
 
 def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
-    """Every text cell that starts like a formula (OWASP: = + - @ tab CR) is written with
+    """Every text cell that starts like a formula (OWASP: = + - @ tab CR; also after
+    leading whitespace and line breaks, the pipe and the full-width forms) is written with
     a leading ' in raw CSV, bucket CSV and `export --format csv`; numbers stay numbers."""
     service = start_service()
     points = []
@@ -699,8 +713,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
     for table in (raw, buckets):
         for row in table:
             for cell in row:
-                assert not cell.startswith(("=", "+", "@", "\t", "\r")), cell
-                assert not cell.startswith("-") or float(cell) < 0, cell
+                assert not runnable(cell) or float(cell) < 0, repr(cell)
     assert buckets[0][:5] == ["start", "local", "date", "units", "count"]
     assert buckets[1][3] == neutral(units)
     assert neutral(FORMULAS[0]) + "_sum" in buckets[0]
