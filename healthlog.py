@@ -5733,6 +5733,134 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
         yield from reversed(found)  # stored in time order
 
 
+# -- the view's plan: which layer and bucket answer a range, decided once -------------
+
+VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
+"""The page's ranges and their days; ``all`` and ``custom`` (``from``/``to`` dates, both
+shown) besides."""
+HOUR_MAX_DAYS = 2
+"""Series are drawn per hour for ranges of two days or less (never finer than the layer's
+own grouping: a metric that arrives once a day stays per day)."""
+DAY_MAX_DAYS = 186
+"""Per day up to half a year, per week beyond."""
+DAY_ONLY_LAYERS = ("days", "weeks", "months", "years")
+"""Layers whose points each stand for a whole day or more: never bucketed per hour."""
+_BUCKET_WORDS = {"hour": "per hour", "day": "per day", "week": "per week"}
+
+
+def _newest(conn: sqlite3.Connection, metric: str, layer: str, zone: Zone) -> Optional[tuple]:
+    """(instant, offset) of the newest point of a metric's layer, as the view's zone sees
+    it (``tz=local``: the offset written in the point)."""
+    for _, coord, point in iter_points_newest(conn, PointQuery(metric, layer)):
+        return coord[0], zone.point_offset(raw_start(point), coord[0])
+    return None
+
+
+def _view_day_text(ordinal: int) -> str:
+    """``Mon 3 Mar 2025``."""
+    day = _dt.date.fromordinal(ordinal)
+    return "%s %d %s %d" % (day.strftime("%a"), day.day, day.strftime("%b"), day.year)
+
+
+def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/plan?metric=&range=&tz=[&layer=][&from=&to=]``: what the metric view
+    reads and draws for a range, decided here and nowhere else: the layer (the one whose
+    newest point is newest anchors the range, the one answering it best is read), the
+    bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
+    than the layer: day data on a 24 h range is one day), the bounds to ask for, and the
+    words the page shows for all of it."""
+    metric = args.get("metric")
+    if not metric:
+        raise BadRequest("metric is required; see /api/catalog")
+    view = args.get("range") or "7d"
+    if view not in VIEW_RANGES and view not in ("all", "custom"):
+        raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
+    zone = parse_zone(args.get("tz"))
+    layers = dict(conn.execute("SELECT layer, max(hour) FROM object WHERE metric = ?"
+                               " GROUP BY layer", (metric,)))
+    if not layers:
+        raise UnknownMetric([loggable_metric(row[0])
+                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+    asked = args.get("layer") or None
+    if asked is not None and asked not in layers:
+        raise UnknownLayer("%s has no data in that layer; it has %s"
+                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    kind = meaning_of(metric).kind
+    series = kind in ("total", "average")
+    anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
+        name) if name in LAYER_ORDER else 0))
+    plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
+    if view == "custom":
+        if not (_DATE_ONLY_QUERY.fullmatch(args.get("from") or "")
+                and _DATE_ONLY_QUERY.fullmatch(args.get("to") or "")):
+            raise BadRequest("a custom range wants from and to as dates YYYY-MM-DD")
+        day_from = _dt.date.fromisoformat(args["from"].strip()).toordinal()
+        day_to = _dt.date.fromisoformat(args["to"].strip()).toordinal() + 1
+        if day_from >= day_to:
+            raise BadRequest("from must be on or before to")
+        days = day_to - day_from
+    elif view == "all":
+        first_hour = conn.execute("SELECT min(hour) FROM object WHERE metric = ?",
+                                  (metric,)).fetchone()[0]
+        days = (max(layers.values()) - first_hour) / 24 + 1
+        day_from = day_to = None
+    else:
+        days = VIEW_RANGES[view]
+        newest = _newest(conn, metric, anchor_layer, zone)
+        if newest is None:
+            raise UnknownMetric([loggable_metric(metric)])
+        anchor_day = local_ordinal(*newest)
+        if kind == "sleep":  # a night is on the morning it ended
+            nights = sleep_nights(conn, PointQuery(metric, anchor_layer,
+                                                   start=newest[0] - 2 * 86400 * US,
+                                                   end=newest[0] + 2 * 86400 * US, zone=zone))
+            anchor_day = nights[-1].date if nights else anchor_day
+        day_to = anchor_day + 1
+        day_from = day_to - days
+        plan["anchor"] = {"date": _dt.date.fromordinal(anchor_day).isoformat(),
+                          "local": local_iso(*newest)}
+    if day_from is not None:
+        start = zone.midnight(day_from, 0) if zone is not LOCAL_ZONE else None
+        end = zone.midnight(day_to, 0) if zone is not LOCAL_ZONE else None
+        if start is None:
+            start = ((day_from - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
+            end = ((day_to - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
+        layer = asked or _finest_layer(conn, metric, list(layers), start, end)
+    else:
+        layer = asked or _finest_layer(conn, metric, list(layers), None, None)
+    day_only = layer in DAY_ONLY_LAYERS
+    bucket = None
+    if series or kind == "sleep":
+        bucket = ("hour" if series and days <= HOUR_MAX_DAYS and not day_only
+                  else "day" if days <= DAY_MAX_DAYS else "week")
+    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates")
+    if bucket == "week" and day_from is not None and view != "custom":
+        day_from -= (day_from - 1) % 7  # weeks start on Monday
+    if bucket == "hour" and view == "24h":
+        newest = _newest(conn, metric, layer, zone) or newest
+        t1 = (newest[0] // HOUR_US + 1) * HOUR_US
+        plan.update(**{"from": format_instant(t1 - 24 * HOUR_US), "to": format_instant(t1)})
+        span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
+    elif day_from is not None:
+        plan.update(**{"from": _dt.date.fromordinal(day_from).isoformat(),
+                       "to": _dt.date.fromordinal(day_to).isoformat()})
+        span = (_view_day_text(day_from) if day_to - day_from == 1 else
+                "%s – %s" % (_view_day_text(day_from), _view_day_text(day_to - 1)))
+    else:
+        plan.update(**{"from": None, "to": None})
+        span = "all stored data"
+    words = [span]
+    if bucket is not None:
+        what = {"total": "totals", "average": "averages", "sleep": "nights"}[kind]
+        words.append("%s %s" % (what, _BUCKET_WORDS[bucket]) if kind != "sleep"
+                     else "one bar per night" if bucket == "day" else "the average night per week")
+    if day_only and series and days <= HOUR_MAX_DAYS:
+        words.append("this metric arrives once a day, so it is shown per day")
+    words.append("read from the %s layer" % layer)
+    plan["words"] = " · ".join(words)
+    return plan
+
+
 def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
     """``GET /api/ecg?start=…``: the recording that starts then, with its voltages in the
     order they were measured, at its sampling frequency."""
@@ -6673,6 +6801,7 @@ class App:
                 ("/api/records", "GET", self.records),
                 ("/api/ecg", "GET", self.ecg),
                 ("/api/summary", "GET", self.summary),
+                ("/api/plan", "GET", self.plan),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
@@ -6996,6 +7125,16 @@ class App:
         conn.execute("BEGIN")  # one snapshot
         try:
             return self._ok(summary(conn, _query_args(environ)))
+        finally:
+            conn.execute("COMMIT")
+
+    def plan(self, environ: dict) -> tuple:
+        """GET /api/plan: the layer, bucket and bounds the metric view reads for a range."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(plan_view(conn, _query_args(environ)))
         finally:
             conn.execute("COMMIT")
 
