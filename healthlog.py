@@ -4676,6 +4676,7 @@ class PointQuery:
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
     fill: tuple = ()  # day and week buckets without a layer asked: each day from the
     # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
+    coarsened: bool = False  # hours were asked of a layer of days: answered per day
 
     @property
     def sleep_stages(self) -> bool:
@@ -4786,7 +4787,11 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     if layer not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill)
+    coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
+    if coarsened:
+        bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
+    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
+                      coarsened)
 
 
 DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
@@ -4888,6 +4893,9 @@ def _head(query: PointQuery) -> dict:
         head["layers"] = list(query.fill)
     if query.bucket:
         head["bucket"] = query.bucket
+        if query.coarsened:
+            head["note"] = ("hours were asked, but the %s layer holds one value a day or"
+                            " less: answered per day" % query.layer)
     head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
                     if query.day_from is not None else _instant_or_null(query.start))
     head["to"] = (_dt.date.fromordinal(query.day_to).isoformat()
@@ -5195,6 +5203,7 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
         for j, key in enumerate(sorted(run.buckets)):
             bucket = run.buckets[key]
             item = _bucket_place(query, key, bucket)
+            item["units"] = run.units  # each row says its units (Grafana splits by them)
             item["count"] = bucket.count
             if bucket.fields:
                 item["fields"] = {name: _field_stats(stats)
@@ -7095,7 +7104,12 @@ class App:
     def catalog(self, environ: dict) -> tuple:
         """GET /api/catalog: what the store holds per metric and layer."""
         self.authenticate(environ, cookie=True)
-        return self._ok({"metrics": catalog(self.pool.get())})
+        items = catalog(self.pool.get())
+        kinds = _query_args(environ).get("kind")
+        if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
+            wanted = {kind.strip() for kind in kinds.split(",")}
+            items = [item for item in items if item["meaning"]["kind"] in wanted]
+        return self._ok({"metrics": items})
 
     def points(self, environ: dict) -> tuple:
         """GET /api/points: verbatim points or bucket aggregates, JSON or CSV, streamed."""
