@@ -5776,8 +5776,8 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     reads and draws for a range, decided here and nowhere else: the layer (the one whose
     newest point is newest anchors the range, the one answering it best is read), the
     bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
-    than the layer: day data on a 24 h range is one day), the bounds to ask for, and the
-    words the page shows for all of it."""
+    than the layer: day data on a 24 h range is one day; lists get the days or weeks their
+    chart counts by), the bounds to ask for, and the words the page shows for all of it."""
     metric = args.get("metric")
     if not metric:
         raise BadRequest("metric is required; see /api/catalog")
@@ -5828,41 +5828,44 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         day_from = day_to - days
         plan["anchor"] = {"date": _dt.date.fromordinal(anchor_day).isoformat(),
                           "local": local_iso(*newest)}
-    if day_from is not None:
-        start = zone.midnight(day_from, 0) if zone is not LOCAL_ZONE else None
-        end = zone.midnight(day_to, 0) if zone is not LOCAL_ZONE else None
-        if start is None:
-            start = ((day_from - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
-            end = ((day_to - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
-        layer = asked or _finest_layer(conn, metric, list(layers), start, end)
-    else:
-        layer = asked or _finest_layer(conn, metric, list(layers), None, None)
-    day_only = layer in DAY_ONLY_LAYERS
-    bucket = None
-    if series or kind == "sleep":
-        bucket = ("hour" if series and days <= HOUR_MAX_DAYS and not day_only
-                  else "day" if days <= DAY_MAX_DAYS else "week")
-    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates")
+
+    def read_layer(first: Optional[str], last: Optional[str]) -> str:
+        """The layer /api/points picks for these bounds (the same rule, the same bounds)."""
+        start = _query_bound("from", first, zone, is_end=False)[0]
+        end = _query_bound("to", last, zone, is_end=True)[0]
+        return asked or _finest_layer(conn, metric, list(layers), start, end)
+
+    def dates(first: Optional[int], last: Optional[int]) -> tuple:
+        return tuple(None if day is None else _dt.date.fromordinal(day).isoformat()
+                     for day in (first, last))
+
+    layer = read_layer(*dates(day_from, day_to))
+    bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
+              else "day" if days <= DAY_MAX_DAYS else "week")  # lists: their chart's days
     if bucket == "week" and day_from is not None and view != "custom":
         day_from -= (day_from - 1) % 7  # weeks start on Monday
+    bounds = dates(day_from, day_to)
+    span = ("all stored data" if day_from is None else _view_day_text(day_from)
+            if day_to - day_from == 1 else "%s – %s" % (_view_day_text(day_from),
+                                                       _view_day_text(day_to - 1)))
     if bucket == "hour" and view == "24h":
         newest = _newest(conn, metric, layer, zone) or newest
         t1 = (newest[0] // HOUR_US + 1) * HOUR_US
-        plan.update(**{"from": format_instant(t1 - 24 * HOUR_US), "to": format_instant(t1)})
-        span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
-    elif day_from is not None:
-        plan.update(**{"from": _dt.date.fromordinal(day_from).isoformat(),
-                       "to": _dt.date.fromordinal(day_to).isoformat()})
-        span = (_view_day_text(day_from) if day_to - day_from == 1 else
-                "%s – %s" % (_view_day_text(day_from), _view_day_text(day_to - 1)))
-    else:
-        plan.update(**{"from": None, "to": None})
-        span = "all stored data"
+        hours = (format_instant(t1 - 24 * HOUR_US), format_instant(t1))
+        if read_layer(*hours) not in DAY_ONLY_LAYERS:
+            bounds, layer = hours, read_layer(*hours)
+            span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
+        else:  # the last 24 hours hold only day data: the day it is
+            bucket = "day"
+    day_only = layer in DAY_ONLY_LAYERS
+    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
+                **{"from": bounds[0], "to": bounds[1]})
     words = [span]
-    if bucket is not None:
-        what = {"total": "totals", "average": "averages", "sleep": "nights"}[kind]
-        words.append("%s %s" % (what, _BUCKET_WORDS[bucket]) if kind != "sleep"
-                     else "one bar per night" if bucket == "day" else "the average night per week")
+    if series:
+        words.append("%s %s" % ("totals" if kind == "total" else "averages",
+                                _BUCKET_WORDS[bucket]))
+    elif kind == "sleep":
+        words.append("one bar per night" if bucket == "day" else "the average night per week")
     if day_only and series and days <= HOUR_MAX_DAYS:
         words.append("this metric arrives once a day, so it is shown per day")
     words.append("read from the %s layer" % layer)
@@ -10280,9 +10283,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const RANGE_DAYS = { '24h': 1, '7d': 7, '30d': 30, '1y': 365 };
-  const HOUR_MAX_DAYS = 2; // hour buckets for ranges of two days or less
-  const DAY_MAX_DAYS = 186; // day buckets up to half a year, weeks beyond
   const LIST_KINDS = ['workouts', 'ecg', 'events'];
   const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
   const RECORDS_MAX_PAGES = 50;
@@ -10363,58 +10363,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // Ranges: what to ask for and the axis to draw it on
   // ---------------------------------------------------------------------------------
 
-  function bucketFor(days, kind) {
-    if (kind === 'total' || kind === 'average') {
-      if (days <= HOUR_MAX_DAYS) return 'hour';
-    }
-    return days <= DAY_MAX_DAYS ? 'day' : 'week';
-  }
-
-  /** What a view asks for. ``anchor``: {date, instant} of the metric's latest data in the
-   *  chosen zone (the date the server named); ``custom``: {from, to} dates, both shown;
-   *  ``span``: {first, last} instants of the metric (for All). Dates stay text; an hour
-   *  range is instants. Pure. */
-  function planView(opts) {
-    const kind = opts.kind;
-    const series = kind === 'total' || kind === 'average';
-    const range = opts.range;
-    if (range === 'custom' && opts.custom) {
-      const from = opts.custom.from;
-      const to = addDays(opts.custom.to, 1);
-      const bucket = bucketFor(daysBetween(from, to), kind);
-      return {
-        range: range, bucket: bucket, from: from, to: to,
-        axis: bucket === 'hour' ? 'hours' : 'dates',
-        slots: bucket === 'hour' ? null : dateSlots(from, to, bucket), t0: null, t1: null,
-      };
-    }
-    if (range === 'all') {
-      const span = opts.span || {};
-      const days = span.first !== undefined && span.last !== undefined
-        ? (span.last - span.first) / DAY_MS + 1 : Infinity;
-      const bucket = bucketFor(days, kind);
-      return {
-        range: range, bucket: bucket, from: null, to: null,
-        axis: bucket === 'hour' ? 'hours' : 'dates', slots: null, t0: null, t1: null,
-      };
-    }
-    const anchor = opts.anchor;
-    if (range === '24h' && series) {
-      const t1 = Math.floor(anchor.instant / HOUR) * HOUR + HOUR;
-      const t0 = t1 - 24 * HOUR;
-      return {
-        range: range, bucket: 'hour', from: isoZ(t0), to: isoZ(t1), axis: 'hours', slots: null,
-        t0: t0, t1: t1,
-      };
-    }
-    const days = RANGE_DAYS[range] || 7;
-    const to = addDays(anchor.date, 1);
-    const bucket = bucketFor(days, series ? 'day-only' : kind);
-    const from = bucket === 'week' ? mondayOf(addDays(to, -days)) : addDays(to, -days);
-    return {
-      range: range, bucket: bucket, from: from, to: to, axis: 'dates',
-      slots: dateSlots(from, to, bucket), t0: null, t1: null,
-    };
+  /** The server's plan of a view (GET /api/plan: the layer, bucket and bounds it chose for
+   *  the range) with what drawing it needs: the date slots of a range of dates, the instants
+   *  of a range of hours. The page decides none of it. Pure. */
+  function planOf(plan) {
+    const hours = plan.axis === 'hours' && !!plan.from && !isDate(plan.from);
+    return Object.assign({}, plan, {
+      slots: plan.axis === 'dates' && plan.from ? dateSlots(plan.from, plan.to, plan.bucket)
+        : null,
+      t0: hours ? instant(plan.from) : null,
+      t1: hours ? instant(plan.to) : null,
+    });
   }
 
   // ---------------------------------------------------------------------------------
@@ -10837,7 +10796,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ecg: null, // the start of the chosen ECG recording
     token: 0, // every view load takes a number; a reply to an older one is dropped
     controller: null,
-    anchors: {}, // "metric|layer|tz|last" -> {date, instant}
     shown: null, // what the chart shows, for redrawing on resize
     more: null, // loads the next page of the list shown
     journalNext: null,
@@ -11042,62 +11000,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** {date, instant} of the metric's latest data in the chosen zone, as the server dates
    *  it. */
-  async function anchorOf(metric, layer, signal) {
-    const key = [metric.metric, layer, state.tz, metric.last].join('|');
-    if (state.anchors[key]) return state.anchors[key];
-    const kind = metric.meaning.kind;
-    const last = metric.last;
-    let anchor = { date: isoZ(last).slice(0, 10), instant: last };
-    if (LIST_KINDS.indexOf(kind) >= 0) {
-      const data = await getJSON(query('/api/records', {
-        metric: metric.metric, tz: state.tz, limit: 1,
-      }), signal);
-      const item = data && data.items && data.items[0];
-      if (item) anchor = { date: item.date, instant: instant(item.start) };
-    } else if (kind === 'sleep') {
-      const data = await getJSON(query('/api/points', {
-        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
-        from: isoZ(last - 2 * DAY_MS), to: isoZ(last + 2 * DAY_MS),
-      }), signal);
-      const nights = (data && data.nights) || [];
-      if (nights.length) anchor = { date: nights[nights.length - 1].date, instant: last };
-    } else {
-      const data = await getJSON(query('/api/points', {
-        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
-        from: isoZ(last), to: isoZ(last + 1000),
-      }), signal);
-      const runs = (data && data.runs) || [];
-      const buckets = runs.length ? runs[runs.length - 1].buckets : [];
-      if (buckets.length) anchor = { date: buckets[buckets.length - 1].date, instant: last };
-    }
-    state.anchors[key] = anchor;
-    return anchor;
-  }
-
-  function layerOfLast(metric) {
-    let best = metric.layers[0];
-    metric.layers.forEach(function (l) {
-      if (instant(l.last) > instant(best.last)) best = l;
-    });
-    return best.layer;
-  }
-
   function setChart(values) {
     const chart = $('chart');
     Object.keys(values).forEach(function (k) {
       if (values[k] === null || values[k] === undefined) delete chart.dataset[k];
       else chart.dataset[k] = String(values[k]);
     });
-  }
-
-  function rangeText(plan) {
-    if (!plan.from) return 'all stored data';
-    if (plan.axis === 'hours' && !isDate(plan.from)) {
-      return '24 hours to ' + isoZ(instant(plan.to)).slice(11, 16) + ' UTC';
-    }
-    const last = addDays(plan.to, -1);
-    return plan.from === last ? formatDate(last)
-      : formatDate(plan.from) + ' – ' + formatDate(last);
   }
 
   function zoneText() {
@@ -11127,26 +11035,24 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     chart.setAttribute('aria-busy', 'true');
     try {
-      const needsAnchor = state.range !== 'all' && state.range !== 'custom';
-      const anchor = needsAnchor
-        ? await anchorOf(metric, state.layer || layerOfLast(metric), controller.signal) : null;
+      const custom = state.range === 'custom' && state.custom ? state.custom : null;
+      const plan = planOf(await getJSON(query('/api/plan', {
+        metric: metric.metric, range: state.range, tz: state.tz, layer: state.layer || null,
+        from: custom ? custom.from : null, to: custom ? custom.to : null,
+      }), controller.signal));
       if (!current()) return;
-      const plan = planView({
-        kind: kind, range: state.range, anchor: anchor, custom: state.custom,
-        span: { first: metric.first, last: metric.last },
-      });
       if (plan.from && isDate(plan.from) && !state.custom) {
         // the dates a switch to Custom starts from
         $('from').value = plan.from;
         $('to').value = addDays(plan.to, -1);
       }
-      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket,
-        from: plan.from, to: plan.to });
-      const meta = capitalise(rangeText(plan)) + ' · ' + zoneText() +
-        (metric.meaning.kind === 'total' ? ' · totals per ' + plan.bucket
-          : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
+      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket, from: plan.from,
+        to: plan.to, layer: plan.layer });
+      const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
       state.layerRead = null;
+      // the layer picked, if any: the server reads the same layer it planned, and fills a
+      // day the layer lacks from another (READ-2.8) only when none was picked
       const params = {
         metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
         tz: state.tz,
@@ -11158,11 +11064,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           params)), controller.signal);
         if (!current()) return;
         view = { kind: kind, metric: metric, plan: plan, data: data };
-        // the layer the server read (its choice for the range, or the one picked)
-        setChart({ layer: data.layer });
         state.layerRead = data.layer || null;
-        $('view-meta').textContent = meta + (data.layer ? ' · read from the ' + data.layer +
-          ' layer' : '');
         fillLayers();
       } else if (kind === 'workouts') {
         const items = await allRecords(params, controller.signal);
@@ -12780,7 +12682,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('journal-more').addEventListener('click', function () { loadJournal(true); });
     $('refresh').addEventListener('click', function () {
       // new deliveries may have brought new metrics and a later "latest data"
-      state.anchors = {};
       state.metrics = [];
       loadCatalog();
       loadJournal(false);
@@ -12811,7 +12712,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     window.healthlogTest = {
       dayNumber: dayNumber, dateOf: dateOf, addDays: addDays, daysBetween: daysBetween,
       weekdayOf: weekdayOf, mondayOf: mondayOf, dateSlots: dateSlots, isoZ: isoZ,
-      splitLocal: splitLocal, bucketFor: bucketFor, planView: planView,
+      splitLocal: splitLocal, planOf: planOf,
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,

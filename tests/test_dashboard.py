@@ -846,15 +846,38 @@ def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
     screenshot(page, "dashboard-dark.png")
 
 
-@pytest.mark.parametrize("metric, hours, every", [
-    ("step_count", True, "week"), ("heart_rate", True, "week"),
-    ("sleep_analysis", False, "day"), ("workouts", False, "day")])
-def test_read_10_1_every_range_draws_its_buckets(session, metric, hours, every):
-    """24 h, 1 y and All end on the latest data too, in the bucket their length asks for
-    (All: weeks for the three years of steps and heart rate, days for eight nights and
-    two months of workouts)."""
+def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
+    """WHEN the Sydney phone's Days steps are shown for two dates and for 7 days
+    THEN each date is one bar with that day's steps, never an hour, and the heading says the
+    metric arrives once a day on the short range."""
+    export = CORPUS.days["Australia/Sydney"]
+    steps = {p["date"][:10]: p["qty"] for p in export["step_count"]}
+    last = max(steps)
+    s = session(timezone="America/Sao_Paulo").sign_in()
+    first = (dt.date.fromisoformat(last) - dt.timedelta(days=1)).isoformat()
+    page = s.open(metric="step_count", range="custom", tz="local", **{"from": first,
+                                                                      "to": last})
+    assert page.get_attribute("#chart", "data-bucket") == "day"
+    assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
+        first: steps[first], last: steps[last]}
+    assert "arrives once a day" in page.text_content("#view-meta")
+    page = s.open(metric="step_count", range="7d", tz="local")
+    week = [(dt.date.fromisoformat(last) - dt.timedelta(days=n)).isoformat()
+            for n in range(6, -1, -1)]
+    assert page.get_attribute("#chart", "data-bucket") == "day"
+    assert {b["date"]: float(b["value"]) for b in buckets(page)} == {d: steps[d] for d in week}
+
+
+@pytest.mark.parametrize("metric, every", [
+    ("step_count", "week"), ("heart_rate", "week"), ("sleep_analysis", "day"),
+    ("workouts", "day")])
+def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
+    """24 h, 1 y and All end on the latest data too, in the bucket the server planned for
+    their length (All: weeks for the three years of steps and heart rate, days for eight
+    nights and two months of workouts). The latest steps and heart rate are the Sydney
+    phone's Days exports: their 24 hours are one day, never an hour (READ-17)."""
     s = session(timezone="Asia/Tokyo").sign_in()
-    for key, bucket in (("24h", "hour" if hours else "day"), ("1y", "week"), ("all", every)):
+    for key, bucket in (("24h", "day"), ("1y", "week"), ("all", every)):
         page = s.open(metric=metric, range=key, tz="local")
         shown = buckets(page)
         assert shown, (metric, key)

@@ -101,39 +101,29 @@ def test_read_10_14_local_times_are_read_as_written(js):
     assert js("formatDate", "2024-02-29") == "Thu, Feb 29, 2024"
 
 
-@pytest.mark.parametrize("days, kind, bucket", [
-    (1, "total", "hour"), (2, "average", "hour"), (3, "total", "day"), (1, "sleep", "day"),
-    (2, "workouts", "day"), (186, "total", "day"), (187, "average", "week"),
-    (365, "sleep", "week")])
-def test_read_10_14_the_bucket_follows_the_range(js, days, kind, bucket):
-    assert js("bucketFor", days, kind) == bucket
-
-
-def test_read_10_14_ranges_end_on_the_latest_date_the_server_named(js):
-    anchor = {"date": "2025-12-31", "instant": dt.datetime(
-        2025, 12, 30, 13, 0, tzinfo=dt.timezone.utc).timestamp() * 1000}
-    seven = js("planView", {"kind": "total", "range": "7d", "anchor": anchor})
-    assert (seven["bucket"], seven["from"], seven["to"]) == ("day", "2025-12-25", "2026-01-01")
-    assert seven["slots"] == ["2025-12-%02d" % d for d in range(25, 32)]
-    month = js("planView", {"kind": "average", "range": "30d", "anchor": anchor})
-    assert (month["from"], month["to"], len(month["slots"])) == ("2025-12-02", "2026-01-01", 30)
-    year = js("planView", {"kind": "total", "range": "1y", "anchor": anchor})
-    first = dt.date(2026, 1, 1) - dt.timedelta(days=365)
-    monday = first - dt.timedelta(days=first.weekday())
-    assert (year["bucket"], year["from"], year["to"]) == ("week", iso(monday), "2026-01-01")
-    assert year["slots"][0] == iso(monday) and year["slots"][-1] == "2025-12-29"
-    day = js("planView", {"kind": "total", "range": "24h", "anchor": anchor})
-    assert (day["bucket"], day["from"], day["to"]) == (
-        "hour", "2025-12-29T14:00:00Z", "2025-12-30T14:00:00Z")
-    night = js("planView", {"kind": "sleep", "range": "24h", "anchor": anchor})
-    assert (night["bucket"], night["from"], night["to"]) == ("day", "2025-12-31", "2026-01-01")
-    custom = js("planView", {"kind": "total", "range": "custom",
-                             "custom": {"from": "2023-11-05", "to": "2023-11-05"}})
-    assert (custom["bucket"], custom["from"], custom["to"], custom["axis"]) == (
-        "hour", "2023-11-05", "2023-11-06", "hours")
-    every = js("planView", {"kind": "total", "range": "all", "span": {
-        "first": 0, "last": 400 * 86400e3}})
-    assert (every["bucket"], every["from"], every["to"]) == ("week", None, None)
+def test_read_17_6_the_page_draws_the_servers_plan(js):
+    """planOf adds only what drawing needs to the server's plan: the date slots of a range
+    of dates (weeks from their Mondays), the instants of a range of hours; the bucket, the
+    layer and the bounds stay as the server chose them."""
+    week = js("planOf", {"range": "1y", "bucket": "week", "axis": "dates", "layer": "days",
+                         "from": "2024-12-30", "to": "2025-01-20"})
+    assert (week["bucket"], week["layer"]) == ("week", "days")
+    assert week["slots"] == ["2024-12-30", "2025-01-06", "2025-01-13"]
+    assert (week["t0"], week["t1"]) == (None, None)
+    days = js("planOf", {"range": "24h", "bucket": "day", "axis": "dates", "layer": "days",
+                         "from": "2025-03-10", "to": "2025-03-11"})
+    assert days["slots"] == ["2025-03-10"]
+    hours = js("planOf", {"range": "24h", "bucket": "hour", "axis": "hours",
+                          "layer": "minutes", "from": "2025-03-10T02:00:00Z",
+                          "to": "2025-03-11T02:00:00Z"})
+    start = dt.datetime(2025, 3, 10, 2, tzinfo=dt.timezone.utc).timestamp() * 1000
+    assert (hours["t0"], hours["t1"], hours["slots"]) == (start, start + 86400e3, None)
+    custom = js("planOf", {"range": "custom", "bucket": "hour", "axis": "hours",
+                           "layer": "minutes", "from": "2023-11-05", "to": "2023-11-06"})
+    assert (custom["t0"], custom["t1"], custom["slots"]) == (None, None, None)
+    every = js("planOf", {"range": "all", "bucket": "week", "axis": "dates", "layer": "days",
+                          "from": None, "to": None})
+    assert every["slots"] is None
 
 
 def test_read_10_14_hour_ticks_follow_the_phones_clock_across_dst(js):
