@@ -6570,8 +6570,8 @@ class GuessLimiter:
     def _lockout(failures: int) -> float:
         if failures < GUESSES_BEFORE_LOCKOUT:
             return 0.0
-        return min(GUESS_LOCKOUT_S * 2 ** (failures - GUESSES_BEFORE_LOCKOUT),
-                   GUESS_LOCKOUT_MAX_S)
+        doublings = min(failures - GUESSES_BEFORE_LOCKOUT, 32)  # a storm counts thousands
+        return min(GUESS_LOCKOUT_S * 2 ** doublings, GUESS_LOCKOUT_MAX_S)
 
     def refused_for(self, address: str) -> float:
         """Seconds for which wrong tokens from ``address`` are still answered 429."""

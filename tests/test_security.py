@@ -526,9 +526,10 @@ def test_rely_7_8_the_guess_limiter_delays_then_locks_out_and_forgets(monkeypatc
     assert limiter.refused_for("10.0.0.1") == 0  # hours later: a new burst, counted anew
     assert limiter.failed("10.0.0.1")[0] == 10
     assert limiter.refused_for("10.0.0.1") == healthlog.GUESS_LOCKOUT_S
-    for _ in range(20):
+    for _ in range(5000):  # a storm: every wrong token during the lockout counts
         limiter.failed("10.0.0.1")
     assert limiter.refused_for("10.0.0.1") == healthlog.GUESS_LOCKOUT_MAX_S
+    assert limiter.failed("10.0.0.1") == (5011, None)
     with limiter.waiting() as first, limiter.waiting() as second, limiter.waiting() as third:
         assert (first, second, third) == (True, True, False)
     with limiter.waiting() as again:
