@@ -5436,8 +5436,10 @@ def _record_nights(records: list, zone: Zone) -> list:
     less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its
     last end.  Every figure is the length of a union of intervals, so a record written
     twice, or two devices recording one night, count once: asleep is the union of the
-    asleep stages' records, in bed that of ``in_bed``, each stage that of its own; the
-    sleep is ``overlapping`` when its stages add up to more than its asleep union."""
+    asleep stages' records, in bed that of ``in_bed``, each stage that of its own, none of
+    them more than a day; the sleep is ``overlapping`` when its asleep records add up to
+    more than their union (a record written twice, two devices) or the union to more than
+    a day."""
     nights, group = [], []
     for record in sorted(records) + [None]:
         if group and (record is None or record[0] - max(r[1] for r in group) >= NIGHT_GAP_US):
@@ -5451,13 +5453,17 @@ def _record_nights(records: list, zone: Zone) -> list:
                       if stage != "in_bed"}
             asleep_spans = [span for stage in ASLEEP_STAGES for span in spans.get(stage, ())]
             asleep = _union_hours(asleep_spans) if asleep_spans else None
-            overlapping = asleep is not None and sum(
-                stages.get(stage, 0.0) for stage in ASLEEP_STAGES) > asleep + SLEEP_SLACK_H
-            nights.append(Night(local_ordinal(last[1], end_offset), last[1], end_offset,
-                                first[0], zone.point_offset(first[4], first[0]), asleep,
-                                _union_hours(spans["in_bed"]) if "in_bed" in spans else None,
-                                stages, "records", overlapping,
-                                _union_hours([(r[0], r[1]) for r in group])))
+            said = sum(end - start for start, end in asleep_spans) / HOUR_US
+            in_bed = _union_hours(spans["in_bed"]) if "in_bed" in spans else None
+            overlapping = asleep is not None and (said > asleep + SLEEP_SLACK_H
+                                                  or asleep > SLEEP_MAX_H)
+            nights.append(Night(
+                local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
+                zone.point_offset(first[4], first[0]),
+                None if asleep is None else min(asleep, SLEEP_MAX_H),
+                None if in_bed is None else min(in_bed, SLEEP_MAX_H),
+                {stage: min(hours, SLEEP_MAX_H) for stage, hours in stages.items()},
+                "records", overlapping, _union_hours([(r[0], r[1]) for r in group])))
             group = []
         if record is not None:
             group.append(record)
@@ -5607,7 +5613,8 @@ def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
 def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
     buckets = sleep_buckets(nights, query)
     stages = [stage for stage in STAGE_ORDER if any(stage in item["stages"] for item in buckets)]
-    columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
+    columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
+        "unspecified" if stage == "asleep" else stage for stage in stages]  # one name each
     if query.bucket == "day":
         columns += ["sleep_start", "sleep_end", "form"]
     columns += ["overlapping", "naps", "nap_hours"]

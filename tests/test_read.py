@@ -49,8 +49,8 @@ from conftest import ROOT, TOKEN, Client, assert_no_leaks, db_rows, wait_for
 from read_helpers import (Reply, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_range,
                           instant_us, iso_local, nights_by_date, numeric, raw_start, read_csv,
-                          runs_of, serve_corpus, Store, pending, utc_iso, week_items,
-                          night_items, written)
+                          runs_of, serve_corpus, sleep_dates, Store, pending, utc_iso,
+                          week_items, night_items, written)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -517,7 +517,7 @@ def test_read_3_3_a_bucket_never_mixes_units(store):
 def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bucket, tz):
     """The corpus's four nights of stage records (in bed from the phone, stages from the
     watch, one across the change to daylight time on 2024-03-10): one night on each morning,
-    stage hours the sums of the records' ``qty``, asleep the union of the asleep records."""
+    each stage's hours the seconds its records cover, asleep those of the asleep records."""
     reply = get_json(store.address, "/api/points", metric="sleep_analysis", bucket=bucket,
                      tz=tz)
     assert (reply["layer"], reply["tz"], reply["units"]) == ("record", tz, "hr")
@@ -528,9 +528,10 @@ def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bu
         assert_nights_equal(reply["nights"], night_items(by_date, tz))
         assert [n["date"] for n in reply["nights"]] == ["2024-03-%02d" % d
                                                         for d in (9, 10, 11, 12)]
-        assert all(n["count"] == 1 and n["asleep"] > 5 for n in reply["nights"])
+        assert all(n["count"] == 1 and n["asleep"] > 5 and not n["overlapping"]
+                   and n["naps"] == [] for n in reply["nights"])
     else:
-        assert_nights_equal(reply["nights"], week_items(by_date), week=True)
+        assert_nights_equal(reply["nights"], week_items(by_date, tz), week=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,11 +564,13 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
         keys += [k for k in point if k not in keys]
     assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date"] + keys
     assert len(rows) == 1 + len(items)
+    wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
     for row, (point, units) in zip(rows[1:], items):
         start, end, _ = coordinate(point)
         moment = written(raw_start(point))  # the local start and date as the point wrote them
+        date = wake_days.get(coordinate(point), moment.date())  # sleep: its wake day
         assert row[:5] == [iso(start), iso(end), units or "", iso_local(moment),
-                           moment.date().isoformat()]
+                           date.isoformat()]
         for key, cell in zip(keys, row[5:]):
             if key in point:
                 assert_cell(cell, point[key])
@@ -575,6 +578,15 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
                 assert cell == "", (key, row)
     if metric == "heart_rate":  # across the change to daylight time: both offsets, as written
         assert {row[3][-6:] for row in rows[1:]} == {"-08:00", "-07:00"}
+    if metric == "sleep_analysis":  # the records of each night before midnight: its morning
+        assert any(row[4] != row[3][:10] for row in rows[1:])
+
+
+def sleep_points_dates(items: list) -> dict:
+    """coordinate -> the wake day a sleep point is exported on (READ-12.5)."""
+    points = [p for p, _ in items]
+    return sleep_dates([p for p in points if "value" not in p],
+                       [p for p in points if "value" in p])
 
 
 def test_read_4_1_raw_csv_in_another_zone_and_a_key_named_like_a_column(start_service):
@@ -636,10 +648,11 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
     query = dict(metric="sleep_analysis", bucket="day", tz=tz)
     want = get_json(store.address, "/api/points", **query)
     rows = read_csv(get(store.address, "/api/points", format="csv", **query))
-    stages = sorted({s for n in want["nights"] for s in n["stages"]})
-    assert stages == ["awake", "core", "deep", "rem"]
+    stages = {s for n in want["nights"] for s in n["stages"]}
+    assert stages == {"awake", "core", "deep", "rem"}
+    stages = ["deep", "core", "rem", "awake"]  # deepest first, as drawn; awake last
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
-        stages + ["sleep_start", "sleep_end", "form"]
+        stages + ["sleep_start", "sleep_end", "form", "overlapping", "naps", "nap_hours"]
     assert len(rows) == 1 + len(want["nights"]) == 5
     for row, night in zip(rows[1:], want["nights"]):
         cells = dict(zip(rows[0], row))
@@ -652,9 +665,12 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
             assert close(float(cells[key]), night[key]), key
         for stage in stages:
             assert close(float(cells[stage] or 0), night["stages"].get(stage, 0.0)), stage
+        assert (cells["overlapping"], cells["naps"], cells["nap_hours"]) == (
+            str(int(night["overlapping"])), str(len(night["naps"])), ""), cells
     weeks = read_csv(get(store.address, "/api/points", format="csv", bucket="week",
                          metric="sleep_analysis", tz=tz))
-    assert weeks[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
+    assert weeks[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
+        stages + ["overlapping", "naps", "nap_hours"]
 
 
 FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",
@@ -1375,8 +1391,9 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             items = store.corpus.points(metric, layer)
             assert len(rows) == len(items)
             pairs = list(zip(rows, items))
+            wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
             for row, (point, units) in pairs[:40] + pairs[-40:]:
-                assert_export_row(row, point, units)
+                assert_export_row(row, point, units, wake_days.get(coordinate(point)))
         # the local start and date as each point wrote them, both offsets of the DST change
         offsets = {r[0][-6:] for r in conn.execute(
             "SELECT local_start FROM points WHERE metric = 'heart_rate'")}
@@ -1390,12 +1407,15 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
         conn.close()
 
 
-def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str]) -> None:
+def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
+                      wake_day: Optional[dt.date] = None) -> None:
+    """One row of the SQLite export against the point posted; ``wake_day``: a sleep point's
+    date (READ-12.5), else the date its start was written on."""
     start, end, _ = coordinate(point)
     assert (row["start"], row["end"], row["units"]) == (iso(start), iso(end), units), dict(row)
     moment = written(raw_start(point))
-    assert (row["local_start"], row["local_date"]) == (iso_local(moment),
-                                                       moment.date().isoformat()), dict(row)
+    assert (row["local_start"], row["local_date"]) == (
+        iso_local(moment), (wake_day or moment.date()).isoformat()), dict(row)
     for column, keys in (("qty", ("qty",)), ("min", ("min", "Min")), ("avg", ("avg", "Avg")),
                          ("max", ("max", "Max"))):
         given = [point[k] for k in keys if numeric(point.get(k))]

@@ -45,10 +45,10 @@ import pytest
 import hae_factory as hf
 from conftest import ROOT, assert_no_leaks, db_rows, wait_for
 from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
-                          assert_nights_equal, call, get, get_json, in_zone, instant_us,
-                          iso_local, local_midnight_us, night_items, nights_by_date, raw_start,
-                          read_csv, runs_of, serve_corpus, Store, utc_iso, week_items,
-                          written)
+                          assert_nights_equal, call, close, coordinate, get, get_json, in_zone,
+                          instant_us, iso_local, local_midnight_us, night_items, nights_by_date,
+                          raw_start, read_csv, runs_of, serve_corpus, sleep_dates, Store,
+                          utc_iso, week_items, written)
 
 SEED = 2025
 SLEEP_SEED = 41
@@ -526,11 +526,17 @@ def test_read_12_1_every_summary_form_gives_its_night_on_its_morning(store, tz):
     want = night_items(nights_by_date(summaries, [], tz), tz)
     assert [n["date"] for n in want] == ["2025-01-%02d" % d for d in range(1, 32)]
     assert_nights_equal(reply["nights"], want)
-    assert all(n["count"] == 1 and n["form"] == "summary" for n in reply["nights"])
+    assert all(n["count"] == 1 and n["form"] == "summary" and not n["overlapping"]
+               and n["naps"] == [] for n in reply["nights"])
     for night, point in zip(reply["nights"], summaries):
         assert night["date"] == point["sleepEnd"][:10]  # its morning, whatever `date` says
         if "totalSleep" in point:  # (c): asleep is totalSleep, not the 0 beside it
             assert night["asleep"] == point["totalSleep"] and point["asleep"] == 0
+        elif "core" in point:  # (b): asleep is only the unspecified minutes beside stages
+            assert point["asleep"] < 1 and close(night["asleep"], point["asleep"] + point[
+                "core"] + point["deep"] + point["rem"], 1e-9), (night, point)
+        else:  # (a): asleep alone
+            assert night["asleep"] == point["asleep"]
     # the same nights by bucketing on `date` would put two on some days and none on others
     naive = {p["date"][:10] for p in summaries}
     assert naive != {n["date"] for n in reply["nights"]}
@@ -557,11 +563,17 @@ def test_read_12_2_stage_records_give_one_night_per_morning(store, bucket):
     assert counts.pop("2025-03-06") == 2  # the morning's night and the afternoon's nap
     assert set(counts.values()) == {1}  # every other morning: one night
     nights = {n["date"]: n for n in reply["nights"]}
+    [nap] = nights["2025-03-06"]["naps"]  # beside the night, never in it
+    assert (nap["sleep_start"], nap["sleep_end"]) == ("2025-03-06T14:10:00-05:00",
+                                                      "2025-03-06T14:50:00-05:00"), nap
+    assert close(nap["asleep"], 38 / 60) and nights["2025-03-06"]["asleep"] > 4
     two = nights["2025-03-07"]  # a watch and a sleep app: asleep is the union, not the sum
     app = [p for p in records if p.get("source") == hf.SLEEP_APP]
     assert app and two["asleep"] < sum(p["qty"] for p in records if p["endDate"][:10] ==
                                        "2025-03-07" and p["value"] in ("Core", "Deep", "REM",
                                                                        "Asleep"))
+    assert two["overlapping"] and not any(n["overlapping"] for d, n in nights.items()
+                                          if d != "2025-03-07")
     assert nights["2025-03-09"]["sleep_end"].endswith("-04:00")  # the change to daylight time
     assert nights["2025-03-09"]["sleep_start"].endswith("-05:00"), nights["2025-03-09"]
 
@@ -605,7 +617,8 @@ def test_read_12_3_a_night_summarised_while_it_ran_and_again_counts_once(store):
     reply = sleep_reply(store, "2025-08-05", "2025-08-06")
     [night] = reply["nights"]
     assert (night["date"], night["count"]) == ("2025-08-05", 1), night
-    assert night["asleep"] in (early["totalSleep"], morning["totalSleep"]), night
+    assert night["asleep"] == morning["totalSleep"], night  # the summary of the latest end
+    assert night["sleep_end"][:19] == morning["sleepEnd"][:19].replace(" ", "T"), night
 
 
 def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
@@ -628,7 +641,8 @@ def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
                                                                    sleep["records"])), week=True)
     rows = read_csv(get(store.address, "/api/points", metric="sleep_analysis", bucket="day",
                         format="csv", from_="2025-04-07", to="2025-04-14"))
-    assert [row[-1] for row in rows[1:]] == [n["form"] for n in reply["nights"]]
+    assert [row[rows[0].index("form")] for row in rows[1:]] == [n["form"] for n in
+                                                               reply["nights"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,10 +688,17 @@ def test_read_8_3_the_sqlite_export_keeps_each_points_local_start_and_date(store
             items = store.corpus.points(metric, layer)
             assert len(rows) == len(items), metric
             got = sorted(rows)
+            date_of = {}  # a point's date as written; a sleep point's wake day (READ-12.5)
+            if metric == "sleep_analysis":
+                points = [p for p, _ in items]
+                date_of = sleep_dates([p for p in points if "value" not in p],
+                                      [p for p in points if "value" in p])
             want = sorted((utc_iso(instant_us(raw_start(p))),
                            utc_iso(instant_us(p.get("end") or p.get("endDate")
                                               or raw_start(p))),
-                           iso_local(written(raw_start(p))), raw_start(p)[:10])
+                           iso_local(written(raw_start(p))),
+                           date_of[coordinate(p)].isoformat() if date_of
+                           else raw_start(p)[:10])
                           for p, _ in items)
             assert got == want, metric
         days = conn.execute("SELECT local_date, count(*) FROM points WHERE metric ="

@@ -186,7 +186,7 @@ class Corpus:
 
     def night(self, wake: dt.date):
         """Last night by the rules of its form: a summary is on the date of its sleepEnd,
-        asleep is totalSleep, else asleep, else core + deep + rem; stage records on the
+        asleep is HAE's total (totalSleep, else asleep + core + deep + rem); stage records on the
         date of their last end, asleep the asleep segments (they do not overlap here), in
         bed the in-bed record, stages the records' qty; bed and wake the sleep's start and
         end (the first start and last end of the records)."""
@@ -196,7 +196,9 @@ class Corpus:
         if form != "d":
             p = points[0]
             assert day(p["sleepEnd"]) == wake
-            asleep = p.get("totalSleep") or p.get("asleep") or sum(
+            # HAE's own total: totalSleep when sent, else the unstaged "asleep" plus the
+            # stages (its "asleep" beside stages is only what the watch left unstaged)
+            asleep = p["totalSleep"] if "totalSleep" in p else p.get("asleep", 0) + sum(
                 p.get(k, 0) for k in ("core", "deep", "rem"))
             return {"asleep": asleep, "in_bed": p["inBed"], "start": local_iso(p["sleepStart"]),
                     "end": local_iso(p["sleepEnd"]),
