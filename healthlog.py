@@ -4667,12 +4667,13 @@ class PointQuery:
     metric: str
     layer: str
     start: Optional[int] = None  # UTC µs, inclusive
-    end: Optional[int] = None  # UTC µs, exclusive
+    end: Optional[int] = None  # UTC µs, exclusive (a date-only ``to``: the next midnight)
     bucket: Optional[str] = None
     zone: Zone = LOCAL_ZONE
     fmt: str = "json"
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
+    # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
     fill: tuple = ()  # day and week buckets without a layer asked: each day from the
     # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
 
@@ -4736,9 +4737,12 @@ _DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
 
 
 def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
-    """(instant, local date ordinal) of ``from``/``to``.  A date alone is local midnight in
-    ``zone``; with ``tz=local`` it is that date as written in each point, and the instant
-    only narrows the objects read (:data:`MAX_OFFSET_S` around UTC midnight)."""
+    """(instant, local date ordinal) of ``from``/``to``.  A date alone is a whole local day
+    in ``zone``: ``from`` starts at its midnight, ``to`` includes it (the range ends at the
+    next midnight), as the page's "To" field and ``export --to`` mean it; with
+    ``tz=local`` it is that date as written in each point, and the instant only narrows
+    the objects read (:data:`MAX_OFFSET_S` around UTC midnight).  An instant ``to`` is
+    exclusive."""
     match = _DATE_ONLY_QUERY.fullmatch(text or "")
     if not match:
         return _query_time(name, text), None
@@ -4746,6 +4750,10 @@ def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tu
         ordinal = _dt.date(*map(int, match.groups())).toordinal()
     except ValueError:
         raise BadRequest("%s is not a date" % name) from None
+    if is_end:
+        if ordinal == _dt.date.max.toordinal():
+            return None, None  # to the end of the calendar: no end at all
+        ordinal += 1  # the day after: ``to`` includes its own day
     if zone is LOCAL_ZONE:
         midnight = (ordinal - _EPOCH_ORDINAL) * 86400
         return (midnight + (MAX_OFFSET_S if is_end else -MAX_OFFSET_S)) * US, ordinal
@@ -4889,7 +4897,7 @@ def _head(query: PointQuery) -> dict:
         head["bucket"] = query.bucket
     head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
                     if query.day_from is not None else _instant_or_null(query.start))
-    head["to"] = (_dt.date.fromordinal(query.day_to).isoformat()
+    head["to"] = (_dt.date.fromordinal(query.day_to - 1).isoformat()  # the last day, as asked
                   if query.day_to is not None else _instant_or_null(query.end))
     return head
 
@@ -5730,8 +5738,9 @@ def _spark(values: dict, day: int) -> list:
 
 
 def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
+    """A card's range as a query takes it: ``from`` and ``to`` both included."""
     return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
-            "to": _dt.date.fromordinal(day + 1).isoformat()}
+            "to": _dt.date.fromordinal(day).isoformat()}
 
 
 def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
@@ -5884,7 +5893,7 @@ def _week_of_workouts(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         return []
     return records(conn, {"metric": "workouts", "tz": zone.name, "limit": "100",
                           "from": _dt.date.fromordinal(day - 6).isoformat(),
-                          "to": _dt.date.fromordinal(day + 1).isoformat()})["items"]
+                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -9217,8 +9226,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layer", help="its layer (default: the one that answers the range"
                         " best, as /api/points chooses)")
     export.add_argument("--from", dest="start", metavar="TIME",
-                        help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
-    export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
+                        help="first point start (ISO-8601, YYYY-MM-DD or epoch; a date"
+                             " starts at its local midnight)")
+    export.add_argument("--to", dest="end", metavar="TIME",
+                        help="end of the range: a date alone (YYYY-MM-DD) includes that"
+                             " local day; a time is exclusive")
     export.add_argument("--bucket", choices=tuple(BUCKETS), help="aggregate per bucket")
     export.add_argument("--tz", metavar="ZONE",
                         help="local time of days and hours: local (default: as the phone wrote"
@@ -10791,9 +10803,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
       $('view-meta').textContent = meta;
       state.layerRead = null;
+      // a date-only `to` includes its day on the server: the plan's day after is not sent
       const params = {
-        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
-        tz: state.tz,
+        metric: metric.metric, layer: state.layer || null, from: plan.from,
+        to: isDate(plan.to) ? addDays(plan.to, -1) : plan.to, tz: state.tz,
       };
       setCsv(params, plan, kind);
       let view;
@@ -11732,14 +11745,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ['workouts', 'Workouts'], ['other', 'Also recorded'],
   ];
 
-  /** The metric view's address for a card's link {metric, from, to}: ``to`` is the day
-   *  after the range, as the server writes it; the view's two dates are both shown. */
+  /** The metric view's address for a card's link {metric, from, to}: both dates are in
+   *  the range, as the server writes them, and both are shown. */
   function linkHash(link, tz) {
     const params = new URLSearchParams();
     params.set('metric', link.metric);
     params.set('range', 'custom');
     params.set('from', link.from);
-    params.set('to', addDays(link.to, -1));
+    params.set('to', link.to);
     params.set('tz', tz || 'local');
     return '#' + params.toString();
   }
@@ -11979,7 +11992,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   function workoutsCard(items, day) {
-    const link = { metric: 'workouts', from: addDays(day, -6), to: addDays(day, 1) };
+    const link = { metric: 'workouts', from: addDays(day, -6), to: day };
     const node = cardShell('workouts-card wide', link, 'Workouts, ' + formatDate(link.from,
       'short') + ' – ' + formatDate(day, 'short'));
     let seconds = 0;

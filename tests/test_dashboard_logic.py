@@ -195,19 +195,19 @@ def test_read_10_14_the_page_chooses_no_layer(js):
 
 
 def test_read_16_3_a_cards_link_is_the_metric_views_address(js):
-    """A card's link {metric, from, to} (``to`` the day after, as the server writes it)
-    opens the metric view on those dates, both shown; the summary's own address keeps a
-    chosen day and a zone other than the phone's."""
+    """A card's link {metric, from, to} (both dates in the range, as the server writes it
+    and as a date-only ``to`` is read) opens the metric view on those dates, both shown;
+    the summary's own address keeps a chosen day and a zone other than the phone's."""
     import urllib.parse
-    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-11"}
+    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-10"}
     hash_ = js("linkHash", link, "local")
     assert hash_.startswith("#")
     assert dict(urllib.parse.parse_qsl(hash_[1:])) == {
         "metric": "step_count", "range": "custom", "from": "2025-02-25", "to": "2025-03-10",
         "tz": "local"}
     # a month's end and a DST day are days like any other
-    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-03-01"}), "UTC")
-    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-10"}), "local")
+    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-02-29"}), "UTC")
+    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-09"}), "local")
     assert js("summaryHash", None, "local") == "#view=summary"
     assert js("summaryHash", "2025-03-09", "local") == "#view=summary&date=2025-03-09"
     assert js("summaryHash", "2025-03-09", "Europe/Berlin") == \

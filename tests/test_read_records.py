@@ -259,7 +259,7 @@ def test_read_14_1_workouts_of_both_versions(store, limit):
     late = next(i for i in tokyo["items"] if i["name"] == "Outdoor Cycling")
     assert (late["local_start"][:16], late["date"]) == ("2025-05-13T10:30", "2025-05-13")
     ranged = get_json(store.address, "/api/records", metric="workouts", from_="2025-05-10",
-                      to="2025-05-12")
+                      to="2025-05-11")  # both days included
     assert [i["name"] for i in ranged["items"]] == ["Running", "Outdoor Walk"]
 
 
