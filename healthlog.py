@@ -4660,6 +4660,24 @@ def catalog(conn: sqlite3.Connection) -> list:
                 " FROM object GROUP BY metric, layer ORDER BY metric, layer")]
 
 
+def catalog_local(conn: sqlite3.Connection, item: dict) -> tuple:
+    """(first, last) of a catalog entry as local ISO-8601 text with its offset, as the phone
+    wrote them: each the start of the first and of the last point, in the offset its own
+    timestamp was written in (``tz=local``, :meth:`Zone.point_offset`, as ``/api/points``
+    and ``/api/records`` place a point).  Reads the object of each of the two only."""
+    bounds = []
+    for text, last in ((item["first"], False), (item["last"], True)):
+        second = parse_time(text) // US * US
+        query = PointQuery(item["metric"], item["layer"], second, second + US)
+        found = None
+        for _, coord, point in iter_points(conn, query):
+            found = (coord[0], LOCAL_ZONE.point_offset(raw_start(point), coord[0]))
+            if not last:
+                break
+        bounds.append(None if found is None else local_iso(*found))
+    return tuple(bounds)
+
+
 @dataclass(frozen=True)
 class PointQuery:
     """What ``/api/points`` and ``healthlog export`` were asked, checked."""
@@ -8973,11 +8991,16 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
 
 def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     """``healthlog catalog``: what ``/api/catalog`` answers, as a table or as JSON (the
-    metric names ``export --metric`` takes).  Only reads."""
+    metric names ``export --metric`` takes).  The table's first and last are local times
+    as the phone wrote them (:func:`catalog_local`), to the minute with their offset: a
+    day in Sydney is not shown as the UTC day before.  Only reads, in one snapshot."""
     out = out or sys.stdout
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
+        conn.execute("BEGIN")  # the bounds and the points they name agree
         items = catalog(conn)
+        local = [] if as_json else [catalog_local(conn, item) for item in items]
+        conn.execute("COMMIT")
     finally:
         conn.close()
     if as_json:
@@ -8986,10 +9009,15 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     if not items:
         out.write("the store is empty: nothing has been folded yet\n")
         return 0
+
+    def minute(text: Optional[str]) -> str:
+        return "-" if text is None else text[:16] + text[19:]  # 2025-04-15T00:00-04:00
+
     rows = [("METRIC", "LAYER", "UNITS", "FIRST", "LAST", "POINTS", "WHAT")] + [
-        (item["metric"], item["layer"], ",".join(item["units"]) or "-", item["first"][:16],
-         item["last"][:16], "{:,}".format(item["points"]),
-         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"])) for item in items]
+        (item["metric"], item["layer"], ",".join(item["units"]) or "-", minute(first),
+         minute(last), "{:,}".format(item["points"]),
+         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"]))
+        for item, (first, last) in zip(items, local)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         line = "  ".join(cell.ljust(width) if i != 5 else cell.rjust(width)
@@ -9207,7 +9235,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          " /api/ingest/<name>)")
 
     listing = commands.add_parser("catalog", help="what the store holds: each metric and"
-                                  " layer with its units, first and last point, and points")
+                                  " layer with its units, first and last point (local time"
+                                  " as the phone wrote it), and points")
     data_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON, as /api/catalog")
 
