@@ -8971,6 +8971,9 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
             return _export_to_file(conn, args.output)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
+        if not args.metric:  # the route's message names /api/catalog; here, the command
+            raise ConfigError("--metric is required; `healthlog catalog` lists the metrics"
+                              " there are (or --format sqlite OUT.db exports them all)")
         try:
             query = point_query(conn, {"metric": args.metric, "layer": args.layer,
                                        "from": args.start, "to": args.end,
@@ -9251,7 +9254,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_option(export)
     export.add_argument("output", nargs="?", metavar="OUT.db",
                         help="the SQLite file to create (with --format sqlite)")
-    export.add_argument("--metric", help="the metric, as /api/catalog names it")
+    export.add_argument("--metric", help="the metric, as `healthlog catalog` names it")
     export.add_argument("--layer", help="its layer (default: the one that answers the range"
                         " best, as /api/points chooses)")
     export.add_argument("--from", dest="start", metavar="TIME",

@@ -1,6 +1,6 @@
 """READ-1.3, 1.4: `healthlog catalog` prints what /api/catalog answers, beside a running
-serve, its first and last in the phone's own local time, and `export` of an unknown metric
-points to it (openspec/specs/read/spec.md)."""
+serve, its first and last in the phone's own local time; READ-8.6: `export`'s errors point
+to it, not to /api/catalog (openspec/specs/read/spec.md)."""
 
 import datetime as dt
 import json
@@ -103,3 +103,24 @@ def test_read_1_4_the_catalog_table_shows_first_and_last_as_the_phone_wrote_them
                                        minute_as_written(minutes[-1]["date"])]
     assert rows["heart_rate"][3:5] == ["2025-03-09T01:58-05:00", "2025-03-09T03:01-04:00"]
 
+
+def test_read_8_6_export_errors_name_the_catalog_command(start_service, data_dir):
+    """On the command line the errors that lead to the metric names point to `healthlog
+    catalog`; the route's own message keeps /api/catalog."""
+    service = start_service()
+    client = Client(*service.address)
+    steps = [{"date": "2025-04-15 00:%02d:00 -0400" % m, "qty": 5} for m in range(2)]
+    assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+        "step_count", steps, "count")])), headers={"automation-aggregation": "Minutes"})[0] == 200
+    wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed", what="the fold")
+    for args in ((), ("--metric", ""), ("--format", "csv"), ("--metric", "no_such_metric"),
+                 ("--metric=no_such_metric", "--format", "csv")):
+        result = run_cli("export", "--data", data_dir, *args)
+        assert result.returncode == 2 and result.stdout == "", (args, result)
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, args
+        assert "`healthlog catalog`" in result.stderr and "/api/" not in result.stderr, (
+            args, result.stderr)
+    status, answer = client.request("GET", "/api/points")
+    assert status == 400 and "/api/catalog" in answer["error"]["message"]
+    status, answer = client.request("GET", "/api/points?metric=no_such_metric")
+    assert status == 404 and "/api/catalog" in answer["error"]["message"]
