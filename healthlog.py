@@ -9082,6 +9082,8 @@ def collect_status(config: Config) -> dict:
     oldest_age = None if age is None else round(age, 1)
     return {
         "data": str(config.data_dir),
+        "all_folded": counts["pending"] == 0,
+        "folded": fold_line(counts, age),
         "deliveries": counts,
         "backlog": counts["pending"],
         "oldest_pending": oldest,
@@ -9099,6 +9101,24 @@ def collect_status(config: Config) -> dict:
         "recent_problems": problems,
         "fingerprint": fp,
     }
+
+
+def fold_line(counts: dict, oldest_age_s: Optional[float]) -> str:
+    """Whether everything received is folded, in one line: ``all 1,234 deliveries folded``
+    or ``12 deliveries waiting to be folded (oldest 3m05s)``.  A failed delivery is folded
+    (it waits for nothing; the line says how many failed)."""
+    total, waiting = sum(counts.values()), counts.get("pending", 0)
+    if not total:
+        return "nothing received yet"
+    if waiting:
+        return "{:,} {} waiting to be folded (oldest {})".format(
+            waiting, "delivery" if waiting == 1 else "deliveries",
+            _duration(max(0.0, oldest_age_s or 0.0)))
+    failed = counts.get("failed", 0)
+    if total == 1:
+        return "the only delivery is folded" + (" (it failed)" if failed else "")
+    return "all {:,} deliveries folded".format(total) + (
+        ", {:,} of them failed".format(failed) if failed else "")
 
 
 def worth_retrying(error: Optional[str]) -> bool:
@@ -9123,6 +9143,7 @@ def format_status(status: dict) -> str:
     age = status["oldest_pending_age_s"]
     lines = [
         "data: %s" % status["data"],
+        status["folded"],
         "deliveries: %d (%s)" % (sum(counts.values()),
                                  ", ".join("%s %d" % item for item in counts.items())),
         "backlog: %d%s" % (status["backlog"],
