@@ -4942,7 +4942,8 @@ def render_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes
         runs = bucket_runs(conn, query)
         pieces = _bucket_csv(runs, query) if query.fmt == "csv" else _bucket_json(runs, query)
     elif query.fmt == "csv":
-        pieces = _raw_csv(conn, query)
+        pieces = (_ecg_csv(conn, query) if meaning_of(query.metric).kind == "ecg"
+                  else _raw_csv(conn, query))
     else:
         pieces = _raw_json(conn, query)
     return _chunked(pieces)
@@ -5049,6 +5050,55 @@ RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
 """The columns raw CSV puts before the point's own keys (a key of the same name gets a
 trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
 (the query's ``tz``; ``local``: as the phone wrote it) with its date."""
+
+
+ECG_CSV_COLUMNS = ("recording_start", "recording_local_start", "recording_local_date",
+                   "sample", "offset_s", "voltage", "units")
+"""Raw CSV of ECG recordings: one row per voltage sample, not one per recording (a 30 s
+recording at 512 Hz is 15,360 samples, as JSON some 700,000 characters: a spreadsheet cuts
+a cell at 32,767).  The recording's start in UTC, in local time (the query's ``tz``) and
+its local date; the sample's index in the order measured (from 0, as ``/api/ecg`` lists the
+voltages); its time in seconds from the recording's start (its ``date`` minus the start, or
+without a readable ``date`` its index divided by ``samplingFrequency``; empty without
+either); its voltage and units as sent (HAE: µV, ``mcV``).  A recording without samples is
+one row with the last four empty."""
+
+
+def ecg_readings(point: dict) -> list:
+    """(instant µs or None, reading) of each sample of an ECG recording with a numeric
+    ``voltage``, in the order measured: by ``date``, those without a readable one first, as
+    sent (a stable sort)."""
+    samples = point.get("voltageMeasurements")
+    readings = [(parse_time(item.get("date")), item)
+                for item in (samples if type(samples) is list else ())
+                if type(item) is dict and type(item.get("voltage")) in (int, float)]
+    readings.sort(key=lambda pair: pair[0] or 0)
+    return readings
+
+
+def _ecg_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    zone = query.zone
+
+    def rows() -> Iterator[list]:
+        yield list(ECG_CSV_COLUMNS)
+        for _, coord, point in iter_points(conn, query):
+            offset = zone.point_offset(raw_start(point), coord[0])
+            recording = [format_instant(coord[0]), local_iso(coord[0], offset),
+                         _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()]
+            frequency = point.get("samplingFrequency")
+            if type(frequency) not in (int, float) or not frequency > 0:
+                frequency = None
+            readings = ecg_readings(point)
+            if not readings:
+                yield recording + ["", "", "", ""]
+            for index, (instant, item) in enumerate(readings):
+                units = item.get("units")
+                yield recording + [
+                    index, (instant - coord[0]) / US if instant is not None
+                    else index / frequency if frequency else None,
+                    item["voltage"], units if type(units) is str else ""]
+
+    yield from _csv_lines(rows())
 
 
 @dataclass
@@ -5603,11 +5653,7 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     zone = parse_zone(args.get("tz"))
     query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
     for _, coord, point in iter_points(conn, query):
-        samples = point.get("voltageMeasurements")
-        samples = samples if type(samples) is list else []
-        readings = sorted((item for item in samples if type(item) is dict
-                           and type(item.get("voltage")) in (int, float)),
-                          key=lambda item: parse_time(item.get("date")) or 0)
+        readings = [item for _, item in ecg_readings(point)]
         units = {item.get("units") for item in readings if type(item.get("units")) is str}
         offset = zone.point_offset(raw_start(point), coord[0])
         return dict(ecg_item(point, coord), start=format_instant(coord[0]),
