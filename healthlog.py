@@ -4661,6 +4661,24 @@ def catalog(conn: sqlite3.Connection) -> list:
                 " FROM object GROUP BY metric, layer ORDER BY metric, layer")]
 
 
+def catalog_local(conn: sqlite3.Connection, item: dict) -> tuple:
+    """(first, last) of a catalog entry as local ISO-8601 text with its offset, as the phone
+    wrote them: each the start of the first and of the last point, in the offset its own
+    timestamp was written in (``tz=local``, :meth:`Zone.point_offset`, as ``/api/points``
+    and ``/api/records`` place a point).  Reads the object of each of the two only."""
+    bounds = []
+    for text, last in ((item["first"], False), (item["last"], True)):
+        second = parse_time(text) // US * US
+        query = PointQuery(item["metric"], item["layer"], second, second + US)
+        found = None
+        for _, coord, point in iter_points(conn, query):
+            found = (coord[0], LOCAL_ZONE.point_offset(raw_start(point), coord[0]))
+            if not last:
+                break
+        bounds.append(None if found is None else local_iso(*found))
+    return tuple(bounds)
+
+
 @dataclass(frozen=True)
 class PointQuery:
     """What ``/api/points`` and ``healthlog export`` were asked, checked."""
@@ -4668,12 +4686,13 @@ class PointQuery:
     metric: str
     layer: str
     start: Optional[int] = None  # UTC µs, inclusive
-    end: Optional[int] = None  # UTC µs, exclusive
+    end: Optional[int] = None  # UTC µs, exclusive (a date-only ``to``: the next midnight)
     bucket: Optional[str] = None
     zone: Zone = LOCAL_ZONE
     fmt: str = "json"
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
+    # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
     fill: tuple = ()  # day and week buckets without a layer asked: each day from the
     # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
     coarsened: bool = False  # hours were asked of a layer of days: answered per day
@@ -4738,9 +4757,12 @@ _DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
 
 
 def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
-    """(instant, local date ordinal) of ``from``/``to``.  A date alone is local midnight in
-    ``zone``; with ``tz=local`` it is that date as written in each point, and the instant
-    only narrows the objects read (:data:`MAX_OFFSET_S` around UTC midnight)."""
+    """(instant, local date ordinal) of ``from``/``to``.  A date alone is a whole local day
+    in ``zone``: ``from`` starts at its midnight, ``to`` includes it (the range ends at the
+    next midnight), as the page's "To" field and ``export --to`` mean it; with
+    ``tz=local`` it is that date as written in each point, and the instant only narrows
+    the objects read (:data:`MAX_OFFSET_S` around UTC midnight).  An instant ``to`` is
+    exclusive."""
     match = _DATE_ONLY_QUERY.fullmatch(text or "")
     if not match:
         return _query_time(name, text), None
@@ -4748,6 +4770,10 @@ def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tu
         ordinal = _dt.date(*map(int, match.groups())).toordinal()
     except ValueError:
         raise BadRequest("%s is not a date" % name) from None
+    if is_end:
+        if ordinal == _dt.date.max.toordinal():
+            return None, None  # to the end of the calendar: no end at all
+        ordinal += 1  # the day after: ``to`` includes its own day
     if zone is LOCAL_ZONE:
         midnight = (ordinal - _EPOCH_ORDINAL) * 86400
         return (midnight + (MAX_OFFSET_S if is_end else -MAX_OFFSET_S)) * US, ordinal
@@ -4898,7 +4924,7 @@ def _head(query: PointQuery) -> dict:
                             " less: answered per day" % query.layer)
     head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
                     if query.day_from is not None else _instant_or_null(query.start))
-    head["to"] = (_dt.date.fromordinal(query.day_to).isoformat()
+    head["to"] = (_dt.date.fromordinal(query.day_to - 1).isoformat()  # the last day, as asked
                   if query.day_to is not None else _instant_or_null(query.end))
     return head
 
@@ -4925,7 +4951,8 @@ def render_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes
         runs = bucket_runs(conn, query)
         pieces = _bucket_csv(runs, query) if query.fmt == "csv" else _bucket_json(runs, query)
     elif query.fmt == "csv":
-        pieces = _raw_csv(conn, query)
+        pieces = (_ecg_csv(conn, query) if meaning_of(query.metric).kind == "ecg"
+                  else _raw_csv(conn, query))
     else:
         pieces = _raw_json(conn, query)
     return _chunked(pieces)
@@ -5036,6 +5063,55 @@ RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
 trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
 (the query's ``tz``; ``local``: as the phone wrote it) with its date; a sleep row's date
 is the day its sleep ended (:class:`SleepDates`)."""
+
+
+ECG_CSV_COLUMNS = ("recording_start", "recording_local_start", "recording_local_date",
+                   "sample", "offset_s", "voltage", "units")
+"""Raw CSV of ECG recordings: one row per voltage sample, not one per recording (a 30 s
+recording at 512 Hz is 15,360 samples, as JSON some 700,000 characters: a spreadsheet cuts
+a cell at 32,767).  The recording's start in UTC, in local time (the query's ``tz``) and
+its local date; the sample's index in the order measured (from 0, as ``/api/ecg`` lists the
+voltages); its time in seconds from the recording's start (its ``date`` minus the start, or
+without a readable ``date`` its index divided by ``samplingFrequency``; empty without
+either); its voltage and units as sent (HAE: µV, ``mcV``).  A recording without samples is
+one row with the last four empty."""
+
+
+def ecg_readings(point: dict) -> list:
+    """(instant µs or None, reading) of each sample of an ECG recording with a numeric
+    ``voltage``, in the order measured: by ``date``, those without a readable one first, as
+    sent (a stable sort)."""
+    samples = point.get("voltageMeasurements")
+    readings = [(parse_time(item.get("date")), item)
+                for item in (samples if type(samples) is list else ())
+                if type(item) is dict and type(item.get("voltage")) in (int, float)]
+    readings.sort(key=lambda pair: pair[0] or 0)
+    return readings
+
+
+def _ecg_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    zone = query.zone
+
+    def rows() -> Iterator[list]:
+        yield list(ECG_CSV_COLUMNS)
+        for _, coord, point in iter_points(conn, query):
+            offset = zone.point_offset(raw_start(point), coord[0])
+            recording = [format_instant(coord[0]), local_iso(coord[0], offset),
+                         _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()]
+            frequency = point.get("samplingFrequency")
+            if type(frequency) not in (int, float) or not frequency > 0:
+                frequency = None
+            readings = ecg_readings(point)
+            if not readings:
+                yield recording + ["", "", "", ""]
+            for index, (instant, item) in enumerate(readings):
+                units = item.get("units")
+                yield recording + [
+                    index, (instant - coord[0]) / US if instant is not None
+                    else index / frequency if frequency else None,
+                    item["voltage"], units if type(units) is str else ""]
+
+    yield from _csv_lines(rows())
 
 
 @dataclass
@@ -5842,9 +5918,11 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         end = _query_bound("to", last, zone, is_end=True)[0]
         return asked or _finest_layer(conn, metric, list(layers), start, end)
 
-    def dates(first: Optional[int], last: Optional[int]) -> tuple:
-        return tuple(None if day is None else _dt.date.fromordinal(day).isoformat()
-                     for day in (first, last))
+    def dates(first: Optional[int], end: Optional[int]) -> tuple:
+        """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
+        last day, included."""
+        return (None if first is None else _dt.date.fromordinal(first).isoformat(),
+                None if end is None else _dt.date.fromordinal(end - 1).isoformat())
 
     layer = read_layer(*dates(day_from, day_to))
     bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
@@ -5889,11 +5967,7 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     zone = parse_zone(args.get("tz"))
     query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
     for _, coord, point in iter_points(conn, query):
-        samples = point.get("voltageMeasurements")
-        samples = samples if type(samples) is list else []
-        readings = sorted((item for item in samples if type(item) is dict
-                           and type(item.get("voltage")) in (int, float)),
-                          key=lambda item: parse_time(item.get("date")) or 0)
+        readings = [item for _, item in ecg_readings(point)]
         units = {item.get("units") for item in readings if type(item.get("units")) is str}
         offset = zone.point_offset(raw_start(point), coord[0])
         return dict(ecg_item(point, coord), start=format_instant(coord[0]),
@@ -6042,8 +6116,9 @@ def _spark(values: dict, day: int) -> list:
 
 
 def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
+    """A card's range as a query takes it: ``from`` and ``to`` both included."""
     return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
-            "to": _dt.date.fromordinal(day + 1).isoformat()}
+            "to": _dt.date.fromordinal(day).isoformat()}
 
 
 def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
@@ -6198,7 +6273,7 @@ def _week_of_workouts(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         return []
     return records(conn, {"metric": "workouts", "tz": zone.name, "limit": "100",
                           "from": _dt.date.fromordinal(day - 6).isoformat(),
-                          "to": _dt.date.fromordinal(day + 1).isoformat()})["items"]
+                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -9308,6 +9383,9 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
             return _export_to_file(conn, args.output)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
+        if not args.metric:  # the route's message names /api/catalog; here, the command
+            raise ConfigError("--metric is required; `healthlog catalog` lists the metrics"
+                              " there are (or --format sqlite OUT.db exports them all)")
         try:
             query = point_query(conn, {"metric": args.metric, "layer": args.layer,
                                        "from": args.start, "to": args.end,
@@ -9328,11 +9406,16 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
 
 def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     """``healthlog catalog``: what ``/api/catalog`` answers, as a table or as JSON (the
-    metric names ``export --metric`` takes).  Only reads."""
+    metric names ``export --metric`` takes).  The table's first and last are local times
+    as the phone wrote them (:func:`catalog_local`), to the minute with their offset: a
+    day in Sydney is not shown as the UTC day before.  Only reads, in one snapshot."""
     out = out or sys.stdout
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
+        conn.execute("BEGIN")  # the bounds and the points they name agree
         items = catalog(conn)
+        local = [] if as_json else [catalog_local(conn, item) for item in items]
+        conn.execute("COMMIT")
     finally:
         conn.close()
     if as_json:
@@ -9341,10 +9424,15 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     if not items:
         out.write("the store is empty: nothing has been folded yet\n")
         return 0
+
+    def minute(text: Optional[str]) -> str:
+        return "-" if text is None else text[:16] + text[19:]  # 2025-04-15T00:00-04:00
+
     rows = [("METRIC", "LAYER", "UNITS", "FIRST", "LAST", "POINTS", "WHAT")] + [
-        (item["metric"], item["layer"], ",".join(item["units"]) or "-", item["first"][:16],
-         item["last"][:16], "{:,}".format(item["points"]),
-         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"])) for item in items]
+        (item["metric"], item["layer"], ",".join(item["units"]) or "-", minute(first),
+         minute(last), "{:,}".format(item["points"]),
+         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"]))
+        for item, (first, last) in zip(items, local)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         line = "  ".join(cell.ljust(width) if i != 5 else cell.rjust(width)
@@ -9406,6 +9494,8 @@ def collect_status(config: Config) -> dict:
     oldest_age = None if age is None else round(age, 1)
     return {
         "data": str(config.data_dir),
+        "all_folded": counts["pending"] == 0,
+        "folded": fold_line(counts, age),
         "deliveries": counts,
         "backlog": counts["pending"],
         "oldest_pending": oldest,
@@ -9423,6 +9513,24 @@ def collect_status(config: Config) -> dict:
         "recent_problems": problems,
         "fingerprint": fp,
     }
+
+
+def fold_line(counts: dict, oldest_age_s: Optional[float]) -> str:
+    """Whether everything received is folded, in one line: ``all 1,234 deliveries folded``
+    or ``12 deliveries waiting to be folded (oldest 3m05s)``.  A failed delivery is folded
+    (it waits for nothing; the line says how many failed)."""
+    total, waiting = sum(counts.values()), counts.get("pending", 0)
+    if not total:
+        return "nothing received yet"
+    if waiting:
+        return "{:,} {} waiting to be folded (oldest {})".format(
+            waiting, "delivery" if waiting == 1 else "deliveries",
+            _duration(max(0.0, oldest_age_s or 0.0)))
+    failed = counts.get("failed", 0)
+    if total == 1:
+        return "the only delivery is folded" + (" (it failed)" if failed else "")
+    return "all {:,} deliveries folded".format(total) + (
+        ", {:,} of them failed".format(failed) if failed else "")
 
 
 def worth_retrying(error: Optional[str]) -> bool:
@@ -9447,6 +9555,7 @@ def format_status(status: dict) -> str:
     age = status["oldest_pending_age_s"]
     lines = [
         "data: %s" % status["data"],
+        status["folded"],
         "deliveries: %d (%s)" % (sum(counts.values()),
                                  ", ".join("%s %d" % item for item in counts.items())),
         "backlog: %d%s" % (status["backlog"],
@@ -9562,7 +9671,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          " /api/ingest/<name>)")
 
     listing = commands.add_parser("catalog", help="what the store holds: each metric and"
-                                  " layer with its units, first and last point, and points")
+                                  " layer with its units, first and last point (local time"
+                                  " as the phone wrote it), and points")
     data_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON, as /api/catalog")
 
@@ -9577,12 +9687,15 @@ def build_parser() -> argparse.ArgumentParser:
     data_option(export)
     export.add_argument("output", nargs="?", metavar="OUT.db",
                         help="the SQLite file to create (with --format sqlite)")
-    export.add_argument("--metric", help="the metric, as /api/catalog names it")
+    export.add_argument("--metric", help="the metric, as `healthlog catalog` names it")
     export.add_argument("--layer", help="its layer (default: the one that answers the range"
                         " best, as /api/points chooses)")
     export.add_argument("--from", dest="start", metavar="TIME",
-                        help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
-    export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
+                        help="first point start (ISO-8601, YYYY-MM-DD or epoch; a date"
+                             " starts at its local midnight)")
+    export.add_argument("--to", dest="end", metavar="TIME",
+                        help="end of the range: a date alone (YYYY-MM-DD) includes that"
+                             " local day; a time is exclusive")
     export.add_argument("--bucket", choices=tuple(BUCKETS), help="aggregate per bucket")
     export.add_argument("--tz", metavar="ZONE",
                         help="local time of days and hours: local (default: as the phone wrote"
@@ -10376,8 +10489,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function planOf(plan) {
     const hours = plan.axis === 'hours' && !!plan.from && !isDate(plan.from);
     return Object.assign({}, plan, {
-      slots: plan.axis === 'dates' && plan.from ? dateSlots(plan.from, plan.to, plan.bucket)
-        : null,
+      slots: plan.axis === 'dates' && plan.from
+        ? dateSlots(plan.from, addDays(plan.to, 1), plan.bucket) : null,
       t0: hours ? instant(plan.from) : null,
       t1: hours ? instant(plan.to) : null,
     });
@@ -11051,7 +11164,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       if (plan.from && isDate(plan.from) && !state.custom) {
         // the dates a switch to Custom starts from
         $('from').value = plan.from;
-        $('to').value = addDays(plan.to, -1);
+        $('to').value = plan.to;
       }
       setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket, from: plan.from,
         to: plan.to, layer: plan.layer });
@@ -11199,12 +11312,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const starts = buckets.map(function (b) { return instant(b.start); });
       if (t0 === null || t1 === null) {
         // a range of dates read per hour: from the first date's local midnight, in the
-        // offset the server wrote for its first hour, to the last date's end
+        // offset the server wrote for its first hour, to the end of the last date (``to``)
         const first = buckets.length ? splitLocal(buckets[0].local) : null;
         const last = buckets.length ? splitLocal(buckets[buckets.length - 1].local) : null;
         t0 = plan.from && first ? dayNumber(plan.from) * DAY_MS - first.offsetMs
           : Math.min.apply(null, starts);
-        t1 = plan.to && last ? dayNumber(plan.to) * DAY_MS - last.offsetMs
+        t1 = plan.to && last ? dayNumber(addDays(plan.to, 1)) * DAY_MS - last.offsetMs
           : Math.max.apply(null, starts) + HOUR;
         t0 = Math.min(t0, Math.min.apply(null, starts));
         t1 = Math.max(t1, Math.max.apply(null, starts) + HOUR);
@@ -12007,14 +12120,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ['workouts', 'Workouts'], ['other', 'Also recorded'],
   ];
 
-  /** The metric view's address for a card's link {metric, from, to}: ``to`` is the day
-   *  after the range, as the server writes it; the view's two dates are both shown. */
+  /** The metric view's address for a card's link {metric, from, to}: both dates are in
+   *  the range, as the server writes them, and both are shown. */
   function linkHash(link, tz) {
     const params = new URLSearchParams();
     params.set('metric', link.metric);
     params.set('range', 'custom');
     params.set('from', link.from);
-    params.set('to', addDays(link.to, -1));
+    params.set('to', link.to);
     params.set('tz', tz || 'local');
     return '#' + params.toString();
   }
@@ -12277,7 +12390,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   function workoutsCard(items, day) {
-    const link = { metric: 'workouts', from: addDays(day, -6), to: addDays(day, 1) };
+    const link = { metric: 'workouts', from: addDays(day, -6), to: day };
     const node = cardShell('workouts-card wide', link, 'Workouts, ' + formatDate(link.from,
       'short') + ' – ' + formatDate(day, 'short'));
     let seconds = 0;

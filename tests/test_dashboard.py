@@ -282,7 +282,7 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
     assert page.get_attribute("#nav-metrics", "aria-current") == "page"
     assert page.is_visible("#journal-panel") and page.is_hidden("#summary")
     q = query(asked.value.url)
-    assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2026-01-01")
+    assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2025-12-31")  # both in
     shown = buckets(page)
     sydney = {p["date"][:10]: p for p in CORPUS.days["Australia/Sydney"]["heart_rate"]}
     assert [b["date"] for b in shown] == ["2025-12-%02d" % d for d in range(25, 32)]

@@ -103,15 +103,15 @@ def test_read_10_14_local_times_are_read_as_written(js):
 
 def test_read_17_6_the_page_draws_the_servers_plan(js):
     """planOf adds only what drawing needs to the server's plan: the date slots of a range
-    of dates (weeks from their Mondays), the instants of a range of hours; the bucket, the
-    layer and the bounds stay as the server chose them."""
+    of dates (its ``to`` the last day, included; weeks from their Mondays), the instants of
+    a range of hours; the bucket, the layer and the bounds stay as the server chose them."""
     week = js("planOf", {"range": "1y", "bucket": "week", "axis": "dates", "layer": "days",
-                         "from": "2024-12-30", "to": "2025-01-20"})
+                         "from": "2024-12-30", "to": "2025-01-19"})
     assert (week["bucket"], week["layer"]) == ("week", "days")
     assert week["slots"] == ["2024-12-30", "2025-01-06", "2025-01-13"]
     assert (week["t0"], week["t1"]) == (None, None)
     days = js("planOf", {"range": "24h", "bucket": "day", "axis": "dates", "layer": "days",
-                         "from": "2025-03-10", "to": "2025-03-11"})
+                         "from": "2025-03-10", "to": "2025-03-10"})
     assert days["slots"] == ["2025-03-10"]
     hours = js("planOf", {"range": "24h", "bucket": "hour", "axis": "hours",
                           "layer": "minutes", "from": "2025-03-10T02:00:00Z",
@@ -119,7 +119,7 @@ def test_read_17_6_the_page_draws_the_servers_plan(js):
     start = dt.datetime(2025, 3, 10, 2, tzinfo=dt.timezone.utc).timestamp() * 1000
     assert (hours["t0"], hours["t1"], hours["slots"]) == (start, start + 86400e3, None)
     custom = js("planOf", {"range": "custom", "bucket": "hour", "axis": "hours",
-                           "layer": "minutes", "from": "2023-11-05", "to": "2023-11-06"})
+                           "layer": "minutes", "from": "2023-11-05", "to": "2023-11-05"})
     assert (custom["t0"], custom["t1"], custom["slots"]) == (None, None, None)
     every = js("planOf", {"range": "all", "bucket": "week", "axis": "dates", "layer": "days",
                           "from": None, "to": None})
@@ -185,19 +185,19 @@ def test_read_10_14_the_page_chooses_no_layer(js):
 
 
 def test_read_16_3_a_cards_link_is_the_metric_views_address(js):
-    """A card's link {metric, from, to} (``to`` the day after, as the server writes it)
-    opens the metric view on those dates, both shown; the summary's own address keeps a
-    chosen day and a zone other than the phone's."""
+    """A card's link {metric, from, to} (both dates in the range, as the server writes it
+    and as a date-only ``to`` is read) opens the metric view on those dates, both shown;
+    the summary's own address keeps a chosen day and a zone other than the phone's."""
     import urllib.parse
-    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-11"}
+    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-10"}
     hash_ = js("linkHash", link, "local")
     assert hash_.startswith("#")
     assert dict(urllib.parse.parse_qsl(hash_[1:])) == {
         "metric": "step_count", "range": "custom", "from": "2025-02-25", "to": "2025-03-10",
         "tz": "local"}
     # a month's end and a DST day are days like any other
-    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-03-01"}), "UTC")
-    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-10"}), "local")
+    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-02-29"}), "UTC")
+    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-09"}), "local")
     assert js("summaryHash", None, "local") == "#view=summary"
     assert js("summaryHash", "2025-03-09", "local") == "#view=summary&date=2025-03-09"
     assert js("summaryHash", "2025-03-09", "Europe/Berlin") == \

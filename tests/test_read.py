@@ -326,13 +326,14 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
     rows = read_csv(get(store.address, "/api/points", metric="step_count", format="csv",
                         from_=spellings[3][0], to=spellings[3][1]))
     assert [row[0] for row in rows[1:]] == [iso(coordinate(p)[0]) for p in want[0]["points"]]
-    # a date alone with tz an offset is that offset's midnight, echoed as the UTC instant;
-    # with tz=local (the default) it is the date written in each point, echoed as the date;
+    # a date alone with tz an offset is a whole day of that offset: `from` its midnight,
+    # `to` up to the next one (it includes its day), echoed as the UTC instants; with
+    # tz=local (the default) it is the date written in each point, echoed as the date;
     # either bound may be left open
     heart = store.corpus.points("heart_rate", "minutes")
     day9, day10 = (DAY0 + 86400) * US, (DAY0 + 2 * 86400) * US
     reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-09",
-                     to="2024-03-10", tz="+00:00")
+                     to="2024-03-09", tz="+00:00")
     assert (reply["from"], reply["to"]) == ("2024-03-09T00:00:00Z", "2024-03-10T00:00:00Z")
     assert reply["runs"] == raw_runs(in_range(heart, day9, day10))
     reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-10",
@@ -342,9 +343,9 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
 
     def written_on(first: Optional[str], last: Optional[str]) -> list:
         return [(p, u) for p, u in heart if (first is None or raw_start(p)[:10] >= first)
-                and (last is None or raw_start(p)[:10] < last)]
+                and (last is None or raw_start(p)[:10] <= last)]
 
-    for first, last in (("2024-03-09", "2024-03-11"), (None, "2024-03-09"),
+    for first, last in (("2024-03-09", "2024-03-10"), (None, "2024-03-08"),
                         ("2024-03-11", None)):
         reply = get_json(store.address, "/api/points", metric="heart_rate", from_=first,
                          to=last)
@@ -1436,6 +1437,54 @@ def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
     assert out.read_bytes() == b"mine"
     lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
+
+
+def test_read_8_5_a_date_only_to_includes_its_day_on_the_command_line_as_on_the_route(store):
+    """``export --to 2024-03-09`` holds the 9th, as the page's "To" field means it: the
+    command line and the route read a date alone one way."""
+    heart = store.corpus.points("heart_rate", "minutes")
+    dates = sorted({raw_start(p)[:10] for p, _ in heart})
+    assert len(dates) >= 4, dates
+    first, last = dates[1], dates[2]  # two whole days in the middle of the data
+
+    def on(low: str, high: str) -> list:
+        return [(p, u) for p, u in heart if low <= raw_start(p)[:10] <= high]
+
+    for low, high, fmt in ((first, last, "json"), (last, last, "csv"), (first, last, "csv")):
+        query = {"metric": "heart_rate", "from": low, "to": high, "format": fmt}
+        route = get(store.address, "/api/points", **{("from_" if k == "from" else k): v
+                                                     for k, v in query.items()})
+        assert route.status == 200, route.body[:300]
+        result = export("--data", store.data_dir, "--metric", "heart_rate", "--from", low,
+                        "--to", high, "--format", fmt)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == route.body, (low, high, fmt)
+        want = on(low, high)
+        assert want and len(want) < len(heart)
+        if fmt == "json":
+            reply = json.loads(result.stdout)
+            assert (reply["from"], reply["to"]) == (low, high)  # the dates asked, both in
+            assert reply["runs"] == raw_runs(want)
+        else:
+            rows = list(csv.reader(io.StringIO(result.stdout.decode(), newline="")))
+            assert [row[4] for row in rows[1:]] == [raw_start(p)[:10] for p, _ in want]
+            assert rows[-1][4] == high  # the last day is there, to its last minute
+    # with an offset: from the first day's midnight there to the midnight after the last
+    low_us = int(dt.datetime.fromisoformat(first + "T00:00:00+00:00").timestamp()) * US
+    high_us = int(dt.datetime.fromisoformat(last + "T00:00:00+00:00").timestamp()) * US
+    high_us += 86400 * US
+    result = export("--data", store.data_dir, "--metric=heart_rate", "--tz=+00:00",
+                    "--from=" + first, "--to=" + last)
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert (reply["from"], reply["to"]) == (iso(low_us), iso(high_us))
+    assert reply["runs"] == raw_runs(in_range(heart, low_us, high_us))
+    # the help says it
+    helped = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0
+    assert ("--to TIME end of the range: a date alone (YYYY-MM-DD) includes that local day"
+            in " ".join(helped.stdout.split())), helped.stdout
 
 
 def test_read_2_7_the_object_table_holds_exactly_the_posted_points(store):

@@ -150,9 +150,9 @@ def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day)
     assert [d for d, _ in spark] == [day - dt.timedelta(days=n) for n in range(13, -1, -1)]
     for d, value in spark:
         assert close(value, steps.get(d)), d
-    assert got["link"] == {"metric": "step_count",
+    assert got["link"] == {"metric": "step_count",  # both dates in the range, as a query
                            "from": (day - dt.timedelta(days=13)).isoformat(),
-                           "to": (day + dt.timedelta(days=1)).isoformat()}
+                           "to": day.isoformat()}
     resting = {d: statistics.mean(v) for d, v in by_date(bodies["resting"]).items()}
     heart = card(answer, "heart", "resting_heart_rate")
     assert close(heart["value"], resting.get(day)) and close(heart["usual"],
