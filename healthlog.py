@@ -4486,6 +4486,11 @@ class Meaning:
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
     heart-rate notifications).
+
+    How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
+    called where HAE's units say only ``count`` (``steps``; None: its name says what it
+    counts, and a count is shown without a unit); ``digits``, the decimals always shown,
+    where a person's changes are smaller than one unit (weight, body fat, temperature).
     """
 
     name: str
@@ -4493,6 +4498,8 @@ class Meaning:
     kind: str
     fields: tuple = ("qty",)
     better: Optional[str] = None
+    counts: Optional[str] = None
+    digits: Optional[int] = None
 
     @property
     def combine(self) -> Optional[str]:
@@ -4501,7 +4508,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better}
+                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "digits": self.digits}
 
 
 def _totals(group: str, *items: tuple) -> dict:
@@ -4622,6 +4630,55 @@ NUTRIENTS = (
     ("vitamin_d", "Vitamin D"), ("vitamin_e", "Vitamin E"), ("vitamin_k", "Vitamin K"),
     ("dietary_cholesterol", "Cholesterol"))
 MEANINGS.update((metric, Meaning(name, "nutrition", "total")) for metric, name in NUTRIENTS)
+
+WRITTEN = {
+    # a count of it is called …
+    "step_count": ("steps", None), "flights_climbed": ("floors", None),
+    "respiratory_rate": ("breaths", None), "cycling_cadence": ("rev", None),
+    "handwashing": ("times", None), "toothbrushing": ("times", None),
+    "sexual_activity": ("times", None),
+    # at least this many decimals: a person's changes are smaller than one unit
+    "weight_body_mass": (None, 1), "lean_body_mass": (None, 1), "body_mass_index": (None, 1),
+    "body_fat_percentage": (None, 1), "waist_circumference": (None, 1),
+    "body_temperature": (None, 1), "basal_body_temperature": (None, 2),
+    "apple_sleeping_wrist_temperature": (None, 2), "under_water_temperature": (None, 1),
+    "vo2_max": (None, 1),
+}
+"""How the numbers of a metric are written, part of its meaning (:class:`Meaning`'s
+``counts`` and ``digits``).  Every other ``count`` is shown without a unit: the metric's
+name says what it counts (stand hours, body mass index, falls, swimming strokes, UV
+index, …)."""
+MEANINGS.update((metric, _replace(MEANINGS[metric], counts=counts, digits=digits))
+                for metric, (counts, digits) in WRITTEN.items())
+
+UNIT_LABELS = {
+    "count/min": "bpm", "fl_oz_us": "fl oz", "fl_oz_imp": "imp fl oz", "cup_us": "cups",
+    "degC": "°C", "degF": "°F", "mcV": "µV", "mcg": "µg", "mcS": "µS", "dBASPL": "dB",
+    "hr": "h", "km/hr": "km/h", "mi/hr": "mph", "kcal/hr·kg": "MET",
+}
+"""HealthKit's unit names as a person reads them; any other (kcal, kJ, lb, kg, mi, km, ms,
+mmHg, %, mg/dL, …) is shown as HAE sends it."""
+
+_UNIT_FACTOR = re.compile(r"<[^<>]*>")
+"""HealthKit's conversion factor inside a unit name: ``mmol<180.1558800000541>/L``."""
+
+
+def unit_label(metric: str, units: Optional[str]) -> Optional[str]:
+    """How the units of a metric are shown, everywhere the page shows them (cards, the
+    metric view's axis and readout, lists): ``count/min`` is ``bpm``, a ``count`` is what
+    the meaning says a count of it is called (``steps``), else nothing (``""``: the name
+    says what it counts), ``fl_oz_us`` is ``fl oz``, ``degC`` ``°C`` (:data:`UNIT_LABELS`);
+    None without units."""
+    if not isinstance(units, str):
+        return None
+    counts = meaning_of(metric).counts
+    if units == "count":
+        return counts or ""
+    if units == "count/min" and counts:
+        return counts + "/min"
+    if units in UNIT_LABELS:
+        return UNIT_LABELS[units]
+    return _UNIT_FACTOR.sub("", units).strip()
 
 _EVENT_SECTIONS = (("symptoms/", "Symptom", ("severity",)),
                    ("medications/", "Medication", ("status", "dosage")),
@@ -5199,7 +5256,8 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
     yield head[:-1] + b',"runs":['
     for i, run in enumerate(runs):
-        yield (b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"buckets":['
+        yield ((b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"unit_label":'
+               + _json_bytes(unit_label(query.metric, run.units)) + b',"buckets":[')
         for j, key in enumerate(sorted(run.buckets)):
             bucket = run.buckets[key]
             item = _bucket_place(query, key, bucket)
@@ -5654,8 +5712,12 @@ def workout_item(point: dict, coord: tuple) -> dict:
     average = _quantity(summary.get("avg")) or _quantity(point.get("avgHeartRate"))
     highest = _quantity(summary.get("max")) or _quantity(point.get("maxHeartRate"))
     name = point.get("name")
+    distance = _quantity(point.get("distance"))
+    for amount in (energy, distance, average, highest):
+        if amount is not None:
+            amount["unit_label"] = unit_label("workouts", amount["units"])
     return {"name": name if type(name) is str else None, "duration_s": duration,
-            "energy": energy, "distance": _quantity(point.get("distance")),
+            "energy": energy, "distance": distance,
             "average_heart_rate": average, "max_heart_rate": highest,
             "location": point.get("location") if type(point.get("location")) is str else None,
             "version": 2 if "duration" in point or "id" in point else 1}
@@ -5886,10 +5948,12 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
                           key=lambda item: parse_time(item.get("date")) or 0)
         units = {item.get("units") for item in readings if type(item.get("units")) is str}
         offset = zone.point_offset(raw_start(point), coord[0])
-        return dict(ecg_item(point, coord), start=format_instant(coord[0]),
+        trace = dict(ecg_item(point, coord), start=format_instant(coord[0]),
                     local_start=local_iso(coord[0], offset),
                     units=units.pop() if len(units) == 1 else None,
                     voltages=[item["voltage"] for item in readings])
+        trace["unit_label"] = unit_label("ecg", trace["units"])
+        return trace
     raise NotFound("no ECG recording starts then")
 
 
@@ -6036,6 +6100,12 @@ def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
             "to": _dt.date.fromordinal(day + 1).isoformat()}
 
 
+def _written(metric: str, units: Optional[str]) -> dict:
+    """How a card writes its numbers: its units as shown (:func:`unit_label`) and the
+    decimals its meaning always shows."""
+    return {"unit_label": unit_label(metric, units), "digits": meaning_of(metric).digits}
+
+
 def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
     values = day_values(conn, metric, zone, day - USUAL_DAYS, day)
     if not values:
@@ -6046,6 +6116,7 @@ def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) ->
         units = values[max(values)][1]
     usual, usual_days = _usual(values, day, units)
     return {"metric": metric, "name": meaning.name, "kind": meaning.kind, "units": units,
+            **_written(metric, units),
             "value": value, "usual": usual, "usual_days": usual_days,
             "spark": _spark(values, day), "link": _link(metric, day)}
 
@@ -6096,14 +6167,17 @@ def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dic
             if mean is None:
                 continue
             return {"metric": "heart_rate", "name": "Heart rate", "units": run.units,
-                    "layer": layer, "min": (low or mean)[1], "max": (high or mean)[2],
+                    **_written("heart_rate", run.units), "layer": layer,
+                    "min": (low or mean)[1], "max": (high or mean)[2],
                     "avg": None if mean[3] is None else mean[3] / mean[0],
                     "link": _link("heart_rate", day, 1)}
     return None
 
 
 def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
-    """The last measurement of a body metric on or before the day."""
+    """The last measurement of a body metric on or before the day; ``day_value`` when it
+    stands for a whole day (a layer of days: a Days automation's, at local midnight), whose
+    time of day means nothing."""
     meaning = meaning_of(metric)
     end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
     layers = [row[0] for row in conn.execute(
@@ -6113,16 +6187,17 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
         query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
         for units, coord, point in iter_points_newest(conn, query):
             if best is None or coord[0] > best[1][0]:
-                best = (units, coord, point)
+                best = (units, coord, point, layer)
             break
     if best is None:
         return None
-    units, coord, point = best
+    units, coord, point, layer = best
     offset = zone.point_offset(raw_start(point), coord[0])
     values = {name: point.get(name) for name in meaning.fields
               if type(point.get(name)) in (int, float)}
-    return {"metric": metric, "name": meaning.name, "units": units, "values": values,
-            "measured": local_iso(coord[0], offset), "link": _link(metric, day, 90)}
+    return {"metric": metric, "name": meaning.name, "units": units, **_written(metric, units),
+            "values": values, "measured": local_iso(coord[0], offset),
+            "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
 
 
 def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
@@ -6138,7 +6213,8 @@ def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> 
             found = day_values(conn, metric, zone, day, day).get(day)
             if found is not None:
                 out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
-                            "value": found[0], "units": found[1], "link": _link(metric, day)})
+                            "value": found[0], "units": found[1],
+                            **_written(metric, found[1]), "link": _link(metric, day)})
         elif meaning.kind == "events":
             query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
                                None, zone, day_from=day, day_to=day + 1)
@@ -6174,7 +6250,8 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         change = mean_recent - mean_base
         direction = "up" if change > 0 else "down" if change < 0 else None
         out.append({"metric": metric, "name": meaning.name, "units": units,
-                    "recent": mean_recent, "baseline": mean_base, "baseline_sd": spread,
+                    **_written(metric, units), "recent": mean_recent, "baseline": mean_base,
+                    "baseline_sd": spread,
                     "recent_days": len(recent), "baseline_days": len(base), "change": change,
                     "flagged": abs(change) > spread, "direction": direction,
                     "better": None if direction is None else direction == meaning.better,
