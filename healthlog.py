@@ -10517,6 +10517,40 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatCount(n) { return formatNumber(n, 0); }
 
+  /** A measured value with at least the decimals its meaning asks for (``digits``, from
+   *  the server: "168.0" and "167.8" lb, never both "168"); without them, formatNumber's. */
+  function formatValue(v, digits) {
+    if (typeof digits !== 'number' || !(digits >= 0)) return formatNumber(v);
+    if (typeof v !== 'number' || !isFinite(v)) return '–';
+    const abs = Math.abs(v);
+    const most = Math.max(digits, abs >= 100 ? 0 : abs >= 10 ? 1 : 2);
+    const key = digits + '-' + most;
+    if (!numberFormats[key]) {
+      numberFormats[key] = new Intl.NumberFormat(undefined, {
+        minimumFractionDigits: digits, maximumFractionDigits: most, useGrouping: true,
+      });
+    }
+    return numberFormats[key].format(v);
+  }
+
+  /** An axis tick: the decimals its step has (0.25: two, on every tick), so that every
+   *  tick reads as the value it marks and no two alike. */
+  function formatTick(v, step) {
+    let digits = 0;
+    while (digits < 6 && step > 0 &&
+      Math.abs(step * Math.pow(10, digits) - Math.round(step * Math.pow(10, digits))) > 1e-6) {
+      digits += 1;
+    }
+    return formatValue(v, digits);
+  }
+
+  /** " bpm" after a number: the units as the server shows them (its ``unit_label``: "" for
+   *  a count the metric's name explains), else as stored. */
+  function unitText(label, units) {
+    const shown = typeof label === 'string' ? label : units;
+    return shown ? ' ' + shown : '';
+  }
+
   /** Minutes as "45 min" or "7 h 05 min". */
   function formatMinutes(minutes) {
     if (typeof minutes !== 'number' || !isFinite(minutes) || minutes < 0) return '–';
@@ -10527,7 +10561,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatHours(hours) { return formatMinutes(hours * 60); }
 
-  function formatSeconds(seconds) { return formatMinutes(seconds / 60); }
+  /** Seconds as "22 s" under a minute, else as formatMinutes. */
+  function formatSeconds(seconds) {
+    if (typeof seconds === 'number' && seconds >= 0 && seconds < 59.5) {
+      return Math.round(seconds) + ' s';
+    }
+    return formatMinutes(seconds / 60);
+  }
 
   const dateFormats = {};
 
@@ -10589,7 +10629,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (typeof value === 'boolean') return value ? 'yes' : 'no';
     if (typeof value === 'object') {
       if (typeof value.qty === 'number') {
-        return formatNumber(value.qty) + (value.units ? ' ' + value.units : '');
+        return formatNumber(value.qty) + unitText(value.unit_label, value.units);
       }
       return Object.keys(value).map(function (k) {
         return words(k) + ' ' + detailText(value[k]);
@@ -10599,7 +10639,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   function quantityText(q) {
-    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '')
+    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + unitText(q.unit_label, q.units)
       : '–';
   }
 
@@ -11351,14 +11391,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const plotH = height - margin.top - margin.bottom;
     const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
+    const step = ticks.length > 1 ? ticks[1] - ticks[0] : 1;
     const longest = Math.max.apply(null, ticks.map(function (v) {
-      return formatNumber(v).length;
+      return formatTick(v, step).length;
     }));
     margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const plotW = width - margin.left - margin.right;
     const g = {
       width: width, height: height, margin: margin, plotW: plotW, plotH: plotH, ticks: ticks,
-      y0: ticks[0], y1: ticks[ticks.length - 1],
+      y0: ticks[0], y1: ticks[ticks.length - 1], step: step,
     };
     g.y = function (v) { return margin.top + plotH - (v - g.y0) / (g.y1 - g.y0) * plotH; };
     if (plan.axis === 'hours') {
@@ -11405,8 +11446,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       grid.appendChild(svg('line', {
         x1: g.margin.left, x2: g.width - g.margin.right, y1: g.y(v), y2: g.y(v),
       }));
-      grid.appendChild(svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
-        formatNumber(v)));
+      const label = svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
+        formatTick(v, g.step));
+      label.setAttribute('data-value', String(v));
+      grid.appendChild(label);
     });
     const room = Math.floor(g.plotW / 64);
     const edge = function (x) {
@@ -11511,7 +11554,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     runs.forEach(function (run) {
       const key = run.units === null || run.units === undefined ? '' : String(run.units);
       let group = byUnits.find(function (u) { return u.units === key; });
-      if (!group) byUnits.push(group = { units: key, buckets: [] });
+      if (!group) {
+        byUnits.push(group = {
+          units: key, label: typeof run.unit_label === 'string' ? run.unit_label : key,
+          buckets: [],
+        });
+      }
       run.buckets.forEach(function (b) { group.buckets.push(b); });
     });
     const summaries = [];
@@ -11536,6 +11584,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       : fields;
     const drawn = total ? fields : lines;
     const units = group.units;
+    const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
+    const digits = meaning.digits;
+    const fmt = function (v) { return formatValue(v, digits); };
 
     // values per bucket
     let lo = Infinity;
@@ -11569,7 +11620,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const panel = el('div', 'chart-panel');
     panel.dataset.units = units;
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', units || 'no units'));
+    head.appendChild(el('span', 'units', group.label || (units ? '' : 'no units')));
     if (several) head.appendChild(el('span', 'note', 'the units changed in this range'));
     const legend = el('span', 'legend');
     const legendItem = function (cls, text) {
@@ -11589,7 +11640,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(panel);
 
     const g = frame(chart, plan, buckets, lo, hi, total);
-    const root = svgRoot(g, meaning.name + (units ? ' in ' + units : ''));
+    const root = svgRoot(g, meaning.name + (group.label ? ' in ' + group.label : ''));
     drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -11660,10 +11711,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(rect);
           base += v;
         });
-        text += formatNumber(r.value) + (units ? ' ' + units : '');
+        text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); })
+            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -11682,11 +11733,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') +
-            formatNumber(r.values[f]) + (units ? ' ' + units : '');
+          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
-          text += ' (lowest ' + formatNumber(r.lo) + ', highest ' + formatNumber(r.hi) + ')';
+          text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
         }
       }
       text += ' · ' + formatCount(b.count) + (b.count === 1 ? ' point' : ' points');
@@ -11707,8 +11757,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (total) {
       let sum = 0;
       withValue.forEach(function (r) { sum += r.value; });
-      summary = 'Total ' + formatNumber(sum) + (units ? ' ' + units : '') + ' · ' +
-        formatNumber(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
+      summary = 'Total ' + fmt(sum) + shown + ' · ' +
+        fmt(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
         ' on average (' + withValue.length + ' with data)';
     } else {
       let n = 0;
@@ -11726,8 +11776,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         if (typeof l === 'number') low = Math.min(low, l);
         if (typeof h === 'number') high = Math.max(high, h);
       });
-      summary = 'Average ' + formatNumber(n ? s / n : NaN) + (units ? ' ' + units : '') +
-        ' · lowest ' + formatNumber(low) + ' · highest ' + formatNumber(high);
+      summary = 'Average ' + fmt(n ? s / n : NaN) + shown +
+        ' · lowest ' + fmt(low) + ' · highest ' + fmt(high);
     }
     wireReadout(root, g, marks, summary);
     return summary;
@@ -11899,7 +11949,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
+      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+        formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
     root.appendChild(data);
@@ -11907,7 +11958,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     let minutes = 0;
     buckets.forEach(function (b) { minutes += b.minutes; });
     wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
-      ' · ' + formatMinutes(minutes) + ' in all');
+      ' · ' + formatSeconds(minutes * 60) + ' in all');
   }
 
   // ---------------------------------------------------------------------------------
@@ -12043,12 +12094,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   /** The trace: µV against time at the recording's sampling frequency, in strips of 10 s
-   *  (as a paper ECG is read), one polyline point per sample. */
+   *  (as a paper ECG is read), one polyline point per sample; each strip has its amplitude
+   *  axis (round µV ticks within the recording's lowest and highest voltage) beside its
+   *  time axis. */
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
+    const units = trace.unit_label || trace.units || 'µV';
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', (trace.units || 'µV') + ' against seconds'));
+    head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
       (trace.classification ? words(trace.classification) : 'no classification') +
       ' · average heart rate ' + detailText(trace.average_heart_rate)));
@@ -12062,7 +12116,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const strips = Math.max(1, Math.ceil(seconds / strip - 1e-9));
     const width = Math.max(300, Math.round(chart.clientWidth || 600));
     const rowH = width < 520 ? 90 : 130;
-    const margin = { top: 6, right: 8, bottom: 18, left: 8 };
+    const margin = { top: 18, right: 8, bottom: 18, left: 8 }; // top: the axis' units
     let lo = Infinity;
     let hi = -Infinity;
     volts.forEach(function (v) {
@@ -12072,6 +12126,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (!(hi > lo)) {
       hi = lo + 1;
     }
+    const all = niceTicks(lo, hi, rowH < 100 ? 3 : 4);
+    const step = all.length > 1 ? all[1] - all[0] : 1;
+    const ticks = all.filter(function (v) { return v >= lo - 1e-9 && v <= hi + 1e-9; });
+    const longest = Math.max.apply(null, ticks.map(function (v) {
+      return formatTick(v, step).length;
+    }).concat([units.length]));
+    margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const height = strips * (rowH + margin.bottom) + margin.top;
     const root = svg('svg', {
       viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img', class: 'ecg-trace',
@@ -12080,9 +12141,26 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     setData(root, { samples: volts.length, frequency: hz, start: trace.start,
       seconds: seconds, min: lo, max: hi });
     const plotW = width - margin.left - margin.right;
+    const yOf = function (top, v) { return top + rowH - (v - lo) / (hi - lo) * rowH; };
     for (let s = 0; s < strips; s++) {
       const top = margin.top + s * (rowH + margin.bottom);
       const grid = svg('g', { class: 'grid' });
+      const axis = svg('g', { class: 'amplitude' });
+      ticks.forEach(function (v) {
+        const y = yOf(top, v);
+        grid.appendChild(svg('line', { x1: margin.left, x2: width - margin.right, y1: y, y2: y,
+          class: v === 0 ? 'major' : null }));
+        const label = svg('text', { x: margin.left - 5, y: y + 4, class: 'ylabel' },
+          formatTick(v, step));
+        label.setAttribute('data-value', String(v));
+        axis.appendChild(label);
+      });
+      if (s === 0) {
+        // the axis' units, above its highest tick
+        axis.appendChild(svg('text', { x: margin.left - 5, y: 10,
+          class: 'ylabel amplitude-units' }, units));
+      }
+      grid.appendChild(axis);
       for (let k = 0; k <= strip; k++) {
         const x = margin.left + k / strip * plotW;
         grid.appendChild(svg('line', { x1: x, x2: x, y1: top, y2: top + rowH,
@@ -12098,7 +12176,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const points = [];
       for (let i = first; i < last; i++) {
         const x = margin.left + (i / hz - s * strip) / strip * plotW;
-        const y = top + rowH - (volts[i] - lo) / (hi - lo) * rowH;
+        const y = yOf(top, volts[i]);
         points.push(x.toFixed(2) + ',' + y.toFixed(1));
       }
       const line = svg('polyline', { class: 'trace', points: points.join(' ') });
@@ -12108,7 +12186,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(root);
     $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz, 1) +
       ' Hz (' + formatNumber(seconds, 1) + ' s), ' + formatNumber(lo) + ' to ' +
-      formatNumber(hi) + ' ' + (trace.units || 'µV');
+      formatNumber(hi) + ' ' + units;
   }
 
   function drawEvents(box, view) {
@@ -12311,17 +12389,25 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
+  /** A card's units as the server shows them ("" for a count its name explains). */
+  function cardUnits(card) {
+    return typeof card.unit_label === 'string' ? card.unit_label : card.units || '';
+  }
+
   function seriesCard(card, day, rule) {
-    const units = card.units || '';
+    const units = cardUnits(card);
+    const fmt = function (v) { return formatValue(v, card.digits); };
     const node = cardShell('series-card', card.link, card.name);
     setData(node, {
       metric: card.metric, kind: card.kind, units: card.units, date: day, value: card.value,
       usual: card.usual, usualDays: card.usual_days,
     });
-    node.appendChild(valueNode(card.value, units));
-    node.appendChild(usualNode(card.usual, card.usual_days, units, undefined, rule));
+    node.appendChild(valueNode(card.value, units, isNumber(card.value) ? fmt(card.value)
+      : undefined));
+    node.appendChild(usualNode(card.usual, card.usual_days, units, isNumber(card.usual)
+      ? fmt(card.usual) : undefined, rule));
     node.appendChild(drawSpark(card.spark || [], card.kind === 'total', card.usual, card.name,
-      function (v) { return formatNumber(v) + (units ? ' ' + units : ''); }, day));
+      function (v) { return fmt(v) + unitText(units); }, day));
     return node;
   }
 
@@ -12410,12 +12496,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const item = el('span', 'range-figure');
       item.dataset.field = f[0];
       if (isNumber(card[f[0]])) item.dataset.value = String(card[f[0]]);
-      item.appendChild(el('span', 'num', formatNumber(card[f[0]])));
+      item.appendChild(el('span', 'num', formatValue(card[f[0]], card.digits)));
       item.appendChild(el('span', 'range-label', f[1]));
       row.appendChild(item);
     });
     node.appendChild(row);
-    node.appendChild(el('span', 'card-usual', card.units || ''));
+    node.appendChild(el('span', 'card-usual', cardUnits(card)));
     return node;
   }
 
@@ -12428,19 +12514,23 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const value = el('span', 'card-value');
     fields.forEach(function (f, i) {
       if (i) value.appendChild(el('span', 'sep', '/'));
-      const n = el('span', 'num', formatNumber(values[f]));
+      const n = el('span', 'num', formatValue(values[f], card.digits));
       setData(n, { field: f, value: values[f] });
       value.appendChild(n);
     });
+    const units = cardUnits(card);
     if (!fields.length) {
       value.classList.add('no-data');
       value.textContent = 'no data';
-    } else if (card.units) {
+    } else if (units) {
       value.appendChild(document.createTextNode(' '));
-      value.appendChild(el('span', 'card-units', card.units));
+      value.appendChild(el('span', 'card-units', units));
     }
     node.appendChild(value);
-    node.appendChild(el('span', 'card-usual measured', 'measured ' + formatLocal(card.measured)));
+    // a value for the whole day (a Days automation's, at local midnight): its date alone
+    const p = splitLocal(card.measured);
+    node.appendChild(el('span', 'card-usual measured', 'measured ' + (card.day_value && p
+      ? formatDate(p.date) : formatLocal(card.measured))));
     return node;
   }
 
@@ -12488,7 +12578,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       li.appendChild(a);
       const text = o.kind === 'events'
         ? formatCount(o.value) + (o.value === 1 ? ' entry' : ' entries')
-        : formatNumber(o.value) + (o.units ? ' ' + o.units : '');
+        : formatValue(o.value, o.digits) + unitText(cardUnits(o));
       li.appendChild(el('span', 'item-figure num', text));
       list.appendChild(li);
     });
@@ -12584,7 +12674,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const figure = function (field, value, label) {
         const item = el('span', 'trend-figure');
         setData(item, { field: field, value: value });
-        item.appendChild(el('span', 'num', formatNumber(value) + (t.units ? ' ' + t.units : '')));
+        item.appendChild(el('span', 'num',
+          formatValue(value, t.digits) + unitText(cardUnits(t))));
         item.appendChild(document.createTextNode(' ' + label));
         figures.appendChild(item);
       };
@@ -12894,6 +12985,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
+      formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,
+      unitText: unitText,
       linkHash: linkHash, summaryHash: summaryHash, sparkMarks: sparkMarks,
     };
   }
