@@ -10319,21 +10319,27 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   .controls { flex-direction: column; align-items: stretch; }
   #catalog { min-width: 0; width: 100%; }
   .range button { flex: 1 1 auto; min-width: 0; padding-left: 0.3rem; padding-right: 0.3rem; }
-  /* the journal as cards: one delivery a block, each cell named by its column */
-  table.journal, .journal tbody, .journal tr, .journal td { display: block; width: 100%; }
+  /* the journal as cards: one delivery a block, each cell named by its column; a cell
+     never breaks inside a word or a number: cells flow side by side as far as they fit
+     whole, the automation's name and the error take a line of their own and wrap
+     between words (inside one only where a word is wider than the screen) */
+  table.journal, .journal tbody { display: block; width: 100%; }
   .journal thead { display: none; }
   .journal tr {
-    display: grid; grid-template-columns: 1fr 1fr; gap: 0 1rem;
+    display: flex; flex-wrap: wrap; gap: 0 1.2rem;
     border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
     margin-bottom: 0.5rem;
   }
   .journal td {
-    display: flex; justify-content: space-between; gap: 0.5rem; border: 0; padding: 0.1rem 0;
-    white-space: normal; text-align: right; overflow-wrap: anywhere; min-width: 0;
-    width: auto;
+    display: flex; flex: 1 1 auto; justify-content: space-between; gap: 0.5rem; border: 0;
+    padding: 0.1rem 0; white-space: nowrap; text-align: right;
   }
-  .journal td.error { grid-column: 1 / -1; }
-  .journal td::before { content: attr(data-label); color: var(--muted); text-align: left; }
+  .journal td.wide, .journal td.error {
+    flex-basis: 100%; min-width: 0; white-space: normal; overflow-wrap: anywhere;
+  }
+  .journal td::before {
+    content: attr(data-label); color: var(--muted); text-align: left; white-space: nowrap;
+  }
   .journal td.num { text-align: right; }
   .journal td:empty { display: none; }
   .record-list { grid-template-columns: 1fr; }
@@ -10669,8 +10675,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** Which slots of a date axis get a label, at most ``room`` of them: every day, every
    *  Monday, every other Monday, or month starts (every 1, 2, 3 or 6 months, years
-   *  named). Returns [{index, date, label, major}]. */
-  function dateTicks(slots, bucket, room) {
+   *  named). A fortnight or less of days that one-line labels cannot all name is labelled
+   *  in two lines (weekday over day; ``lines``), each day or every other, at most
+   *  ``narrow`` of them: a week on a phone has a label per night. Returns [{index, date,
+   *  label, major, lines?}]. */
+  function dateTicks(slots, bucket, room, narrow) {
     const n = slots.length;
     const out = [];
     if (!n) return out;
@@ -10683,6 +10692,19 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         });
       });
       return out;
+    }
+    if (bucket === 'day' && n <= 16 && narrow >= 2) {
+      for (const every of [1, 2]) {
+        if (Math.ceil(n / every) <= narrow) {
+          slots.forEach(function (d, i) {
+            if (i % every) return;
+            const lines = [formatDate(d, 'weekday'), String(+d.slice(8))];
+            out.push({ index: i, date: d, major: d.slice(8) === '01', label: lines.join(' '),
+              lines: lines });
+          });
+          return out;
+        }
+      }
     }
     if (bucket === 'day') {
       const mondays = slots.filter(function (d) { return weekdayOf(d) === 0; }).length;
@@ -11452,6 +11474,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       grid.appendChild(label);
     });
     const room = Math.floor(g.plotW / 64);
+    const narrow = Math.floor(g.plotW / 30); // two-line labels: "Wed" over "14"
     const edge = function (x) {
       return Math.min(g.width - g.margin.right - 14, Math.max(g.margin.left + 14, x));
     };
@@ -11465,7 +11488,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
       });
     } else {
-      dateTicks(g.slots, plan.bucket, room).forEach(function (tick) {
+      dateTicks(g.slots, plan.bucket, room, narrow).forEach(function (tick) {
         // a day's label sits under its bar; a week's or a month's at the slot it starts
         const edge0 = g.margin.left + tick.index * g.slotW;
         const x = plan.bucket === 'day' ? g.x(tick.index) : edge0;
@@ -11475,7 +11498,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
             class: tick.major ? 'major' : null,
           }));
         }
-        grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
+        let text;
+        if (tick.lines) {
+          text = svg('text', { x: edge(x), y: g.height - 17, class: 'xlabel' });
+          tick.lines.forEach(function (line, k) {
+            text.appendChild(svg('tspan', { x: edge(x), y: g.height - 17 + 12 * k }, line));
+          });
+        } else {
+          text = svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label);
+        }
+        text.setAttribute('data-date', tick.date);
+        grid.appendChild(text);
       });
     }
     root.appendChild(grid);
@@ -12791,7 +12824,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const JOURNAL_COLUMNS = [
     ['ID', function (d) { return '#' + d.id; }, 'num'],
     ['Received', function (d) { return formatInstant(d.received_at, state.tz); }],
-    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }],
+    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }, 'wide'],
     ['Status', null],
     ['Layer', function (d) { return d.layer || '–'; }],
     ['Points', function (d) { return formatCount(d.points); }, 'num'],

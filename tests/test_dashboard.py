@@ -975,3 +975,74 @@ def test_read_10_17_units_and_decimals_as_people_read_them(session):
     text = page.inner_text("#metric-view")
     assert not re.search(r"\bcount\b|count/min", text), text
 
+
+WORDS = r"""() => {
+  // every cell of the journal: whole on the screen, no word or number broken across lines,
+  // each cell that does not wrap on one line (its label too: as tall as the ID's cell)
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  const rows = Array.from(document.querySelectorAll('#journal tbody tr'));
+  for (const tr of rows) {
+    const one = tr.cells[0].getBoundingClientRect().height;
+    for (const td of tr.cells) {
+      const r = td.getBoundingClientRect();
+      const name = td.dataset.label + ' of #' + tr.dataset.id;
+      if (!r.width) continue;  // an empty cell is not shown
+      if (r.left < -0.5 || r.right > width + 0.5) out.push(name + ': past the screen');
+      if (td.scrollWidth > td.clientWidth + 1) out.push(name + ': cut');
+      const wraps = td.classList.contains('wide') || td.classList.contains('error');
+      if (!wraps && Math.abs(r.height - one) > 1) out.push(name + ': ' + r.height + ' tall');
+      for (const node of td.childNodes) {
+        const text = node.nodeType === 3 ? node : node.firstChild;
+        if (!text || text.nodeType !== 3) continue;
+        const re = /\S+/g;
+        let m;
+        while ((m = re.exec(text.data))) {
+          const range = document.createRange();
+          range.setStart(text, m.index);
+          range.setEnd(text, m.index + m[0].length);
+          if (range.getClientRects().length > 1) out.push(name + ': "' + m[0] + '" broken');
+        }
+      }
+    }
+  }
+  return {rows: rows.length, out: out.slice(0, 12)};
+}"""
+
+
+def test_read_10_18_a_phone_reads_the_journal_and_a_week_of_nights_whole(session):
+    """At 360 px: a week of nights has a label under each night (weekday over day), none
+    over another; no cell of the journal reaches past the screen, no word or number in it is
+    broken across lines, and every cell that need not wrap is on one line, label and all."""
+    phone = session(timezone="America/Chicago", width=360, height=780, phone=True)
+    page = phone.sign_in("#" + urllib.parse.urlencode(
+        {"metric": "sleep_analysis", "range": "7d", "tz": "local"})).page
+    nights = sorted(b["date"] for b in buckets(page, "#chart .night"))
+    assert len(nights) == 7
+    labels = page.eval_on_selector_all("#chart .grid text.xlabel", """ts => ts.map(t => {
+        const r = t.getBoundingClientRect();
+        return {date: t.dataset.date, text: t.textContent, left: r.left, right: r.right}; })""")
+    assert sorted(label["date"] for label in labels) == nights
+    for label in labels:
+        day = dt.date.fromisoformat(label["date"])
+        assert label["text"] == day.strftime("%a") + str(day.day), label
+        assert 0 <= label["left"] and label["right"] <= 360, label
+    ordered = sorted(labels, key=lambda label: label["left"])
+    assert all(a["right"] <= b["left"] for a, b in zip(ordered, ordered[1:])), ordered
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#chart").screenshot(path=str(ARTIFACTS / "dashboard-phone-week.png"))
+    page.wait_for_selector("#journal tbody tr")
+    page.click("#journal-more")  # two pages: every automation's name and size of body
+    page.wait_for_function("() => document.querySelectorAll('#journal tbody tr').length > %d"
+                           % JOURNAL_PAGE)
+    found = page.evaluate(WORDS)
+    top = page.evaluate("() => document.getElementById('journal-panel')"
+                        ".getBoundingClientRect().top + window.scrollY")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-journal.png"), full_page=True,
+                    clip={"x": 0, "y": top, "width": 360, "height": 700})  # the first rows
+    assert found["rows"] > JOURNAL_PAGE and not found["out"], found
+    points = page.eval_on_selector_all("#journal td[data-label='Points']",
+                                       "ts => ts.map(t => t.textContent)")
+    assert any(len(p) > 4 for p in points), points  # grouped thousands among them
+    found = page.evaluate(OVERFLOW)
+    assert found["scroll"] <= 360 and not found["out"], found

@@ -172,6 +172,16 @@ def test_read_10_14_date_ticks_fit_the_room(js):
                       "Nov", "Dec"]
     assert [t["label"] for t in js("dateTicks", weeks, "week", 4)] == [
         "2024", "Apr", "Jul", "Oct"]
+    # a phone: one-line labels for 4 of a week's 7 days, two-line ones (weekday over day)
+    # for 9: every night has its label; a fortnight in room for 7, every other day
+    narrow = js("dateTicks", week, "day", 4, 9)
+    assert [t["date"] for t in narrow] == week
+    assert [t["lines"] for t in narrow] == [
+        [dt.date.fromisoformat(d).strftime("%a"), str(int(d[8:]))] for d in week]
+    fortnight = [iso(dt.date(2024, 3, 25) + dt.timedelta(days=k)) for k in range(14)]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 7)] == fortnight[::2]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 6)] == [
+        d for d in fortnight if dt.date.fromisoformat(d).weekday() == 0]  # Mondays, as before
 
 
 def test_read_10_14_value_ticks_are_round_and_cover(js):
