@@ -4486,6 +4486,11 @@ class Meaning:
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
     heart-rate notifications).
+
+    How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
+    called where HAE's units say only ``count`` (``steps``; None: its name says what it
+    counts, and a count is shown without a unit); ``digits``, the decimals always shown,
+    where a person's changes are smaller than one unit (weight, body fat, temperature).
     """
 
     name: str
@@ -4493,6 +4498,8 @@ class Meaning:
     kind: str
     fields: tuple = ("qty",)
     better: Optional[str] = None
+    counts: Optional[str] = None
+    digits: Optional[int] = None
 
     @property
     def combine(self) -> Optional[str]:
@@ -4501,7 +4508,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better}
+                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "digits": self.digits}
 
 
 def _totals(group: str, *items: tuple) -> dict:
@@ -4622,6 +4630,55 @@ NUTRIENTS = (
     ("vitamin_d", "Vitamin D"), ("vitamin_e", "Vitamin E"), ("vitamin_k", "Vitamin K"),
     ("dietary_cholesterol", "Cholesterol"))
 MEANINGS.update((metric, Meaning(name, "nutrition", "total")) for metric, name in NUTRIENTS)
+
+WRITTEN = {
+    # a count of it is called …
+    "step_count": ("steps", None), "flights_climbed": ("floors", None),
+    "respiratory_rate": ("breaths", None), "cycling_cadence": ("rev", None),
+    "handwashing": ("times", None), "toothbrushing": ("times", None),
+    "sexual_activity": ("times", None),
+    # at least this many decimals: a person's changes are smaller than one unit
+    "weight_body_mass": (None, 1), "lean_body_mass": (None, 1), "body_mass_index": (None, 1),
+    "body_fat_percentage": (None, 1), "waist_circumference": (None, 1),
+    "body_temperature": (None, 1), "basal_body_temperature": (None, 2),
+    "apple_sleeping_wrist_temperature": (None, 2), "under_water_temperature": (None, 1),
+    "vo2_max": (None, 1),
+}
+"""How the numbers of a metric are written, part of its meaning (:class:`Meaning`'s
+``counts`` and ``digits``).  Every other ``count`` is shown without a unit: the metric's
+name says what it counts (stand hours, body mass index, falls, swimming strokes, UV
+index, …)."""
+MEANINGS.update((metric, _replace(MEANINGS[metric], counts=counts, digits=digits))
+                for metric, (counts, digits) in WRITTEN.items())
+
+UNIT_LABELS = {
+    "count/min": "bpm", "fl_oz_us": "fl oz", "fl_oz_imp": "imp fl oz", "cup_us": "cups",
+    "degC": "°C", "degF": "°F", "mcV": "µV", "mcg": "µg", "mcS": "µS", "dBASPL": "dB",
+    "hr": "h", "km/hr": "km/h", "mi/hr": "mph", "kcal/hr·kg": "MET",
+}
+"""HealthKit's unit names as a person reads them; any other (kcal, kJ, lb, kg, mi, km, ms,
+mmHg, %, mg/dL, …) is shown as HAE sends it."""
+
+_UNIT_FACTOR = re.compile(r"<[^<>]*>")
+"""HealthKit's conversion factor inside a unit name: ``mmol<180.1558800000541>/L``."""
+
+
+def unit_label(metric: str, units: Optional[str]) -> Optional[str]:
+    """How the units of a metric are shown, everywhere the page shows them (cards, the
+    metric view's axis and readout, lists): ``count/min`` is ``bpm``, a ``count`` is what
+    the meaning says a count of it is called (``steps``), else nothing (``""``: the name
+    says what it counts), ``fl_oz_us`` is ``fl oz``, ``degC`` ``°C`` (:data:`UNIT_LABELS`);
+    None without units."""
+    if not isinstance(units, str):
+        return None
+    counts = meaning_of(metric).counts
+    if units == "count":
+        return counts or ""
+    if units == "count/min" and counts:
+        return counts + "/min"
+    if units in UNIT_LABELS:
+        return UNIT_LABELS[units]
+    return _UNIT_FACTOR.sub("", units).strip()
 
 _EVENT_SECTIONS = (("symptoms/", "Symptom", ("severity",)),
                    ("medications/", "Medication", ("status", "dosage")),
@@ -5275,7 +5332,8 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
     yield head[:-1] + b',"runs":['
     for i, run in enumerate(runs):
-        yield (b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"buckets":['
+        yield ((b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"unit_label":'
+               + _json_bytes(unit_label(query.metric, run.units)) + b',"buckets":[')
         for j, key in enumerate(sorted(run.buckets)):
             bucket = run.buckets[key]
             item = _bucket_place(query, key, bucket)
@@ -5737,8 +5795,12 @@ def workout_item(point: dict, coord: tuple) -> dict:
     average = _quantity(summary.get("avg")) or _quantity(point.get("avgHeartRate"))
     highest = _quantity(summary.get("max")) or _quantity(point.get("maxHeartRate"))
     name = point.get("name")
+    distance = _quantity(point.get("distance"))
+    for amount in (energy, distance, average, highest):
+        if amount is not None:
+            amount["unit_label"] = unit_label("workouts", amount["units"])
     return {"name": name if type(name) is str else None, "duration_s": duration,
-            "energy": energy, "distance": _quantity(point.get("distance")),
+            "energy": energy, "distance": distance,
             "average_heart_rate": average, "max_heart_rate": highest,
             "location": point.get("location") if type(point.get("location")) is str else None,
             "version": 2 if "duration" in point or "id" in point else 1}
@@ -5970,10 +6032,12 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         readings = [item for _, item in ecg_readings(point)]
         units = {item.get("units") for item in readings if type(item.get("units")) is str}
         offset = zone.point_offset(raw_start(point), coord[0])
-        return dict(ecg_item(point, coord), start=format_instant(coord[0]),
+        trace = dict(ecg_item(point, coord), start=format_instant(coord[0]),
                     local_start=local_iso(coord[0], offset),
                     units=units.pop() if len(units) == 1 else None,
                     voltages=[item["voltage"] for item in readings])
+        trace["unit_label"] = unit_label("ecg", trace["units"])
+        return trace
     raise NotFound("no ECG recording starts then")
 
 
@@ -6121,6 +6185,12 @@ def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
             "to": _dt.date.fromordinal(day).isoformat()}
 
 
+def _written(metric: str, units: Optional[str]) -> dict:
+    """How a card writes its numbers: its units as shown (:func:`unit_label`) and the
+    decimals its meaning always shows."""
+    return {"unit_label": unit_label(metric, units), "digits": meaning_of(metric).digits}
+
+
 def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
     values = day_values(conn, metric, zone, day - USUAL_DAYS, day)
     if not values:
@@ -6131,6 +6201,7 @@ def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) ->
         units = values[max(values)][1]
     usual, usual_days = _usual(values, day, units)
     return {"metric": metric, "name": meaning.name, "kind": meaning.kind, "units": units,
+            **_written(metric, units),
             "value": value, "usual": usual, "usual_days": usual_days,
             "spark": _spark(values, day), "link": _link(metric, day)}
 
@@ -6181,14 +6252,17 @@ def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dic
             if mean is None:
                 continue
             return {"metric": "heart_rate", "name": "Heart rate", "units": run.units,
-                    "layer": layer, "min": (low or mean)[1], "max": (high or mean)[2],
+                    **_written("heart_rate", run.units), "layer": layer,
+                    "min": (low or mean)[1], "max": (high or mean)[2],
                     "avg": None if mean[3] is None else mean[3] / mean[0],
                     "link": _link("heart_rate", day, 1)}
     return None
 
 
 def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
-    """The last measurement of a body metric on or before the day."""
+    """The last measurement of a body metric on or before the day; ``day_value`` when it
+    stands for a whole day (a layer of days: a Days automation's, at local midnight), whose
+    time of day means nothing."""
     meaning = meaning_of(metric)
     end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
     layers = [row[0] for row in conn.execute(
@@ -6198,16 +6272,17 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
         query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
         for units, coord, point in iter_points_newest(conn, query):
             if best is None or coord[0] > best[1][0]:
-                best = (units, coord, point)
+                best = (units, coord, point, layer)
             break
     if best is None:
         return None
-    units, coord, point = best
+    units, coord, point, layer = best
     offset = zone.point_offset(raw_start(point), coord[0])
     values = {name: point.get(name) for name in meaning.fields
               if type(point.get(name)) in (int, float)}
-    return {"metric": metric, "name": meaning.name, "units": units, "values": values,
-            "measured": local_iso(coord[0], offset), "link": _link(metric, day, 90)}
+    return {"metric": metric, "name": meaning.name, "units": units, **_written(metric, units),
+            "values": values, "measured": local_iso(coord[0], offset),
+            "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
 
 
 def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
@@ -6223,7 +6298,8 @@ def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> 
             found = day_values(conn, metric, zone, day, day).get(day)
             if found is not None:
                 out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
-                            "value": found[0], "units": found[1], "link": _link(metric, day)})
+                            "value": found[0], "units": found[1],
+                            **_written(metric, found[1]), "link": _link(metric, day)})
         elif meaning.kind == "events":
             query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
                                None, zone, day_from=day, day_to=day + 1)
@@ -6259,7 +6335,8 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         change = mean_recent - mean_base
         direction = "up" if change > 0 else "down" if change < 0 else None
         out.append({"metric": metric, "name": meaning.name, "units": units,
-                    "recent": mean_recent, "baseline": mean_base, "baseline_sd": spread,
+                    **_written(metric, units), "recent": mean_recent, "baseline": mean_base,
+                    "baseline_sd": spread,
                     "recent_days": len(recent), "baseline_days": len(base), "change": change,
                     "flagged": abs(change) > spread, "direction": direction,
                     "better": None if direction is None else direction == meaning.better,
@@ -10365,21 +10442,27 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   .controls { flex-direction: column; align-items: stretch; }
   #catalog { min-width: 0; width: 100%; }
   .range button { flex: 1 1 auto; min-width: 0; padding-left: 0.3rem; padding-right: 0.3rem; }
-  /* the journal as cards: one delivery a block, each cell named by its column */
-  table.journal, .journal tbody, .journal tr, .journal td { display: block; width: 100%; }
+  /* the journal as cards: one delivery a block, each cell named by its column; a cell
+     never breaks inside a word or a number: cells flow side by side as far as they fit
+     whole, the automation's name and the error take a line of their own and wrap
+     between words (inside one only where a word is wider than the screen) */
+  table.journal, .journal tbody { display: block; width: 100%; }
   .journal thead { display: none; }
   .journal tr {
-    display: grid; grid-template-columns: 1fr 1fr; gap: 0 1rem;
+    display: flex; flex-wrap: wrap; gap: 0 1.2rem;
     border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
     margin-bottom: 0.5rem;
   }
   .journal td {
-    display: flex; justify-content: space-between; gap: 0.5rem; border: 0; padding: 0.1rem 0;
-    white-space: normal; text-align: right; overflow-wrap: anywhere; min-width: 0;
-    width: auto;
+    display: flex; flex: 1 1 auto; justify-content: space-between; gap: 0.5rem; border: 0;
+    padding: 0.1rem 0; white-space: nowrap; text-align: right;
   }
-  .journal td.error { grid-column: 1 / -1; }
-  .journal td::before { content: attr(data-label); color: var(--muted); text-align: left; }
+  .journal td.wide, .journal td.error {
+    flex-basis: 100%; min-width: 0; white-space: normal; overflow-wrap: anywhere;
+  }
+  .journal td::before {
+    content: attr(data-label); color: var(--muted); text-align: left; white-space: nowrap;
+  }
   .journal td.num { text-align: right; }
   .journal td:empty { display: none; }
   .record-list { grid-template-columns: 1fr; }
@@ -10519,6 +10602,40 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatCount(n) { return formatNumber(n, 0); }
 
+  /** A measured value with at least the decimals its meaning asks for (``digits``, from
+   *  the server: "168.0" and "167.8" lb, never both "168"); without them, formatNumber's. */
+  function formatValue(v, digits) {
+    if (typeof digits !== 'number' || !(digits >= 0)) return formatNumber(v);
+    if (typeof v !== 'number' || !isFinite(v)) return '–';
+    const abs = Math.abs(v);
+    const most = Math.max(digits, abs >= 100 ? 0 : abs >= 10 ? 1 : 2);
+    const key = digits + '-' + most;
+    if (!numberFormats[key]) {
+      numberFormats[key] = new Intl.NumberFormat(undefined, {
+        minimumFractionDigits: digits, maximumFractionDigits: most, useGrouping: true,
+      });
+    }
+    return numberFormats[key].format(v);
+  }
+
+  /** An axis tick: the decimals its step has (0.25: two, on every tick), so that every
+   *  tick reads as the value it marks and no two alike. */
+  function formatTick(v, step) {
+    let digits = 0;
+    while (digits < 6 && step > 0 &&
+      Math.abs(step * Math.pow(10, digits) - Math.round(step * Math.pow(10, digits))) > 1e-6) {
+      digits += 1;
+    }
+    return formatValue(v, digits);
+  }
+
+  /** " bpm" after a number: the units as the server shows them (its ``unit_label``: "" for
+   *  a count the metric's name explains), else as stored. */
+  function unitText(label, units) {
+    const shown = typeof label === 'string' ? label : units;
+    return shown ? ' ' + shown : '';
+  }
+
   /** Minutes as "45 min" or "7 h 05 min". */
   function formatMinutes(minutes) {
     if (typeof minutes !== 'number' || !isFinite(minutes) || minutes < 0) return '–';
@@ -10529,7 +10646,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatHours(hours) { return formatMinutes(hours * 60); }
 
-  function formatSeconds(seconds) { return formatMinutes(seconds / 60); }
+  /** Seconds as "22 s" under a minute, else as formatMinutes. */
+  function formatSeconds(seconds) {
+    if (typeof seconds === 'number' && seconds >= 0 && seconds < 59.5) {
+      return Math.round(seconds) + ' s';
+    }
+    return formatMinutes(seconds / 60);
+  }
 
   const dateFormats = {};
 
@@ -10591,7 +10714,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (typeof value === 'boolean') return value ? 'yes' : 'no';
     if (typeof value === 'object') {
       if (typeof value.qty === 'number') {
-        return formatNumber(value.qty) + (value.units ? ' ' + value.units : '');
+        return formatNumber(value.qty) + unitText(value.unit_label, value.units);
       }
       return Object.keys(value).map(function (k) {
         return words(k) + ' ' + detailText(value[k]);
@@ -10601,7 +10724,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   function quantityText(q) {
-    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '')
+    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + unitText(q.unit_label, q.units)
       : '–';
   }
 
@@ -10631,8 +10754,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** Which slots of a date axis get a label, at most ``room`` of them: every day, every
    *  Monday, every other Monday, or month starts (every 1, 2, 3 or 6 months, years
-   *  named). Returns [{index, date, label, major}]. */
-  function dateTicks(slots, bucket, room) {
+   *  named). A fortnight or less of days that one-line labels cannot all name is labelled
+   *  in two lines (weekday over day; ``lines``), each day or every other, at most
+   *  ``narrow`` of them: a week on a phone has a label per night. Returns [{index, date,
+   *  label, major, lines?}]. */
+  function dateTicks(slots, bucket, room, narrow) {
     const n = slots.length;
     const out = [];
     if (!n) return out;
@@ -10645,6 +10771,19 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         });
       });
       return out;
+    }
+    if (bucket === 'day' && n <= 16 && narrow >= 2) {
+      for (const every of [1, 2]) {
+        if (Math.ceil(n / every) <= narrow) {
+          slots.forEach(function (d, i) {
+            if (i % every) return;
+            const lines = [formatDate(d, 'weekday'), String(+d.slice(8))];
+            out.push({ index: i, date: d, major: d.slice(8) === '01', label: lines.join(' '),
+              lines: lines });
+          });
+          return out;
+        }
+      }
     }
     if (bucket === 'day') {
       const mondays = slots.filter(function (d) { return weekdayOf(d) === 0; }).length;
@@ -11296,14 +11435,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const plotH = height - margin.top - margin.bottom;
     const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
+    const step = ticks.length > 1 ? ticks[1] - ticks[0] : 1;
     const longest = Math.max.apply(null, ticks.map(function (v) {
-      return formatNumber(v).length;
+      return formatTick(v, step).length;
     }));
     margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const plotW = width - margin.left - margin.right;
     const g = {
       width: width, height: height, margin: margin, plotW: plotW, plotH: plotH, ticks: ticks,
-      y0: ticks[0], y1: ticks[ticks.length - 1],
+      y0: ticks[0], y1: ticks[ticks.length - 1], step: step,
     };
     g.y = function (v) { return margin.top + plotH - (v - g.y0) / (g.y1 - g.y0) * plotH; };
     if (plan.axis === 'hours') {
@@ -11350,10 +11490,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       grid.appendChild(svg('line', {
         x1: g.margin.left, x2: g.width - g.margin.right, y1: g.y(v), y2: g.y(v),
       }));
-      grid.appendChild(svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
-        formatNumber(v)));
+      const label = svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
+        formatTick(v, g.step));
+      label.setAttribute('data-value', String(v));
+      grid.appendChild(label);
     });
     const room = Math.floor(g.plotW / 64);
+    const narrow = Math.floor(g.plotW / 30); // two-line labels: "Wed" over "14"
     const edge = function (x) {
       return Math.min(g.width - g.margin.right - 14, Math.max(g.margin.left + 14, x));
     };
@@ -11367,7 +11510,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
       });
     } else {
-      dateTicks(g.slots, plan.bucket, room).forEach(function (tick) {
+      dateTicks(g.slots, plan.bucket, room, narrow).forEach(function (tick) {
         // a day's label sits under its bar; a week's or a month's at the slot it starts
         const edge0 = g.margin.left + tick.index * g.slotW;
         const x = plan.bucket === 'day' ? g.x(tick.index) : edge0;
@@ -11377,7 +11520,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
             class: tick.major ? 'major' : null,
           }));
         }
-        grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
+        let text;
+        if (tick.lines) {
+          text = svg('text', { x: edge(x), y: g.height - 17, class: 'xlabel' });
+          tick.lines.forEach(function (line, k) {
+            text.appendChild(svg('tspan', { x: edge(x), y: g.height - 17 + 12 * k }, line));
+          });
+        } else {
+          text = svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label);
+        }
+        text.setAttribute('data-date', tick.date);
+        grid.appendChild(text);
       });
     }
     root.appendChild(grid);
@@ -11456,7 +11609,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     runs.forEach(function (run) {
       const key = run.units === null || run.units === undefined ? '' : String(run.units);
       let group = byUnits.find(function (u) { return u.units === key; });
-      if (!group) byUnits.push(group = { units: key, buckets: [] });
+      if (!group) {
+        byUnits.push(group = {
+          units: key, label: typeof run.unit_label === 'string' ? run.unit_label : key,
+          buckets: [],
+        });
+      }
       run.buckets.forEach(function (b) { group.buckets.push(b); });
     });
     const summaries = [];
@@ -11481,6 +11639,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       : fields;
     const drawn = total ? fields : lines;
     const units = group.units;
+    const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
+    const digits = meaning.digits;
+    const fmt = function (v) { return formatValue(v, digits); };
 
     // values per bucket
     let lo = Infinity;
@@ -11514,7 +11675,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const panel = el('div', 'chart-panel');
     panel.dataset.units = units;
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', units || 'no units'));
+    head.appendChild(el('span', 'units', group.label || (units ? '' : 'no units')));
     if (several) head.appendChild(el('span', 'note', 'the units changed in this range'));
     const legend = el('span', 'legend');
     const legendItem = function (cls, text) {
@@ -11534,7 +11695,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(panel);
 
     const g = frame(chart, plan, buckets, lo, hi, total);
-    const root = svgRoot(g, meaning.name + (units ? ' in ' + units : ''));
+    const root = svgRoot(g, meaning.name + (group.label ? ' in ' + group.label : ''));
     drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -11605,10 +11766,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(rect);
           base += v;
         });
-        text += formatNumber(r.value) + (units ? ' ' + units : '');
+        text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); })
+            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -11627,11 +11788,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') +
-            formatNumber(r.values[f]) + (units ? ' ' + units : '');
+          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
-          text += ' (lowest ' + formatNumber(r.lo) + ', highest ' + formatNumber(r.hi) + ')';
+          text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
         }
       }
       text += ' · ' + formatCount(b.count) + (b.count === 1 ? ' point' : ' points');
@@ -11652,8 +11812,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (total) {
       let sum = 0;
       withValue.forEach(function (r) { sum += r.value; });
-      summary = 'Total ' + formatNumber(sum) + (units ? ' ' + units : '') + ' · ' +
-        formatNumber(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
+      summary = 'Total ' + fmt(sum) + shown + ' · ' +
+        fmt(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
         ' on average (' + withValue.length + ' with data)';
     } else {
       let n = 0;
@@ -11671,8 +11831,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         if (typeof l === 'number') low = Math.min(low, l);
         if (typeof h === 'number') high = Math.max(high, h);
       });
-      summary = 'Average ' + formatNumber(n ? s / n : NaN) + (units ? ' ' + units : '') +
-        ' · lowest ' + formatNumber(low) + ' · highest ' + formatNumber(high);
+      summary = 'Average ' + fmt(n ? s / n : NaN) + shown +
+        ' · lowest ' + fmt(low) + ' · highest ' + fmt(high);
     }
     wireReadout(root, g, marks, summary);
     return summary;
@@ -11844,7 +12004,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
+      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+        formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
     root.appendChild(data);
@@ -11852,7 +12013,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     let minutes = 0;
     buckets.forEach(function (b) { minutes += b.minutes; });
     wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
-      ' · ' + formatMinutes(minutes) + ' in all');
+      ' · ' + formatSeconds(minutes * 60) + ' in all');
   }
 
   // ---------------------------------------------------------------------------------
@@ -11988,12 +12149,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   /** The trace: µV against time at the recording's sampling frequency, in strips of 10 s
-   *  (as a paper ECG is read), one polyline point per sample. */
+   *  (as a paper ECG is read), one polyline point per sample; each strip has its amplitude
+   *  axis (round µV ticks within the recording's lowest and highest voltage) beside its
+   *  time axis. */
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
+    const units = trace.unit_label || trace.units || 'µV';
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', (trace.units || 'µV') + ' against seconds'));
+    head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
       (trace.classification ? words(trace.classification) : 'no classification') +
       ' · average heart rate ' + detailText(trace.average_heart_rate)));
@@ -12007,7 +12171,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const strips = Math.max(1, Math.ceil(seconds / strip - 1e-9));
     const width = Math.max(300, Math.round(chart.clientWidth || 600));
     const rowH = width < 520 ? 90 : 130;
-    const margin = { top: 6, right: 8, bottom: 18, left: 8 };
+    const margin = { top: 18, right: 8, bottom: 18, left: 8 }; // top: the axis' units
     let lo = Infinity;
     let hi = -Infinity;
     volts.forEach(function (v) {
@@ -12017,6 +12181,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (!(hi > lo)) {
       hi = lo + 1;
     }
+    const all = niceTicks(lo, hi, rowH < 100 ? 3 : 4);
+    const step = all.length > 1 ? all[1] - all[0] : 1;
+    const ticks = all.filter(function (v) { return v >= lo - 1e-9 && v <= hi + 1e-9; });
+    const longest = Math.max.apply(null, ticks.map(function (v) {
+      return formatTick(v, step).length;
+    }).concat([units.length]));
+    margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const height = strips * (rowH + margin.bottom) + margin.top;
     const root = svg('svg', {
       viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img', class: 'ecg-trace',
@@ -12025,9 +12196,26 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     setData(root, { samples: volts.length, frequency: hz, start: trace.start,
       seconds: seconds, min: lo, max: hi });
     const plotW = width - margin.left - margin.right;
+    const yOf = function (top, v) { return top + rowH - (v - lo) / (hi - lo) * rowH; };
     for (let s = 0; s < strips; s++) {
       const top = margin.top + s * (rowH + margin.bottom);
       const grid = svg('g', { class: 'grid' });
+      const axis = svg('g', { class: 'amplitude' });
+      ticks.forEach(function (v) {
+        const y = yOf(top, v);
+        grid.appendChild(svg('line', { x1: margin.left, x2: width - margin.right, y1: y, y2: y,
+          class: v === 0 ? 'major' : null }));
+        const label = svg('text', { x: margin.left - 5, y: y + 4, class: 'ylabel' },
+          formatTick(v, step));
+        label.setAttribute('data-value', String(v));
+        axis.appendChild(label);
+      });
+      if (s === 0) {
+        // the axis' units, above its highest tick
+        axis.appendChild(svg('text', { x: margin.left - 5, y: 10,
+          class: 'ylabel amplitude-units' }, units));
+      }
+      grid.appendChild(axis);
       for (let k = 0; k <= strip; k++) {
         const x = margin.left + k / strip * plotW;
         grid.appendChild(svg('line', { x1: x, x2: x, y1: top, y2: top + rowH,
@@ -12043,7 +12231,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const points = [];
       for (let i = first; i < last; i++) {
         const x = margin.left + (i / hz - s * strip) / strip * plotW;
-        const y = top + rowH - (volts[i] - lo) / (hi - lo) * rowH;
+        const y = yOf(top, volts[i]);
         points.push(x.toFixed(2) + ',' + y.toFixed(1));
       }
       const line = svg('polyline', { class: 'trace', points: points.join(' ') });
@@ -12053,7 +12241,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(root);
     $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz, 1) +
       ' Hz (' + formatNumber(seconds, 1) + ' s), ' + formatNumber(lo) + ' to ' +
-      formatNumber(hi) + ' ' + (trace.units || 'µV');
+      formatNumber(hi) + ' ' + units;
   }
 
   function drawEvents(box, view) {
@@ -12256,17 +12444,25 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
+  /** A card's units as the server shows them ("" for a count its name explains). */
+  function cardUnits(card) {
+    return typeof card.unit_label === 'string' ? card.unit_label : card.units || '';
+  }
+
   function seriesCard(card, day, rule) {
-    const units = card.units || '';
+    const units = cardUnits(card);
+    const fmt = function (v) { return formatValue(v, card.digits); };
     const node = cardShell('series-card', card.link, card.name);
     setData(node, {
       metric: card.metric, kind: card.kind, units: card.units, date: day, value: card.value,
       usual: card.usual, usualDays: card.usual_days,
     });
-    node.appendChild(valueNode(card.value, units));
-    node.appendChild(usualNode(card.usual, card.usual_days, units, undefined, rule));
+    node.appendChild(valueNode(card.value, units, isNumber(card.value) ? fmt(card.value)
+      : undefined));
+    node.appendChild(usualNode(card.usual, card.usual_days, units, isNumber(card.usual)
+      ? fmt(card.usual) : undefined, rule));
     node.appendChild(drawSpark(card.spark || [], card.kind === 'total', card.usual, card.name,
-      function (v) { return formatNumber(v) + (units ? ' ' + units : ''); }, day));
+      function (v) { return fmt(v) + unitText(units); }, day));
     return node;
   }
 
@@ -12355,12 +12551,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const item = el('span', 'range-figure');
       item.dataset.field = f[0];
       if (isNumber(card[f[0]])) item.dataset.value = String(card[f[0]]);
-      item.appendChild(el('span', 'num', formatNumber(card[f[0]])));
+      item.appendChild(el('span', 'num', formatValue(card[f[0]], card.digits)));
       item.appendChild(el('span', 'range-label', f[1]));
       row.appendChild(item);
     });
     node.appendChild(row);
-    node.appendChild(el('span', 'card-usual', card.units || ''));
+    node.appendChild(el('span', 'card-usual', cardUnits(card)));
     return node;
   }
 
@@ -12373,19 +12569,23 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const value = el('span', 'card-value');
     fields.forEach(function (f, i) {
       if (i) value.appendChild(el('span', 'sep', '/'));
-      const n = el('span', 'num', formatNumber(values[f]));
+      const n = el('span', 'num', formatValue(values[f], card.digits));
       setData(n, { field: f, value: values[f] });
       value.appendChild(n);
     });
+    const units = cardUnits(card);
     if (!fields.length) {
       value.classList.add('no-data');
       value.textContent = 'no data';
-    } else if (card.units) {
+    } else if (units) {
       value.appendChild(document.createTextNode(' '));
-      value.appendChild(el('span', 'card-units', card.units));
+      value.appendChild(el('span', 'card-units', units));
     }
     node.appendChild(value);
-    node.appendChild(el('span', 'card-usual measured', 'measured ' + formatLocal(card.measured)));
+    // a value for the whole day (a Days automation's, at local midnight): its date alone
+    const p = splitLocal(card.measured);
+    node.appendChild(el('span', 'card-usual measured', 'measured ' + (card.day_value && p
+      ? formatDate(p.date) : formatLocal(card.measured))));
     return node;
   }
 
@@ -12433,7 +12633,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       li.appendChild(a);
       const text = o.kind === 'events'
         ? formatCount(o.value) + (o.value === 1 ? ' entry' : ' entries')
-        : formatNumber(o.value) + (o.units ? ' ' + o.units : '');
+        : formatValue(o.value, o.digits) + unitText(cardUnits(o));
       li.appendChild(el('span', 'item-figure num', text));
       list.appendChild(li);
     });
@@ -12529,7 +12729,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const figure = function (field, value, label) {
         const item = el('span', 'trend-figure');
         setData(item, { field: field, value: value });
-        item.appendChild(el('span', 'num', formatNumber(value) + (t.units ? ' ' + t.units : '')));
+        item.appendChild(el('span', 'num',
+          formatValue(value, t.digits) + unitText(cardUnits(t))));
         item.appendChild(document.createTextNode(' ' + label));
         figures.appendChild(item);
       };
@@ -12645,7 +12846,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const JOURNAL_COLUMNS = [
     ['ID', function (d) { return '#' + d.id; }, 'num'],
     ['Received', function (d) { return formatInstant(d.received_at, state.tz); }],
-    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }],
+    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }, 'wide'],
     ['Status', null],
     ['Layer', function (d) { return d.layer || '–'; }],
     ['Points', function (d) { return formatCount(d.points); }, 'num'],
@@ -12838,6 +13039,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
+      formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,
+      unitText: unitText,
       linkHash: linkHash, summaryHash: summaryHash, sparkMarks: sparkMarks,
     };
   }

@@ -162,6 +162,16 @@ def test_read_10_14_date_ticks_fit_the_room(js):
                       "Nov", "Dec"]
     assert [t["label"] for t in js("dateTicks", weeks, "week", 4)] == [
         "2024", "Apr", "Jul", "Oct"]
+    # a phone: one-line labels for 4 of a week's 7 days, two-line ones (weekday over day)
+    # for 9: every night has its label; a fortnight in room for 7, every other day
+    narrow = js("dateTicks", week, "day", 4, 9)
+    assert [t["date"] for t in narrow] == week
+    assert [t["lines"] for t in narrow] == [
+        [dt.date.fromisoformat(d).strftime("%a"), str(int(d[8:]))] for d in week]
+    fortnight = [iso(dt.date(2024, 3, 25) + dt.timedelta(days=k)) for k in range(14)]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 7)] == fortnight[::2]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 6)] == [
+        d for d in fortnight if dt.date.fromisoformat(d).weekday() == 0]  # Mondays, as before
 
 
 def test_read_10_14_value_ticks_are_round_and_cover(js):
@@ -253,6 +263,21 @@ def test_read_10_14_numbers_have_one_format(js):
     assert js("formatNumber", 1234) == "1,234"
     assert js("formatNumber", 64.25) == "64.3"
     assert js("formatNumber", 0.123) == "0.12"
+    # a meaning's digits are the fewest decimals shown: pounds to a tenth
+    assert [js("formatValue", v, 1) for v in (167.8, 168.0, 1234.56, 74.25, 0.04)] == [
+        "167.8", "168.0", "1,234.6", "74.3", "0.04"]
+    assert js("formatValue", 168.0, None) == "168"
+    # ticks show the decimals of their step, so that none read alike
+    assert [js("formatTick", v, 0.25) for v in (167.5, 167.75, 168)] == [
+        "167.50", "167.75", "168.00"]
+    assert [js("formatTick", v, 500) for v in (0, 500, 1000)] == ["0", "500", "1,000"]
+    assert js("formatTick", 0.6, 0.2) == "0.6"
+    # under a minute in seconds
+    assert [js("formatSeconds", v) for v in (22.4, 59.4, 59.6, 720, 3900)] == [
+        "22 s", "59 s", "1 min", "12 min", "1 h 05 min"]
+    assert js("unitText", "bpm", "count/min") == " bpm"
+    assert js("unitText", "", "count") == ""  # the name says what it counts
+    assert js("unitText", None, "kcal") == " kcal"
     assert js("words", "valenceClassification") == "valence classification"
     assert js("detailText", "slightly_pleasant") == "slightly pleasant"
     assert js("detailText", ["calm", "happy"]) == "calm, happy"

@@ -181,7 +181,8 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     meanings = {e["metric"]: e["meaning"] for e in catalog}
     for entry in catalog:
         meaning = entry["meaning"]
-        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better"}
+        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better",
+                                "digits"}
         assert meaning["group"] == entry["group"] and meaning["name"].strip()
         assert meaning["combine"] == {"total": "sum", "average": "avg"}.get(meaning["kind"])
         assert meaning["better"] in ("up", "down", None)
@@ -215,6 +216,60 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     assert any(m.startswith("medications/Ibuprofen") for m in meanings)
 
 
+#: READ-13.2: how a person reads the units HAE sends, by this test's own table: a count is
+#: what the metric counts (nothing where its name says it), rates per minute are bpm unless
+#: they count something else, HealthKit's spellings become the usual ones, the rest as sent.
+SHOWN = {
+    ("step_count", "count"): "steps", ("flights_climbed", "count"): "floors",
+    ("body_mass_index", "count"): "", ("apple_stand_hour", "count"): "",
+    ("number_of_times_fallen", "count"): "", ("swim_stroke_count", "count"): "",
+    (UNKNOWN, "count"): "", ("heart_rate", "count/min"): "bpm",
+    ("resting_heart_rate", "count/min"): "bpm", ("respiratory_rate", "count/min"): "breaths/min",
+    ("dietary_water", "fl_oz_us"): "fl oz", ("dietary_water", "mL"): "mL",
+    ("body_temperature", "degC"): "°C", ("basal_body_temperature", "degF"): "°F",
+    ("ecg", "mcV"): "µV", ("blood_glucose", "mmol<180.1558800000541>/L"): "mmol/L",
+    ("blood_glucose", "mg/dL"): "mg/dL", ("environmental_audio_exposure", "dBASPL"): "dB",
+    **{(metric, units): units for metric, units in (
+        ("active_energy", "kcal"), ("active_energy", "kJ"), ("weight_body_mass", "lb"),
+        ("weight_body_mass", "kg"), ("walking_running_distance", "mi"),
+        ("walking_running_distance", "km"), ("blood_pressure", "mmHg"),
+        ("body_fat_percentage", "%"), ("heart_rate_variability", "ms"))},
+}
+WORKOUT_UNITS = {"kcal": "kcal", "kJ": "kJ", "mi": "mi", "km": "km", "count/min": "bpm",
+                 "bpm": "bpm"}
+#: The decimals always shown where a person's changes are smaller than one unit.
+DIGITS = {"weight_body_mass": 1, "body_mass_index": 1, "body_fat_percentage": 1,
+          "body_temperature": 1, "lean_body_mass": 1, "step_count": None, "heart_rate": None,
+          "protein": None}
+
+
+def test_read_13_2_units_and_decimals_as_people_read_them_come_from_the_server(store):
+    """One rule on the server writes the units everywhere (cards, the metric view, lists):
+    its answers for every kind of unit, and the replies that carry them."""
+    import healthlog
+    for (metric, units), shown in SHOWN.items():
+        assert healthlog.unit_label(metric, units) == shown, (metric, units)
+    assert healthlog.unit_label("step_count", None) is None
+    for metric, digits in DIGITS.items():
+        assert healthlog.meaning_of(metric).as_json()["digits"] == digits, metric
+    meanings = {e["metric"]: e["meaning"] for e in get_json(store.address,
+                                                             "/api/catalog")["metrics"]}
+    assert meanings["weight_body_mass"]["digits"] == 1 and meanings["step_count"]["digits"] is None
+    # the replies the page draws carry the units as shown beside the units stored
+    for metric, label in (("step_count", "steps"), ("heart_rate", "bpm")):
+        runs = get_json(store.address, "/api/points", metric=metric, bucket="day")["runs"]
+        assert runs and {(r["units"], r["unit_label"]) for r in runs} == {
+            (units, label) for (m, units), shown in SHOWN.items() if m == metric
+            and shown == label}, metric
+    for item in get_json(store.address, "/api/records", metric="workouts")["items"]:
+        for key in ("energy", "distance", "average_heart_rate", "max_heart_rate"):
+            if item[key] is not None:
+                assert item[key]["unit_label"] == WORKOUT_UNITS[item[key]["units"]], item[key]
+    start = get_json(store.address, "/api/records", metric="ecg")["items"][0]["start"]
+    trace = get_json(store.address, "/api/ecg", start=start)
+    assert (trace["units"], trace["unit_label"]) == ("mcV", "µV")
+
+
 # ---------------------------------------------------------------------------------------------
 # READ-14: lists of records
 
@@ -226,7 +281,8 @@ def expected_workout(point: dict) -> dict:
     summary = point.get("heartRate") or {}
 
     def amount(value):
-        return None if value is None else {"qty": value["qty"], "units": value["units"]}
+        return None if value is None else {"qty": value["qty"], "units": value["units"],
+                                           "unit_label": WORKOUT_UNITS[value["units"]]}
 
     return dict(placed(point), name=point["name"],
                 duration_s=point["duration"] if version == 2 else span,
