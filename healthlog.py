@@ -6382,26 +6382,28 @@ class MetricFacts:
     newest_delivery: Optional[int]
 
 
-def _weighted_median(gaps: list) -> Optional[float]:
-    """The median of [(value, how many times)]."""
-    total = sum(count for _, count in gaps)
-    if not total:
+def _time_median(gaps: list) -> Optional[float]:
+    """The gap a moment usually falls in: of [(gap, how many such gaps)], the one at which
+    gaps no longer than it cover half of the time they span together (0 when all are 0)."""
+    if not gaps:
         return None
-    wanted = sorted({(total - 1) // 2, total // 2})
-    found, seen = [], 0
-    for value, count in sorted(gaps):
-        while wanted and wanted[0] < seen + count:
-            found.append(value)
-            wanted.pop(0)
-        seen += count
-    return sum(found) / len(found)
+    total = sum(gap * count for gap, count in gaps)
+    covered = 0.0
+    for gap, count in sorted(gaps):
+        covered += gap * count
+        if covered * 2 >= total:
+            return float(gap)
+    return float(max(gap for gap, _ in gaps))  # pragma: no cover - float rounding
 
 
 def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Optional[float]:
-    """The usual spacing of a metric's points: the median gap between consecutive points
-    over the :data:`USUAL_SPACING_DAYS` up to its newest hour (the gap into the window
-    included), the points of one hour taken as evenly spaced between its first and last:
-    read from the objects' bounds, never from their points."""
+    """The usual spacing of a metric's points over the :data:`USUAL_SPACING_DAYS` up to its
+    newest hour (the gap into that window included): the gap between consecutive points
+    that a moment of that time usually falls in, so that a metric measured in bursts (three
+    blood pressure readings a minute apart, twice a year) is spaced by its bursts, and one
+    quiet every night by its nights when they are most of its time.  The points of one hour
+    count as evenly spaced between its first and last: read from the objects' bounds,
+    never from their points."""
     low = top - USUAL_SPACING_DAYS * 24
     gaps: list = []
     before = conn.execute("SELECT last_at FROM object WHERE metric = ? AND layer = ? AND"
@@ -6415,7 +6417,7 @@ def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Opt
         if points > 1:
             gaps.append(((last_at - first_at) / (points - 1), points - 1))
         previous = last_at
-    return _weighted_median(gaps)
+    return _time_median(gaps)
 
 
 def _carrier_keys(conn: sqlite3.Connection, ids: set, imports: ImportedDeliveries) -> dict:
@@ -6800,15 +6802,44 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
         if item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US or \
                 item.first_hour * HOUR_US >= high_us:
             continue
-        rows.append(_coverage_row(conn, item, zone, days, today, low_us, high_us))
-    rows.sort(key=lambda r: (r["group"], r["name"], r["metric"], r["layer"]))
+        rows.append((item, _coverage_row(conn, item, zone, days, today, low_us, high_us)))
+    rows.sort(key=lambda r: (r[1]["group"], r[1]["name"], r[1]["metric"], r[1]["layer"]))
     return {"from": _dt.date.fromordinal(first).isoformat(),
             "to": _dt.date.fromordinal(end).isoformat(), "tz": zone.name,
             "today": _dt.date.fromordinal(today).isoformat(),
             "days": [_dt.date.fromordinal(day).isoformat() for day in days],
             "rules": {"thin": "fewer than half the median hours of the row's days with data",
                       "daily_spacing_s": DAILY_SPACING_S},
-            "rows": rows}
+            "rows": [row for _, row in rows], "fill": _fill(rows)}
+
+
+def _fill(rows: list) -> list:
+    """The gaps of every row, per automation that carries them: one Manual Export of a run
+    of days sends every metric of the automation, so each run of days with a gap in any of
+    them is one action, naming the metrics it fills."""
+    found: dict = {}  # carrier key -> (carrier, {ordinal: {metric names}})
+    for item, row in rows:
+        carrier = item.carrier
+        entry = found.setdefault(None if carrier is None else carrier.key, (carrier, {}))
+        for gap in row["gaps"]:
+            first = _dt.date.fromisoformat(gap["from"]).toordinal()
+            for day in range(first, first + gap["days"]):
+                entry[1].setdefault(day, set()).add("%s (%s)" % (row["name"], row["layer"]))
+    fill = []
+    for carrier, days in found.values():
+        run: list = []
+        for day in sorted(days) + [None]:
+            if run and (day is None or day != run[-1] + 1):
+                fill.append({"automation": None if carrier is None else carrier.name
+                             or carrier.key,
+                             "from": _dt.date.fromordinal(run[0]).isoformat(),
+                             "to": _dt.date.fromordinal(run[-1]).isoformat(),
+                             "metrics": sorted(set().union(*(days[d] for d in run))),
+                             "action": hae_action(carrier, run[0], run[-1])})
+                run = []
+            if day is not None:
+                run.append(day)
+    return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
 
 
 def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,

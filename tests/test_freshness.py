@@ -562,6 +562,11 @@ def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thi
     assert steps["kind"] == "present"
     assert steps["values"] == [day != missing for day in days]
     assert steps["states"][3] == "missing" and steps["gaps"][0]["from"] == missing.isoformat()
+    # One action per automation and run of days: a Manual Export sends all its metrics.
+    assert [(f["automation"], f["from"], f["to"], f["metrics"]) for f in answer["fill"]] == [
+        ("Days", missing.isoformat(), missing.isoformat(), ["Steps (days)"]),
+        ("Minutes", missing.isoformat(), missing.isoformat(), ["Heart rate (minutes)"]),
+        ("Minutes", thin.isoformat(), thin.isoformat(), ["Heart rate (minutes)"])]
     # In UTC the same points fall on the same dates here (07:00-23:00 CEST is 05:00-21:00 UTC)
     # but in other hours.
     utc = phone.get("/api/coverage?from=%s&to=%s&tz=UTC" % (first, days[-1] + dt.timedelta(1)))
