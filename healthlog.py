@@ -10530,6 +10530,7 @@ DASHBOARD_HTML = r"""<!doctype html>
 
   <section id="summary" class="panel summary" aria-labelledby="summary-title" data-state="idle"
            hidden>
+    <div id="attention" class="attention" role="status" hidden></div>
     <div class="day-head">
       <button id="day-prev" class="day-step" type="button" aria-label="Previous day"
               title="The day before">&#8249;</button>
@@ -10547,6 +10548,13 @@ DASHBOARD_HTML = r"""<!doctype html>
       <h2 id="trends-title">Trends</h2>
       <p id="trend-rule" class="meta"></p>
       <ol id="trends" class="trends"></ol>
+    </section>
+    <section class="coverage-box" aria-labelledby="coverage-title">
+      <h2 id="coverage-title">What arrived</h2>
+      <p id="coverage-rule" class="meta"></p>
+      <div id="coverage" class="coverage" data-state="idle"></div>
+      <ul id="coverage-legend" class="coverage-legend"></ul>
+      <ul id="coverage-gaps" class="coverage-gaps"></ul>
     </section>
   </section>
 
@@ -11017,6 +11025,44 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 .other-item .item-figure { margin-left: auto; }
 
 .trends-box { margin-top: 1.3rem; }
+
+/* ---- freshness: the line at the top, the coverage calendar ----------------- */
+
+.attention { display: grid; gap: 0.45rem; margin-bottom: 0.8rem; }
+.attention-item {
+  border: 1px solid var(--warn); border-left-width: 4px; border-radius: 8px;
+  padding: 0.45rem 0.7rem; min-width: 0; overflow-wrap: anywhere;
+}
+.attention-item.stale, .attention-item.late { border-color: var(--danger); }
+.attention-text { margin: 0; font-weight: 600; }
+.attention-action { margin: 0.2rem 0 0; color: var(--muted); font-size: 0.88rem; }
+.attention-more { display: grid; gap: 0.45rem; overflow-wrap: anywhere; }
+.attention-more summary { cursor: pointer; font-weight: 600; }
+.coverage-box { margin-top: 1.3rem; }
+.coverage { display: grid; gap: 0.35rem; min-width: 0; }
+.cov-row { min-width: 0; }
+.cov-name { font-size: 0.88rem; overflow-wrap: anywhere; }
+.cov-name .meta { font-size: 0.8rem; margin: 0; }
+.cov-cells {
+  list-style: none; margin: 0.15rem 0 0; padding: 0; display: grid; grid-auto-flow: column;
+  grid-auto-columns: minmax(0, 1fr); gap: 2px;
+}
+.cov-cell { height: 0.9rem; border-radius: 2px; background: var(--grid); min-width: 0; }
+.cov-cell.ok { background: var(--ok); }
+.cov-cell.thin { background: var(--warn); opacity: 0.75; }
+.cov-cell.missing { background: var(--danger); }
+.cov-cell.quiet { background: var(--grid); }
+.cov-cell.today { background: var(--grid-major); }
+.cov-cell.today.has { background: var(--ok); opacity: 0.6; }
+.cov-cell.before, .cov-cell.future { background: transparent; border: 1px dashed var(--line); }
+.cov-head .cov-cell { background: transparent; height: auto; font-size: 0.7rem;
+  color: var(--muted); text-align: center; white-space: nowrap; }
+.coverage-legend { list-style: none; margin: 0.5rem 0 0; padding: 0; display: flex;
+  flex-wrap: wrap; gap: 0.2rem 0.9rem; font-size: 0.8rem; color: var(--muted); }
+.coverage-legend .cov-cell { display: inline-block; width: 0.9rem; vertical-align: middle;
+  margin-right: 0.3rem; }
+.coverage-gaps { margin: 0.6rem 0 0; padding-left: 1.1rem; display: grid; gap: 0.35rem;
+  font-size: 0.88rem; overflow-wrap: anywhere; }
 .trends { list-style: none; margin: 0.5rem 0 0; padding: 0; display: grid; gap: 0.45rem; }
 .trend {
   border: 1px solid var(--line); border-left-width: 4px; border-radius: 8px;
@@ -11682,6 +11728,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     summary: {
       token: 0, controller: null, date: null, // the day shown, as the server named it
       newest: {}, // tz -> the day the server opens on (its newest data)
+      coverageController: null, coverageTz: null, // the calendar, loaded once per zone
     },
   };
 
@@ -13362,6 +13409,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const s = state.summary;
     $('summary-title').textContent = formatDate(data.date);
     const newest = s.newest[state.tz];
+    drawAttention(data.attention);
     const shown = drawCards(data, wanted);
     $('summary-meta').textContent = capitalise(zoneText()) +
       (newest === data.date && shown ? ' · the latest day with data' : '');
@@ -13386,6 +13434,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.dataset.state = 'loading';
     box.setAttribute('aria-busy', 'true');
     $('nav-summary').href = summaryHash(date, state.tz);
+    if (s.coverageTz !== state.tz || $('coverage').dataset.state !== 'ready') {
+      s.coverageTz = state.tz;
+      showCoverage();
+    }
     try {
       const data = await getJSON(query('/api/summary', { date: date, tz: state.tz }),
         controller.signal);
@@ -13401,6 +13453,140 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       box.removeAttribute('aria-busy');
       clear($('cards'));
       $('cards').appendChild(el('p', 'empty', 'Could not load the summary: ' + err.message));
+      box.dataset.state = 'error';
+    }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Freshness: what is late or stale (the line at the top), and what arrived per day
+  // ---------------------------------------------------------------------------------
+
+  const COVERAGE_STATES = [
+    ['ok', 'data'], ['thin', 'thin: under half the usual hours'], ['missing', 'missing'],
+    ['quiet', 'none, and none expected'], ['today', 'today'],
+  ];
+
+  const ATTENTION_SHOWN = 3; // more lines than this fold away, named in one line
+
+  function drawAttention(items) {
+    const box = $('attention');
+    clear(box);
+    const all = items || [];
+    let more = null;
+    all.forEach(function (n, i) {
+      const item = el('div', 'attention-item ' + n.state);
+      setData(item, { kind: n.kind, state: n.state, subject: n.subject, since: n.since });
+      item.appendChild(el('p', 'attention-text', n.text));
+      if (n.action) item.appendChild(el('p', 'attention-action', n.action));
+      if (i < ATTENTION_SHOWN || all.length === ATTENTION_SHOWN + 1) {
+        box.appendChild(item);
+        return;
+      }
+      if (!more) {
+        more = el('details', 'attention-more');
+        const rest = all.slice(ATTENTION_SHOWN).map(function (r) {
+          return r.title.replace(/^healthlog: /, '');
+        });
+        more.appendChild(el('summary', null, rest.length + ' more: ' + rest.join('; ')));
+        box.appendChild(more);
+      }
+      more.appendChild(item);
+    });
+    box.hidden = !box.firstChild;
+  }
+
+  /** What a calendar cell says: the day, how much arrived, and its state in words. */
+  function cellText(row, date, value, cellState) {
+    const amount = row.kind === 'hours'
+      ? formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data'
+      : (value ? 'data' : 'no data');
+    const said = {
+      ok: '', thin: ' (thin)', missing: ' (missing)', quiet: '', today: ' (today, not over)',
+      before: ' (before its first data)', future: '',
+    }[cellState] || '';
+    return formatDate(date) + ': ' + amount + said;
+  }
+
+  function coverageRow(data, row) {
+    const box = el('div', 'cov-row');
+    setData(box, { metric: row.metric, layer: row.layer, kind: row.kind, state: row.state });
+    const name = el('div', 'cov-name', row.name + ' ');
+    name.appendChild(el('span', 'meta', row.layer + (row.automation
+      ? ' · ' + row.automation : '')));
+    box.appendChild(name);
+    const cells = el('ol', 'cov-cells');
+    cells.setAttribute('aria-label', row.name + ', ' + row.layer);
+    data.days.forEach(function (date, i) {
+      const value = row.values[i];
+      const cellState = row.states[i];
+      const cell = el('li', 'cov-cell ' + cellState + (value ? ' has' : ''));
+      setData(cell, { date: date, value: value, state: cellState });
+      cell.title = cellText(row, date, value, cellState);
+      cell.setAttribute('aria-label', cell.title);
+      cells.appendChild(cell);
+    });
+    box.appendChild(cells);
+    return box;
+  }
+
+  function drawCoverage(data) {
+    const box = $('coverage');
+    clear(box);
+    const head = el('ol', 'cov-cells cov-head');
+    head.setAttribute('aria-hidden', 'true');
+    data.days.forEach(function (date) {
+      const monday = weekdayOf(date) === 0;
+      head.appendChild(el('li', 'cov-cell', monday ? String(Number(date.slice(8))) : ''));
+    });
+    const headRow = el('div', 'cov-row');
+    headRow.appendChild(el('div', 'cov-name meta', formatDate(data.days[0]) + ' – ' +
+      formatDate(data.days[data.days.length - 1]) + ' (Mondays numbered)'));
+    headRow.appendChild(head);
+    box.appendChild(headRow);
+    (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
+    if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
+    $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
+      'data) or whether there is data (day data), by the date written in each point. A day ' +
+      'is thin under half the median hours of its row, missing without data where the ' +
+      'metric comes daily.';
+    const legend = $('coverage-legend');
+    clear(legend);
+    COVERAGE_STATES.forEach(function (entry) {
+      const item = el('li');
+      item.appendChild(el('span', 'cov-cell ' + entry[0]));
+      item.appendChild(document.createTextNode(entry[1]));
+      legend.appendChild(item);
+    });
+    const gaps = $('coverage-gaps');
+    clear(gaps);
+    (data.fill || []).forEach(function (gap) {
+      const item = el('li', 'cov-gap');
+      setData(item, { automation: gap.automation, from: gap.from, to: gap.to });
+      const when = gap.from === gap.to ? formatDate(gap.from)
+        : formatDate(gap.from) + ' to ' + formatDate(gap.to);
+      item.appendChild(el('strong', null, when + ', ' + gap.metrics.join(', ') + ': '));
+      item.appendChild(document.createTextNode(gap.action));
+      gaps.appendChild(item);
+    });
+    setData(box, { from: data.from, to: data.to, tz: data.tz, today: data.today });
+  }
+
+  async function showCoverage() {
+    const box = $('coverage');
+    const s = state.summary;
+    if (s.coverageController) s.coverageController.abort();
+    const controller = new AbortController();
+    s.coverageController = controller;
+    box.dataset.state = 'loading';
+    try {
+      const data = await getJSON(query('/api/coverage', { tz: state.tz }), controller.signal);
+      if (controller !== s.coverageController) return;
+      drawCoverage(data);
+      box.dataset.state = 'ready';
+    } catch (err) {
+      if (controller !== s.coverageController || (err && err.name === 'AbortError')) return;
+      clear(box);
+      box.appendChild(el('p', 'empty', 'Could not load what arrived: ' + err.message));
       box.dataset.state = 'error';
     }
   }
