@@ -6409,15 +6409,35 @@ def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Opt
     before = conn.execute("SELECT last_at FROM object WHERE metric = ? AND layer = ? AND"
                           " hour < ? ORDER BY hour DESC LIMIT 1", (metric, layer, low)).fetchone()
     previous = None if before is None else before[0]
-    for first_at, last_at, points in conn.execute(
-            "SELECT first_at, last_at, points FROM object WHERE metric = ? AND layer = ? AND"
-            " hour BETWEEN ? AND ? ORDER BY hour", (metric, layer, low, top)):
+    for first_at, last_at, points in _bounds(conn, metric, layer, low, top):
         if previous is not None:
             gaps.append((max(0, first_at - previous), 1))
         if points > 1:
             gaps.append(((last_at - first_at) / (points - 1), points - 1))
         previous = last_at
     return _time_median(gaps)
+
+
+def _bounds(conn: sqlite3.Connection, metric: str, layer: str, low: int, high: int) -> list:
+    """(first_at, last_at, points) of the objects of the hours ``low``..``high`` in order,
+    from the index that covers the summaries (a summary says how many points it has)
+    rather than from the rows that hold the blobs; an object without a summary is read."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, first_at, last_at, json_extract(summary, '$.n') FROM object WHERE"
+            " metric = ? AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
+            (metric, layer, low, high)).fetchall()
+    except sqlite3.OperationalError:  # an SQLite without JSON functions
+        rows = [(hour, first_at, last_at, None) for hour, first_at, last_at in conn.execute(
+            "SELECT hour, first_at, last_at FROM object WHERE metric = ? AND layer = ? AND"
+            " hour BETWEEN ? AND ? ORDER BY hour", (metric, layer, low, high))]
+    out = []
+    for hour, first_at, last_at, points in rows:
+        if points is None:
+            points = conn.execute("SELECT points FROM object WHERE metric = ? AND layer = ?"
+                                  " AND hour = ?", (metric, layer, hour)).fetchone()[0]
+        out.append((first_at, last_at, points))
+    return out
 
 
 def _carrier_keys(conn: sqlite3.Connection, ids: set, imports: ImportedDeliveries) -> dict:
@@ -6842,16 +6862,47 @@ def _fill(rows: list) -> list:
     return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
 
 
+def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
+    """Local date ordinal → the buckets of ``query`` (local clock hours, or the day) that
+    hold a point: by :func:`bucket_key`, the day rule of ``/api/points``.  An hour whose
+    points share one whole-hour offset (the zone's, or for ``tz=local`` the one its summary
+    names) lies in one local hour of one day, read from the summary in SQLite; the points
+    of the other hours are read (:func:`bucket_runs`)."""
+    found: dict = {}
+    low, high = query.start // HOUR_US, (query.end - 1) // HOUR_US
+    try:
+        rows = conn.execute(
+            "SELECT hour, json_extract(summary, '$.o') FROM object WHERE metric = ? AND"
+            " layer = ? AND hour BETWEEN ? AND ?", (query.metric, query.layer, low, high))
+        left = []
+        for hour, offsets in rows:
+            summary = {} if offsets is None else {"o": json.loads(offsets)}
+            known = _hour_offsets(query, hour, summary)
+            if not known or len(known) != 1 or known[0] % 3600:
+                left.append(hour)
+                continue
+            date = local_ordinal(hour * HOUR_US, known[0])
+            found.setdefault(date, set()).add(
+                hour * HOUR_US if query.bucket == "hour" else date)
+        spans = _hour_spans(left)
+    except sqlite3.OperationalError:  # an SQLite without JSON functions: read the points
+        spans = [(low, high)]
+    for first, last in spans:
+        part = _replace(query, start=max(query.start, first * HOUR_US),
+                        end=min(query.end, (last + 1) * HOUR_US))
+        for run in bucket_runs(conn, part):
+            for key, bucket in run.buckets.items():
+                date = _dt.date.fromisoformat(_bucket_place(part, key, bucket)["date"])
+                found.setdefault(date.toordinal(), set()).add(key)
+    return found
+
+
 def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,
                   today: int, low_us: int, high_us: int) -> dict:
     kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
     query = PointQuery(item.metric, item.layer, low_us, high_us,
                        "day" if kind == "present" else "hour", zone)
-    hours: dict = {}  # ordinal -> set of local hour keys
-    for run in bucket_runs(conn, query):
-        for key, bucket in run.buckets.items():
-            date = _dt.date.fromisoformat(_bucket_place(query, key, bucket)["date"]).toordinal()
-            hours.setdefault(date, set()).add(key)
+    hours = _local_hours(conn, query)
     first_offset = zone.offset_at(item.first_hour * HOUR_US)
     first_day = local_ordinal(item.first_hour * HOUR_US,
                               item.newest_offset if first_offset is None else first_offset)

@@ -527,6 +527,7 @@ def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thi
     days = [first + dt.timedelta(days=k) for k in range(8)]
     missing, thin = days[3], days[5]
     posted = {}  # local date text -> set of local hours written
+    instants = []  # every heart-rate point's start, epoch seconds
     for day in days:
         midnight = hf.local_midnight(hf.BERLIN, day)
         hours = [] if day == missing else range(9, 12) if day == thin else range(7, 23)
@@ -534,6 +535,7 @@ def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thi
                                                midnight + h * HOUR + 20 * MIN, 10 * MIN)]
         for p in hr:
             posted.setdefault(p["date"][:10], set()).add(p["date"][11:13])
+            instants.append(dt.datetime.strptime(p["date"], "%Y-%m-%d %H:%M:%S %z").timestamp())
         metrics = {"heart_rate": hr} if hr else {"step_count": []}
         phone.post(MINUTES, metrics, midnight + 23 * HOUR)
         if day != missing:
@@ -572,6 +574,15 @@ def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thi
     utc = phone.get("/api/coverage?from=%s&to=%s&tz=UTC" % (first, days[-1] + dt.timedelta(1)))
     assert {(r["metric"], r["layer"]): r["values"] for r in utc["rows"]}[
         ("heart_rate", "minutes")] == counts
+    # India's half-hour offset: every UTC hour straddles two local hours (read from points).
+    india = phone.get("/api/coverage?from=%s&to=%s&tz=%%2B05:30"
+                      % (first, days[-1] + dt.timedelta(1)))
+    local = {}
+    for at in instants:
+        moment = dt.datetime.fromtimestamp(at + 19800, dt.timezone.utc)
+        local.setdefault(moment.date().isoformat(), set()).add(moment.hour)
+    assert {(r["metric"], r["layer"]): r["values"] for r in india["rows"]}[
+        ("heart_rate", "minutes")] == [len(local.get(date, ())) for date in dates]
     # Without a range: the four weeks ending today, by the clock.
     default = phone.get("/api/coverage")
     assert default["days"][-1] == dates[-1] and len(default["days"]) == 28
