@@ -11,7 +11,9 @@ Threads inside ``healthlog serve``:
 * the Cheroot HTTP server and its worker pool answer ``POST /api/ingest`` and the
   read routes;
 * exactly one fold thread turns ``pending`` deliveries into hourly objects, in
-  journal order ``(received_at, id)``.
+  journal order ``(received_at, id)``;
+* with ``--notify URL``, one notifier thread judges freshness every minute and posts a
+  notice when an automation turns late or a metric stale, and when it is back.
 
 On-disk layout, all under one data directory (``--data``)::
 
@@ -42,13 +44,14 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec).
+    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec);
+        freshness, notices' words, coverage (freshness spec).
     14. Export — the SQLite file of every point with its local time.
-    15. Observability — the figures of /metrics, /healthz and status.
+    15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
     16. Web sign-in — session cookies and the guess limiter.
     17. Web app — the routes, one JSON error shape, an access log without bodies.
     18. HTTP transport — the head gate and the Cheroot adapter.
-    19. Service — the lock, database, worker and server of `serve`, in order; its memory.
+    19. Service — the lock, database, worker, notifier and server of `serve`; its memory.
     20. Maintenance — reindex, verify, import, refold, export: the store from the archive.
     21. Status — what the journal and the vitrine hold, readable while serve runs.
     22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
@@ -4529,7 +4532,7 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
-# Queries: catalog, points, buckets, nights, records, summary, deliveries (read spec).
+# Queries: catalog, points, buckets, nights, records, summary, deliveries, freshness, coverage.
 # ==============================================================================
 
 LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
@@ -8457,7 +8460,7 @@ def _make_server_classes() -> tuple:
 
 
 # ==============================================================================
-# Service: the lock, database, worker and server of `serve`, in order; its memory.
+# Service: the lock, database, worker, notifier and server of `serve`; its memory.
 # ==============================================================================
 
 
