@@ -8573,6 +8573,7 @@ class Service:
         if self._stopped is not None:
             return self._stopped
         self.stopping.set()
+        self.notifier.stop(0)  # asked now, awaited below: a notice under way ends meanwhile
         budget = self.config.stop_budget_s
         running = []
         if self.server is not None:
