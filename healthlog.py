@@ -6642,10 +6642,9 @@ class FreshnessSource:
                 finally:
                     conn.execute("COMMIT")
                 self._version = version
-            senders, facts = dict(self._journal.senders), list(self._facts)
-        return judge_freshness(senders, facts,
-                               self.config.clock() if now_s is None else now_s,
-                               self.config.late_after_s)
+            return judge_freshness(self._journal.senders, self._facts,
+                                   self.config.clock() if now_s is None else now_s,
+                                   self.config.late_after_s)
 
     def close(self) -> None:
         with self._lock:
