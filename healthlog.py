@@ -6324,7 +6324,22 @@ class _Sender:
     first_us: int = 0
     last_us: int = 0
     runs: list = field(default_factory=list)  # start of each run, sorted (µs)
+    times: Any = field(default_factory=lambda: array.array("q"))  # every delivery, sorted
     session: Optional[str] = None  # the session-id of its latest delivery
+
+    def last_folded_us(self, pending: Optional[collections.Counter]) -> int:
+        """Its last delivery that is no longer waiting for the fold (``pending``: how many
+        of its deliveries received at each time wait): a delivery not folded yet says
+        nothing of what it carries."""
+        if not pending:
+            return self.last_us
+        waiting = collections.Counter(pending)
+        for at in reversed(self.times):
+            if waiting[at]:
+                waiting[at] -= 1
+                continue
+            return at
+        return self.first_us - 1  # every delivery waits: none has said anything yet
 
     def usual_interval_s(self) -> Optional[float]:
         """The median gap between its runs that end in the :data:`USUAL_INTERVAL_DAYS` up
@@ -6365,7 +6380,22 @@ class JournalFacts:
             sender.first_us, sender.last_us = min(sender.first_us, at), max(sender.last_us, at)
             if not session or session != sender.session:
                 bisect.insort(sender.runs, at)
+            bisect.insort(sender.times, at)
             sender.session = session
+
+    def pending(self, conn: sqlite3.Connection, imports: ImportedDeliveries) -> dict:
+        """Automation key → Counter of the receive times of its deliveries waiting for the
+        fold (few: the partial index of pending rows)."""
+        found: dict = {}
+        for row_id, received, a_id, a_name, path in conn.execute(
+                "SELECT id, received_at, automation_id, automation_name, path_name FROM"
+                " delivery WHERE parse_status = 'pending'"):
+            at = parse_time(received)
+            if row_id in imports.ids or at is None or row_id > self._upto:
+                continue
+            found.setdefault(automation_key(a_id, a_name, path),
+                             collections.Counter())[at] += 1
+        return found
 
 
 @dataclass(frozen=True)
@@ -6510,6 +6540,7 @@ class AutomationState:
     threshold_s: float
     state: str  # new | on_time | late
     carries: tuple  # (metric, layer) of the metrics it carries
+    offset: int = 0  # the phone's, as the newest point it carries was written: its dates
 
     @property
     def label(self) -> str:
@@ -6564,16 +6595,19 @@ class Freshness:
 
 
 def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
-                    late_after_s: float) -> Freshness:
+                    late_after_s: float, pending: Optional[Mapping] = None) -> Freshness:
     """States at ``now_s``: an automation is ``late`` when silent longer than
     max(:data:`LATE_FACTOR` × its usual interval, ``late_after_s``); a metric ``stale`` when
     its newest point is older than max(:data:`LATE_FACTOR` × its usual spacing,
     ``late_after_s``) while an automation that carries it has delivered since that
-    deadline."""
+    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`)."""
     carried: dict = {}
+    offsets: dict = {}  # automation -> (newest point it carries, its offset)
     for fact in facts:
         for key in fact.carriers:
             carried.setdefault(key, []).append((fact.metric, fact.layer))
+            offsets[key] = max(offsets.get(key, (fact.newest_us, fact.newest_offset)),
+                               (fact.newest_us, fact.newest_offset))
     automations = {}
     for key, sender in senders.items():
         usual = sender.usual_interval_s()
@@ -6584,7 +6618,8 @@ def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
             state = "late" if now_s - sender.last_us / US > threshold else "on_time"
         automations[key] = AutomationState(key, sender.name, sender.deliveries,
                                            sender.first_us, sender.last_us, usual, threshold,
-                                           state, tuple(carried.get(key, ())))
+                                           state, tuple(carried.get(key, ())),
+                                           offsets.get(key, (0, 0))[1])
     metrics = []
     for fact in facts:
         threshold = late_after_s if fact.spacing_s is None else max(
@@ -6592,7 +6627,8 @@ def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
         carriers = sorted((automations[k] for k in fact.carriers if k in automations),
                           key=lambda a: (-a.last_us, a.key))
         deadline_us = fact.newest_us + int(threshold * US)
-        delivering = [a for a in carriers if a.last_us > deadline_us]
+        delivering = [a for a in carriers if senders[a.key].last_folded_us(
+            (pending or {}).get(a.key)) > deadline_us]
         if fact.spacing_s is None:
             state = "new"
         elif now_s * US > deadline_us and delivering:
@@ -6621,6 +6657,7 @@ class FreshnessSource:
         self._journal = JournalFacts()
         self._newest: dict = {}
         self._facts: list = []
+        self._pending: dict = {}
         self._closed = False
 
     def judge(self, now_s: Optional[float] = None) -> Freshness:
@@ -6638,13 +6675,14 @@ class FreshnessSource:
                 try:
                     self._imports.update(conn)
                     self._journal.update(conn, self._imports)
+                    self._pending = self._journal.pending(conn, self._imports)
                     self._facts = metric_facts(conn, self._imports, self._newest)
                 finally:
                     conn.execute("COMMIT")
                 self._version = version
             return judge_freshness(self._journal.senders, self._facts,
                                    self.config.clock() if now_s is None else now_s,
-                                   self.config.late_after_s)
+                                   self.config.late_after_s, self._pending)
 
     def close(self) -> None:
         with self._lock:
@@ -6661,7 +6699,8 @@ def freshness_of(conn: sqlite3.Connection, data_dir: Path, now_s: float,
     imports, journal = ImportedDeliveries(data_dir), JournalFacts()
     imports.update(conn)
     journal.update(conn, imports)
-    return judge_freshness(journal.senders, metric_facts(conn, imports), now_s, late_after_s)
+    return judge_freshness(journal.senders, metric_facts(conn, imports), now_s, late_after_s,
+                           journal.pending(conn, imports))
 
 
 # -- notices: what a person is told, in HAE's own words ---------------------------------
@@ -6735,8 +6774,8 @@ def automation_notice(item: AutomationState, now_s: float) -> Notice:
                 _span_text(item.threshold_s)),
             "Unlock the phone and open Health Auto Export: check that the automation %s is"
             " on, and that Low Power Mode and a lack of Background App Refresh do not stop"
-            " it. %s" % (item.label, hae_action(item, local_ordinal(item.last_us, 0),
-                                                 _today(now_s, 0))),
+            " it. %s" % (item.label, hae_action(item, local_ordinal(item.last_us, item.offset),
+                                                 _today(now_s, item.offset))),
             since)
     return Notice("automation", item.key, item.state, "healthlog: %s is back" % item.label,
                   "%s delivered again at %s." % (capitalise_first(item.label),

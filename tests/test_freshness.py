@@ -189,6 +189,16 @@ def median_gap(times: list) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:]))
 
 
+def moment_median(gaps: list) -> float:
+    """The spec's usual spacing: the gap at which the gaps no longer than it cover half of
+    the time all of them cover."""
+    covered = 0
+    for gap in sorted(gaps):
+        covered += gap
+        if 2 * covered >= sum(gaps):
+            return gap
+
+
 def threshold(usual: float, late_after: float) -> float:
     """The spec's rule: three usual intervals, never less than --late-after."""
     return max(3 * usual, late_after)
@@ -415,6 +425,43 @@ def test_fresh_2_2_a_weekly_metric_is_stale_only_after_three_of_its_weeks(
     seen = {at: phone.states(at)["weight_body_mass/minutes"] for at in days}
     assert seen == expected
     assert list(seen.values()) == ["fresh"] * 4 + ["stale"]
+
+
+def test_fresh_2_3_a_delivery_not_folded_yet_says_nothing_of_what_it_carries(
+        start_service, data_dir, receivers):
+    clock, receiver = Clock(), receivers("ok")
+    service = start_service(paused=True, clock=clock, freshness_check_s=0.05,
+                            notify_url=receiver.url, late_after_s=HOUR)
+    phone = Phone(service, clock, data_dir)
+    service.worker.gate.set()
+    times = [T0 + k * 15 * MIN for k in range(4)]
+    for at in times:
+        phone.post(MINUTES, {"heart_rate": points("heart_rate", at - 15 * MIN, at)}, at)
+    late = times[-1] + 2 * HOUR  # past heart rate's deadline (a point a minute: 1 h)
+    service.worker.gate.clear()  # the fold waits: the next delivery stays pending
+    clock.now = late
+    status, answer = phone.client.ingest(
+        hf.dumps_hae(hf.envelope(metrics=[hf.metric("heart_rate", points(
+            "heart_rate", late - 15 * MIN, late))])), headers=hf.headers_for(MINUTES))
+    assert status == 200 and answer["status"] == "pending"
+    states = phone.states()
+    assert states == {"Minutes": "on_time", "heart_rate/minutes": "fresh"}
+    service.worker.gate.set()
+    wait_for(lambda: all(r["parse_status"] == "parsed" for r in db_rows(data_dir)),
+             what="the delivery folded")
+    assert phone.states()["heart_rate/minutes"] == "fresh"
+    # A delivery without it, once folded past its threshold, does say it stopped: the
+    # usual spacing is the gap a moment of its time falls in (here the 1 h 46 min pause).
+    starts = sorted({at for a in times + [late] for at in range(int(a - 15 * MIN), int(a), MIN)})
+    usual = moment_median([b - a for a, b in zip(starts, starts[1:])])
+    assert usual == (late - 15 * MIN) - (times[-1] - MIN)  # the pause
+    after = starts[-1] + threshold(usual, HOUR) + MIN
+    phone.post(MINUTES, {"step_count": points("step_count", after - 5 * MIN, after)}, after)
+    assert phone.states()["heart_rate/minutes"] == "stale"
+    # (Minutes itself was late for a moment: five silent hours, then that delivery.)
+    about_hr = wait_for(lambda: [t for t, _ in receiver.notices() if "Heart rate" in t],
+                        what="the notice of heart rate")
+    assert about_hr == ["healthlog: Heart rate (minutes) has stopped"]
 
 
 # ---------------------------------------------------------------------------------------
