@@ -11,7 +11,9 @@ Threads inside ``healthlog serve``:
 * the Cheroot HTTP server and its worker pool answer ``POST /api/ingest`` and the
   read routes;
 * exactly one fold thread turns ``pending`` deliveries into hourly objects, in
-  journal order ``(received_at, id)``.
+  journal order ``(received_at, id)``;
+* with ``--notify URL``, one notifier thread judges freshness every minute and posts a
+  notice when an automation turns late or a metric stale, and when it is back.
 
 On-disk layout, all under one data directory (``--data``)::
 
@@ -42,13 +44,14 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec).
+    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec);
+        freshness, notices' words, coverage (freshness spec).
     14. Export — the SQLite file of every point with its local time.
-    15. Observability — the figures of /metrics, /healthz and status.
+    15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
     16. Web sign-in — session cookies and the guess limiter.
     17. Web app — the routes, one JSON error shape, an access log without bodies.
     18. HTTP transport — the head gate and the Cheroot adapter.
-    19. Service — the lock, database, worker and server of `serve`, in order; its memory.
+    19. Service — the lock, database, worker, notifier and server of `serve`; its memory.
     20. Maintenance — reindex, verify, import, refold, export: the store from the archive.
     21. Status — what the journal and the vitrine hold, readable while serve runs.
     22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
@@ -253,6 +256,38 @@ GUESS_ADDRESSES_MAX = 4096
 FORWARDED_HINTS_MAX = 64
 """Untrusted addresses whose forwarding headers were logged (once each, with the hint to
 name them in ``--trusted-proxy``): a bound, so that no client can grow it."""
+
+LATE_AFTER_S = 6 * 3600.0
+"""``--late-after``'s default: the shortest silence called late (an automation) or stale (a
+metric), whatever their usual rhythm.  HAE runs only while the phone is unlocked and iOS
+grants it time, so a few quiet hours are normal; six hours of them are not, by day."""
+LATE_FACTOR = 3
+"""An automation is late, a metric stale, after three of its usual intervals (and never
+before ``--late-after``): one missed run is common (a locked phone), three in a row are not."""
+USUAL_INTERVAL_DAYS = 14
+"""An automation's usual interval: the median gap between its runs over the 14 days up to
+its last delivery (two weeks hold a weekly rhythm twice and a daily one fourteen times)."""
+USUAL_SPACING_DAYS = 30
+"""A metric's usual spacing: the median gap between its points over the 30 days up to its
+newest point (a weekly weigh-in has four of them); its carriers: the automations whose
+deliveries wrote its objects in the 14 days up to that point."""
+FRESH_MIN_RUNS = 3
+"""Runs (deliveries, those of one ``session-id`` counting once) an automation needs before
+it is judged: two gaps make a median; before that it is ``new``."""
+FRESHNESS_CHECK_S = 60.0
+"""How often ``serve`` judges freshness again for its notices, besides after a read of
+``/api/freshness``, ``/api/summary`` or ``/metrics``."""
+NOTIFY_TIMEOUT_S = 10.0
+"""A notice's POST gives up after this; it never holds anything but the notifier's thread."""
+NOTIFY_RETRY_S = (5.0, 30.0, 120.0, 600.0, 1800.0)
+"""Waits before the retries of a notice that failed (an error, a timeout, an answer other
+than 2xx); after the last the notice is dropped, with a WARN: about an hour in all."""
+NOTIFY_QUEUE_MAX = 100
+"""Notices waiting to be sent; beyond it the oldest is dropped (a receiver down for days)."""
+COVERAGE_DAYS = 28
+"""The days ``/api/coverage`` answers without ``from``: four weeks, ending today."""
+COVERAGE_MAX_DAYS = 400
+"""The longest range ``/api/coverage`` reads at once (a year and its edges)."""
 
 STATUSES = ("pending", "parsed", "partial", "failed")
 
@@ -699,6 +734,15 @@ class Config:
     stop_budget_s: float = STOP_BUDGET_S
     handoff_budget: int = HANDOFF_BUDGET
     trusted_proxies: tuple = ()  # ip_network objects: whose forwarding headers count
+    late_after_s: float = LATE_AFTER_S
+    notify_url: Optional[str] = None  # where notices go (never logged: it may hold a secret)
+    notify_format: str = "text"
+    notify_timeout_s: float = NOTIFY_TIMEOUT_S
+    notify_retry_s: tuple = NOTIFY_RETRY_S
+    freshness_check_s: float = FRESHNESS_CHECK_S
+    clock: Callable[[], float] = time.time
+    """Epoch seconds now: what freshness is judged against and the time a delivery is
+    received at.  Tests give their own and move it instead of waiting."""
 
     @property
     def db_path(self) -> Path:
@@ -759,6 +803,27 @@ def parse_trusted_proxies(text: str, origin: str) -> tuple:
     return tuple(networks)
 
 
+_DURATION = re.compile(r"([0-9]{1,7})([smhd])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, origin: str) -> float:
+    """``90s``, ``45m``, ``6h``, ``2d``: seconds, at least one."""
+    match = _DURATION.fullmatch((text or "").strip())
+    if not match or int(match.group(1)) < 1:
+        raise ConfigError("%s wants a duration such as 90s, 45m, 6h or 2d" % origin)
+    return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
+
+
+def parse_notify_url(text: str, origin: str) -> str:
+    """An ``http://`` or ``https://`` address with a host: where ``serve`` posts notices."""
+    parts = urllib.parse.urlsplit((text or "").strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("%s wants an http:// or https:// address, such as"
+                          " https://ntfy.sh/my-topic" % origin)
+    return text.strip()
+
+
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Merge defaults, ``HEALTHLOG_*`` environment variables and flags (flags win)."""
     values: dict = {}
@@ -783,6 +848,22 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
     elif environ.get("HEALTHLOG_TRUSTED_PROXY"):
         values["trusted_proxies"] = parse_trusted_proxies(environ["HEALTHLOG_TRUSTED_PROXY"],
                                                           "HEALTHLOG_TRUSTED_PROXY")
+    late_after = getattr(args, "late_after", None)
+    if late_after is not None:
+        values["late_after_s"] = parse_duration(late_after, "--late-after")
+    elif environ.get("HEALTHLOG_LATE_AFTER"):
+        values["late_after_s"] = parse_duration(environ["HEALTHLOG_LATE_AFTER"],
+                                                "HEALTHLOG_LATE_AFTER")
+    notify = getattr(args, "notify", None)
+    if notify is not None:
+        values["notify_url"] = parse_notify_url(notify, "--notify")
+    elif environ.get("HEALTHLOG_NOTIFY"):
+        values["notify_url"] = parse_notify_url(environ["HEALTHLOG_NOTIFY"], "HEALTHLOG_NOTIFY")
+    notify_format = getattr(args, "notify_format", None)
+    if notify_format is not None:
+        if notify_format not in ("text", "json"):
+            raise ConfigError("--notify-format must be text or json")
+        values["notify_format"] = notify_format
     log_format = getattr(args, "log_format", None) or environ.get("HEALTHLOG_LOG_FORMAT")
     if log_format:
         if log_format not in ("logfmt", "json"):
@@ -4451,7 +4532,7 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
-# Queries: catalog, points, buckets, nights, records, summary, deliveries (read spec).
+# Queries: catalog, points, buckets, nights, records, summary, deliveries, freshness, coverage.
 # ==============================================================================
 
 LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
@@ -6378,9 +6459,11 @@ offsets reach a day beyond, which the calendar's ends (years 1 and 9999) cannot 
 no health record is older than 1900."""
 
 
-def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+            fresh: Optional[Freshness] = None) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
-    day (default: the day of the newest point, in its own local time)."""
+    day (default: the day of the newest point, in its own local time); with ``fresh``, its
+    ``attention``: a notice for what is late or stale now, whatever the day."""
     zone = parse_zone(args.get("tz"))
     text = args.get("date")
     if text:
@@ -6410,6 +6493,7 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
     cards["workouts"] = _week_of_workouts(conn, zone, day)
     cards["other"] = _other_today(conn, zone, day, shown)
     return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
+            "attention": [] if fresh is None else [n.as_json() for n in attention(fresh)],
             "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
             "cards": cards, "trends": trends(conn, zone, day),
             "trend_rule": {"recent_days": TREND_RECENT_DAYS,
@@ -6471,6 +6555,735 @@ def _whole_number(name: str, text: Optional[str], default: int, high: int) -> in
     if not 1 <= value <= high:
         raise BadRequest("%s must be between 1 and %d" % (name, high))
     return value
+
+
+# -- freshness: is anything missing? (freshness spec) ------------------------------------
+# Everything here is derived from the journal and the store, as ``reindex`` rebuilds them:
+# nothing is stored.  Facts that do not depend on the clock (last deliveries, usual
+# intervals, newest points, carriers) are kept in memory by :class:`FreshnessSource`
+# between changes of the database; the states are judged against ``Config.clock``.
+
+FRESHNESS_DAY_LAYERS = ("days", "weeks", "months", "years")
+"""Layers whose points stand for a whole day or more: coverage says present or not."""
+DAILY_SPACING_S = 25 * 3600
+"""A metric whose usual spacing is at most this (a day, 25 hours on a DST day) is expected
+every day: a day without it is missing; a sparser one's quiet days are not flagged."""
+_ID_CHUNK = 500
+
+
+def automation_key(automation_id: Optional[str], automation_name: Optional[str],
+                   path_name: Optional[str]) -> str:
+    """Who sent a delivery: HAE's ``automation-id``, else its ``automation-name``, else the
+    path it was posted to (``/api/ingest/<name>``; ``/api/ingest`` for every delivery
+    without headers or name: one anonymous automation)."""
+    if automation_id:
+        return automation_id
+    if automation_name:
+        return automation_name
+    return "/api/ingest/" + path_name if path_name else "/api/ingest"
+
+
+def watched_metric(metric: str) -> bool:
+    """Symptoms, medications and cycle tracking are events a person enters, named after
+    what they entered (health data): no rhythm to miss, and no name to send."""
+    return loggable_metric(metric) == metric
+
+
+class ImportedDeliveries:
+    """The ids of the deliveries ``healthlog import`` journaled: an import is a person's
+    export, not an automation running, and its ``received_at`` is the file's time.  Its
+    ``.meta.json`` says ``imported_from``; only rows without ``automation-id`` and
+    ``automation-name`` are looked at (``import`` sets neither), each once."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.ids: set = set()
+        self._upto = 0
+
+    def update(self, conn: sqlite3.Connection) -> None:
+        rows = conn.execute(
+            "SELECT id, archive_path FROM delivery WHERE id > ? AND coalesce(automation_id,"
+            " '') = '' AND coalesce(automation_name, '') = '' ORDER BY id",
+            (self._upto,)).fetchall()
+        for row_id, relative in rows:
+            meta = _read_meta(self.data_dir / relative, relative)
+            if "imported_from" in meta:
+                self.ids.add(row_id)
+        top = conn.execute("SELECT max(id) FROM delivery").fetchone()[0]
+        self._upto = max(self._upto, top or 0, rows[-1][0] if rows else 0)
+
+
+@dataclass
+class _Sender:
+    """What the journal says of one automation (imports left out)."""
+
+    key: str
+    name: Optional[str] = None  # its latest automation-name, else its path name
+    deliveries: int = 0
+    first_us: int = 0
+    last_us: int = 0
+    runs: list = field(default_factory=list)  # start of each run, sorted (µs)
+    times: Any = field(default_factory=lambda: array.array("q"))  # every delivery, sorted
+    session: Optional[str] = None  # the session-id of its latest delivery
+
+    def last_folded_us(self, pending: Optional[collections.Counter]) -> int:
+        """Its last delivery that is no longer waiting for the fold (``pending``: how many
+        of its deliveries received at each time wait): a delivery not folded yet says
+        nothing of what it carries."""
+        if not pending:
+            return self.last_us
+        waiting = collections.Counter(pending)
+        for at in reversed(self.times):
+            if waiting[at]:
+                waiting[at] -= 1
+                continue
+            return at
+        return self.first_us - 1  # every delivery waits: none has said anything yet
+
+    def usual_interval_s(self) -> Optional[float]:
+        """The median gap between its runs that end in the :data:`USUAL_INTERVAL_DAYS` up
+        to its last run; None before :data:`FRESH_MIN_RUNS` runs."""
+        runs = self.runs
+        if len(runs) < FRESH_MIN_RUNS:
+            return None
+        start = runs[-1] - USUAL_INTERVAL_DAYS * 86400 * US
+        first = max(1, bisect.bisect_left(runs, start))
+        return _median([(runs[i] - runs[i - 1]) / US for i in range(first, len(runs))])
+
+
+class JournalFacts:
+    """Per automation, from the delivery rows in id order: deliveries, first and last,
+    and its runs (deliveries of one ``session-id`` in a row are one run: HAE's Batch
+    Requests).  Rows are only ever added while a process runs, so each is read once."""
+
+    def __init__(self):
+        self.senders: dict = {}
+        self._upto = 0
+
+    def update(self, conn: sqlite3.Connection, imports: ImportedDeliveries) -> None:
+        for row_id, received, a_id, a_name, path, session in conn.execute(
+                "SELECT id, received_at, automation_id, automation_name, path_name, session_id"
+                " FROM delivery WHERE id > ? ORDER BY id", (self._upto,)):
+            self._upto = row_id
+            if row_id in imports.ids:
+                continue
+            at = parse_time(received)
+            if at is None:
+                continue
+            key = automation_key(a_id, a_name, path)
+            sender = self.senders.get(key)
+            if sender is None:
+                sender = self.senders[key] = _Sender(key, first_us=at, last_us=at)
+            sender.name = a_name or path or sender.name
+            sender.deliveries += 1
+            sender.first_us, sender.last_us = min(sender.first_us, at), max(sender.last_us, at)
+            if not session or session != sender.session:
+                bisect.insort(sender.runs, at)
+            bisect.insort(sender.times, at)
+            sender.session = session
+
+    def pending(self, conn: sqlite3.Connection, imports: ImportedDeliveries) -> dict:
+        """Automation key → Counter of the receive times of its deliveries waiting for the
+        fold (few: the partial index of pending rows)."""
+        found: dict = {}
+        for row_id, received, a_id, a_name, path in conn.execute(
+                "SELECT id, received_at, automation_id, automation_name, path_name FROM"
+                " delivery WHERE parse_status = 'pending'"):
+            at = parse_time(received)
+            if row_id in imports.ids or at is None or row_id > self._upto:
+                continue
+            found.setdefault(automation_key(a_id, a_name, path),
+                             collections.Counter())[at] += 1
+        return found
+
+
+@dataclass(frozen=True)
+class MetricFacts:
+    """What the store says of one metric and layer: its newest point (instant and the
+    offset it was written in), its first hour, its usual spacing (None with one point),
+    the automations whose deliveries wrote it lately (keys), and the delivery of its
+    newest point."""
+
+    metric: str
+    layer: str
+    newest_us: int
+    newest_offset: int
+    first_hour: int
+    spacing_s: Optional[float]
+    carriers: tuple
+    newest_delivery: Optional[int]
+
+
+def _time_median(gaps: list) -> Optional[float]:
+    """The gap a moment usually falls in: of [(gap, how many such gaps)], the one at which
+    gaps no longer than it cover half of the time they span together (0 when all are 0)."""
+    if not gaps:
+        return None
+    total = sum(gap * count for gap, count in gaps)
+    covered = 0.0
+    for gap, count in sorted(gaps):
+        covered += gap * count
+        if covered * 2 >= total:
+            return float(gap)
+    return float(max(gap for gap, _ in gaps))  # pragma: no cover - float rounding
+
+
+def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Optional[float]:
+    """The usual spacing of a metric's points over the :data:`USUAL_SPACING_DAYS` up to its
+    newest hour (the gap into that window included): the gap between consecutive points
+    that a moment of that time usually falls in, so that a metric measured in bursts (three
+    blood pressure readings a minute apart, twice a year) is spaced by its bursts, and one
+    quiet every night by its nights when they are most of its time.  The points of one hour
+    count as evenly spaced between its first and last: read from the objects' bounds,
+    never from their points."""
+    low = top - USUAL_SPACING_DAYS * 24
+    gaps: list = []
+    before = conn.execute("SELECT last_at FROM object WHERE metric = ? AND layer = ? AND"
+                          " hour < ? ORDER BY hour DESC LIMIT 1", (metric, layer, low)).fetchone()
+    previous = None if before is None else before[0]
+    for first_at, last_at, points in _bounds(conn, metric, layer, low, top):
+        if previous is not None:
+            gaps.append((max(0, first_at - previous), 1))
+        if points > 1:
+            gaps.append(((last_at - first_at) / (points - 1), points - 1))
+        previous = last_at
+    return _time_median(gaps)
+
+
+def _bounds(conn: sqlite3.Connection, metric: str, layer: str, low: int, high: int) -> list:
+    """(first_at, last_at, points) of the objects of the hours ``low``..``high`` in order,
+    from the index that covers the summaries (a summary says how many points it has)
+    rather than from the rows that hold the blobs; an object without a summary is read."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, first_at, last_at, json_extract(summary, '$.n') FROM object WHERE"
+            " metric = ? AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
+            (metric, layer, low, high)).fetchall()
+    except sqlite3.OperationalError:  # an SQLite without JSON functions
+        rows = [(hour, first_at, last_at, None) for hour, first_at, last_at in conn.execute(
+            "SELECT hour, first_at, last_at FROM object WHERE metric = ? AND layer = ? AND"
+            " hour BETWEEN ? AND ? ORDER BY hour", (metric, layer, low, high))]
+    out = []
+    for hour, first_at, last_at, points in rows:
+        if points is None:
+            points = conn.execute("SELECT points FROM object WHERE metric = ? AND layer = ?"
+                                  " AND hour = ?", (metric, layer, hour)).fetchone()[0]
+        out.append((first_at, last_at, points))
+    return out
+
+
+def _carrier_keys(conn: sqlite3.Connection, ids: set, imports: ImportedDeliveries) -> dict:
+    """Delivery id → automation key, imports left out."""
+    found: dict = {}
+    wanted = sorted(i for i in ids if i not in imports.ids)
+    for at in range(0, len(wanted), _ID_CHUNK):
+        chunk = wanted[at:at + _ID_CHUNK]
+        for row_id, a_id, a_name, path in conn.execute(
+                "SELECT id, automation_id, automation_name, path_name FROM delivery WHERE id"
+                " IN (%s)" % ",".join("?" * len(chunk)), chunk):
+            found[row_id] = automation_key(a_id, a_name, path)
+    return found
+
+
+def metric_facts(conn: sqlite3.Connection, imports: ImportedDeliveries,
+                 newest_cache: Optional[dict] = None) -> list:
+    """:class:`MetricFacts` of every watched metric and layer.  ``newest_cache`` keeps each
+    newest object's reading by (hour, hash) between calls: a large hour (a workout's
+    route) is decoded once."""
+    cache = newest_cache if newest_cache is not None else {}
+    found = []
+    tops = conn.execute("SELECT metric, layer, min(hour), max(hour) FROM object"
+                        " GROUP BY metric, layer ORDER BY metric, layer").fetchall()
+    wanted_ids: dict = {}
+    for metric, layer, first_hour, top in tops:
+        if not watched_metric(metric):
+            continue
+        row = conn.execute(
+            "SELECT hash, metric, layer, hour, units, delivery_id, updated_by, sealed, blob,"
+            " point_deliveries, spans FROM object WHERE metric = ? AND layer = ? AND hour = ?",
+            (metric, layer, top)).fetchone()
+        newest = cache.get((metric, layer))
+        if newest is None or newest[0] != (top, row[0]):
+            stored = decode_object(row[1:])
+            last = max(range(len(stored.coords)), key=lambda i: stored.coords[i][0])
+            start = stored.coords[last][0]
+            point = stored.points[last]
+            raw = raw_start(point) if type(point) is dict else None
+            newest = ((top, row[0]), start, text_offset(raw, start), stored.deliveries[last])
+            cache[(metric, layer)] = newest
+        ids = {newest[3]}
+        for created, updated in conn.execute(
+                "SELECT delivery_id, updated_by FROM object WHERE metric = ? AND layer = ? AND"
+                " hour BETWEEN ? AND ?", (metric, layer, top - USUAL_INTERVAL_DAYS * 24, top)):
+            ids.add(created)
+            ids.add(updated)
+        wanted_ids[(metric, layer)] = ids
+        found.append([metric, layer, newest[1], newest[2], first_hour,
+                      _spacing(conn, metric, layer, top), newest[3]])
+    keys = _carrier_keys(conn, set().union(*wanted_ids.values()) if wanted_ids else set(),
+                         imports)
+    return [MetricFacts(metric, layer, newest_us, offset, first_hour, spacing,
+                        tuple(sorted({keys[i] for i in wanted_ids[(metric, layer)] if i in keys})),
+                        newest_id)
+            for metric, layer, newest_us, offset, first_hour, spacing, newest_id in found]
+
+
+@dataclass(frozen=True)
+class AutomationState:
+    key: str
+    name: Optional[str]
+    deliveries: int
+    first_us: int
+    last_us: int
+    usual_s: Optional[float]
+    threshold_s: float
+    state: str  # new | on_time | late
+    carries: tuple  # (metric, layer) of the metrics it carries
+    offset: int = 0  # the phone's, as the newest point it carries was written: its dates
+
+    @property
+    def label(self) -> str:
+        """How a person knows it: its name, quoted."""
+        if self.name:
+            return "'%s'" % self.name
+        return "the automation posting to %s" % self.key
+
+
+@dataclass(frozen=True)
+class MetricState:
+    metric: str
+    layer: str
+    newest_us: int
+    newest_offset: int
+    first_hour: int
+    spacing_s: Optional[float]
+    threshold_s: float
+    state: str  # new | fresh | stale
+    carrier: Optional[AutomationState]  # the one that keeps delivering, else that carried it
+
+    @property
+    def label(self) -> str:
+        return meaning_of(self.metric).name
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Every automation's and metric's state at ``now_s``."""
+
+    now_s: float
+    late_after_s: float
+    automations: tuple
+    metrics: tuple
+
+    def as_json(self) -> dict:
+        """``GET /api/freshness``."""
+        return {"automations": [
+            {"id": a.key, "name": a.name, "last_delivery": format_instant(a.last_us),
+             "usual_interval_s": None if a.usual_s is None else round(a.usual_s, 3),
+             "state": a.state} for a in self.automations],
+            "metrics": [
+                {"metric": m.metric, "layer": m.layer,
+                 "newest_point": local_iso(m.newest_us, m.newest_offset), "state": m.state}
+                for m in self.metrics]}
+
+    def metric(self, metric: str, layer: str) -> Optional[MetricState]:
+        for item in self.metrics:
+            if item.metric == metric and item.layer == layer:
+                return item
+        return None
+
+
+def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
+                    late_after_s: float, pending: Optional[Mapping] = None) -> Freshness:
+    """States at ``now_s``: an automation is ``late`` when silent longer than
+    max(:data:`LATE_FACTOR` × its usual interval, ``late_after_s``); a metric ``stale`` when
+    its newest point is older than max(:data:`LATE_FACTOR` × its usual spacing,
+    ``late_after_s``) while an automation that carries it has delivered since that
+    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`)."""
+    carried: dict = {}
+    offsets: dict = {}  # automation -> (newest point it carries, its offset)
+    for fact in facts:
+        for key in fact.carriers:
+            carried.setdefault(key, []).append((fact.metric, fact.layer))
+            offsets[key] = max(offsets.get(key, (fact.newest_us, fact.newest_offset)),
+                               (fact.newest_us, fact.newest_offset))
+    automations = {}
+    for key, sender in senders.items():
+        usual = sender.usual_interval_s()
+        threshold = late_after_s if usual is None else max(LATE_FACTOR * usual, late_after_s)
+        if usual is None:
+            state = "new"
+        else:
+            state = "late" if now_s - sender.last_us / US > threshold else "on_time"
+        automations[key] = AutomationState(key, sender.name, sender.deliveries,
+                                           sender.first_us, sender.last_us, usual, threshold,
+                                           state, tuple(carried.get(key, ())),
+                                           offsets.get(key, (0, 0))[1])
+    metrics = []
+    for fact in facts:
+        threshold = late_after_s if fact.spacing_s is None else max(
+            LATE_FACTOR * fact.spacing_s, late_after_s)
+        carriers = sorted((automations[k] for k in fact.carriers if k in automations),
+                          key=lambda a: (-a.last_us, a.key))
+        deadline_us = fact.newest_us + int(threshold * US)
+        delivering = [a for a in carriers if senders[a.key].last_folded_us(
+            (pending or {}).get(a.key)) > deadline_us]
+        if fact.spacing_s is None:
+            state = "new"
+        elif now_s * US > deadline_us and delivering:
+            state = "stale"
+        else:
+            state = "fresh"
+        carrier = (delivering or carriers or [None])[0]
+        metrics.append(MetricState(fact.metric, fact.layer, fact.newest_us, fact.newest_offset,
+                                   fact.first_hour, fact.spacing_s, threshold, state, carrier))
+    return Freshness(now_s, late_after_s,
+                     tuple(sorted(automations.values(), key=lambda a: (a.name or a.key, a.key))),
+                     tuple(metrics))
+
+
+class FreshnessSource:
+    """Freshness for ``serve``: the facts kept in memory on a connection of its own, read
+    again when the database changed (``PRAGMA data_version``: another connection
+    committed), and judged against the clock at each call.  Thread-safe."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._lock = threading.Lock()
+        self._conn: Optional[sqlite3.Connection] = None
+        self._version: Optional[int] = None
+        self._imports = ImportedDeliveries(config.data_dir)
+        self._journal = JournalFacts()
+        self._newest: dict = {}
+        self._facts: list = []
+        self._pending: dict = {}
+        self._closed = False
+
+    def judge(self, now_s: Optional[float] = None) -> Freshness:
+        with self._lock:
+            if self._closed:
+                raise HealthlogError("the service has stopped")
+            if self._conn is None:
+                self._conn = connect(self.config.db_path,
+                                     busy_timeout_s=self.config.busy_timeout_s,
+                                     synchronous="NORMAL")
+            conn = self._conn
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._version:
+                conn.execute("BEGIN")  # one snapshot of the journal and the store
+                try:
+                    self._imports.update(conn)
+                    self._journal.update(conn, self._imports)
+                    self._pending = self._journal.pending(conn, self._imports)
+                    self._facts = metric_facts(conn, self._imports, self._newest)
+                finally:
+                    conn.execute("COMMIT")
+                self._version = version
+            return judge_freshness(self._journal.senders, self._facts,
+                                   self.config.clock() if now_s is None else now_s,
+                                   self.config.late_after_s, self._pending)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+
+
+def freshness_of(conn: sqlite3.Connection, data_dir: Path, now_s: float,
+                 late_after_s: float) -> Freshness:
+    """Freshness read once, on ``conn`` (``status``)."""
+    imports, journal = ImportedDeliveries(data_dir), JournalFacts()
+    imports.update(conn)
+    journal.update(conn, imports)
+    return judge_freshness(journal.senders, metric_facts(conn, imports), now_s, late_after_s,
+                           journal.pending(conn, imports))
+
+
+# -- notices: what a person is told, in HAE's own words ---------------------------------
+
+def _moment(instant_us: int, offset_s: Optional[int] = None) -> str:
+    """``Fri 2024-03-08 14:02 UTC`` (or ``-08:00``: the offset the time was written in)."""
+    shown = _dt.datetime(1970, 1, 1) + _dt.timedelta(
+        seconds=instant_us // US + (offset_s or 0))
+    return "%s %04d-%02d-%02d %02d:%02d %s" % (
+        shown.strftime("%a"), shown.year, shown.month, shown.day, shown.hour, shown.minute,
+        "UTC" if offset_s is None else format_offset(offset_s))
+
+
+def _span_text(seconds: float) -> str:
+    """``5 min``, ``6 h``, ``2 d``: a usual interval or a threshold, as a person says it."""
+    if seconds >= 86400 and seconds % 86400 == 0 or seconds >= 3 * 86400:
+        return "%s d" % _round_text(seconds / 86400)
+    if seconds >= 3600:
+        return "%s h" % _round_text(seconds / 3600)
+    if seconds >= 60:
+        return "%s min" % _round_text(seconds / 60)
+    return "%s s" % _round_text(seconds)
+
+
+def _round_text(value: float) -> str:
+    return ("%.1f" % value).rstrip("0").rstrip(".")
+
+
+def hae_action(automation: Optional[AutomationState], first: int, last: int) -> str:
+    """How to fill the local days ``first``..``last`` (ordinals) in Health Auto Export."""
+    dates = (_dt.date.fromordinal(first).isoformat() if first == last else "%s to %s" % (
+        _dt.date.fromordinal(first).isoformat(), _dt.date.fromordinal(last).isoformat()))
+    where = ("open the automation %s, tap Manual Export" % automation.label
+             if automation is not None else "tap Manual Export in the automation that sends it")
+    return ("To fill the gap: in Health Auto Export, %s and export %s. A re-send is always safe"
+            " here: healthlog keeps each point once." % (where, dates))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One change of state (or, on the page and in ``status``, one state) told to a person:
+    names and times only, never a value, a device or the token."""
+
+    kind: str  # automation | metric
+    subject: str  # the automation's id, or metric/layer
+    state: str  # late | on_time | stale | fresh
+    title: str
+    text: str
+    action: str
+    since: str  # the last delivery (UTC) or the newest point (local as written)
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "subject": self.subject, "state": self.state,
+                "title": self.title, "text": self.text, "action": self.action,
+                "since": self.since}
+
+
+def _today(instant_s: float, offset_s: int) -> int:
+    return local_ordinal(int(instant_s * US), offset_s)
+
+
+def automation_notice(item: AutomationState, now_s: float) -> Notice:
+    since = format_instant(item.last_us)
+    if item.state == "late":
+        usual = "" if item.usual_s is None else "; it usually sends every %s" % _span_text(
+            item.usual_s)
+        return Notice(
+            "automation", item.key, "late", "healthlog: %s is late" % item.label,
+            "%s has sent nothing since %s%s (late after %s)." % (
+                capitalise_first(item.label), _moment(item.last_us), usual,
+                _span_text(item.threshold_s)),
+            "Unlock the phone and open Health Auto Export: check that the automation %s is"
+            " on, and that Low Power Mode and a lack of Background App Refresh do not stop"
+            " it. %s" % (item.label, hae_action(item, local_ordinal(item.last_us, item.offset),
+                                                 _today(now_s, item.offset))),
+            since)
+    return Notice("automation", item.key, item.state, "healthlog: %s is back" % item.label,
+                  "%s delivered again at %s." % (capitalise_first(item.label),
+                                                 _moment(item.last_us)), "", since)
+
+
+def metric_notice(item: MetricState, now_s: float) -> Notice:
+    since = local_iso(item.newest_us, item.newest_offset)
+    subject = "%s/%s" % (item.metric, item.layer)
+    name = "%s (%s)" % (item.label, item.layer)
+    if item.state == "stale":
+        by = item.carrier.label if item.carrier is not None else "its automation"
+        return Notice(
+            "metric", subject, "stale", "healthlog: %s has stopped" % name,
+            "%s: nothing since %s while %s keeps delivering." % (
+                name, _moment(item.newest_us, item.newest_offset), by),
+            "Check that the device that records it is worn and syncs, that Health Auto"
+            " Export may still read it (Settings, Health, Data Access & Devices) and that %s"
+            " still selects it. %s" % (by, hae_action(
+                item.carrier, local_ordinal(item.newest_us, item.newest_offset),
+                _today(now_s, item.newest_offset))),
+            since)
+    return Notice("metric", subject, item.state, "healthlog: %s is back" % name,
+                  "%s: new data again, the newest from %s." % (
+                      name, _moment(item.newest_us, item.newest_offset)), "", since)
+
+
+def capitalise_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def attention(fresh: Freshness) -> list:
+    """A notice for each automation that is late and each metric that is stale."""
+    return ([automation_notice(a, fresh.now_s) for a in fresh.automations if a.state == "late"]
+            + [metric_notice(m, fresh.now_s) for m in fresh.metrics if m.state == "stale"])
+
+
+# -- coverage: how much arrived, per local day ------------------------------------------
+
+def _coverage_day(name: str, text: Optional[str]) -> Optional[int]:
+    if text is None or text == "":
+        return None
+    match = _DATE_ONLY_QUERY.fullmatch(text)
+    try:
+        return _dt.date(*map(int, match.groups())).toordinal() if match else None
+    except ValueError:
+        return None
+
+
+def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+             fresh: Freshness) -> dict:
+    """``GET /api/coverage?from=&to=&tz=`` (``to`` the last day, included): per local day and
+    metric, how much arrived: the
+    local clock hours with a point (minute data), or whether there is a point (day data),
+    by the day rules of ``/api/points``; each day marked ``ok``, ``thin``, ``missing``,
+    ``quiet`` (none, and none expected), ``before`` (its first point), ``today`` or
+    ``future``; and for each run of missing or thin days, how to fill it."""
+    zone = parse_zone(args.get("tz"))
+    first, last = _coverage_day("from", args.get("from")), _coverage_day("to", args.get("to"))
+    for name, value in (("from", first), ("to", last)):
+        if value is None and args.get(name):
+            raise BadRequest("%s must be a day YYYY-MM-DD" % name)
+    end = None if last is None else last + 1  # a date-only ``to`` includes its day (READ-8.5)
+    now_us = int(fresh.now_s * US)
+    offset = zone.offset_at(now_us)
+    if offset is None:  # tz=local: today as the phone's latest point lived it
+        newest = max(fresh.metrics, key=lambda m: m.newest_us, default=None)
+        offset = newest.newest_offset if newest is not None else 0
+    today = local_ordinal(now_us, offset)
+    if first is None and end is None:
+        first, end = today - COVERAGE_DAYS + 1, today + 1
+    elif first is None:
+        first = end - COVERAGE_DAYS
+    elif end is None:
+        end = first + COVERAGE_DAYS
+    if not SUMMARY_FIRST_DAY <= first < end <= SUMMARY_LAST_DAY + 1:
+        raise BadRequest("from must be on or before to, both days from %s to %s"
+                         % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                            _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+    if end - first > COVERAGE_MAX_DAYS:
+        raise BadRequest("coverage is read %d days at most at once" % COVERAGE_MAX_DAYS)
+    low_us = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
+    high_us = ((end - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
+    days = list(range(first, end))
+    rows = []
+    for item in fresh.metrics:
+        if item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US or \
+                item.first_hour * HOUR_US >= high_us:
+            continue
+        rows.append((item, _coverage_row(conn, item, zone, days, today, low_us, high_us)))
+    rows.sort(key=lambda r: (r[1]["group"], r[1]["name"], r[1]["metric"], r[1]["layer"]))
+    return {"from": _dt.date.fromordinal(first).isoformat(),
+            "to": _dt.date.fromordinal(end - 1).isoformat(), "tz": zone.name,
+            "today": _dt.date.fromordinal(today).isoformat(),
+            "days": [_dt.date.fromordinal(day).isoformat() for day in days],
+            "rules": {"thin": "fewer than half the median hours of the row's days with data",
+                      "daily_spacing_s": DAILY_SPACING_S},
+            "rows": [row for _, row in rows], "fill": _fill(rows)}
+
+
+def _fill(rows: list) -> list:
+    """The gaps of every row, per automation that carries them: one Manual Export of a run
+    of days sends every metric of the automation, so each run of days with a gap in any of
+    them is one action, naming the metrics it fills."""
+    found: dict = {}  # carrier key -> (carrier, {ordinal: {metric names}})
+    for item, row in rows:
+        carrier = item.carrier
+        entry = found.setdefault(None if carrier is None else carrier.key, (carrier, {}))
+        for gap in row["gaps"]:
+            first = _dt.date.fromisoformat(gap["from"]).toordinal()
+            for day in range(first, first + gap["days"]):
+                entry[1].setdefault(day, set()).add("%s (%s)" % (row["name"], row["layer"]))
+    fill = []
+    for carrier, days in found.values():
+        run: list = []
+        for day in sorted(days) + [None]:
+            if run and (day is None or day != run[-1] + 1):
+                fill.append({"automation": None if carrier is None else carrier.name
+                             or carrier.key,
+                             "from": _dt.date.fromordinal(run[0]).isoformat(),
+                             "to": _dt.date.fromordinal(run[-1]).isoformat(),
+                             "metrics": sorted(set().union(*(days[d] for d in run))),
+                             "action": hae_action(carrier, run[0], run[-1])})
+                run = []
+            if day is not None:
+                run.append(day)
+    return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
+
+
+def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
+    """Local date ordinal → the buckets of ``query`` (local clock hours, or the day) that
+    hold a point: by :func:`bucket_key`, the day rule of ``/api/points``.  An hour whose
+    points share one whole-hour offset (the zone's, or for ``tz=local`` the one its summary
+    names) lies in one local hour of one day, read from the summary in SQLite; the points
+    of the other hours are read (:func:`bucket_runs`)."""
+    found: dict = {}
+    low, high = query.start // HOUR_US, (query.end - 1) // HOUR_US
+    try:
+        rows = conn.execute(
+            "SELECT hour, json_extract(summary, '$.o') FROM object WHERE metric = ? AND"
+            " layer = ? AND hour BETWEEN ? AND ?", (query.metric, query.layer, low, high))
+        left = []
+        for hour, offsets in rows:
+            summary = {} if offsets is None else {"o": json.loads(offsets)}
+            known = _hour_offsets(query, hour, summary)
+            if not known or len(known) != 1 or known[0] % 3600:
+                left.append(hour)
+                continue
+            date = local_ordinal(hour * HOUR_US, known[0])
+            found.setdefault(date, set()).add(
+                hour * HOUR_US if query.bucket == "hour" else date)
+        spans = _hour_spans(left)
+    except sqlite3.OperationalError:  # an SQLite without JSON functions: read the points
+        spans = [(low, high)]
+    for first, last in spans:
+        part = _replace(query, start=max(query.start, first * HOUR_US),
+                        end=min(query.end, (last + 1) * HOUR_US))
+        for run in bucket_runs(conn, part):
+            for key, bucket in run.buckets.items():
+                date = _dt.date.fromisoformat(_bucket_place(part, key, bucket)["date"])
+                found.setdefault(date.toordinal(), set()).add(key)
+    return found
+
+
+def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,
+                  today: int, low_us: int, high_us: int) -> dict:
+    kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
+    query = PointQuery(item.metric, item.layer, low_us, high_us,
+                       "day" if kind == "present" else "hour", zone)
+    hours = _local_hours(conn, query)
+    first_offset = zone.offset_at(item.first_hour * HOUR_US)
+    first_day = local_ordinal(item.first_hour * HOUR_US,
+                              item.newest_offset if first_offset is None else first_offset)
+    values = [(len(hours.get(day, ())) if kind == "hours" else day in hours) for day in days]
+    daily = item.spacing_s is not None and item.spacing_s <= DAILY_SPACING_S
+    counted = [len(hours[day]) for day in days if day in hours and day < today]
+    usual = _median(counted) if kind == "hours" and counted else None
+    states = []
+    for day, value in zip(days, values):
+        if day > today:
+            states.append("future")
+        elif day == today:
+            states.append("today")
+        elif value:
+            states.append("thin" if usual is not None and daily and value < usual / 2
+                          else "ok")
+        elif day < first_day:
+            states.append("before")
+        else:
+            states.append("missing" if daily else "quiet")
+    gaps, run = [], None
+    for day, state in zip(days, states):
+        if state in ("missing", "thin"):
+            run = [day, day] if run is None else [run[0], day]
+            continue
+        if run is not None:
+            gaps.append(run)
+            run = None
+    if run is not None:
+        gaps.append(run)
+    meaning = meaning_of(item.metric)
+    return {"metric": item.metric, "layer": item.layer, "name": meaning.name,
+            "group": meaning.group, "kind": kind, "state": item.state,
+            "automation": item.carrier.name or item.carrier.key if item.carrier else None,
+            "usual_hours": usual, "values": values, "states": states,
+            "gaps": [{"from": _dt.date.fromordinal(a).isoformat(),
+                      "to": _dt.date.fromordinal(b).isoformat(), "days": b - a + 1,
+                      "states": sorted({states[day - days[0]] for day in range(a, b + 1)}),
+                      "action": hae_action(item.carrier, a, b)} for a, b in gaps]}
 
 
 # ==============================================================================
@@ -6615,9 +7428,11 @@ def _label(value: str) -> str:
 
 
 def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_seconds: Histogram,
-                   worker_state: str) -> bytes:
+                   worker_state: str, fresh: Optional[Freshness] = None,
+                   notices: Optional[Mapping[str, int]] = None) -> bytes:
     """Prometheus text format: the journal, the store and this process's timings; never a
-    health value or a name from the user's data."""
+    health value.  The only names from the user's data are those of the freshness
+    gauges: each automation's id and name and each watched metric's name and layer."""
     conn.execute("BEGIN")  # one snapshot
     try:
         counts, _, age, objects, points = store_figures(conn)
@@ -6661,6 +7476,37 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
            [('{state="%s"}' % state, int(state == worker_state)) for state in WORKER_STATES])
     family("healthlog_info", "gauge", "healthlog's version.",
            [('{version="%s"}' % __version__, 1)])
+    if fresh is not None:
+        def who(a: AutomationState) -> str:
+            return '{automation="%s",name="%s"}' % (_label(a.key), _label(a.name or ""))
+
+        def what(m: MetricState) -> str:
+            return '{metric="%s",layer="%s"}' % (_label(m.metric), _label(m.layer))
+
+        family("healthlog_automation_last_delivery_timestamp_seconds", "gauge",
+               "When each automation's last delivery was received (epoch seconds).",
+               [(who(a), round(a.last_us / US, 3)) for a in fresh.automations])
+        family("healthlog_automation_late", "gauge",
+               "1 while an automation is silent longer than its threshold.",
+               [(who(a), int(a.state == "late")) for a in fresh.automations])
+        family("healthlog_automation_threshold_seconds", "gauge",
+               "The silence after which each automation is late.",
+               [(who(a), round(float(a.threshold_s), 3)) for a in fresh.automations])
+        family("healthlog_metric_newest_point_timestamp_seconds", "gauge",
+               "The start of each metric's newest point (epoch seconds).",
+               [(what(m), round(m.newest_us / US, 3)) for m in fresh.metrics])
+        family("healthlog_metric_stale", "gauge",
+               "1 while a metric has stopped arriving though an automation that carries it"
+               " keeps delivering.", [(what(m), int(m.state == "stale")) for m in fresh.metrics])
+    if notices is not None:
+        family("healthlog_notices_sent_total", "counter", "Notices the receiver took (2xx).",
+               [("", notices.get("sent", 0))])
+        family("healthlog_notice_failures_total", "counter",
+               "Attempts to send a notice that failed (error, timeout or not 2xx).",
+               [("", notices.get("failures", 0))])
+        family("healthlog_notices_dropped_total", "counter",
+               "Notices given up after their last retry, or pushed out of a full queue.",
+               [("", notices.get("dropped", 0))])
     lines += ingest_seconds.render("healthlog_ingest_seconds",
                                    "POST /api/ingest answer time, by status code.")
     lines += fold_seconds.render("healthlog_fold_seconds", "Fold time per delivery, by outcome.")
@@ -6946,11 +7792,15 @@ class App:
     """
 
     def __init__(self, config: Config, archive: Archive, pool: ConnectionPool,
-                 worker: FoldWorker, stopping: threading.Event):
+                 worker: FoldWorker, stopping: threading.Event,
+                 judge: Optional[Callable[[], Freshness]] = None,
+                 notices: Optional[Callable[[], dict]] = None):
         import bottle
 
         self.config, self.archive, self.pool = config, archive, pool
         self.worker, self.stopping = worker, stopping
+        self.judge = judge  # freshness now (the service's, which also tells the notifier)
+        self.notices = notices  # the notifier's counts, when it runs
         self.ingest_seconds = Histogram(TIMING_BOUNDS)
         # Uploads never take the last threads; bodies under validation share a ceiling.
         self.upload_slots = threading.BoundedSemaphore(
@@ -6973,6 +7823,8 @@ class App:
                 ("/api/ecg", "GET", self.ecg),
                 ("/api/summary", "GET", self.summary),
                 ("/api/plan", "GET", self.plan),
+                ("/api/freshness", "GET", self.freshness),
+                ("/api/coverage", "GET", self.coverage),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
@@ -6988,7 +7840,8 @@ class App:
 
     def __call__(self, environ: dict, start_response: Callable) -> Any:
         started = time.monotonic()
-        environ[ENV_RECEIVED] = utc_now()
+        environ[ENV_RECEIVED] = _dt.datetime.fromtimestamp(self.config.clock(),
+                                                           _dt.timezone.utc)
         environ[ENV_CLIENT], untrusted = client_address(environ, self.config.trusted_proxies)
         if untrusted:
             self._hint_forwarded(environ[ENV_CLIENT])
@@ -7297,10 +8150,34 @@ class App:
     def summary(self, environ: dict) -> tuple:
         """GET /api/summary: a day at a glance (the summary page's data)."""
         self.authenticate(environ, cookie=True)
+        fresh = self._judge()
         conn = self.pool.get()
         conn.execute("BEGIN")  # one snapshot
         try:
-            return self._ok(summary(conn, _query_args(environ)))
+            return self._ok(summary(conn, _query_args(environ), fresh))
+        finally:
+            conn.execute("COMMIT")
+
+    def _judge(self) -> Freshness:
+        if self.judge is not None:
+            return self.judge()
+        return freshness_of(self.pool.get(), self.config.data_dir, self.config.clock(),
+                            self.config.late_after_s)
+
+    def freshness(self, environ: dict) -> tuple:
+        """GET /api/freshness: each automation's and metric's state, never a value."""
+        self.authenticate(environ, cookie=True)
+        return self._ok(self._judge().as_json())
+
+    def coverage(self, environ: dict) -> tuple:
+        """GET /api/coverage: how much arrived per local day and metric."""
+        self.authenticate(environ, cookie=True)
+        args = _query_args(environ)
+        fresh = self._judge()
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(coverage(conn, args, fresh))
         finally:
             conn.execute("COMMIT")
 
@@ -7323,7 +8200,8 @@ class App:
         """GET /metrics: Prometheus text format."""
         self.authenticate(environ, cookie=True)
         body = render_metrics(self.pool.get(), self.ingest_seconds, self.worker.fold_seconds,
-                              self.worker.state)
+                              self.worker.state, self._judge(),
+                              None if self.notices is None else self.notices())
         return ("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
                 body)
@@ -7937,7 +8815,7 @@ def _make_server_classes() -> tuple:
 
 
 # ==============================================================================
-# Service: the lock, database, worker and server of `serve`, in order; its memory.
+# Service: the lock, database, worker, notifier and server of `serve`; its memory.
 # ==============================================================================
 
 
@@ -7951,6 +8829,8 @@ class Service:
         self.archive = Archive(config.data_dir)
         self.pool = ConnectionPool(config, synchronous="FULL")
         self.worker = FoldWorker(config)
+        self.freshness = FreshnessSource(config)
+        self.notifier = Notifier(config, self.freshness)
         self.app: Optional[App] = None  # built at start, around the worker it then has
         self.server: Any = None
         self.stopping = threading.Event()
@@ -7984,7 +8864,10 @@ class Service:
                 raise
             finally:
                 conn.close()
-            self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
+            self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping,
+                           self.notifier.judge,
+                           (lambda: dict(self.notifier.counts)) if self.config.notify_url
+                           else None)
             self._bind()  # a taken port fails here: before a token is announced or a fold runs
             self.archive.clear_tmp()
             token, made = resolve_token(self.config)
@@ -7992,10 +8875,12 @@ class Service:
             self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
             self._serve_thread.start()
             self.worker.start()
+            self.notifier.start()
         except BaseException:
             if self.server is not None:
                 self.server.stop()
             self.worker.stop(0)
+            self.notifier.stop(0)
             self.pool.close()
             self.lock.release()
             raise
@@ -8043,6 +8928,7 @@ class Service:
         if self._stopped is not None:
             return self._stopped
         self.stopping.set()
+        self.notifier.stop(0)  # asked now, awaited below: a notice under way ends meanwhile
         budget = self.config.stop_budget_s
         running = []
         if self.server is not None:
@@ -8069,6 +8955,9 @@ class Service:
                       budget_s=budget)
         if self.worker.thread is not None:
             running.append(self.worker.thread)
+        if not self.notifier.stop(budget):
+            log_event(logging.WARNING, "the notifier did not stop within the budget (a"
+                      " receiver that does not answer)", budget_s=budget)
         running = [thread for thread in running if thread.is_alive()]
         if running:
             log_event(logging.WARNING, "the data directory stays locked until the running"
@@ -8087,7 +8976,178 @@ class Service:
 
     def _release(self) -> None:
         self.pool.close()
+        self.freshness.close()
         self.lock.release()
+
+
+class Notifier:
+    """Freshness as ``serve`` follows it: every judgement goes through :meth:`judge`, which
+    compares each automation's and metric's state with the one judged before and, on a
+    change into or out of ``late`` or ``stale``, logs it and (``--notify URL``) queues one
+    notice.  With a URL, a thread of its own judges every ``freshness_check_s`` and posts
+    the queued notices in order, retrying a failed one after each of ``notify_retry_s``:
+    ingest and the fold never wait for it.  The states found by the first judgement are
+    the baseline: a restart never repeats a notice."""
+
+    def __init__(self, config: Config, source: FreshnessSource):
+        self.config, self.source = config, source
+        self._lock = threading.Lock()  # one judgement and comparison at a time
+        self._states: Optional[dict] = None
+        self._queue: collections.deque = collections.deque()  # [notice, attempts, due]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.counts = {"sent": 0, "failures": 0, "dropped": 0}
+        self.thread: Optional[threading.Thread] = None
+
+    def judge(self) -> Freshness:
+        with self._lock:
+            fresh = self.source.judge()
+            self._compare(fresh)
+        return fresh
+
+    def _compare(self, fresh: Freshness) -> None:
+        items: dict = {("automation", a.key): a for a in fresh.automations}
+        items.update((("metric", m.metric, m.layer), m) for m in fresh.metrics)
+        before, self._states = self._states, {subject: item.state
+                                              for subject, item in items.items()}
+        if before is None:
+            return
+        for subject, item in items.items():
+            was = before.get(subject)
+            if was is None or was == item.state or not {was, item.state} & {"late", "stale"}:
+                continue
+            if subject[0] == "automation":
+                notice = automation_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "late" else logging.INFO,
+                          "an automation is late" if item.state == "late"
+                          else "an automation delivers again", automation=item.key,
+                          last_delivery=format_instant(item.last_us))
+            else:
+                notice = metric_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "stale" else logging.INFO,
+                          "a metric has stopped while its automation delivers"
+                          if item.state == "stale" else "a metric arrives again",
+                          metric=loggable_metric(item.metric), layer=item.layer,
+                          newest_point=local_iso(item.newest_us, item.newest_offset))
+            if self.config.notify_url:
+                self._enqueue(notice)
+
+    def _enqueue(self, notice: Notice) -> None:
+        if len(self._queue) >= NOTIFY_QUEUE_MAX:
+            self._queue.popleft()
+            self.counts["dropped"] += 1
+            log_event(logging.WARNING, "notice dropped: too many waiting",
+                      waiting=NOTIFY_QUEUE_MAX)
+        self._queue.append([notice, 0, time.monotonic()])
+        self._wake.set()
+
+    # -- the thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self.config.notify_url:
+            return
+        self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
+        self.thread.start()
+        log_event(logging.INFO, "notices on", host=urllib.parse.urlsplit(
+            self.config.notify_url).hostname, format=self.config.notify_format)
+
+    def stop(self, budget: float) -> bool:
+        self._stop.set()
+        self._wake.set()
+        if self.thread is not None:
+            self.thread.join(budget)
+            return not self.thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.config.freshness_check_s
+                try:
+                    self.judge()
+                except Exception as exc:  # a database fault: judged again next time
+                    if self._stop.is_set():
+                        return
+                    log_event(logging.WARNING, "freshness could not be read; tried again"
+                              " later", error=_error_name(exc))
+            with self._lock:
+                head = self._queue[0] if self._queue else None
+            if head is not None and head[2] <= time.monotonic():
+                self._attempt(head)
+                continue
+            wait = next_check - time.monotonic()
+            if head is not None:
+                wait = min(wait, head[2] - time.monotonic())
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _attempt(self, entry: list) -> None:
+        notice = entry[0]
+        error = self._post(notice)
+        with self._lock:
+            if error is None:
+                self.counts["sent"] += 1
+                self._forget(entry)
+                log_event(logging.INFO, "notice sent", kind=notice.kind, state=notice.state)
+                return
+            self.counts["failures"] += 1
+            entry[1] += 1
+            retries = self.config.notify_retry_s
+            if entry[1] > len(retries):
+                self._forget(entry)
+                self.counts["dropped"] += 1
+                log_event(logging.WARNING, "notice dropped: the receiver did not take it",
+                          kind=notice.kind, state=notice.state, attempts=entry[1], error=error)
+                return
+            entry[2] = time.monotonic() + retries[entry[1] - 1]
+        log_event(logging.WARNING, "notice not delivered; it is sent again later",
+                  kind=notice.kind, state=notice.state, attempt=entry[1], error=error,
+                  retry_in_s=retries[entry[1] - 1],
+                  host=urllib.parse.urlsplit(self.config.notify_url).hostname)
+
+    def _forget(self, entry: list) -> None:
+        if self._queue and self._queue[0] is entry:  # not pushed out meanwhile
+            self._queue.popleft()
+
+    def _post(self, notice: Notice) -> Optional[str]:
+        """POST one notice; None when the receiver took it (2xx), else what went wrong (an
+        HTTP status or an error's name, never the address: it may hold a secret)."""
+        import urllib.error
+        import urllib.request
+
+        if self.config.notify_format == "json":
+            body = json.dumps(notice.as_json()).encode()
+            headers = {"Content-Type": "application/json"}
+        else:
+            text = notice.text + ("\n\n" + notice.action if notice.action else "")
+            body = (text + "\n").encode()
+            headers = {"Content-Type": "text/plain; charset=utf-8",
+                       "Title": _header_text(notice.title)}
+        request = urllib.request.Request(self.config.notify_url, data=body, headers=headers,
+                                         method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.config.notify_timeout_s) as answer:
+                answer.read(65536)
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return "http_%d" % exc.code
+        except Exception as exc:  # refused, timed out, a bad answer
+            return "timeout" if _is_timeout(exc) else _error_name(exc)
+        return None if 200 <= status < 300 else "http_%d" % status
+
+
+def _header_text(text: str) -> str:
+    """A header value as HTTP carries it: Latin-1 as it is, anything else as RFC 2047
+    (which ntfy reads)."""
+    try:
+        text.encode("latin-1")
+        return text
+    except UnicodeEncodeError:
+        return "=?UTF-8?B?%s?=" % codecs.encode(text.encode(), "base64").decode().replace(
+            "\n", "")
 
 
 SERVE_BASE_MIB = 64
@@ -9559,6 +10619,7 @@ def collect_status(config: Config) -> dict:
             " LIMIT ?", (STATUS_PROBLEMS_MAX,))]
         older = count_folded_by_older_parser(conn)
         fp = fingerprint(conn)
+        fresh = freshness_of(conn, config.data_dir, config.clock(), config.late_after_s)
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -9588,6 +10649,9 @@ def collect_status(config: Config) -> dict:
         "failed_worth_retrying": sum(n for error, n in failed.items() if worth_retrying(error)),
         "retrying": retrying,
         "recent_problems": problems,
+        "late_after_s": config.late_after_s,
+        "freshness": fresh.as_json(),
+        "attention": [notice.as_json() for notice in attention(fresh)],
         "fingerprint": fp,
     }
 
@@ -9669,6 +10733,14 @@ def format_status(status: dict) -> str:
                 problem["id"], problem["received_at"], problem["automation"] or "-",
                 problem["status"], detail or "-"))
             lines[-1] = lines[-1].translate(_ESCAPES)  # names from a body or a header
+    automations = status["freshness"]["automations"]
+    if automations:
+        lines.append("automations: %s" % ", ".join(
+            "%s %s" % (item["name"] or item["id"], item["state"].replace("_", " "))
+            for item in automations).translate(_ESCAPES))
+    for notice in status["attention"]:
+        lines.append(("%s: %s" % (notice["state"], notice["text"])).translate(_ESCAPES))
+        lines.append(("  %s" % notice["action"]).translate(_ESCAPES))
     lines.append("fingerprint: %s" % status["fingerprint"])
     return "\n".join(lines)
 
@@ -9720,10 +10792,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reverse proxies (addresses or networks) whose X-Forwarded-For or"
                             " Forwarded header names the client (env HEALTHLOG_TRUSTED_PROXY;"
                             " default: none, the headers are ignored)")
+    late_after_help = ("silence after which an automation is late and a metric stale, unless"
+                       " three of its usual intervals are longer: 90s, 45m, 6h, 2d (env"
+                       " HEALTHLOG_LATE_AFTER; default 6h)")
+    serve.add_argument("--late-after", metavar="DURATION", help=late_after_help)
+    serve.add_argument("--notify", metavar="URL",
+                       help="post a notice there when an automation turns late or a metric"
+                            " stale, and when it is back (env HEALTHLOG_NOTIFY; default: no"
+                            " notices); ntfy, a Home Assistant webhook, …")
+    serve.add_argument("--notify-format", choices=("text", "json"),
+                       help="text: a plain-text body with a Title header, as ntfy takes it"
+                            " (default); json: one JSON object")
 
-    status = commands.add_parser("status", help="journal and store summary")
+    status = commands.add_parser("status", help="journal and store summary, and what is"
+                                 " late or stale")
     data_option(status)
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--late-after", metavar="DURATION", help=late_after_help)
 
     reindex = commands.add_parser("reindex", help="rebuild the store from the archive"
                                   " (serve must be stopped)")
@@ -9893,6 +10978,7 @@ DASHBOARD_HTML = r"""<!doctype html>
 
   <section id="summary" class="panel summary" aria-labelledby="summary-title" data-state="idle"
            hidden>
+    <div id="attention" class="attention" role="status" hidden></div>
     <div class="day-head">
       <button id="day-prev" class="day-step" type="button" aria-label="Previous day"
               title="The day before">&#8249;</button>
@@ -9910,6 +10996,13 @@ DASHBOARD_HTML = r"""<!doctype html>
       <h2 id="trends-title">Trends</h2>
       <p id="trend-rule" class="meta"></p>
       <ol id="trends" class="trends"></ol>
+    </section>
+    <section class="coverage-box" aria-labelledby="coverage-title">
+      <h2 id="coverage-title">What arrived</h2>
+      <p id="coverage-rule" class="meta"></p>
+      <div id="coverage" class="coverage" data-state="idle"></div>
+      <ul id="coverage-legend" class="coverage-legend"></ul>
+      <ul id="coverage-gaps" class="coverage-gaps"></ul>
     </section>
   </section>
 
@@ -10380,6 +11473,44 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 .other-item .item-figure { margin-left: auto; }
 
 .trends-box { margin-top: 1.3rem; }
+
+/* ---- freshness: the line at the top, the coverage calendar ----------------- */
+
+.attention { display: grid; gap: 0.45rem; margin-bottom: 0.8rem; }
+.attention-item {
+  border: 1px solid var(--warn); border-left-width: 4px; border-radius: 8px;
+  padding: 0.45rem 0.7rem; min-width: 0; overflow-wrap: anywhere;
+}
+.attention-item.stale, .attention-item.late { border-color: var(--danger); }
+.attention-text { margin: 0; font-weight: 600; }
+.attention-action { margin: 0.2rem 0 0; color: var(--muted); font-size: 0.88rem; }
+.attention-more { display: grid; gap: 0.45rem; overflow-wrap: anywhere; }
+.attention-more summary { cursor: pointer; font-weight: 600; }
+.coverage-box { margin-top: 1.3rem; }
+.coverage { display: grid; gap: 0.35rem; min-width: 0; }
+.cov-row { min-width: 0; }
+.cov-name { font-size: 0.88rem; overflow-wrap: anywhere; }
+.cov-name .meta { font-size: 0.8rem; margin: 0; }
+.cov-cells {
+  list-style: none; margin: 0.15rem 0 0; padding: 0; display: grid; grid-auto-flow: column;
+  grid-auto-columns: minmax(0, 1fr); gap: 2px;
+}
+.cov-cell { height: 0.9rem; border-radius: 2px; background: var(--grid); min-width: 0; }
+.cov-cell.ok { background: var(--ok); }
+.cov-cell.thin { background: var(--warn); opacity: 0.75; }
+.cov-cell.missing { background: var(--danger); }
+.cov-cell.quiet { background: var(--grid); }
+.cov-cell.today { background: var(--grid-major); }
+.cov-cell.today.has { background: var(--ok); opacity: 0.6; }
+.cov-cell.before, .cov-cell.future { background: transparent; border: 1px dashed var(--line); }
+.cov-head .cov-cell { background: transparent; height: auto; font-size: 0.7rem;
+  color: var(--muted); text-align: center; white-space: nowrap; }
+.coverage-legend { list-style: none; margin: 0.5rem 0 0; padding: 0; display: flex;
+  flex-wrap: wrap; gap: 0.2rem 0.9rem; font-size: 0.8rem; color: var(--muted); }
+.coverage-legend .cov-cell { display: inline-block; width: 0.9rem; vertical-align: middle;
+  margin-right: 0.3rem; }
+.coverage-gaps { margin: 0.6rem 0 0; padding-left: 1.1rem; display: grid; gap: 0.35rem;
+  font-size: 0.88rem; overflow-wrap: anywhere; }
 .trends { list-style: none; margin: 0.5rem 0 0; padding: 0; display: grid; gap: 0.45rem; }
 .trend {
   border: 1px solid var(--line); border-left-width: 4px; border-radius: 8px;
@@ -11062,6 +12193,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     summary: {
       token: 0, controller: null, date: null, // the day shown, as the server named it
       newest: {}, // tz -> the day the server opens on (its newest data)
+      coverageController: null, coverageTz: null, // the calendar, loaded once per zone
     },
   };
 
@@ -12748,6 +13880,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const s = state.summary;
     $('summary-title').textContent = formatDate(data.date);
     const newest = s.newest[state.tz];
+    drawAttention(data.attention);
     const shown = drawCards(data, wanted);
     $('summary-meta').textContent = capitalise(zoneText()) +
       (newest === data.date && shown ? ' · the latest day with data' : '');
@@ -12772,6 +13905,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.dataset.state = 'loading';
     box.setAttribute('aria-busy', 'true');
     $('nav-summary').href = summaryHash(date, state.tz);
+    if (s.coverageTz !== state.tz || $('coverage').dataset.state !== 'ready') {
+      s.coverageTz = state.tz;
+      showCoverage();
+    }
     try {
       const data = await getJSON(query('/api/summary', { date: date, tz: state.tz }),
         controller.signal);
@@ -12787,6 +13924,140 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       box.removeAttribute('aria-busy');
       clear($('cards'));
       $('cards').appendChild(el('p', 'empty', 'Could not load the summary: ' + err.message));
+      box.dataset.state = 'error';
+    }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Freshness: what is late or stale (the line at the top), and what arrived per day
+  // ---------------------------------------------------------------------------------
+
+  const COVERAGE_STATES = [
+    ['ok', 'data'], ['thin', 'thin: under half the usual hours'], ['missing', 'missing'],
+    ['quiet', 'none, and none expected'], ['today', 'today'],
+  ];
+
+  const ATTENTION_SHOWN = 3; // more lines than this fold away, named in one line
+
+  function drawAttention(items) {
+    const box = $('attention');
+    clear(box);
+    const all = items || [];
+    let more = null;
+    all.forEach(function (n, i) {
+      const item = el('div', 'attention-item ' + n.state);
+      setData(item, { kind: n.kind, state: n.state, subject: n.subject, since: n.since });
+      item.appendChild(el('p', 'attention-text', n.text));
+      if (n.action) item.appendChild(el('p', 'attention-action', n.action));
+      if (i < ATTENTION_SHOWN || all.length === ATTENTION_SHOWN + 1) {
+        box.appendChild(item);
+        return;
+      }
+      if (!more) {
+        more = el('details', 'attention-more');
+        const rest = all.slice(ATTENTION_SHOWN).map(function (r) {
+          return r.title.replace(/^healthlog: /, '');
+        });
+        more.appendChild(el('summary', null, rest.length + ' more: ' + rest.join('; ')));
+        box.appendChild(more);
+      }
+      more.appendChild(item);
+    });
+    box.hidden = !box.firstChild;
+  }
+
+  /** What a calendar cell says: the day, how much arrived, and its state in words. */
+  function cellText(row, date, value, cellState) {
+    const amount = row.kind === 'hours'
+      ? formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data'
+      : (value ? 'data' : 'no data');
+    const said = {
+      ok: '', thin: ' (thin)', missing: ' (missing)', quiet: '', today: ' (today, not over)',
+      before: ' (before its first data)', future: '',
+    }[cellState] || '';
+    return formatDate(date) + ': ' + amount + said;
+  }
+
+  function coverageRow(data, row) {
+    const box = el('div', 'cov-row');
+    setData(box, { metric: row.metric, layer: row.layer, kind: row.kind, state: row.state });
+    const name = el('div', 'cov-name', row.name + ' ');
+    name.appendChild(el('span', 'meta', row.layer + (row.automation
+      ? ' · ' + row.automation : '')));
+    box.appendChild(name);
+    const cells = el('ol', 'cov-cells');
+    cells.setAttribute('aria-label', row.name + ', ' + row.layer);
+    data.days.forEach(function (date, i) {
+      const value = row.values[i];
+      const cellState = row.states[i];
+      const cell = el('li', 'cov-cell ' + cellState + (value ? ' has' : ''));
+      setData(cell, { date: date, value: value, state: cellState });
+      cell.title = cellText(row, date, value, cellState);
+      cell.setAttribute('aria-label', cell.title);
+      cells.appendChild(cell);
+    });
+    box.appendChild(cells);
+    return box;
+  }
+
+  function drawCoverage(data) {
+    const box = $('coverage');
+    clear(box);
+    const head = el('ol', 'cov-cells cov-head');
+    head.setAttribute('aria-hidden', 'true');
+    data.days.forEach(function (date) {
+      const monday = weekdayOf(date) === 0;
+      head.appendChild(el('li', 'cov-cell', monday ? String(Number(date.slice(8))) : ''));
+    });
+    const headRow = el('div', 'cov-row');
+    headRow.appendChild(el('div', 'cov-name meta', formatDate(data.days[0]) + ' – ' +
+      formatDate(data.days[data.days.length - 1]) + ' (Mondays numbered)'));
+    headRow.appendChild(head);
+    box.appendChild(headRow);
+    (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
+    if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
+    $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
+      'data) or whether there is data (day data), by the date written in each point. A day ' +
+      'is thin under half the median hours of its row, missing without data where the ' +
+      'metric comes daily.';
+    const legend = $('coverage-legend');
+    clear(legend);
+    COVERAGE_STATES.forEach(function (entry) {
+      const item = el('li');
+      item.appendChild(el('span', 'cov-cell ' + entry[0]));
+      item.appendChild(document.createTextNode(entry[1]));
+      legend.appendChild(item);
+    });
+    const gaps = $('coverage-gaps');
+    clear(gaps);
+    (data.fill || []).forEach(function (gap) {
+      const item = el('li', 'cov-gap');
+      setData(item, { automation: gap.automation, from: gap.from, to: gap.to });
+      const when = gap.from === gap.to ? formatDate(gap.from)
+        : formatDate(gap.from) + ' to ' + formatDate(gap.to);
+      item.appendChild(el('strong', null, when + ', ' + gap.metrics.join(', ') + ': '));
+      item.appendChild(document.createTextNode(gap.action));
+      gaps.appendChild(item);
+    });
+    setData(box, { from: data.from, to: data.to, tz: data.tz, today: data.today });
+  }
+
+  async function showCoverage() {
+    const box = $('coverage');
+    const s = state.summary;
+    if (s.coverageController) s.coverageController.abort();
+    const controller = new AbortController();
+    s.coverageController = controller;
+    box.dataset.state = 'loading';
+    try {
+      const data = await getJSON(query('/api/coverage', { tz: state.tz }), controller.signal);
+      if (controller !== s.coverageController) return;
+      drawCoverage(data);
+      box.dataset.state = 'ready';
+    } catch (err) {
+      if (controller !== s.coverageController || (err && err.name === 'AbortError')) return;
+      clear(box);
+      box.appendChild(el('p', 'empty', 'Could not load what arrived: ' + err.message));
       box.dataset.state = 'error';
     }
   }

@@ -81,14 +81,16 @@ class Store:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, deliveries):
+def serving(data_dir: Path, deliveries, **overrides):
     """A real Service on 127.0.0.1:0 (as conftest's ``start_service`` starts one, here for a
     module) holding ``deliveries`` — (hf.Automation, body bytes) pairs, posted through
-    /api/ingest in that order with the automation's headers — folded, every one parsed."""
+    /api/ingest in that order with the automation's headers — folded, every one parsed.
+    ``overrides``: more of its Config (``clock``: the time the corpus is received at and
+    its freshness judged)."""
     deliveries = list(deliveries)
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG")
+    config = healthlog.Config(**dict(dict(
+        data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=0.5,
+        http_timeout_s=5.0, stop_budget_s=5.0, log_level="DEBUG"), **overrides))
     service = healthlog.Service(config, announce=lambda token: None)
     service.start()
     try:
