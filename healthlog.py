@@ -842,23 +842,16 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
         if max_mib < 1:
             raise ConfigError("--max-body-mib must be at least 1")
         values["max_body_bytes"] = max_mib << 20
-    proxies = getattr(args, "trusted_proxy", None)
-    if proxies is not None:
-        values["trusted_proxies"] = parse_trusted_proxies(proxies, "--trusted-proxy")
-    elif environ.get("HEALTHLOG_TRUSTED_PROXY"):
-        values["trusted_proxies"] = parse_trusted_proxies(environ["HEALTHLOG_TRUSTED_PROXY"],
-                                                          "HEALTHLOG_TRUSTED_PROXY")
-    late_after = getattr(args, "late_after", None)
-    if late_after is not None:
-        values["late_after_s"] = parse_duration(late_after, "--late-after")
-    elif environ.get("HEALTHLOG_LATE_AFTER"):
-        values["late_after_s"] = parse_duration(environ["HEALTHLOG_LATE_AFTER"],
-                                                "HEALTHLOG_LATE_AFTER")
-    notify = getattr(args, "notify", None)
-    if notify is not None:
-        values["notify_url"] = parse_notify_url(notify, "--notify")
-    elif environ.get("HEALTHLOG_NOTIFY"):
-        values["notify_url"] = parse_notify_url(environ["HEALTHLOG_NOTIFY"], "HEALTHLOG_NOTIFY")
+    for key, flag, variable, parse in (
+            ("trusted_proxies", "--trusted-proxy", "HEALTHLOG_TRUSTED_PROXY",
+             parse_trusted_proxies),
+            ("late_after_s", "--late-after", "HEALTHLOG_LATE_AFTER", parse_duration),
+            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url)):
+        given = getattr(args, flag[2:].replace("-", "_"), None)
+        if given is not None:  # the flag wins; an empty variable counts as unset
+            values[key] = parse(given, flag)
+        elif environ.get(variable):
+            values[key] = parse(environ[variable], variable)
     notify_format = getattr(args, "notify_format", None)
     if notify_format is not None:
         if notify_format not in ("text", "json"):
