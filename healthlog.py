@@ -44,11 +44,12 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec);
-        freshness, notices' words, coverage (freshness spec).
-    14. Export — the SQLite file of every point with its local time.
+    13. Queries — catalog, points, buckets, nights (the one sleep rule), the view's plan,
+        records, summary, deliveries (read spec); freshness, notices' words, coverage
+        (freshness spec).
+    14. Export — the SQLite file of every point with its local time, and every night.
     15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
-    16. Web sign-in — session cookies and the guess limiter.
+    16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
     17. Web app — the routes, one JSON error shape, an access log without bodies.
     18. HTTP transport — the head gate and the Cheroot adapter.
     19. Service — the lock, database, worker, notifier and server of `serve`; its memory.
@@ -7280,7 +7281,7 @@ def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days:
 
 
 # ==============================================================================
-# Export: the SQLite file of every point with its local time.
+# Export: the SQLite file of every point with its local time, and every night.
 # ==============================================================================
 
 # -- export: the same replies on the command line, and a flat SQLite file ------------
@@ -7507,7 +7508,7 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
 
 
 # ==============================================================================
-# Web sign-in: session cookies and the guess limiter.
+# Web sign-in: session cookies, the guess limiter, the client behind a proxy.
 # ==============================================================================
 
 # -- sessions: the dashboard's sign-in --------------------------------------------
