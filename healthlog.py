@@ -4450,9 +4450,11 @@ class FoldWorker:
         owed = self._owed.get(delivery_id, 0)
         if row["attempts"] - owed >= FOLD_ATTEMPTS_MAX:
             return self._give_up(engine, row)
+        counted = False
         try:
             engine.count_attempt(delivery_id, owed)
             self._owed.pop(delivery_id, None)
+            counted = True
         except sqlite3.Error as exc:
             outcome = classify(exc)
             if outcome.deferred:
@@ -4468,7 +4470,7 @@ class FoldWorker:
             outcome = engine.fold(delivery_id, row)
         finally:
             self.current = None
-        if outcome.deferred:  # a busy database or a fault of the machine: no attempt
+        if outcome.deferred and counted:  # a busy database or a machine fault: no attempt
             noted = outcome.error not in ("busy", "storage") and engine.note_fault(
                 delivery_id, outcome.error)
             if not noted:  # the database's fault: owed, taken back at the next count
@@ -4938,6 +4940,9 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
         raise UnknownMetric([loggable_metric(row[0])
                              for row in conn.execute("SELECT DISTINCT metric FROM object")])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
+    if coarsened:
+        bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
     fill: tuple = ()
     if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
         others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
@@ -4945,9 +4950,6 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     if layer not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
-    if coarsened:
-        bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
     return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
                       coarsened)
 
@@ -5808,8 +5810,10 @@ class SleepDates:
             sleep = _summary_sleep(point, self._zone)
             return None if sleep is None else local_ordinal(sleep.end, sleep.end_offset)
         at = bisect.bisect_right(self._starts, coord[0]) - 1
-        if at >= 0 and coord[0] <= self._sleeps[at].end:
-            return self._sleeps[at].date
+        while at >= 0 and coord[0] - self._starts[at] <= 2 * 86400 * US:
+            if coord[0] <= self._sleeps[at].end:  # the latest-starting sleep that holds it
+                return self._sleeps[at].date  # (a nap may start inside a longer sleep)
+            at -= 1
         raw_end = point.get("end") or point.get("endDate") or raw_start(point)
         return local_ordinal(coord[1], self._zone.point_offset(raw_end, coord[1]))
 
@@ -6020,13 +6024,19 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         name) if name in LAYER_ORDER else 0))
     plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
     if view == "custom":
-        if not (_DATE_ONLY_QUERY.fullmatch(args.get("from") or "")
-                and _DATE_ONLY_QUERY.fullmatch(args.get("to") or "")):
-            raise BadRequest("a custom range wants from and to as dates YYYY-MM-DD")
-        day_from = _dt.date.fromisoformat(args["from"].strip()).toordinal()
-        day_to = _dt.date.fromisoformat(args["to"].strip()).toordinal() + 1
-        if day_from >= day_to:
-            raise BadRequest("from must be on or before to")
+        bounds = [_DATE_ONLY_QUERY.fullmatch(args.get(name) or "") for name in ("from", "to")]
+        try:
+            day_from, last = (_dt.date(*map(int, match.groups())).toordinal()
+                              if match else None for match in bounds)
+        except ValueError:
+            day_from = last = None
+        if day_from is None or last is None or not (
+                SUMMARY_FIRST_DAY <= day_from <= last <= SUMMARY_LAST_DAY):
+            raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
+                             " before to, both from %s to %s"
+                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+        day_to = last + 1
         days = day_to - day_from
     elif view == "all":
         first_hour = conn.execute("SELECT min(hour) FROM object WHERE metric = ?",
@@ -7671,8 +7681,8 @@ def client_address(environ: Mapping[str, Any], trusted: Sequence) -> tuple:
     if not trusted or not _is_trusted(peer, trusted):
         return peer, bool(hops) or "HTTP_X_REAL_IP" in environ
     for hop in reversed(hops):
-        if not _is_trusted(hop, trusted):
-            return hop, False
+        if not _is_trusted(hop, trusted):  # a hop that names no address: the proxy's own
+            return (peer if hop == "unknown" else hop), False
     return (hops[0] if hops else peer), False
 
 

@@ -124,6 +124,12 @@ def test_read_17_3_sleep_is_per_night_to_the_newest_morning(store):
     ({"metric": "step_count", "range": "custom", "from": "2025-03-09"}, 400, "bad_request"),
     ({"metric": "step_count", "range": "custom", "from": "2025-03-10", "to": "2025-03-09"},
      400, "bad_request"),
+    ({"metric": "step_count", "range": "custom", "from": "2024-02-30", "to": "2025-03-09"},
+     400, "bad_request"),
+    ({"metric": "step_count", "range": "custom", "from": "2025-03-01", "to": "9999-12-31"},
+     400, "bad_request"),
+    ({"metric": "step_count", "range": "custom", "from": "0000-01-01", "to": "2025-03-09"},
+     400, "bad_request"),
     ({"metric": "no_such_metric", "range": "7d"}, 404, "unknown_metric"),
     ({"metric": "step_count", "layer": "minutes"}, 404, "unknown_layer"),
 ])
