@@ -474,6 +474,9 @@ def late_once(phone: Phone, late_after: float) -> float:
     times = [T0 + k * 5 * MIN for k in range(3)]
     for at in times:
         phone.post(MINUTES, {"step_count": points("step_count", at - 5 * MIN, at)}, at)
+    # Judged once as it is now, before the clock moves on: a notifier that first met the
+    # automation late would see no change (its thread may not have judged in between).
+    phone.freshness()
     when = times[-1] + threshold(median_gap(times), late_after) + 1
     assert phone.states(when)["Minutes"] == "late"
     return when
