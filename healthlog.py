@@ -11,7 +11,9 @@ Threads inside ``healthlog serve``:
 * the Cheroot HTTP server and its worker pool answer ``POST /api/ingest`` and the
   read routes;
 * exactly one fold thread turns ``pending`` deliveries into hourly objects, in
-  journal order ``(received_at, id)``.
+  journal order ``(received_at, id)``;
+* with ``--notify URL``, one notifier thread judges freshness every minute and posts a
+  notice when an automation turns late or a metric stale, and when it is back.
 
 On-disk layout, all under one data directory (``--data``)::
 
@@ -43,13 +45,15 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights, records, summary, deliveries (read spec).
-    14. Export — the SQLite file of every point with its local time.
-    15. Observability — the figures of /metrics, /healthz and status.
-    16. Web sign-in — session cookies and the guess limiter.
+    13. Queries — catalog, points, buckets, nights (the one sleep rule), the view's plan,
+        records, summary, deliveries (read spec); freshness, notices' words, coverage
+        (freshness spec).
+    14. Export — the SQLite file of every point with its local time, and every night.
+    15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
+    16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
     17. Web app — the routes, one JSON error shape, an access log without bodies.
     18. HTTP transport — the head gate and the Cheroot adapter.
-    19. Service — the lock, database, worker and server of `serve`, in order; its memory.
+    19. Service — the lock, database, worker, notifier and server of `serve`; its memory.
     20. Maintenance — reindex, verify, import, refold, export: the store from the archive.
     21. Status — what the journal and the vitrine hold, readable while serve runs.
     22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
@@ -64,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import bisect
 import codecs
 import collections
 import contextlib
@@ -75,6 +80,7 @@ import gc
 import hashlib
 import hmac
 import io
+import ipaddress
 import itertools
 import json
 import logging
@@ -194,6 +200,10 @@ LISTEN_BACKLOG = 128
 """Connections the kernel queues before they are accepted (Cheroot's default is 5:
 a burst of clients would wait for TCP's SYN retries, seconds each)."""
 
+SERVE_ERROR_PAUSE_S = 0.1
+"""Pause of the HTTP server's accept loop after an error in it (no file descriptor left
+for a new connection, say): the loop would otherwise retry at once, millions of times."""
+
 HTTP_RESERVED_THREADS = 4
 """Worker threads an upload never takes: the read routes and /healthz keep these even
 when every other thread is reading a slow body."""
@@ -226,22 +236,60 @@ TOKEN_MIN_LENGTH = 16
 hold off guessing for centuries even without :class:`GuessLimiter`."""
 
 GUESSES_FREE = 5
-"""Failed authentications from one address answered at once; the next ones wait a moment
-that doubles (0.1 s, then up to :data:`GUESS_DELAY_MAX_S`)."""
+"""Wrong tokens from one client address answered at once; the next ones wait a moment
+that doubles (0.1 s, then up to :data:`GUESS_DELAY_MAX_S`).  A right token is never
+counted, delayed or refused: it is compared first (RELY-7.8)."""
 GUESS_DELAY_MAX_S = 2.0
+GUESS_WAITERS_MAX = 2
+"""Wrong answers waiting out their delay at once, whatever their addresses: a wrong token
+beyond them is answered 429 at once, so that guessers never hold the HTTP threads the
+phone's posts and the owner's sign-in need."""
 GUESSES_BEFORE_LOCKOUT = 10
-"""From this many failures in a burst on, an address is refused (429) without its
-credentials being looked at, for :data:`GUESS_LOCKOUT_S` after its last failure, doubling
-with each further failure up to :data:`GUESS_LOCKOUT_MAX_S`."""
+"""From this many wrong tokens in a burst on, an address's wrong tokens are answered 429
+at once, for :data:`GUESS_LOCKOUT_S` after its last one, doubling with each further one
+up to :data:`GUESS_LOCKOUT_MAX_S`.  Its right token is still served."""
 GUESS_LOCKOUT_S = 30.0
 GUESS_LOCKOUT_MAX_S = 900.0
-"""A phone left with a wrong token for hours is refused for at most 15 minutes once it is
-right again (restarting ``serve`` forgets every count)."""
 GUESS_BURST_GAP_S = 600.0
 """A failure more than this after an address's last one starts a new burst, and counting
 starts again."""
 GUESS_ADDRESSES_MAX = 4096
 """Addresses the limiter remembers; the one that failed longest ago is forgotten first."""
+FORWARDED_HINTS_MAX = 64
+"""Untrusted addresses whose forwarding headers were logged (once each, with the hint to
+name them in ``--trusted-proxy``): a bound, so that no client can grow it."""
+
+LATE_AFTER_S = 6 * 3600.0
+"""``--late-after``'s default: the shortest silence called late (an automation) or stale (a
+metric), whatever their usual rhythm.  HAE runs only while the phone is unlocked and iOS
+grants it time, so a few quiet hours are normal; six hours of them are not, by day."""
+LATE_FACTOR = 3
+"""An automation is late, a metric stale, after three of its usual intervals (and never
+before ``--late-after``): one missed run is common (a locked phone), three in a row are not."""
+USUAL_INTERVAL_DAYS = 14
+"""An automation's usual interval: the median gap between its runs over the 14 days up to
+its last delivery (two weeks hold a weekly rhythm twice and a daily one fourteen times)."""
+USUAL_SPACING_DAYS = 30
+"""A metric's usual spacing: the median gap between its points over the 30 days up to its
+newest point (a weekly weigh-in has four of them); its carriers: the automations whose
+deliveries wrote its objects in the 14 days up to that point."""
+FRESH_MIN_RUNS = 3
+"""Runs (deliveries, those of one ``session-id`` counting once) an automation needs before
+it is judged: two gaps make a median; before that it is ``new``."""
+FRESHNESS_CHECK_S = 60.0
+"""How often ``serve`` judges freshness again for its notices, besides after a read of
+``/api/freshness``, ``/api/summary`` or ``/metrics``."""
+NOTIFY_TIMEOUT_S = 10.0
+"""A notice's POST gives up after this; it never holds anything but the notifier's thread."""
+NOTIFY_RETRY_S = (5.0, 30.0, 120.0, 600.0, 1800.0)
+"""Waits before the retries of a notice that failed (an error, a timeout, an answer other
+than 2xx); after the last the notice is dropped, with a WARN: about an hour in all."""
+NOTIFY_QUEUE_MAX = 100
+"""Notices waiting to be sent; beyond it the oldest is dropped (a receiver down for days)."""
+COVERAGE_DAYS = 28
+"""The days ``/api/coverage`` answers without ``from``: four weeks, ending today."""
+COVERAGE_MAX_DAYS = 400
+"""The longest range ``/api/coverage`` reads at once (a year and its edges)."""
 
 STATUSES = ("pending", "parsed", "partial", "failed")
 
@@ -354,6 +402,11 @@ class InternalError(HTTPFailure):
     """The server could not store the delivery; it was not accepted."""
 
     status, code = 500, "internal_error"
+
+
+READ_FAILED = ("The server could not read the data; nothing was changed. Try again; the"
+               " server's log names the error.")
+REQUEST_FAILED = "The server could not complete the request; the server's log names the error."
 
 
 class ServiceStopping(HTTPFailure):
@@ -481,6 +534,20 @@ _ESCAPES.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r")
                  ord("\t"): "\\t"})
 
 
+LOG_REPEATS_WRITTEN = 5
+"""Identical records in a row written as they come; the rest of the run is counted."""
+LOG_REPEAT_REPORT_S = 60.0
+"""While a run of identical records goes on, its count is written this often."""
+
+
+def _error_name(exc: Optional[BaseException]) -> Optional[str]:
+    """An exception as a log field: its errno's name for an OSError (``EMFILE``), else its
+    class; never its message, which may quote data."""
+    if exc is None:
+        return None
+    return errno.errorcode.get(getattr(exc, "errno", None) or 0) or type(exc).__name__
+
+
 def log_event(level: int, msg: str, **fields: Any) -> None:
     """Write one structured record.  Fields above DEBUG must never carry health data."""
     if _log.isEnabledFor(level):
@@ -541,9 +608,60 @@ def _record_fields(record: logging.LogRecord) -> dict:
     return fields
 
 
+class CollapsingHandler(logging.StreamHandler):
+    """A stream handler that writes a run of identical records (level, message and
+    fields: everything but the time) as its first :data:`LOG_REPEATS_WRITTEN` lines and
+    then a count: the same record with ``repeated=N`` once the run ends (before the next
+    different record) and once every :data:`LOG_REPEAT_REPORT_S` while it goes on.  A
+    failing machine (no file descriptors, say) then cannot fill the disk with one line."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._key: Optional[tuple] = None
+        self._run = 0  # records of the current run after its first
+        self._held = 0  # of them, not written yet
+        self._last: Optional[logging.LogRecord] = None
+        self._reported = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:  # under the handler's lock
+        fields = getattr(record, "fields", None) or {}
+        key = (record.levelno, record.name, record.getMessage(),
+               repr(sorted(fields.items())), record.exc_info is None)
+        if key == self._key:
+            self._run += 1
+            if self._run >= LOG_REPEATS_WRITTEN:
+                self._held += 1
+                self._last = record
+                if record.created - self._reported >= LOG_REPEAT_REPORT_S:
+                    self._write_held()
+                return
+        else:
+            self._write_held()
+            self._key, self._run, self._reported = key, 0, record.created
+        self._last = record
+        super().emit(record)
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, 0
+        if held and self._last is not None:
+            count = logging.makeLogRecord(self._last.__dict__)
+            count.fields = dict(getattr(self._last, "fields", None) or {}, repeated=held)
+            super().emit(count)
+            self._reported = self._last.created
+
+    def close(self) -> None:
+        """Write the count of a run still going on (at exit, logging closes handlers)."""
+        self.acquire()
+        try:
+            self._write_held()
+        finally:
+            self.release()
+        super().close()
+
+
 def setup_logging(config: Config, stream: Any = None) -> logging.Handler:
     """Send every record of the process to one stderr handler in the chosen format."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = CollapsingHandler(stream or sys.stderr)
     handler.setFormatter(JSONFormatter() if config.log_format == "json" else LogfmtFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -626,6 +744,16 @@ class Config:
     fold_deadline_s: float = FOLD_DEADLINE_S
     stop_budget_s: float = STOP_BUDGET_S
     handoff_budget: int = HANDOFF_BUDGET
+    trusted_proxies: tuple = ()  # ip_network objects: whose forwarding headers count
+    late_after_s: float = LATE_AFTER_S
+    notify_url: Optional[str] = None  # where notices go (never logged: it may hold a secret)
+    notify_format: str = "text"
+    notify_timeout_s: float = NOTIFY_TIMEOUT_S
+    notify_retry_s: tuple = NOTIFY_RETRY_S
+    freshness_check_s: float = FRESHNESS_CHECK_S
+    clock: Callable[[], float] = time.time
+    """Epoch seconds now: what freshness is judged against and the time a delivery is
+    received at.  Tests give their own and move it instead of waiting."""
 
     @property
     def db_path(self) -> Path:
@@ -671,6 +799,42 @@ def check_token_length(token: str, origin: str) -> str:
     return token
 
 
+def parse_trusted_proxies(text: str, origin: str) -> tuple:
+    """``ADDR[,ADDR...]``: addresses or networks (``10.0.0.0/8``, ``::1``) whose
+    forwarding headers are believed."""
+    networks = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ConfigError("%s: %r is not an address or a network (such as 127.0.0.1,"
+                              " ::1 or 10.0.0.0/8)" % (origin, part)) from None
+    if not networks:
+        raise ConfigError("%s wants one or more addresses, separated by commas" % origin)
+    return tuple(networks)
+
+
+_DURATION = re.compile(r"([0-9]{1,7})([smhd])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, origin: str) -> float:
+    """``90s``, ``45m``, ``6h``, ``2d``: seconds, at least one."""
+    match = _DURATION.fullmatch((text or "").strip())
+    if not match or int(match.group(1)) < 1:
+        raise ConfigError("%s wants a duration such as 90s, 45m, 6h or 2d" % origin)
+    return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
+
+
+def parse_notify_url(text: str, origin: str) -> str:
+    """An ``http://`` or ``https://`` address with a host: where ``serve`` posts notices."""
+    parts = urllib.parse.urlsplit((text or "").strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("%s wants an http:// or https:// address, such as"
+                          " https://ntfy.sh/my-topic" % origin)
+    return text.strip()
+
+
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Merge defaults, ``HEALTHLOG_*`` environment variables and flags (flags win)."""
     values: dict = {}
@@ -689,6 +853,21 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
         if max_mib < 1:
             raise ConfigError("--max-body-mib must be at least 1")
         values["max_body_bytes"] = max_mib << 20
+    for key, flag, variable, parse in (
+            ("trusted_proxies", "--trusted-proxy", "HEALTHLOG_TRUSTED_PROXY",
+             parse_trusted_proxies),
+            ("late_after_s", "--late-after", "HEALTHLOG_LATE_AFTER", parse_duration),
+            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url)):
+        given = getattr(args, flag[2:].replace("-", "_"), None)
+        if given is not None:  # the flag wins; an empty variable counts as unset
+            values[key] = parse(given, flag)
+        elif environ.get(variable):
+            values[key] = parse(environ[variable], variable)
+    notify_format = getattr(args, "notify_format", None)
+    if notify_format is not None:
+        if notify_format not in ("text", "json"):
+            raise ConfigError("--notify-format must be text or json")
+        values["notify_format"] = notify_format
     log_format = getattr(args, "log_format", None) or environ.get("HEALTHLOG_LOG_FORMAT")
     if log_format:
         if log_format not in ("logfmt", "json"):
@@ -863,6 +1042,11 @@ _HOUR_TEXT: dict = {}
 """UTC hour (epoch hours) → ``YYYY-MM-DDTHH:``: exports format the hours once."""
 
 
+def _hour_prefix(moment: _dt.datetime) -> str:
+    """``YYYY-MM-DDTHH:`` with a four-digit year also before 1000 (strftime writes ``1``)."""
+    return "%04d-%02d-%02dT%02d:" % (moment.year, moment.month, moment.day, moment.hour)
+
+
 def format_instant(instant_us: int) -> str:
     """UTC ISO-8601 text of an instant (for exports and messages, never for keys)."""
     hour, rest = divmod(instant_us, HOUR_US)
@@ -871,7 +1055,7 @@ def format_instant(instant_us: int) -> str:
         moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(hours=hour)
         if len(_HOUR_TEXT) >= _HOUR_BASE_MAX:
             _HOUR_TEXT.clear()
-        prefix = _HOUR_TEXT[hour] = moment.strftime("%Y-%m-%dT%H:")
+        prefix = _HOUR_TEXT[hour] = _hour_prefix(moment)
     seconds, micros = divmod(rest, US)
     text = "%s%02d:%02d" % (prefix, seconds // 60, seconds % 60)
     if micros:
@@ -1022,7 +1206,7 @@ def local_iso(instant_us: int, offset_s: int) -> str:
         if len(_LOCAL_HOUR) >= _HOUR_BASE_MAX:
             _LOCAL_HOUR.clear()
         moment = _dt.datetime(1970, 1, 1) + _dt.timedelta(hours=hour)
-        prefix = _LOCAL_HOUR[hour] = moment.strftime("%Y-%m-%dT%H:")
+        prefix = _LOCAL_HOUR[hour] = _hour_prefix(moment)
     zone = _OFFSET_TEXT.get(offset_s)
     if zone is None:
         zone = _OFFSET_TEXT[offset_s] = format_offset(offset_s)
@@ -2385,14 +2569,26 @@ FOLD_MAX_BYTES = 512 << 20
 """A body above this is not parsed (a full parse holds ~6× the body in memory)."""
 
 
+def body_error(exc: OSError, path: Path) -> HealthlogError:
+    """What an ``OSError`` on an archived body says: its own loss, when its file is gone or
+    is no file while the archive around it is there (``body_missing``: the delivery fails),
+    else a fault of the machine (permissions, I/O, a folder, an archive not mounted:
+    :class:`ArchiveFault`, the delivery waits)."""
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
+        for parent in path.parents:
+            if parent.name == ARCHIVE_DIR:
+                if parent.is_dir():
+                    return BodyMissing()
+                break
+    return ArchiveFault(exc)
+
+
 def body_size(path: Path) -> int:
     """The size of an archived body, classifying what can go wrong with it."""
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
-        raise BodyMissing() from None
     except OSError as exc:
-        raise ArchiveFault(exc) from None
+        raise body_error(exc, path) from None
     if size > FOLD_MAX_BYTES:
         raise BodyTooBig()
     return size
@@ -2424,10 +2620,8 @@ def extract_body(path: Path, check_deadline: Callable[[], None] = lambda: None) 
 def _read_body(path: Path) -> bytes:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
-        raise BodyMissing() from None
     except OSError as exc:
-        raise ArchiveFault(exc) from None
+        raise body_error(exc, path) from None
 
 
 _ASCII_BYTES = bytes(range(128))
@@ -4849,35 +5043,18 @@ class FoldEngine:
             "UPDATE %s SET attempts = max(attempts + 1 - ?, 0) WHERE id = ?" % self.journal,
             (taken_back, delivery_id)))
 
-    def note_fault(self, delivery_id: int, fault: str, counted: bool) -> None:
+    def note_fault(self, delivery_id: int, fault: str) -> bool:
         """Write the fault of the machine that deferred a fold on its (still pending)
-        row, and take its attempt back unless the fault follows the delivery.  Best
-        effort: a database that cannot be written leaves the attempt counted."""
-        with contextlib.suppress(sqlite3.Error):
+        row, and take its attempt back: only a death counts (FOLD-14, FOLD-15).  False
+        when the database could not be written (the attempt is then owed)."""
+        try:
             self._write(lambda: self.conn.execute(
-                "UPDATE %s SET error = ?, attempts = max(attempts - ?, 0)"
+                "UPDATE %s SET error = ?, attempts = max(attempts - 1, 0)"
                 " WHERE id = ? AND parse_status = 'pending'" % self.journal,
-                ("retrying:" + fault, 0 if counted else 1, delivery_id)))
-
-    def other_body_readable(self, row: Mapping[str, Any]) -> bool:
-        """Can the archive give the body of another delivery: the latest folded one, or
-        the next one waiting (a new data directory has none folded)?  Tells a fault of
-        one body (it follows the delivery) from one of the archive."""
-        others = self.conn.execute(
-            "SELECT archive_path FROM (SELECT archive_path FROM %s WHERE id != ? AND"
-            " parse_status IN ('parsed', 'partial') ORDER BY received_at DESC, id DESC"
-            " LIMIT 1) UNION ALL SELECT archive_path FROM (SELECT archive_path FROM %s WHERE"
-            " parse_status = 'pending' AND (received_at > ? OR (received_at = ? AND id > ?))"
-            " ORDER BY received_at, id LIMIT 1)" % (self.journal, self.journal),
-            (row["id"], row["received_at"], row["received_at"], row["id"])).fetchall()
-        for (relative,) in others:
-            try:
-                with open(str(self.config.data_dir / relative), "rb") as body:
-                    body.read(1)
-            except OSError:
-                continue
-            return True
-        return False
+                ("retrying:" + fault, delivery_id)))
+        except sqlite3.Error:
+            return False
+        return True
 
     def record_failed(self, delivery_id: int, error: str, uncovered: Optional[list]) -> None:
         """Write a ``failed`` outcome (counters stay empty: only a successful fold has them)."""
@@ -5003,9 +5180,10 @@ FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
 (the last one repeats): a broken database is retried every minute, never given up on."""
 
 FOLD_ATTEMPTS_MAX = 3
-"""Fold attempts a delivery may have without an outcome (the process died during them,
-or a fault followed the delivery); the next pass then fails it, so that no single
-delivery stops the fold.  Three: one death may be bad luck, a third is the delivery."""
+"""Fold attempts a delivery may have without an outcome (the process died during them:
+a fault of the machine that the process survives takes its attempt back); the next pass
+then fails it, so that no single delivery stops the fold.  Three: one death may be bad
+luck, a third is the delivery."""
 ATTEMPTS_EXHAUSTED = "fold_attempts_exhausted"
 RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable")
 """Error classes the machine, not the body, may have caused (``body_unreadable`` was
@@ -5173,12 +5351,11 @@ class FoldWorker:
                 raise
             return outcome
         last_fault = (row["error"] or "retrying:died").partition(":")[2]
-        cure = ("make its archived body readable" if last_fault.startswith("archive:")
-                else "give healthlog more memory (or a lower --max-body-mib)")
         log_event(logging.ERROR, "a delivery was tried %d times without an outcome (the"
-                  " process died, or the machine failed, during its fold); it is failed now"
-                  " so that the deliveries after it are folded. To fold it again, %s, then"
-                  " run `healthlog refold %d`" % (row["attempts"], cure, row["id"]),
+                  " process died during its fold); it is failed now so that the deliveries"
+                  " after it are folded. To fold it again, give healthlog more memory (or a"
+                  " lower --max-body-mib), then run `healthlog refold %d`"
+                  % (row["attempts"], row["id"]),
                   delivery_id=row["id"], body_mib=round(row["body_bytes"] / 1048576, 1),
                   last_fault=last_fault)
         return Outcome("failed", "failed", ATTEMPTS_EXHAUSTED)
@@ -5220,19 +5397,22 @@ class FoldWorker:
         """Fold one delivery; the out-of-order WARN is asked before and written after.
 
         The attempt is counted before the fold (FOLD-14): a delivery that already had
-        :data:`FOLD_ATTEMPTS_MAX` attempts without an outcome is failed instead.  A
-        deferral by the database, or by an archive that cannot give any body, takes its
-        attempt back; memory running out, or a body the archive alone cannot give,
-        follows the delivery and keeps it."""
+        :data:`FOLD_ATTEMPTS_MAX` attempts without an outcome is failed instead.  An
+        attempt stays counted only when the process dies during the fold: a busy or
+        failing database, an archive that cannot be read (whatever the other folders do)
+        and memory running out take it back, and the loop pauses until the fault is
+        gone (FOLD-15)."""
         row = engine.row(delivery_id)
         if row is None or row["parse_status"] != "pending":
             return Outcome("unrecorded")
         owed = self._owed.get(delivery_id, 0)
         if row["attempts"] - owed >= FOLD_ATTEMPTS_MAX:
             return self._give_up(engine, row)
+        counted = False
         try:
             engine.count_attempt(delivery_id, owed)
             self._owed.pop(delivery_id, None)
+            counted = True
         except sqlite3.Error as exc:
             outcome = classify(exc)
             if outcome.deferred:
@@ -5248,11 +5428,11 @@ class FoldWorker:
             outcome = engine.fold(delivery_id, row)
         finally:
             self.current = None
-        if outcome.error in ("busy", "storage"):  # the database's: owed, not written now
-            self._owed[delivery_id] = self._owed.get(delivery_id, 0) + 1
-        elif outcome.deferred:
-            counted = outcome.error == "memory" or engine.other_body_readable(row)
-            engine.note_fault(delivery_id, outcome.error, counted)
+        if outcome.deferred and counted:  # a busy database or a machine fault: no attempt
+            noted = outcome.error not in ("busy", "storage") and engine.note_fault(
+                delivery_id, outcome.error)
+            if not noted:  # the database's fault: owed, taken back at the next count
+                self._owed[delivery_id] = self._owed.get(delivery_id, 0) + 1
         if outcome.kind in ("folded", "failed"):
             self.fold_seconds.observe(time.monotonic() - started, outcome=outcome.status)
         if late and outcome.kind == "folded":
@@ -5306,7 +5486,7 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
-# Queries: catalog, points, buckets, nights, records, summary, deliveries (read spec).
+# Queries: catalog, points, buckets, nights, records, summary, deliveries, freshness, coverage.
 # ==============================================================================
 
 LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
@@ -5341,6 +5521,11 @@ class Meaning:
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
     heart-rate notifications).
+
+    How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
+    called where HAE's units say only ``count`` (``steps``; None: its name says what it
+    counts, and a count is shown without a unit); ``digits``, the decimals always shown,
+    where a person's changes are smaller than one unit (weight, body fat, temperature).
     """
 
     name: str
@@ -5348,6 +5533,8 @@ class Meaning:
     kind: str
     fields: tuple = ("qty",)
     better: Optional[str] = None
+    counts: Optional[str] = None
+    digits: Optional[int] = None
 
     @property
     def combine(self) -> Optional[str]:
@@ -5356,7 +5543,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better}
+                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "digits": self.digits}
 
 
 def _totals(group: str, *items: tuple) -> dict:
@@ -5478,6 +5666,55 @@ NUTRIENTS = (
     ("dietary_cholesterol", "Cholesterol"))
 MEANINGS.update((metric, Meaning(name, "nutrition", "total")) for metric, name in NUTRIENTS)
 
+WRITTEN = {
+    # a count of it is called …
+    "step_count": ("steps", None), "flights_climbed": ("floors", None),
+    "respiratory_rate": ("breaths", None), "cycling_cadence": ("rev", None),
+    "handwashing": ("times", None), "toothbrushing": ("times", None),
+    "sexual_activity": ("times", None),
+    # at least this many decimals: a person's changes are smaller than one unit
+    "weight_body_mass": (None, 1), "lean_body_mass": (None, 1), "body_mass_index": (None, 1),
+    "body_fat_percentage": (None, 1), "waist_circumference": (None, 1),
+    "body_temperature": (None, 1), "basal_body_temperature": (None, 2),
+    "apple_sleeping_wrist_temperature": (None, 2), "under_water_temperature": (None, 1),
+    "vo2_max": (None, 1),
+}
+"""How the numbers of a metric are written, part of its meaning (:class:`Meaning`'s
+``counts`` and ``digits``).  Every other ``count`` is shown without a unit: the metric's
+name says what it counts (stand hours, body mass index, falls, swimming strokes, UV
+index, …)."""
+MEANINGS.update((metric, _replace(MEANINGS[metric], counts=counts, digits=digits))
+                for metric, (counts, digits) in WRITTEN.items())
+
+UNIT_LABELS = {
+    "count/min": "bpm", "fl_oz_us": "fl oz", "fl_oz_imp": "imp fl oz", "cup_us": "cups",
+    "degC": "°C", "degF": "°F", "mcV": "µV", "mcg": "µg", "mcS": "µS", "dBASPL": "dB",
+    "hr": "h", "km/hr": "km/h", "mi/hr": "mph", "kcal/hr·kg": "MET",
+}
+"""HealthKit's unit names as a person reads them; any other (kcal, kJ, lb, kg, mi, km, ms,
+mmHg, %, mg/dL, …) is shown as HAE sends it."""
+
+_UNIT_FACTOR = re.compile(r"<[^<>]*>")
+"""HealthKit's conversion factor inside a unit name: ``mmol<180.1558800000541>/L``."""
+
+
+def unit_label(metric: str, units: Optional[str]) -> Optional[str]:
+    """How the units of a metric are shown, everywhere the page shows them (cards, the
+    metric view's axis and readout, lists): ``count/min`` is ``bpm``, a ``count`` is what
+    the meaning says a count of it is called (``steps``), else nothing (``""``: the name
+    says what it counts), ``fl_oz_us`` is ``fl oz``, ``degC`` ``°C`` (:data:`UNIT_LABELS`);
+    None without units."""
+    if not isinstance(units, str):
+        return None
+    counts = meaning_of(metric).counts
+    if units == "count":
+        return counts or ""
+    if units == "count/min" and counts:
+        return counts + "/min"
+    if units in UNIT_LABELS:
+        return UNIT_LABELS[units]
+    return _UNIT_FACTOR.sub("", units).strip()
+
 _EVENT_SECTIONS = (("symptoms/", "Symptom", ("severity",)),
                    ("medications/", "Medication", ("status", "dosage")),
                    ("cycle_tracking/", "Cycle tracking", ("value",)))
@@ -5516,6 +5753,24 @@ def catalog(conn: sqlite3.Connection) -> list:
                 " FROM object GROUP BY metric, layer ORDER BY metric, layer")]
 
 
+def catalog_local(conn: sqlite3.Connection, item: dict) -> tuple:
+    """(first, last) of a catalog entry as local ISO-8601 text with its offset, as the phone
+    wrote them: each the start of the first and of the last point, in the offset its own
+    timestamp was written in (``tz=local``, :meth:`Zone.point_offset`, as ``/api/points``
+    and ``/api/records`` place a point).  Reads the object of each of the two only."""
+    bounds = []
+    for text, last in ((item["first"], False), (item["last"], True)):
+        second = parse_time(text) // US * US
+        query = PointQuery(item["metric"], item["layer"], second, second + US)
+        found = None
+        for _, coord, point in iter_points(conn, query):
+            found = (coord[0], LOCAL_ZONE.point_offset(raw_start(point), coord[0]))
+            if not last:
+                break
+        bounds.append(None if found is None else local_iso(*found))
+    return tuple(bounds)
+
+
 @dataclass(frozen=True)
 class PointQuery:
     """What ``/api/points`` and ``healthlog export`` were asked, checked."""
@@ -5523,14 +5778,16 @@ class PointQuery:
     metric: str
     layer: str
     start: Optional[int] = None  # UTC µs, inclusive
-    end: Optional[int] = None  # UTC µs, exclusive
+    end: Optional[int] = None  # UTC µs, exclusive (a date-only ``to``: the next midnight)
     bucket: Optional[str] = None
     zone: Zone = LOCAL_ZONE
     fmt: str = "json"
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
+    # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
     fill: tuple = ()  # day and week buckets without a layer asked: each day from the
     # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
+    coarsened: bool = False  # hours were asked of a layer of days: answered per day
 
     @property
     def sleep_stages(self) -> bool:
@@ -5592,9 +5849,12 @@ _DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
 
 
 def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
-    """(instant, local date ordinal) of ``from``/``to``.  A date alone is local midnight in
-    ``zone``; with ``tz=local`` it is that date as written in each point, and the instant
-    only narrows the objects read (:data:`MAX_OFFSET_S` around UTC midnight)."""
+    """(instant, local date ordinal) of ``from``/``to``.  A date alone is a whole local day
+    in ``zone``: ``from`` starts at its midnight, ``to`` includes it (the range ends at the
+    next midnight), as the page's "To" field and ``export --to`` mean it; with
+    ``tz=local`` it is that date as written in each point, and the instant only narrows
+    the objects read (:data:`MAX_OFFSET_S` around UTC midnight).  An instant ``to`` is
+    exclusive."""
     match = _DATE_ONLY_QUERY.fullmatch(text or "")
     if not match:
         return _query_time(name, text), None
@@ -5602,6 +5862,10 @@ def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tu
         ordinal = _dt.date(*map(int, match.groups())).toordinal()
     except ValueError:
         raise BadRequest("%s is not a date" % name) from None
+    if is_end:
+        if ordinal == _dt.date.max.toordinal():
+            return None, None  # to the end of the calendar: no end at all
+        ordinal += 1  # the day after: ``to`` includes its own day
     if zone is LOCAL_ZONE:
         midnight = (ordinal - _EPOCH_ORDINAL) * 86400
         return (midnight + (MAX_OFFSET_S if is_end else -MAX_OFFSET_S)) * US, ordinal
@@ -5634,6 +5898,9 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
         raise UnknownMetric([loggable_metric(row[0])
                              for row in conn.execute("SELECT DISTINCT metric FROM object")])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
+    if coarsened:
+        bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
     fill: tuple = ()
     if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
         others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
@@ -5641,7 +5908,8 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     if layer not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill)
+    return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
+                      coarsened)
 
 
 DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
@@ -5743,9 +6011,12 @@ def _head(query: PointQuery) -> dict:
         head["layers"] = list(query.fill)
     if query.bucket:
         head["bucket"] = query.bucket
+        if query.coarsened:
+            head["note"] = ("hours were asked, but the %s layer holds one value a day or"
+                            " less: answered per day" % query.layer)
     head["from"] = (_dt.date.fromordinal(query.day_from).isoformat()
                     if query.day_from is not None else _instant_or_null(query.start))
-    head["to"] = (_dt.date.fromordinal(query.day_to).isoformat()
+    head["to"] = (_dt.date.fromordinal(query.day_to - 1).isoformat()  # the last day, as asked
                   if query.day_to is not None else _instant_or_null(query.end))
     return head
 
@@ -5772,7 +6043,8 @@ def render_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes
         runs = bucket_runs(conn, query)
         pieces = _bucket_csv(runs, query) if query.fmt == "csv" else _bucket_json(runs, query)
     elif query.fmt == "csv":
-        pieces = _raw_csv(conn, query)
+        pieces = (_ecg_csv(conn, query) if meaning_of(query.metric).kind == "ecg"
+                  else _raw_csv(conn, query))
     else:
         pieces = _raw_json(conn, query)
     return _chunked(pieces)
@@ -5809,22 +6081,29 @@ def _in_range(point: Any, query: PointQuery) -> bool:
                            point)
 
 
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection)."""
+_FORMULA_CHARACTERS = "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c"
+"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with
+the pipe of DDE and the full-width forms some spreadsheets take for them."""
+_FORMULA = re.compile(r"[\t\r\n]|\s*[%s]" % re.escape(_FORMULA_CHARACTERS))
+"""A cell a spreadsheet could run: one that starts with a tab or a line break, or whose
+first character after any whitespace starts a formula."""
+_FORMULA_FIRST = frozenset(_FORMULA_CHARACTERS)
 
 
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
     """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes.  A text cell that
-    starts like a formula gets a leading ``'`` (OWASP's advice against CSV injection), so
+    starts like a formula (:data:`_FORMULA`) gets a leading ``'`` (OWASP's advice against
+    CSV injection), so
     it is data, never a formula, in a spreadsheet; numbers pass as numbers, so ``-5`` stays
     ``-5``: only names, units and text values that arrived as strings can carry a formula
     (any app that writes to HealthKit chooses its source name)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    starts = _FORMULA_STARTS
+    first, formula = _FORMULA_FIRST, _FORMULA.match
     for row in rows:  # one comprehension: this loop sees every cell
-        writer.writerow(["'" + cell if type(cell) is str and cell.startswith(starts) else cell
-                         for cell in row])
+        writer.writerow(["'" + cell if type(cell) is str and cell and (
+            cell[0] in first or cell[0].isspace()) and formula(cell) else cell
+            for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -5853,6 +6132,7 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
                     fields.setdefault(key, None)
     names = list(fields)
     zone = query.zone
+    sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
 
     def rows() -> Iterator[list]:
         yield list(RAW_CSV_COLUMNS) + [name + "_" if name in RAW_CSV_COLUMNS else name
@@ -5861,8 +6141,10 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
             start = format_instant(coord[0])
             end = start if coord[1] == coord[0] else format_instant(coord[1])
             offset = zone.point_offset(raw_start(point), coord[0])
+            day = sleep.of(point, coord) if sleep is not None else None
             yield ([start, end, units or "", local_iso(coord[0], offset),
-                    _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()]
+                    _dt.date.fromordinal(local_ordinal(coord[0], offset) if day is None
+                                         else day).isoformat()]
                    + [_csv_cell(point.get(key)) for key in names])
 
     yield from _csv_lines(rows())
@@ -5871,7 +6153,57 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
 """The columns raw CSV puts before the point's own keys (a key of the same name gets a
 trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
-(the query's ``tz``; ``local``: as the phone wrote it) with its date."""
+(the query's ``tz``; ``local``: as the phone wrote it) with its date; a sleep row's date
+is the day its sleep ended (:class:`SleepDates`)."""
+
+
+ECG_CSV_COLUMNS = ("recording_start", "recording_local_start", "recording_local_date",
+                   "sample", "offset_s", "voltage", "units")
+"""Raw CSV of ECG recordings: one row per voltage sample, not one per recording (a 30 s
+recording at 512 Hz is 15,360 samples, as JSON some 700,000 characters: a spreadsheet cuts
+a cell at 32,767).  The recording's start in UTC, in local time (the query's ``tz``) and
+its local date; the sample's index in the order measured (from 0, as ``/api/ecg`` lists the
+voltages); its time in seconds from the recording's start (its ``date`` minus the start, or
+without a readable ``date`` its index divided by ``samplingFrequency``; empty without
+either); its voltage and units as sent (HAE: µV, ``mcV``).  A recording without samples is
+one row with the last four empty."""
+
+
+def ecg_readings(point: dict) -> list:
+    """(instant µs or None, reading) of each sample of an ECG recording with a numeric
+    ``voltage``, in the order measured: by ``date``, those without a readable one first, as
+    sent (a stable sort)."""
+    samples = point.get("voltageMeasurements")
+    readings = [(parse_time(item.get("date")), item)
+                for item in (samples if type(samples) is list else ())
+                if type(item) is dict and type(item.get("voltage")) in (int, float)]
+    readings.sort(key=lambda pair: pair[0] or 0)
+    return readings
+
+
+def _ecg_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
+    zone = query.zone
+
+    def rows() -> Iterator[list]:
+        yield list(ECG_CSV_COLUMNS)
+        for _, coord, point in iter_points(conn, query):
+            offset = zone.point_offset(raw_start(point), coord[0])
+            recording = [format_instant(coord[0]), local_iso(coord[0], offset),
+                         _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat()]
+            frequency = point.get("samplingFrequency")
+            if type(frequency) not in (int, float) or not frequency > 0:
+                frequency = None
+            readings = ecg_readings(point)
+            if not readings:
+                yield recording + ["", "", "", ""]
+            for index, (instant, item) in enumerate(readings):
+                units = item.get("units")
+                yield recording + [
+                    index, (instant - coord[0]) / US if instant is not None
+                    else index / frequency if frequency else None,
+                    item["voltage"], units if type(units) is str else ""]
+
+    yield from _csv_lines(rows())
 
 
 @dataclass
@@ -6035,10 +6367,12 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
     yield head[:-1] + b',"runs":['
     for i, run in enumerate(runs):
-        yield (b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"buckets":['
+        yield ((b"," if i else b"") + b'{"units":' + _json_bytes(run.units) + b',"unit_label":'
+               + _json_bytes(unit_label(query.metric, run.units)) + b',"buckets":[')
         for j, key in enumerate(sorted(run.buckets)):
             bucket = run.buckets[key]
             item = _bucket_place(query, key, bucket)
+            item["units"] = run.units  # each row says its units (Grafana splits by them)
             item["count"] = bucket.count
             if bucket.fields:
                 item["fields"] = {name: _field_stats(stats)
@@ -6095,6 +6429,8 @@ ASLEEP_STAGES = ("core", "deep", "rem", "asleep")
 NIGHT_GAP_US = 3 * HOUR_US
 """Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
 SUMMARY_STAGES = (("core", "core"), ("deep", "deep"), ("rem", "rem"), ("awake", "awake"))
+STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
+"""The order stages are listed and drawn in, deepest first."""
 
 
 def sleep_stage(value: Any) -> Optional[str]:
@@ -6112,9 +6448,19 @@ def _hours(value: Any) -> Optional[float]:
     return float(value) if type(value) in (int, float) and value > 0 else None
 
 
+SLEEP_SLACK_H = 1 / 60
+"""HAE's hours are sums of floats and its sleep window is written to the second: a total
+within a minute of its window is not an overlap."""
+SLEEP_MAX_H = 24.0
+"""No sleep is longer than a day, whatever its figures say."""
+
+
 @dataclass
 class Night:
-    """One sleep, placed on the local date of its end."""
+    """One sleep (records less than :data:`NIGHT_GAP_US` apart), placed on the local date
+    of its end.  ``asleep`` is its hours asleep by the one sleep rule (:func:`settle_sleep`),
+    never more than its window or a day; ``overlapping`` when its own figures said more
+    (two sources describing the same hours, or one written twice)."""
 
     date: int  # local date ordinal
     end: int  # UTC µs
@@ -6125,12 +6471,33 @@ class Night:
     in_bed: Optional[float]
     stages: dict
     form: str  # "summary" (one point per night) or "records" (one per stage segment)
+    overlapping: bool = False
+    window: Optional[float] = None  # hours from its start to its end, gaps left out
+    naps: list = field(default_factory=list)  # the day's other sleeps (its night only)
 
 
-def _summary_night(point: dict, zone: Zone) -> Optional[Night]:
-    """A night from HAE's aggregated sleep, in any of its forms: placed by ``sleepEnd``,
-    else ``inBedEnd``, else ``date``; asleep is ``totalSleep``, else ``asleep``, else core
-    + deep + rem (a Watch's ≥ 6.6.2 summary has ``asleep: 0`` beside ``totalSleep``)."""
+@dataclass
+class _SummarySleep:
+    """One summary record's figures, before a sleep is made of it and its neighbours."""
+
+    start: Optional[int]
+    start_offset: int
+    end: int
+    end_offset: int
+    total: Optional[float]  # HAE's own total: totalSleep, else asleep + core + deep + rem
+    staged: float  # core + deep + rem (the Watch's stages)
+    unspecified: float  # HAE's ``asleep``: only the unspecified part where stages exist
+    in_bed: Optional[float]
+    in_bed_window: Optional[tuple]
+    stages: dict
+
+
+def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
+    """A summary record of HAE's aggregated sleep, in any of its forms: its end is
+    ``sleepEnd``, else ``inBedEnd``, else ``date``; its total is ``totalSleep``, else
+    ``asleep + core + deep + rem``.  Evidence (3,242 of 3,242 real records with
+    ``totalSleep``, seven people, 2010-2026): ``totalSleep`` always equals that sum, so
+    ``asleep`` alone is only the unspecified part wherever stages exist."""
     for key in ("sleepEnd", "inBedEnd", "date"):
         end = parse_time(point.get(key))
         if end is not None:
@@ -6140,14 +6507,87 @@ def _summary_night(point: dict, zone: Zone) -> Optional[Night]:
         return None
     start_raw = point.get("sleepStart") or point.get("inBedStart")
     start = parse_time(start_raw)
+    if start is not None and start >= end:
+        start = None
     stages = {stage: _hours(point.get(name)) for stage, name in SUMMARY_STAGES}
     stages = {stage: hours for stage, hours in stages.items() if hours}
-    asleep = _hours(point.get("totalSleep")) or _hours(point.get("asleep"))
-    if asleep is None and any(stage in stages for stage in ("core", "deep", "rem")):
-        asleep = sum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
-    return Night(local_ordinal(end, end_offset), end, end_offset, start,
-                 end_offset if start is None else zone.point_offset(start_raw, start),
-                 asleep, _hours(point.get("inBed")), stages, "summary")
+    staged = sum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    unspecified = _hours(point.get("asleep")) or 0.0
+    total = _hours(point.get("totalSleep"))
+    if total is None and (staged or unspecified):
+        total = unspecified + staged
+    bed_start, bed_end = parse_time(point.get("inBedStart")), parse_time(point.get("inBedEnd"))
+    return _SummarySleep(start, end_offset if start is None else
+                         zone.point_offset(start_raw, start), end, end_offset, total, staged,
+                         unspecified, _hours(point.get("inBed")),
+                         (bed_start, bed_end) if bed_start is not None and bed_end is not None
+                         and bed_end > bed_start else None, stages)
+
+
+def settle_sleep(total: Optional[float], staged: float, unspecified: float,
+                 window: Optional[float]) -> tuple:
+    """(hours asleep, overlapping) of one sleep from its summary figures: HAE's total,
+    unless it says more than the sleep's window (or a day): then the sources overlap
+    (AutoSleep beside the Watch on 87 of 90 real nights of one person; Eight Sleep
+    writing its samples twice, 27 h between 21:52 and 10:16), and the figure is the
+    staged one (the Watch's, which Apple's own source order puts first), else the
+    unspecified ``asleep``, capped at the window."""
+    if total is None:
+        return None, False
+    cap = SLEEP_MAX_H if window is None else min(window, SLEEP_MAX_H)
+    if total <= cap + SLEEP_SLACK_H:
+        return total, False
+    figure = staged or unspecified or total
+    return min(figure, cap), True
+
+
+def _summary_nights(sleeps: list) -> list:
+    """Sleeps from summary records: records whose windows are less than
+    :data:`NIGHT_GAP_US` apart are one sleep (HAE splits a night in two at times, and
+    two short naps in a row are one); each sleep is settled by :func:`settle_sleep`."""
+    nights, group, reach = [], [], None
+    ordered = sorted(sleeps, key=lambda s: (s.start if s.start is not None else s.end, s.end))
+    for sleep in ordered + [None]:
+        begins = None if sleep is None else (sleep.start if sleep.start is not None
+                                             else sleep.end)
+        if group and (sleep is None or reach is None or sleep.start is None
+                      or begins - reach >= NIGHT_GAP_US):
+            nights.append(_settled_summary(group))
+            group, reach = [], None
+        if sleep is not None:
+            group.append(sleep)
+            reach = None if sleep.start is None else max(reach or sleep.end, sleep.end)
+    return nights
+
+
+def _settled_summary(group: list) -> Night:
+    last = max(group, key=lambda s: s.end)
+    starts = [s for s in group if s.start is not None]
+    first = min(starts, key=lambda s: s.start) if starts else None
+    totals = [s.total for s in group if s.total is not None]
+    windows = [(s.start, s.end) for s in starts]
+    window = _union_hours(windows) if windows and len(windows) == len(group) else None
+    asleep, overlapping = settle_sleep(sum(totals) if totals else None,
+                                       sum(s.staged for s in group),
+                                       sum(s.unspecified for s in group), window)
+    beds = [s.in_bed for s in group if s.in_bed is not None]
+    in_bed = None
+    if beds:  # in bed, likewise, within the windows in bed (else asleep) or a day
+        bed_windows = [s.in_bed_window or (s.start, s.end) for s in group
+                       if s.in_bed_window or s.start is not None]
+        cap = SLEEP_MAX_H
+        if len(bed_windows) == len(group):
+            cap = min(_union_hours(bed_windows), SLEEP_MAX_H)
+        in_bed = min(sum(beds), cap)
+        overlapping = overlapping or sum(beds) > cap + SLEEP_SLACK_H
+    stages: dict = {}
+    for sleep in group:
+        for stage, hours in sleep.stages.items():
+            stages[stage] = stages.get(stage, 0.0) + hours
+    return Night(local_ordinal(last.end, last.end_offset), last.end, last.end_offset,
+                 first.start if first else None,
+                 first.start_offset if first else last.end_offset, asleep, in_bed, stages,
+                 "summary", overlapping, window)
 
 
 def _union_hours(spans: list) -> float:
@@ -6161,39 +6601,58 @@ def _union_hours(spans: list) -> float:
 
 
 def _record_nights(records: list, zone: Zone) -> list:
-    """Nights from stage records ((start, end, stage, hours, end text, start text)): records
-    less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its last end.
-    Stage hours are each record's ``qty`` (else its span); asleep and in bed are the
-    lengths of the union of their records, so that two devices recording one night are
-    not counted twice."""
+    """Nights from stage records ((start, end, stage, end text, start text)): records
+    less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its
+    last end.  Every figure is the length of a union of intervals, so a record written
+    twice, or two devices recording one night, count once: asleep is the union of the
+    asleep stages' records, in bed that of ``in_bed``, each stage that of its own, none of
+    them more than a day; the sleep is ``overlapping`` when its asleep records add up to
+    more than their union (a record written twice, two devices) or the union to more than
+    a day."""
     nights, group = [], []
     for record in sorted(records) + [None]:
         if group and (record is None or record[0] - max(r[1] for r in group) >= NIGHT_GAP_US):
             last = max(group, key=lambda r: r[1])
             first = min(group, key=lambda r: r[0])
-            end_offset = zone.point_offset(last[4], last[1])
-            stages: dict = {}
-            for _, _, stage, hours, _, _ in group:
-                stages[stage] = stages.get(stage, 0.0) + hours
-            asleep = [(r[0], r[1]) for r in group if r[2] in ASLEEP_STAGES]
-            in_bed = [(r[0], r[1]) for r in group if r[2] == "in_bed"]
-            nights.append(Night(local_ordinal(last[1], end_offset), last[1], end_offset,
-                                first[0], zone.point_offset(first[5], first[0]),
-                                _union_hours(asleep) if asleep else None,
-                                _union_hours(in_bed) if in_bed else None,
-                                {k: v for k, v in stages.items() if k != "in_bed"}, "records"))
+            end_offset = zone.point_offset(last[3], last[1])
+            spans: dict = {}
+            for start, end, stage, _, _ in group:
+                spans.setdefault(stage, []).append((start, end))
+            stages = {stage: _union_hours(found) for stage, found in spans.items()
+                      if stage != "in_bed"}
+            asleep_spans = [span for stage in ASLEEP_STAGES for span in spans.get(stage, ())]
+            asleep = _union_hours(asleep_spans) if asleep_spans else None
+            said = sum(end - start for start, end in asleep_spans) / HOUR_US
+            in_bed = _union_hours(spans["in_bed"]) if "in_bed" in spans else None
+            overlapping = asleep is not None and (said > asleep + SLEEP_SLACK_H
+                                                  or asleep > SLEEP_MAX_H)
+            nights.append(Night(
+                local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
+                zone.point_offset(first[4], first[0]),
+                None if asleep is None else min(asleep, SLEEP_MAX_H),
+                None if in_bed is None else min(in_bed, SLEEP_MAX_H),
+                {stage: min(hours, SLEEP_MAX_H) for stage, hours in stages.items()},
+                "records", overlapping, _union_hours([(r[0], r[1]) for r in group])))
             group = []
         if record is not None:
             group.append(record)
     return nights
 
 
+def _sleep_length(night: Night) -> tuple:
+    """What makes a day's night its longest sleep: hours asleep, else in bed, else its
+    window, then the later end."""
+    return (night.asleep or 0.0, night.in_bed or 0.0, night.window or 0.0, night.end)
+
+
 def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
-    """The nights whose end lies in the range, by local date: a date with a summary night
-    takes the summary (HAE's own aggregate, what Apple Health shows), else the nights
-    its stage records make.  The same night summarised twice (HAE re-sends a night with
-    ``date`` once the sleep start, once the wake time; or sends it while it runs, and again
-    in the morning) counts once: the summary of the latest end of a sleep start."""
+    """The nights whose end lies in the range, one per local date: the day's longest
+    sleep, with the day's other sleeps as its ``naps`` (never added to it).  A date with
+    summary records takes the sleeps they make (HAE's own aggregate, what Apple Health
+    shows), else the sleeps its stage records make.  The same night summarised twice
+    (HAE re-sends a night with ``date`` once the sleep start, once the wake time; or sends
+    it while it runs, and again in the morning) counts once: the summary of the latest end
+    of a sleep start."""
     widened = _replace(query, start=None if query.start is None
                                   else query.start - 2 * 86400 * US, day_from=None,
                                   day_to=None)
@@ -6203,29 +6662,32 @@ def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
             start, end = point_span(point) or (None, None)
-            if start is None:
+            if start is None or end is None or end <= start:
                 continue
-            hours = _hours(point.get("qty"))
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
-            records.append((start, end, stage, (end - start) / HOUR_US if hours is None
-                            else hours, raw_end, raw_start(point)))
+            records.append((start, end, stage, raw_end, raw_start(point)))
             continue
-        night = _summary_night(point, query.zone)
-        if night is not None:  # one night, however often summarised: the latest end wins
-            key = night.end if night.start is None else night.start
-            rank = (night.end, len(content_keys(point)))
+        sleep = _summary_sleep(point, query.zone)
+        if sleep is not None:  # one night, however often summarised: the latest end wins
+            key = sleep.end if sleep.start is None else sleep.start
+            rank = (sleep.end, len(content_keys(point)))
             known = summaries.get(key)
             if known is None or rank >= known[1]:
-                summaries[key] = (night, rank)
+                summaries[key] = (sleep, rank)
     by_date: dict = {}
-    for night, _ in summaries.values():
+    for night in _summary_nights([sleep for sleep, _ in summaries.values()]):
         by_date.setdefault(night.date, []).append(night)
     for night in _record_nights(records, query.zone):
         if night.date not in by_date or by_date[night.date][0].form == "records":
             by_date.setdefault(night.date, []).append(night)
-    return [night for date in sorted(by_date) for night in sorted(by_date[date],
-                                                                  key=lambda n: n.end)
-            if _night_in_range(night, query)]
+    nights = []
+    for date in sorted(by_date):
+        sleeps = sorted(by_date[date], key=_sleep_length)
+        night = sleeps.pop()
+        night.naps = sorted(sleeps, key=lambda n: n.end)
+        if _night_in_range(night, query):
+            nights.append(night)
+    return nights
 
 
 def _night_in_range(night: Night, query: PointQuery) -> bool:
@@ -6237,9 +6699,17 @@ def _night_in_range(night: Night, query: PointQuery) -> bool:
             and (query.day_to is None or night.date < query.day_to))
 
 
+def _nap_item(nap: Night) -> dict:
+    return {"sleep_start": None if nap.start is None else local_iso(nap.start, nap.start_offset),
+            "sleep_end": local_iso(nap.end, nap.end_offset),
+            "date": _dt.date.fromordinal(nap.date).isoformat(),
+            "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
+
+
 def sleep_buckets(nights: list, query: PointQuery) -> list:
-    """Day buckets (a date's nights summed) or week buckets (the average night of the
-    nights there are), in the reply's shape."""
+    """Day buckets (the day's night, its naps beside it) or week buckets (the average
+    night of the nights there are; the naps listed, never averaged in), in the reply's
+    shape."""
     groups: dict = {}
     for night in nights:
         key = night.date if query.bucket == "day" else night.date - (night.date - 1) % 7
@@ -6247,12 +6717,11 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
     out = []
     for key in sorted(groups):
         members = groups[key]
-        days = len({n.date for n in members})
-        share = 1.0 if query.bucket == "day" else 1.0 / days
+        share = 1.0 / len(members)
 
-        def total(values: list, share: float = share) -> Optional[float]:
+        def mean(values: list) -> Optional[float]:
             known = [v for v in values if v is not None]
-            return sum(known) * share if known else None
+            return sum(known) / len(known) if known else None
 
         stages: dict = {}
         for night in members:
@@ -6261,21 +6730,50 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
         first = min(members, key=lambda n: n.end)
         bucket = _Bucket(count=len(members), first=first.end, offset=first.end_offset)
         item = _bucket_place(query, key, bucket)
-        starts = [n for n in members if n.start is not None]
-        item.update({"count": len(members), "nights": days,
-                     "asleep": total([n.asleep for n in members]),
-                     "in_bed": total([n.in_bed for n in members]),
+        naps = [nap for night in members for nap in night.naps]
+        item.update({"count": len(members) + len(naps), "nights": len(members),
+                     "asleep": mean([n.asleep for n in members]),
+                     "in_bed": mean([n.in_bed for n in members]),
                      "stages": dict(sorted(stages.items())),
                      "form": "summary" if all(n.form == "summary" for n in members)
-                     else "records" if all(n.form == "records" for n in members) else "mixed"})
+                     else "records" if all(n.form == "records" for n in members) else "mixed",
+                     "overlapping": sum(n.overlapping for n in members),
+                     "naps": [_nap_item(nap) for nap in naps]})
         if query.bucket == "day":
-            earliest = min(starts, key=lambda n: n.start) if starts else None
-            last = max(members, key=lambda n: n.end)
-            item["sleep_start"] = (local_iso(earliest.start, earliest.start_offset)
-                                   if earliest else None)
-            item["sleep_end"] = local_iso(last.end, last.end_offset)
+            [night] = members
+            item["sleep_start"] = (None if night.start is None
+                                   else local_iso(night.start, night.start_offset))
+            item["sleep_end"] = local_iso(night.end, night.end_offset)
+            item["overlapping"] = night.overlapping
         out.append(item)
     return out
+
+
+class SleepDates:
+    """The local date each sleep point belongs to, as the page dates it: a summary record's
+    own end (``sleepEnd``, else ``inBedEnd``, else ``date``), a stage record's sleep's end
+    (else its own); so that exports date a sleep row on its wake day, not by HAE's ``date``
+    (the sleep start the evening before on 43 of 91 real nights of one person)."""
+
+    def __init__(self, nights: list, zone: Zone):
+        sleeps = sorted((sleep for night in nights for sleep in [night] + night.naps
+                         if sleep.start is not None), key=lambda sleep: sleep.start)
+        self._starts = [sleep.start for sleep in sleeps]
+        self._sleeps = sleeps
+        self._zone = zone
+
+    def of(self, point: dict, coord: tuple) -> Optional[int]:
+        """The local date ordinal of a sleep point, or None when it is no sleep."""
+        if sleep_stage(point.get("value")) is None:
+            sleep = _summary_sleep(point, self._zone)
+            return None if sleep is None else local_ordinal(sleep.end, sleep.end_offset)
+        at = bisect.bisect_right(self._starts, coord[0]) - 1
+        while at >= 0 and coord[0] - self._starts[at] <= 2 * 86400 * US:
+            if coord[0] <= self._sleeps[at].end:  # the latest-starting sleep that holds it
+                return self._sleeps[at].date  # (a nap may start inside a longer sleep)
+            at -= 1
+        raw_end = point.get("end") or point.get("endDate") or raw_start(point)
+        return local_ordinal(coord[1], self._zone.point_offset(raw_end, coord[1]))
 
 
 def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
@@ -6285,10 +6783,12 @@ def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
 
 def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
     buckets = sleep_buckets(nights, query)
-    stages = sorted({stage for item in buckets for stage in item["stages"]})
-    columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
+    stages = [stage for stage in STAGE_ORDER if any(stage in item["stages"] for item in buckets)]
+    columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
+        "unspecified" if stage == "asleep" else stage for stage in stages]  # one name each
     if query.bucket == "day":
         columns += ["sleep_start", "sleep_end", "form"]
+    columns += ["overlapping", "naps", "nap_hours"]
 
     def rows() -> Iterator[list]:
         yield columns
@@ -6298,6 +6798,9 @@ def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
             row += [_csv_cell(item["stages"].get(stage)) for stage in stages]
             if query.bucket == "day":
                 row += [item["sleep_start"] or "", item["sleep_end"], item["form"]]
+            nap_hours = [nap["asleep"] for nap in item["naps"] if nap["asleep"] is not None]
+            row += [int(item["overlapping"]), len(item["naps"]),
+                    _csv_cell(sum(nap_hours) if nap_hours else None)]
             yield row
 
     yield from _csv_lines(rows())
@@ -6329,8 +6832,12 @@ def workout_item(point: dict, coord: tuple) -> dict:
     average = _quantity(summary.get("avg")) or _quantity(point.get("avgHeartRate"))
     highest = _quantity(summary.get("max")) or _quantity(point.get("maxHeartRate"))
     name = point.get("name")
+    distance = _quantity(point.get("distance"))
+    for amount in (energy, distance, average, highest):
+        if amount is not None:
+            amount["unit_label"] = unit_label("workouts", amount["units"])
     return {"name": name if type(name) is str else None, "duration_s": duration,
-            "energy": energy, "distance": _quantity(point.get("distance")),
+            "energy": energy, "distance": distance,
             "average_heart_rate": average, "max_heart_rate": highest,
             "location": point.get("location") if type(point.get("location")) is str else None,
             "version": 2 if "duration" in point or "id" in point else 1}
@@ -6417,6 +6924,145 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
         yield from reversed(found)  # stored in time order
 
 
+# -- the view's plan: which layer and bucket answer a range, decided once -------------
+
+VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
+"""The page's ranges and their days; ``all`` and ``custom`` (``from``/``to`` dates, both
+shown) besides."""
+HOUR_MAX_DAYS = 2
+"""Series are drawn per hour for ranges of two days or less (never finer than the layer's
+own grouping: a metric that arrives once a day stays per day)."""
+DAY_MAX_DAYS = 186
+"""Per day up to half a year, per week beyond."""
+DAY_ONLY_LAYERS = ("days", "weeks", "months", "years")
+"""Layers whose points each stand for a whole day or more: never bucketed per hour."""
+_BUCKET_WORDS = {"hour": "per hour", "day": "per day", "week": "per week"}
+
+
+def _newest(conn: sqlite3.Connection, metric: str, layer: str, zone: Zone) -> Optional[tuple]:
+    """(instant, offset) of the newest point of a metric's layer, as the view's zone sees
+    it (``tz=local``: the offset written in the point)."""
+    for _, coord, point in iter_points_newest(conn, PointQuery(metric, layer)):
+        return coord[0], zone.point_offset(raw_start(point), coord[0])
+    return None
+
+
+def _view_day_text(ordinal: int) -> str:
+    """``Mon 3 Mar 2025``."""
+    day = _dt.date.fromordinal(ordinal)
+    return "%s %d %s %d" % (day.strftime("%a"), day.day, day.strftime("%b"), day.year)
+
+
+def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/plan?metric=&range=&tz=[&layer=][&from=&to=]``: what the metric view
+    reads and draws for a range, decided here and nowhere else: the layer (the one whose
+    newest point is newest anchors the range, the one answering it best is read), the
+    bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
+    than the layer: day data on a 24 h range is one day; lists get the days or weeks their
+    chart counts by), the bounds to ask for, and the words the page shows for all of it."""
+    metric = args.get("metric")
+    if not metric:
+        raise BadRequest("metric is required; see /api/catalog")
+    view = args.get("range") or "7d"
+    if view not in VIEW_RANGES and view not in ("all", "custom"):
+        raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
+    zone = parse_zone(args.get("tz"))
+    layers = dict(conn.execute("SELECT layer, max(hour) FROM object WHERE metric = ?"
+                               " GROUP BY layer", (metric,)))
+    if not layers:
+        raise UnknownMetric([loggable_metric(row[0])
+                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+    asked = args.get("layer") or None
+    if asked is not None and asked not in layers:
+        raise UnknownLayer("%s has no data in that layer; it has %s"
+                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    kind = meaning_of(metric).kind
+    series = kind in ("total", "average")
+    anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
+        name) if name in LAYER_ORDER else 0))
+    plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
+    if view == "custom":
+        bounds = [_DATE_ONLY_QUERY.fullmatch(args.get(name) or "") for name in ("from", "to")]
+        try:
+            day_from, last = (_dt.date(*map(int, match.groups())).toordinal()
+                              if match else None for match in bounds)
+        except ValueError:
+            day_from = last = None
+        if day_from is None or last is None or not (
+                SUMMARY_FIRST_DAY <= day_from <= last <= SUMMARY_LAST_DAY):
+            raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
+                             " before to, both from %s to %s"
+                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+        day_to = last + 1
+        days = day_to - day_from
+    elif view == "all":
+        first_hour = conn.execute("SELECT min(hour) FROM object WHERE metric = ?",
+                                  (metric,)).fetchone()[0]
+        days = (max(layers.values()) - first_hour) / 24 + 1
+        day_from = day_to = None
+    else:
+        days = VIEW_RANGES[view]
+        newest = _newest(conn, metric, anchor_layer, zone)
+        if newest is None:
+            raise UnknownMetric([loggable_metric(metric)])
+        anchor_day = local_ordinal(*newest)
+        if kind == "sleep":  # a night is on the morning it ended
+            nights = sleep_nights(conn, PointQuery(metric, anchor_layer,
+                                                   start=newest[0] - 2 * 86400 * US,
+                                                   end=newest[0] + 2 * 86400 * US, zone=zone))
+            anchor_day = nights[-1].date if nights else anchor_day
+        day_to = anchor_day + 1
+        day_from = day_to - days
+        plan["anchor"] = {"date": _dt.date.fromordinal(anchor_day).isoformat(),
+                          "local": local_iso(*newest)}
+
+    def read_layer(first: Optional[str], last: Optional[str]) -> str:
+        """The layer /api/points picks for these bounds (the same rule, the same bounds)."""
+        start = _query_bound("from", first, zone, is_end=False)[0]
+        end = _query_bound("to", last, zone, is_end=True)[0]
+        return asked or _finest_layer(conn, metric, list(layers), start, end)
+
+    def dates(first: Optional[int], end: Optional[int]) -> tuple:
+        """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
+        last day, included."""
+        return (None if first is None else _dt.date.fromordinal(first).isoformat(),
+                None if end is None else _dt.date.fromordinal(end - 1).isoformat())
+
+    layer = read_layer(*dates(day_from, day_to))
+    bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
+              else "day" if days <= DAY_MAX_DAYS else "week")  # lists: their chart's days
+    if bucket == "week" and day_from is not None and view != "custom":
+        day_from -= (day_from - 1) % 7  # weeks start on Monday
+    bounds = dates(day_from, day_to)
+    span = ("all stored data" if day_from is None else _view_day_text(day_from)
+            if day_to - day_from == 1 else "%s – %s" % (_view_day_text(day_from),
+                                                       _view_day_text(day_to - 1)))
+    if bucket == "hour" and view == "24h":
+        newest = _newest(conn, metric, layer, zone) or newest
+        t1 = (newest[0] // HOUR_US + 1) * HOUR_US
+        hours = (format_instant(t1 - 24 * HOUR_US), format_instant(t1))
+        if read_layer(*hours) not in DAY_ONLY_LAYERS:
+            bounds, layer = hours, read_layer(*hours)
+            span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
+        else:  # the last 24 hours hold only day data: the day it is
+            bucket = "day"
+    day_only = layer in DAY_ONLY_LAYERS
+    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
+                **{"from": bounds[0], "to": bounds[1]})
+    words = [span]
+    if series:
+        words.append("%s %s" % ("totals" if kind == "total" else "averages",
+                                _BUCKET_WORDS[bucket]))
+    elif kind == "sleep":
+        words.append("one bar per night" if bucket == "day" else "the average night per week")
+    if day_only and series and days <= HOUR_MAX_DAYS:
+        words.append("this metric arrives once a day, so it is shown per day")
+    words.append("read from the %s layer" % layer)
+    plan["words"] = " · ".join(words)
+    return plan
+
+
 def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
     """``GET /api/ecg?start=…``: the recording that starts then, with its voltages in the
     order they were measured, at its sampling frequency."""
@@ -6426,17 +7072,15 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     zone = parse_zone(args.get("tz"))
     query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
     for _, coord, point in iter_points(conn, query):
-        samples = point.get("voltageMeasurements")
-        samples = samples if type(samples) is list else []
-        readings = sorted((item for item in samples if type(item) is dict
-                           and type(item.get("voltage")) in (int, float)),
-                          key=lambda item: parse_time(item.get("date")) or 0)
+        readings = [item for _, item in ecg_readings(point)]
         units = {item.get("units") for item in readings if type(item.get("units")) is str}
         offset = zone.point_offset(raw_start(point), coord[0])
-        return dict(ecg_item(point, coord), start=format_instant(coord[0]),
+        trace = dict(ecg_item(point, coord), start=format_instant(coord[0]),
                     local_start=local_iso(coord[0], offset),
                     units=units.pop() if len(units) == 1 else None,
                     voltages=[item["voltage"] for item in readings])
+        trace["unit_label"] = unit_label("ecg", trace["units"])
+        return trace
     raise NotFound("no ECG recording starts then")
 
 
@@ -6579,8 +7223,15 @@ def _spark(values: dict, day: int) -> list:
 
 
 def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
+    """A card's range as a query takes it: ``from`` and ``to`` both included."""
     return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
-            "to": _dt.date.fromordinal(day + 1).isoformat()}
+            "to": _dt.date.fromordinal(day).isoformat()}
+
+
+def _written(metric: str, units: Optional[str]) -> dict:
+    """How a card writes its numbers: its units as shown (:func:`unit_label`) and the
+    decimals its meaning always shows."""
+    return {"unit_label": unit_label(metric, units), "digits": meaning_of(metric).digits}
 
 
 def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
@@ -6593,6 +7244,7 @@ def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) ->
         units = values[max(values)][1]
     usual, usual_days = _usual(values, day, units)
     return {"metric": metric, "name": meaning.name, "kind": meaning.kind, "units": units,
+            **_written(metric, units),
             "value": value, "usual": usual, "usual_days": usual_days,
             "spark": _spark(values, day), "link": _link(metric, day)}
 
@@ -6616,6 +7268,8 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict
     usual, usual_days = _usual(asleep, day, "hr")
     night = nights.get(day)
     return {"metric": SLEEP_METRIC, "name": "Last night", "units": "hr",
+            "overlapping": night["overlapping"] if night else False,
+            "naps": night["naps"] if night else [],
             "asleep": night["asleep"] if night else None,
             "in_bed": night["in_bed"] if night else None,
             "stages": night["stages"] if night else {},
@@ -6641,14 +7295,17 @@ def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dic
             if mean is None:
                 continue
             return {"metric": "heart_rate", "name": "Heart rate", "units": run.units,
-                    "layer": layer, "min": (low or mean)[1], "max": (high or mean)[2],
+                    **_written("heart_rate", run.units), "layer": layer,
+                    "min": (low or mean)[1], "max": (high or mean)[2],
                     "avg": None if mean[3] is None else mean[3] / mean[0],
                     "link": _link("heart_rate", day, 1)}
     return None
 
 
 def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
-    """The last measurement of a body metric on or before the day."""
+    """The last measurement of a body metric on or before the day; ``day_value`` when it
+    stands for a whole day (a layer of days: a Days automation's, at local midnight), whose
+    time of day means nothing."""
     meaning = meaning_of(metric)
     end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
     layers = [row[0] for row in conn.execute(
@@ -6658,16 +7315,17 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
         query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
         for units, coord, point in iter_points_newest(conn, query):
             if best is None or coord[0] > best[1][0]:
-                best = (units, coord, point)
+                best = (units, coord, point, layer)
             break
     if best is None:
         return None
-    units, coord, point = best
+    units, coord, point, layer = best
     offset = zone.point_offset(raw_start(point), coord[0])
     values = {name: point.get(name) for name in meaning.fields
               if type(point.get(name)) in (int, float)}
-    return {"metric": metric, "name": meaning.name, "units": units, "values": values,
-            "measured": local_iso(coord[0], offset), "link": _link(metric, day, 90)}
+    return {"metric": metric, "name": meaning.name, "units": units, **_written(metric, units),
+            "values": values, "measured": local_iso(coord[0], offset),
+            "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
 
 
 def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
@@ -6683,7 +7341,8 @@ def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> 
             found = day_values(conn, metric, zone, day, day).get(day)
             if found is not None:
                 out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
-                            "value": found[0], "units": found[1], "link": _link(metric, day)})
+                            "value": found[0], "units": found[1],
+                            **_written(metric, found[1]), "link": _link(metric, day)})
         elif meaning.kind == "events":
             query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
                                None, zone, day_from=day, day_to=day + 1)
@@ -6719,7 +7378,8 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         change = mean_recent - mean_base
         direction = "up" if change > 0 else "down" if change < 0 else None
         out.append({"metric": metric, "name": meaning.name, "units": units,
-                    "recent": mean_recent, "baseline": mean_base, "baseline_sd": spread,
+                    **_written(metric, units), "recent": mean_recent, "baseline": mean_base,
+                    "baseline_sd": spread,
                     "recent_days": len(recent), "baseline_days": len(base), "change": change,
                     "flagged": abs(change) > spread, "direction": direction,
                     "better": None if direction is None else direction == meaning.better,
@@ -6733,7 +7393,7 @@ def _week_of_workouts(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
         return []
     return records(conn, {"metric": "workouts", "tz": zone.name, "limit": "100",
                           "from": _dt.date.fromordinal(day - 6).isoformat(),
-                          "to": _dt.date.fromordinal(day + 1).isoformat()})["items"]
+                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -6754,9 +7414,18 @@ def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     return local_ordinal(*newest)
 
 
-def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+SUMMARY_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
+SUMMARY_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
+"""The days a summary can be asked for: its trends look back a year and more and its
+offsets reach a day beyond, which the calendar's ends (years 1 and 9999) cannot hold;
+no health record is older than 1900."""
+
+
+def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+            fresh: Optional[Freshness] = None) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
-    day (default: the day of the newest point, in its own local time)."""
+    day (default: the day of the newest point, in its own local time); with ``fresh``, its
+    ``attention``: a notice for what is late or stale now, whatever the day."""
     zone = parse_zone(args.get("tz"))
     text = args.get("date")
     if text:
@@ -6765,8 +7434,10 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
             day = _dt.date(*map(int, match.groups())).toordinal() if match else None
         except ValueError:
             day = None
-        if day is None:
-            raise BadRequest("date must be YYYY-MM-DD")
+        if day is None or not SUMMARY_FIRST_DAY <= day <= SUMMARY_LAST_DAY:
+            raise BadRequest("date must be a day YYYY-MM-DD from %s to %s"
+                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
     else:
         day = _newest_day(conn, zone)
     cards: dict = {}
@@ -6784,6 +7455,7 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict
     cards["workouts"] = _week_of_workouts(conn, zone, day)
     cards["other"] = _other_today(conn, zone, day, shown)
     return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
+            "attention": [] if fresh is None else [n.as_json() for n in attention(fresh)],
             "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
             "cards": cards, "trends": trends(conn, zone, day),
             "trend_rule": {"recent_days": TREND_RECENT_DAYS,
@@ -6847,8 +7519,737 @@ def _whole_number(name: str, text: Optional[str], default: int, high: int) -> in
     return value
 
 
+# -- freshness: is anything missing? (freshness spec) ------------------------------------
+# Everything here is derived from the journal and the store, as ``reindex`` rebuilds them:
+# nothing is stored.  Facts that do not depend on the clock (last deliveries, usual
+# intervals, newest points, carriers) are kept in memory by :class:`FreshnessSource`
+# between changes of the database; the states are judged against ``Config.clock``.
+
+FRESHNESS_DAY_LAYERS = ("days", "weeks", "months", "years")
+"""Layers whose points stand for a whole day or more: coverage says present or not."""
+DAILY_SPACING_S = 25 * 3600
+"""A metric whose usual spacing is at most this (a day, 25 hours on a DST day) is expected
+every day: a day without it is missing; a sparser one's quiet days are not flagged."""
+_ID_CHUNK = 500
+
+
+def automation_key(automation_id: Optional[str], automation_name: Optional[str],
+                   path_name: Optional[str]) -> str:
+    """Who sent a delivery: HAE's ``automation-id``, else its ``automation-name``, else the
+    path it was posted to (``/api/ingest/<name>``; ``/api/ingest`` for every delivery
+    without headers or name: one anonymous automation)."""
+    if automation_id:
+        return automation_id
+    if automation_name:
+        return automation_name
+    return "/api/ingest/" + path_name if path_name else "/api/ingest"
+
+
+def watched_metric(metric: str) -> bool:
+    """Symptoms, medications and cycle tracking are events a person enters, named after
+    what they entered (health data): no rhythm to miss, and no name to send."""
+    return loggable_metric(metric) == metric
+
+
+class ImportedDeliveries:
+    """The ids of the deliveries ``healthlog import`` journaled: an import is a person's
+    export, not an automation running, and its ``received_at`` is the file's time.  Its
+    ``.meta.json`` says ``imported_from``; only rows without ``automation-id`` and
+    ``automation-name`` are looked at (``import`` sets neither), each once."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.ids: set = set()
+        self._upto = 0
+
+    def update(self, conn: sqlite3.Connection) -> None:
+        rows = conn.execute(
+            "SELECT id, archive_path FROM delivery WHERE id > ? AND coalesce(automation_id,"
+            " '') = '' AND coalesce(automation_name, '') = '' ORDER BY id",
+            (self._upto,)).fetchall()
+        for row_id, relative in rows:
+            meta = _read_meta(self.data_dir / relative, relative)
+            if "imported_from" in meta:
+                self.ids.add(row_id)
+        top = conn.execute("SELECT max(id) FROM delivery").fetchone()[0]
+        self._upto = max(self._upto, top or 0, rows[-1][0] if rows else 0)
+
+
+@dataclass
+class _Sender:
+    """What the journal says of one automation (imports left out)."""
+
+    key: str
+    name: Optional[str] = None  # its latest automation-name, else its path name
+    deliveries: int = 0
+    first_us: int = 0
+    last_us: int = 0
+    runs: list = field(default_factory=list)  # start of each run, sorted (µs)
+    times: Any = field(default_factory=lambda: array.array("q"))  # every delivery, sorted
+    session: Optional[str] = None  # the session-id of its latest delivery
+
+    def last_folded_us(self, pending: Optional[collections.Counter]) -> int:
+        """Its last delivery that is no longer waiting for the fold (``pending``: how many
+        of its deliveries received at each time wait): a delivery not folded yet says
+        nothing of what it carries."""
+        if not pending:
+            return self.last_us
+        waiting = collections.Counter(pending)
+        for at in reversed(self.times):
+            if waiting[at]:
+                waiting[at] -= 1
+                continue
+            return at
+        return self.first_us - 1  # every delivery waits: none has said anything yet
+
+    def usual_interval_s(self) -> Optional[float]:
+        """The median gap between its runs that end in the :data:`USUAL_INTERVAL_DAYS` up
+        to its last run; None before :data:`FRESH_MIN_RUNS` runs."""
+        runs = self.runs
+        if len(runs) < FRESH_MIN_RUNS:
+            return None
+        start = runs[-1] - USUAL_INTERVAL_DAYS * 86400 * US
+        first = max(1, bisect.bisect_left(runs, start))
+        return _median([(runs[i] - runs[i - 1]) / US for i in range(first, len(runs))])
+
+
+class JournalFacts:
+    """Per automation, from the delivery rows in id order: deliveries, first and last,
+    and its runs (deliveries of one ``session-id`` in a row are one run: HAE's Batch
+    Requests).  Rows are only ever added while a process runs, so each is read once."""
+
+    def __init__(self):
+        self.senders: dict = {}
+        self._upto = 0
+
+    def update(self, conn: sqlite3.Connection, imports: ImportedDeliveries) -> None:
+        for row_id, received, a_id, a_name, path, session in conn.execute(
+                "SELECT id, received_at, automation_id, automation_name, path_name, session_id"
+                " FROM delivery WHERE id > ? ORDER BY id", (self._upto,)):
+            self._upto = row_id
+            if row_id in imports.ids:
+                continue
+            at = parse_time(received)
+            if at is None:
+                continue
+            key = automation_key(a_id, a_name, path)
+            sender = self.senders.get(key)
+            if sender is None:
+                sender = self.senders[key] = _Sender(key, first_us=at, last_us=at)
+            sender.name = a_name or path or sender.name
+            sender.deliveries += 1
+            sender.first_us, sender.last_us = min(sender.first_us, at), max(sender.last_us, at)
+            if not session or session != sender.session:
+                bisect.insort(sender.runs, at)
+            bisect.insort(sender.times, at)
+            sender.session = session
+
+    def pending(self, conn: sqlite3.Connection, imports: ImportedDeliveries) -> dict:
+        """Automation key → Counter of the receive times of its deliveries waiting for the
+        fold (few: the partial index of pending rows)."""
+        found: dict = {}
+        for row_id, received, a_id, a_name, path in conn.execute(
+                "SELECT id, received_at, automation_id, automation_name, path_name FROM"
+                " delivery WHERE parse_status = 'pending'"):
+            at = parse_time(received)
+            if row_id in imports.ids or at is None or row_id > self._upto:
+                continue
+            found.setdefault(automation_key(a_id, a_name, path),
+                             collections.Counter())[at] += 1
+        return found
+
+
+@dataclass(frozen=True)
+class MetricFacts:
+    """What the store says of one metric and layer: its newest point (instant and the
+    offset it was written in), its first hour, its usual spacing (None with one point),
+    the automations whose deliveries wrote it lately (keys), and the delivery of its
+    newest point."""
+
+    metric: str
+    layer: str
+    newest_us: int
+    newest_offset: int
+    first_hour: int
+    spacing_s: Optional[float]
+    carriers: tuple
+    newest_delivery: Optional[int]
+
+
+def _time_median(gaps: list) -> Optional[float]:
+    """The gap a moment usually falls in: of [(gap, how many such gaps)], the one at which
+    gaps no longer than it cover half of the time they span together (0 when all are 0)."""
+    if not gaps:
+        return None
+    total = sum(gap * count for gap, count in gaps)
+    covered = 0.0
+    for gap, count in sorted(gaps):
+        covered += gap * count
+        if covered * 2 >= total:
+            return float(gap)
+    return float(max(gap for gap, _ in gaps))  # pragma: no cover - float rounding
+
+
+def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Optional[float]:
+    """The usual spacing of a metric's points over the :data:`USUAL_SPACING_DAYS` up to its
+    newest hour (the gap into that window included): the gap between consecutive points
+    that a moment of that time usually falls in, so that a metric measured in bursts (three
+    blood pressure readings a minute apart, twice a year) is spaced by its bursts, and one
+    quiet every night by its nights when they are most of its time.  The points of one hour
+    count as evenly spaced between its first and last: read from the objects' bounds,
+    never from their points."""
+    low = top - USUAL_SPACING_DAYS * 24
+    gaps: list = []
+    before = conn.execute("SELECT last_at FROM object WHERE metric = ? AND layer = ? AND"
+                          " hour < ? ORDER BY hour DESC LIMIT 1", (metric, layer, low)).fetchone()
+    previous = None if before is None else before[0]
+    for first_at, last_at, points in _bounds(conn, metric, layer, low, top):
+        if previous is not None:
+            gaps.append((max(0, first_at - previous), 1))
+        if points > 1:
+            gaps.append(((last_at - first_at) / (points - 1), points - 1))
+        previous = last_at
+    return _time_median(gaps)
+
+
+def _bounds(conn: sqlite3.Connection, metric: str, layer: str, low: int, high: int) -> list:
+    """(first_at, last_at, points) of the objects of the hours ``low``..``high`` in order,
+    from the index that covers the summaries (a summary says how many points it has)
+    rather than from the rows that hold the blobs; an object without a summary is read."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, first_at, last_at, json_extract(summary, '$.n') FROM object WHERE"
+            " metric = ? AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour",
+            (metric, layer, low, high)).fetchall()
+    except sqlite3.OperationalError:  # an SQLite without JSON functions
+        rows = [(hour, first_at, last_at, None) for hour, first_at, last_at in conn.execute(
+            "SELECT hour, first_at, last_at FROM object WHERE metric = ? AND layer = ? AND"
+            " hour BETWEEN ? AND ? ORDER BY hour", (metric, layer, low, high))]
+    out = []
+    for hour, first_at, last_at, points in rows:
+        if points is None:
+            points = conn.execute("SELECT points FROM object WHERE metric = ? AND layer = ?"
+                                  " AND hour = ?", (metric, layer, hour)).fetchone()[0]
+        out.append((first_at, last_at, points))
+    return out
+
+
+def _carrier_keys(conn: sqlite3.Connection, ids: set, imports: ImportedDeliveries) -> dict:
+    """Delivery id → automation key, imports left out."""
+    found: dict = {}
+    wanted = sorted(i for i in ids if i not in imports.ids)
+    for at in range(0, len(wanted), _ID_CHUNK):
+        chunk = wanted[at:at + _ID_CHUNK]
+        for row_id, a_id, a_name, path in conn.execute(
+                "SELECT id, automation_id, automation_name, path_name FROM delivery WHERE id"
+                " IN (%s)" % ",".join("?" * len(chunk)), chunk):
+            found[row_id] = automation_key(a_id, a_name, path)
+    return found
+
+
+def metric_facts(conn: sqlite3.Connection, imports: ImportedDeliveries,
+                 newest_cache: Optional[dict] = None) -> list:
+    """:class:`MetricFacts` of every watched metric and layer.  ``newest_cache`` keeps each
+    newest object's reading by (hour, hash) between calls: a large hour (a workout's
+    route) is decoded once."""
+    cache = newest_cache if newest_cache is not None else {}
+    found = []
+    tops = conn.execute("SELECT metric, layer, min(hour), max(hour) FROM object"
+                        " GROUP BY metric, layer ORDER BY metric, layer").fetchall()
+    wanted_ids: dict = {}
+    for metric, layer, first_hour, top in tops:
+        if not watched_metric(metric):
+            continue
+        row = conn.execute(
+            "SELECT hash, metric, layer, hour, units, delivery_id, updated_by, sealed, blob,"
+            " point_deliveries, spans FROM object WHERE metric = ? AND layer = ? AND hour = ?",
+            (metric, layer, top)).fetchone()
+        newest = cache.get((metric, layer))
+        if newest is None or newest[0] != (top, row[0]):
+            stored = decode_object(row[1:])
+            last = max(range(len(stored.coords)), key=lambda i: stored.coords[i][0])
+            start = stored.coords[last][0]
+            point = stored.points[last]
+            raw = raw_start(point) if type(point) is dict else None
+            newest = ((top, row[0]), start, text_offset(raw, start), stored.deliveries[last])
+            cache[(metric, layer)] = newest
+        ids = {newest[3]}
+        for created, updated in conn.execute(
+                "SELECT delivery_id, updated_by FROM object WHERE metric = ? AND layer = ? AND"
+                " hour BETWEEN ? AND ?", (metric, layer, top - USUAL_INTERVAL_DAYS * 24, top)):
+            ids.add(created)
+            ids.add(updated)
+        wanted_ids[(metric, layer)] = ids
+        found.append([metric, layer, newest[1], newest[2], first_hour,
+                      _spacing(conn, metric, layer, top), newest[3]])
+    keys = _carrier_keys(conn, set().union(*wanted_ids.values()) if wanted_ids else set(),
+                         imports)
+    return [MetricFacts(metric, layer, newest_us, offset, first_hour, spacing,
+                        tuple(sorted({keys[i] for i in wanted_ids[(metric, layer)] if i in keys})),
+                        newest_id)
+            for metric, layer, newest_us, offset, first_hour, spacing, newest_id in found]
+
+
+@dataclass(frozen=True)
+class AutomationState:
+    key: str
+    name: Optional[str]
+    deliveries: int
+    first_us: int
+    last_us: int
+    usual_s: Optional[float]
+    threshold_s: float
+    state: str  # new | on_time | late
+    carries: tuple  # (metric, layer) of the metrics it carries
+    offset: int = 0  # the phone's, as the newest point it carries was written: its dates
+
+    @property
+    def label(self) -> str:
+        """How a person knows it: its name, quoted."""
+        if self.name:
+            return "'%s'" % self.name
+        return "the automation posting to %s" % self.key
+
+
+@dataclass(frozen=True)
+class MetricState:
+    metric: str
+    layer: str
+    newest_us: int
+    newest_offset: int
+    first_hour: int
+    spacing_s: Optional[float]
+    threshold_s: float
+    state: str  # new | fresh | stale
+    carrier: Optional[AutomationState]  # the one that keeps delivering, else that carried it
+
+    @property
+    def label(self) -> str:
+        return meaning_of(self.metric).name
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Every automation's and metric's state at ``now_s``."""
+
+    now_s: float
+    late_after_s: float
+    automations: tuple
+    metrics: tuple
+
+    def as_json(self) -> dict:
+        """``GET /api/freshness``."""
+        return {"automations": [
+            {"id": a.key, "name": a.name, "last_delivery": format_instant(a.last_us),
+             "usual_interval_s": None if a.usual_s is None else round(a.usual_s, 3),
+             "state": a.state} for a in self.automations],
+            "metrics": [
+                {"metric": m.metric, "layer": m.layer,
+                 "newest_point": local_iso(m.newest_us, m.newest_offset), "state": m.state}
+                for m in self.metrics]}
+
+    def metric(self, metric: str, layer: str) -> Optional[MetricState]:
+        for item in self.metrics:
+            if item.metric == metric and item.layer == layer:
+                return item
+        return None
+
+
+def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
+                    late_after_s: float, pending: Optional[Mapping] = None) -> Freshness:
+    """States at ``now_s``: an automation is ``late`` when silent longer than
+    max(:data:`LATE_FACTOR` × its usual interval, ``late_after_s``); a metric ``stale`` when
+    its newest point is older than max(:data:`LATE_FACTOR` × its usual spacing,
+    ``late_after_s``) while an automation that carries it has delivered since that
+    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`)."""
+    carried: dict = {}
+    offsets: dict = {}  # automation -> (newest point it carries, its offset)
+    for fact in facts:
+        for key in fact.carriers:
+            carried.setdefault(key, []).append((fact.metric, fact.layer))
+            offsets[key] = max(offsets.get(key, (fact.newest_us, fact.newest_offset)),
+                               (fact.newest_us, fact.newest_offset))
+    automations = {}
+    for key, sender in senders.items():
+        usual = sender.usual_interval_s()
+        threshold = late_after_s if usual is None else max(LATE_FACTOR * usual, late_after_s)
+        if usual is None:
+            state = "new"
+        else:
+            state = "late" if now_s - sender.last_us / US > threshold else "on_time"
+        automations[key] = AutomationState(key, sender.name, sender.deliveries,
+                                           sender.first_us, sender.last_us, usual, threshold,
+                                           state, tuple(carried.get(key, ())),
+                                           offsets.get(key, (0, 0))[1])
+    metrics = []
+    for fact in facts:
+        threshold = late_after_s if fact.spacing_s is None else max(
+            LATE_FACTOR * fact.spacing_s, late_after_s)
+        carriers = sorted((automations[k] for k in fact.carriers if k in automations),
+                          key=lambda a: (-a.last_us, a.key))
+        deadline_us = fact.newest_us + int(threshold * US)
+        delivering = [a for a in carriers if senders[a.key].last_folded_us(
+            (pending or {}).get(a.key)) > deadline_us]
+        if fact.spacing_s is None:
+            state = "new"
+        elif now_s * US > deadline_us and delivering:
+            state = "stale"
+        else:
+            state = "fresh"
+        carrier = (delivering or carriers or [None])[0]
+        metrics.append(MetricState(fact.metric, fact.layer, fact.newest_us, fact.newest_offset,
+                                   fact.first_hour, fact.spacing_s, threshold, state, carrier))
+    return Freshness(now_s, late_after_s,
+                     tuple(sorted(automations.values(), key=lambda a: (a.name or a.key, a.key))),
+                     tuple(metrics))
+
+
+class FreshnessSource:
+    """Freshness for ``serve``: the facts kept in memory on a connection of its own, read
+    again when the database changed (``PRAGMA data_version``: another connection
+    committed), and judged against the clock at each call.  Thread-safe."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._lock = threading.Lock()
+        self._conn: Optional[sqlite3.Connection] = None
+        self._version: Optional[int] = None
+        self._imports = ImportedDeliveries(config.data_dir)
+        self._journal = JournalFacts()
+        self._newest: dict = {}
+        self._facts: list = []
+        self._pending: dict = {}
+        self._closed = False
+
+    def judge(self, now_s: Optional[float] = None) -> Freshness:
+        with self._lock:
+            if self._closed:
+                raise HealthlogError("the service has stopped")
+            if self._conn is None:
+                self._conn = connect(self.config.db_path,
+                                     busy_timeout_s=self.config.busy_timeout_s,
+                                     synchronous="NORMAL")
+            conn = self._conn
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._version:
+                conn.execute("BEGIN")  # one snapshot of the journal and the store
+                try:
+                    self._imports.update(conn)
+                    self._journal.update(conn, self._imports)
+                    self._pending = self._journal.pending(conn, self._imports)
+                    self._facts = metric_facts(conn, self._imports, self._newest)
+                finally:
+                    conn.execute("COMMIT")
+                self._version = version
+            return judge_freshness(self._journal.senders, self._facts,
+                                   self.config.clock() if now_s is None else now_s,
+                                   self.config.late_after_s, self._pending)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+
+
+def freshness_of(conn: sqlite3.Connection, data_dir: Path, now_s: float,
+                 late_after_s: float) -> Freshness:
+    """Freshness read once, on ``conn`` (``status``)."""
+    imports, journal = ImportedDeliveries(data_dir), JournalFacts()
+    imports.update(conn)
+    journal.update(conn, imports)
+    return judge_freshness(journal.senders, metric_facts(conn, imports), now_s, late_after_s,
+                           journal.pending(conn, imports))
+
+
+# -- notices: what a person is told, in HAE's own words ---------------------------------
+
+def _moment(instant_us: int, offset_s: Optional[int] = None) -> str:
+    """``Fri 2024-03-08 14:02 UTC`` (or ``-08:00``: the offset the time was written in)."""
+    shown = _dt.datetime(1970, 1, 1) + _dt.timedelta(
+        seconds=instant_us // US + (offset_s or 0))
+    return "%s %04d-%02d-%02d %02d:%02d %s" % (
+        shown.strftime("%a"), shown.year, shown.month, shown.day, shown.hour, shown.minute,
+        "UTC" if offset_s is None else format_offset(offset_s))
+
+
+def _span_text(seconds: float) -> str:
+    """``5 min``, ``6 h``, ``2 d``: a usual interval or a threshold, as a person says it."""
+    if seconds >= 86400 and seconds % 86400 == 0 or seconds >= 3 * 86400:
+        return "%s d" % _round_text(seconds / 86400)
+    if seconds >= 3600:
+        return "%s h" % _round_text(seconds / 3600)
+    if seconds >= 60:
+        return "%s min" % _round_text(seconds / 60)
+    return "%s s" % _round_text(seconds)
+
+
+def _round_text(value: float) -> str:
+    return ("%.1f" % value).rstrip("0").rstrip(".")
+
+
+def hae_action(automation: Optional[AutomationState], first: int, last: int) -> str:
+    """How to fill the local days ``first``..``last`` (ordinals) in Health Auto Export."""
+    dates = (_dt.date.fromordinal(first).isoformat() if first == last else "%s to %s" % (
+        _dt.date.fromordinal(first).isoformat(), _dt.date.fromordinal(last).isoformat()))
+    where = ("open the automation %s, tap Manual Export" % automation.label
+             if automation is not None else "tap Manual Export in the automation that sends it")
+    return ("To fill the gap: in Health Auto Export, %s and export %s. A re-send is always safe"
+            " here: healthlog keeps each point once." % (where, dates))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One change of state (or, on the page and in ``status``, one state) told to a person:
+    names and times only, never a value, a device or the token."""
+
+    kind: str  # automation | metric
+    subject: str  # the automation's id, or metric/layer
+    state: str  # late | on_time | stale | fresh
+    title: str
+    text: str
+    action: str
+    since: str  # the last delivery (UTC) or the newest point (local as written)
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "subject": self.subject, "state": self.state,
+                "title": self.title, "text": self.text, "action": self.action,
+                "since": self.since}
+
+
+def _today(instant_s: float, offset_s: int) -> int:
+    return local_ordinal(int(instant_s * US), offset_s)
+
+
+def automation_notice(item: AutomationState, now_s: float) -> Notice:
+    since = format_instant(item.last_us)
+    if item.state == "late":
+        usual = "" if item.usual_s is None else "; it usually sends every %s" % _span_text(
+            item.usual_s)
+        return Notice(
+            "automation", item.key, "late", "healthlog: %s is late" % item.label,
+            "%s has sent nothing since %s%s (late after %s)." % (
+                capitalise_first(item.label), _moment(item.last_us), usual,
+                _span_text(item.threshold_s)),
+            "Unlock the phone and open Health Auto Export: check that the automation %s is"
+            " on, and that Low Power Mode and a lack of Background App Refresh do not stop"
+            " it. %s" % (item.label, hae_action(item, local_ordinal(item.last_us, item.offset),
+                                                 _today(now_s, item.offset))),
+            since)
+    return Notice("automation", item.key, item.state, "healthlog: %s is back" % item.label,
+                  "%s delivered again at %s." % (capitalise_first(item.label),
+                                                 _moment(item.last_us)), "", since)
+
+
+def metric_notice(item: MetricState, now_s: float) -> Notice:
+    since = local_iso(item.newest_us, item.newest_offset)
+    subject = "%s/%s" % (item.metric, item.layer)
+    name = "%s (%s)" % (item.label, item.layer)
+    if item.state == "stale":
+        by = item.carrier.label if item.carrier is not None else "its automation"
+        return Notice(
+            "metric", subject, "stale", "healthlog: %s has stopped" % name,
+            "%s: nothing since %s while %s keeps delivering." % (
+                name, _moment(item.newest_us, item.newest_offset), by),
+            "Check that the device that records it is worn and syncs, that Health Auto"
+            " Export may still read it (Settings, Health, Data Access & Devices) and that %s"
+            " still selects it. %s" % (by, hae_action(
+                item.carrier, local_ordinal(item.newest_us, item.newest_offset),
+                _today(now_s, item.newest_offset))),
+            since)
+    return Notice("metric", subject, item.state, "healthlog: %s is back" % name,
+                  "%s: new data again, the newest from %s." % (
+                      name, _moment(item.newest_us, item.newest_offset)), "", since)
+
+
+def capitalise_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def attention(fresh: Freshness) -> list:
+    """A notice for each automation that is late and each metric that is stale."""
+    return ([automation_notice(a, fresh.now_s) for a in fresh.automations if a.state == "late"]
+            + [metric_notice(m, fresh.now_s) for m in fresh.metrics if m.state == "stale"])
+
+
+# -- coverage: how much arrived, per local day ------------------------------------------
+
+def _coverage_day(name: str, text: Optional[str]) -> Optional[int]:
+    if text is None or text == "":
+        return None
+    match = _DATE_ONLY_QUERY.fullmatch(text)
+    try:
+        return _dt.date(*map(int, match.groups())).toordinal() if match else None
+    except ValueError:
+        return None
+
+
+def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+             fresh: Freshness) -> dict:
+    """``GET /api/coverage?from=&to=&tz=`` (``to`` the last day, included): per local day and
+    metric, how much arrived: the
+    local clock hours with a point (minute data), or whether there is a point (day data),
+    by the day rules of ``/api/points``; each day marked ``ok``, ``thin``, ``missing``,
+    ``quiet`` (none, and none expected), ``before`` (its first point), ``today`` or
+    ``future``; and for each run of missing or thin days, how to fill it."""
+    zone = parse_zone(args.get("tz"))
+    first, last = _coverage_day("from", args.get("from")), _coverage_day("to", args.get("to"))
+    for name, value in (("from", first), ("to", last)):
+        if value is None and args.get(name):
+            raise BadRequest("%s must be a day YYYY-MM-DD" % name)
+    end = None if last is None else last + 1  # a date-only ``to`` includes its day (READ-8.5)
+    now_us = int(fresh.now_s * US)
+    offset = zone.offset_at(now_us)
+    if offset is None:  # tz=local: today as the phone's latest point lived it
+        newest = max(fresh.metrics, key=lambda m: m.newest_us, default=None)
+        offset = newest.newest_offset if newest is not None else 0
+    today = local_ordinal(now_us, offset)
+    if first is None and end is None:
+        first, end = today - COVERAGE_DAYS + 1, today + 1
+    elif first is None:
+        first = end - COVERAGE_DAYS
+    elif end is None:
+        end = first + COVERAGE_DAYS
+    if not SUMMARY_FIRST_DAY <= first < end <= SUMMARY_LAST_DAY + 1:
+        raise BadRequest("from must be on or before to, both days from %s to %s"
+                         % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
+                            _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+    if end - first > COVERAGE_MAX_DAYS:
+        raise BadRequest("coverage is read %d days at most at once" % COVERAGE_MAX_DAYS)
+    low_us = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
+    high_us = ((end - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
+    days = list(range(first, end))
+    rows = []
+    for item in fresh.metrics:
+        if item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US or \
+                item.first_hour * HOUR_US >= high_us:
+            continue
+        rows.append((item, _coverage_row(conn, item, zone, days, today, low_us, high_us)))
+    rows.sort(key=lambda r: (r[1]["group"], r[1]["name"], r[1]["metric"], r[1]["layer"]))
+    return {"from": _dt.date.fromordinal(first).isoformat(),
+            "to": _dt.date.fromordinal(end - 1).isoformat(), "tz": zone.name,
+            "today": _dt.date.fromordinal(today).isoformat(),
+            "days": [_dt.date.fromordinal(day).isoformat() for day in days],
+            "rules": {"thin": "fewer than half the median hours of the row's days with data",
+                      "daily_spacing_s": DAILY_SPACING_S},
+            "rows": [row for _, row in rows], "fill": _fill(rows)}
+
+
+def _fill(rows: list) -> list:
+    """The gaps of every row, per automation that carries them: one Manual Export of a run
+    of days sends every metric of the automation, so each run of days with a gap in any of
+    them is one action, naming the metrics it fills."""
+    found: dict = {}  # carrier key -> (carrier, {ordinal: {metric names}})
+    for item, row in rows:
+        carrier = item.carrier
+        entry = found.setdefault(None if carrier is None else carrier.key, (carrier, {}))
+        for gap in row["gaps"]:
+            first = _dt.date.fromisoformat(gap["from"]).toordinal()
+            for day in range(first, first + gap["days"]):
+                entry[1].setdefault(day, set()).add("%s (%s)" % (row["name"], row["layer"]))
+    fill = []
+    for carrier, days in found.values():
+        run: list = []
+        for day in sorted(days) + [None]:
+            if run and (day is None or day != run[-1] + 1):
+                fill.append({"automation": None if carrier is None else carrier.name
+                             or carrier.key,
+                             "from": _dt.date.fromordinal(run[0]).isoformat(),
+                             "to": _dt.date.fromordinal(run[-1]).isoformat(),
+                             "metrics": sorted(set().union(*(days[d] for d in run))),
+                             "action": hae_action(carrier, run[0], run[-1])})
+                run = []
+            if day is not None:
+                run.append(day)
+    return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
+
+
+def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
+    """Local date ordinal → the buckets of ``query`` (local clock hours, or the day) that
+    hold a point: by :func:`bucket_key`, the day rule of ``/api/points``.  An hour whose
+    points share one whole-hour offset (the zone's, or for ``tz=local`` the one its summary
+    names) lies in one local hour of one day, read from the summary in SQLite; the points
+    of the other hours are read (:func:`bucket_runs`)."""
+    found: dict = {}
+    low, high = query.start // HOUR_US, (query.end - 1) // HOUR_US
+    try:
+        rows = conn.execute(
+            "SELECT hour, json_extract(summary, '$.o') FROM object WHERE metric = ? AND"
+            " layer = ? AND hour BETWEEN ? AND ?", (query.metric, query.layer, low, high))
+        left = []
+        for hour, offsets in rows:
+            summary = {} if offsets is None else {"o": json.loads(offsets)}
+            known = _hour_offsets(query, hour, summary)
+            if not known or len(known) != 1 or known[0] % 3600:
+                left.append(hour)
+                continue
+            date = local_ordinal(hour * HOUR_US, known[0])
+            found.setdefault(date, set()).add(
+                hour * HOUR_US if query.bucket == "hour" else date)
+        spans = _hour_spans(left)
+    except sqlite3.OperationalError:  # an SQLite without JSON functions: read the points
+        spans = [(low, high)]
+    for first, last in spans:
+        part = _replace(query, start=max(query.start, first * HOUR_US),
+                        end=min(query.end, (last + 1) * HOUR_US))
+        for run in bucket_runs(conn, part):
+            for key, bucket in run.buckets.items():
+                date = _dt.date.fromisoformat(_bucket_place(part, key, bucket)["date"])
+                found.setdefault(date.toordinal(), set()).add(key)
+    return found
+
+
+def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,
+                  today: int, low_us: int, high_us: int) -> dict:
+    kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
+    query = PointQuery(item.metric, item.layer, low_us, high_us,
+                       "day" if kind == "present" else "hour", zone)
+    hours = _local_hours(conn, query)
+    first_offset = zone.offset_at(item.first_hour * HOUR_US)
+    first_day = local_ordinal(item.first_hour * HOUR_US,
+                              item.newest_offset if first_offset is None else first_offset)
+    values = [(len(hours.get(day, ())) if kind == "hours" else day in hours) for day in days]
+    daily = item.spacing_s is not None and item.spacing_s <= DAILY_SPACING_S
+    counted = [len(hours[day]) for day in days if day in hours and day < today]
+    usual = _median(counted) if kind == "hours" and counted else None
+    states = []
+    for day, value in zip(days, values):
+        if day > today:
+            states.append("future")
+        elif day == today:
+            states.append("today")
+        elif value:
+            states.append("thin" if usual is not None and daily and value < usual / 2
+                          else "ok")
+        elif day < first_day:
+            states.append("before")
+        else:
+            states.append("missing" if daily else "quiet")
+    gaps, run = [], None
+    for day, state in zip(days, states):
+        if state in ("missing", "thin"):
+            run = [day, day] if run is None else [run[0], day]
+            continue
+        if run is not None:
+            gaps.append(run)
+            run = None
+    if run is not None:
+        gaps.append(run)
+    meaning = meaning_of(item.metric)
+    return {"metric": item.metric, "layer": item.layer, "name": meaning.name,
+            "group": meaning.group, "kind": kind, "state": item.state,
+            "automation": item.carrier.name or item.carrier.key if item.carrier else None,
+            "usual_hours": usual, "values": values, "states": states,
+            "gaps": [{"from": _dt.date.fromordinal(a).isoformat(),
+                      "to": _dt.date.fromordinal(b).isoformat(), "days": b - a + 1,
+                      "states": sorted({states[day - days[0]] for day in range(a, b + 1)}),
+                      "action": hae_action(item.carrier, a, b)} for a, b in gaps]}
+
+
 # ==============================================================================
-# Export: the SQLite file of every point with its local time.
+# Export: the SQLite file of every point with its local time, and every night.
 # ==============================================================================
 
 # -- export: the same replies on the command line, and a flat SQLite file ------------
@@ -6863,16 +8264,40 @@ CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT N
                      source TEXT, extra TEXT);
 CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
                       first TEXT, last TEXT);
+CREATE TABLE nights (date TEXT NOT NULL, kind TEXT NOT NULL, sleep_start TEXT,
+                     sleep_end TEXT NOT NULL, start TEXT, "end" TEXT NOT NULL, asleep REAL,
+                     in_bed REAL, deep REAL, core REAL, rem REAL, unspecified REAL,
+                     awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL);
 """
+"""``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
+``night`` (a date's longest sleep) or ``nap``; ``date`` the local date it ended;
+``sleep_start``/``sleep_end`` local, ``start``/``end`` UTC; hours asleep, in bed and per
+stage (``unspecified``: HAE's stage-less "asleep"); ``overlapping`` 1 where its sources
+said more than its window."""
 
 _EXPORT_INDEXES = """
 CREATE INDEX points_metric ON points (metric, layer, start);
 CREATE INDEX points_start ON points (start);
 CREATE INDEX points_local_date ON points (local_date);
+CREATE INDEX nights_date ON nights (date);
 """
 
 
-def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict) -> tuple:
+def _night_rows(nights: list) -> Iterator[tuple]:
+    for night in nights:
+        for kind, sleep in [("night", night)] + [("nap", nap) for nap in night.naps]:
+            yield (_dt.date.fromordinal(sleep.date).isoformat(), kind,
+                   None if sleep.start is None else local_iso(sleep.start, sleep.start_offset),
+                   local_iso(sleep.end, sleep.end_offset),
+                   None if sleep.start is None else format_instant(sleep.start),
+                   format_instant(sleep.end), sleep.asleep, sleep.in_bed,
+                   sleep.stages.get("deep"), sleep.stages.get("core"), sleep.stages.get("rem"),
+                   sleep.stages.get("asleep"), sleep.stages.get("awake"),
+                   int(sleep.overlapping), sleep.form)
+
+
+def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict,
+                day: Optional[int] = None) -> tuple:
     lowered = {}
     extra = {}
     for key, value in point.items():
@@ -6886,14 +8311,17 @@ def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, poi
     offset = text_offset(raw_start(point), coord[0])
     return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
              local_iso(coord[0], offset),
-             _dt.date.fromordinal(local_ordinal(coord[0], offset)).isoformat(), units)
+             _dt.date.fromordinal(local_ordinal(coord[0], offset) if day is None
+                                  else day).isoformat(), units)
             + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
             + (json.dumps(extra, ensure_ascii=False) if extra else None,))
 
 
 def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
     """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
-    shape Datasette and sqlite-utils open directly; returns the number of points."""
+    shape Datasette and sqlite-utils open directly, and every sleep as a row of ``nights``
+    (a sleep point's ``local_date`` is the day its sleep ended); returns the number of
+    points."""
     target = sqlite3.connect(str(out), isolation_level=None)
     written = 0
     try:
@@ -6902,7 +8330,14 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
         for metric, layer in conn.execute(
                 "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
             query = PointQuery(metric, layer)
-            rows = (_export_row(metric, layer, units, coord, point)
+            sleep = None
+            if query.sleep_stages:  # sleep's layer: each night once
+                nights = sleep_nights(conn, query)
+                target.executemany("INSERT INTO nights VALUES (%s)" % ",".join("?" * 15),
+                                   _night_rows(nights))
+                sleep = SleepDates(nights, LOCAL_ZONE)
+            rows = (_export_row(metric, layer, units, coord, point,
+                                None if sleep is None else sleep.of(point, coord))
                     for units, coord, point in iter_points(conn, query))
             before = target.total_changes
             target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
@@ -6955,9 +8390,11 @@ def _label(value: str) -> str:
 
 
 def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_seconds: Histogram,
-                   worker_state: str) -> bytes:
+                   worker_state: str, fresh: Optional[Freshness] = None,
+                   notices: Optional[Mapping[str, int]] = None) -> bytes:
     """Prometheus text format: the journal, the store and this process's timings; never a
-    health value or a name from the user's data."""
+    health value.  The only names from the user's data are those of the freshness
+    gauges: each automation's id and name and each watched metric's name and layer."""
     conn.execute("BEGIN")  # one snapshot
     try:
         counts, _, age, objects, points = store_figures(conn)
@@ -7001,6 +8438,37 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
            [('{state="%s"}' % state, int(state == worker_state)) for state in WORKER_STATES])
     family("healthlog_info", "gauge", "healthlog's version.",
            [('{version="%s"}' % __version__, 1)])
+    if fresh is not None:
+        def who(a: AutomationState) -> str:
+            return '{automation="%s",name="%s"}' % (_label(a.key), _label(a.name or ""))
+
+        def what(m: MetricState) -> str:
+            return '{metric="%s",layer="%s"}' % (_label(m.metric), _label(m.layer))
+
+        family("healthlog_automation_last_delivery_timestamp_seconds", "gauge",
+               "When each automation's last delivery was received (epoch seconds).",
+               [(who(a), round(a.last_us / US, 3)) for a in fresh.automations])
+        family("healthlog_automation_late", "gauge",
+               "1 while an automation is silent longer than its threshold.",
+               [(who(a), int(a.state == "late")) for a in fresh.automations])
+        family("healthlog_automation_threshold_seconds", "gauge",
+               "The silence after which each automation is late.",
+               [(who(a), round(float(a.threshold_s), 3)) for a in fresh.automations])
+        family("healthlog_metric_newest_point_timestamp_seconds", "gauge",
+               "The start of each metric's newest point (epoch seconds).",
+               [(what(m), round(m.newest_us / US, 3)) for m in fresh.metrics])
+        family("healthlog_metric_stale", "gauge",
+               "1 while a metric has stopped arriving though an automation that carries it"
+               " keeps delivering.", [(what(m), int(m.state == "stale")) for m in fresh.metrics])
+    if notices is not None:
+        family("healthlog_notices_sent_total", "counter", "Notices the receiver took (2xx).",
+               [("", notices.get("sent", 0))])
+        family("healthlog_notice_failures_total", "counter",
+               "Attempts to send a notice that failed (error, timeout or not 2xx).",
+               [("", notices.get("failures", 0))])
+        family("healthlog_notices_dropped_total", "counter",
+               "Notices given up after their last retry, or pushed out of a full queue.",
+               [("", notices.get("dropped", 0))])
     lines += ingest_seconds.render("healthlog_ingest_seconds",
                                    "POST /api/ingest answer time, by status code.")
     lines += fold_seconds.render("healthlog_fold_seconds", "Fold time per delivery, by outcome.")
@@ -7008,7 +8476,7 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
 
 
 # ==============================================================================
-# Web sign-in: session cookies and the guess limiter.
+# Web sign-in: session cookies, the guess limiter, the client behind a proxy.
 # ==============================================================================
 
 # -- sessions: the dashboard's sign-in --------------------------------------------
@@ -7045,27 +8513,35 @@ def session_parts(token: bytes, value: str, now: float) -> Optional[tuple]:
 
 
 class GuessLimiter:
-    """Failed authentications per client address (RELY-7.8).  The first
-    :data:`GUESSES_FREE` of a burst are answered at once and the next ones after a delay
-    that doubles; from :data:`GUESSES_BEFORE_LOCKOUT` on, the address is refused (429)
-    without its credentials being looked at, for a lockout after its last failure that
-    doubles with each further one.  Thread-safe; in memory only."""
+    """Wrong tokens per client address (RELY-7.8): slowed, then answered 429, without a
+    right token ever being refused.  The token is compared before the limiter is asked,
+    so a phone that shares an address with a stranger (behind a reverse proxy that is not
+    named in ``--trusted-proxy``, or a carrier's NAT) keeps delivering whatever the
+    stranger sends.
+
+    The first :data:`GUESSES_FREE` wrong tokens of a burst are answered at once, the next
+    ones after a delay that doubles, and from :data:`GUESSES_BEFORE_LOCKOUT` on at once
+    with 429 for a lockout that doubles with each further one.  At most
+    :data:`GUESS_WAITERS_MAX` wrong answers wait at a time, whatever their addresses; one
+    beyond them is 429 at once.  A right token does not end a burst: behind a shared
+    address it would hand the stranger a fresh one.  Thread-safe; in memory only."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._lock = threading.Lock()
         self._failures: collections.OrderedDict = collections.OrderedDict()  # address ->
         # [failures in the burst, time of the last one]
+        self._waiters = threading.BoundedSemaphore(GUESS_WAITERS_MAX)
 
     @staticmethod
     def _lockout(failures: int) -> float:
         if failures < GUESSES_BEFORE_LOCKOUT:
             return 0.0
-        return min(GUESS_LOCKOUT_S * 2 ** (failures - GUESSES_BEFORE_LOCKOUT),
-                   GUESS_LOCKOUT_MAX_S)
+        doublings = min(failures - GUESSES_BEFORE_LOCKOUT, 32)  # a storm counts thousands
+        return min(GUESS_LOCKOUT_S * 2 ** doublings, GUESS_LOCKOUT_MAX_S)
 
     def refused_for(self, address: str) -> float:
-        """Seconds for which ``address`` is still refused (0: it may try)."""
+        """Seconds for which wrong tokens from ``address`` are still answered 429."""
         with self._lock:
             entry = self._failures.get(address)
         if entry is None:
@@ -7073,26 +8549,99 @@ class GuessLimiter:
         return max(0.0, entry[1] + self._lockout(entry[0]) - self._clock())
 
     def failed(self, address: str) -> tuple:
-        """Count a failure of ``address``: (failures in its burst, seconds to wait before
-        answering)."""
+        """Count a wrong token of ``address``: (failures in its burst, seconds to wait
+        before answering 401, or None: answer 429 now, for as long as
+        :meth:`refused_for` says)."""
         now = self._clock()
         with self._lock:
             entry = self._failures.pop(address, None)
             if entry is None or now - entry[1] > GUESS_BURST_GAP_S + self._lockout(entry[0]):
                 entry = [0, now]
+            locked = now < entry[1] + self._lockout(entry[0])
             entry[0] += 1
             entry[1] = now
             self._failures[address] = entry  # the most recent last
             while len(self._failures) > GUESS_ADDRESSES_MAX:
                 self._failures.popitem(last=False)
             failures = entry[0]
+        if locked:
+            return failures, None
         if failures <= GUESSES_FREE:
             return failures, 0.0
         return failures, min(0.1 * 2 ** (failures - GUESSES_FREE - 1), GUESS_DELAY_MAX_S)
 
-    def succeeded(self, address: str) -> None:
-        with self._lock:
-            self._failures.pop(address, None)
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[bool]:
+        """A place among the wrong answers that wait out their delay: yields False when
+        every place is taken (answer 429 at once instead)."""
+        got = self._waiters.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                self._waiters.release()
+
+
+# -- the client's address, behind a reverse proxy or not ------------------------------
+
+
+_FORWARDED_FOR = re.compile(r'(?:^|;)\s*for\s*=\s*("[^"]*"|[^;,\s]*)', re.IGNORECASE)
+
+
+def _hop_address(text: str) -> str:
+    """One hop of a forwarding header as an address: quotes, brackets and a port
+    removed; what is not an address becomes ``unknown``."""
+    text = text.strip().strip('"')
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:  # IPv4 with a port
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return "unknown"
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def forwarded_hops(environ: Mapping[str, Any]) -> list:
+    """The addresses a request passed through, nearest last: ``X-Forwarded-For`` when it
+    is there (nginx and Caddy write it), else the ``for=`` of ``Forwarded`` (RFC 7239)."""
+    chain = environ.get("HTTP_X_FORWARDED_FOR")
+    if chain is not None:
+        return [_hop_address(hop) for hop in chain.split(",")]
+    forwarded = environ.get("HTTP_FORWARDED")
+    if forwarded is not None:
+        return [_hop_address(match.group(1)) for element in forwarded.split(",")
+                for match in [_FORWARDED_FOR.search(element)] if match]
+    return []
+
+
+def _is_trusted(address: str, trusted: Sequence) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return any(ip in network for network in trusted)
+
+
+def client_address(environ: Mapping[str, Any], trusted: Sequence) -> tuple:
+    """(the client's address, whether forwarding headers came from an untrusted peer).
+
+    From a peer named in ``--trusted-proxy`` the client is the nearest hop of the
+    forwarding headers that is not itself trusted (a hop a client wrote further left
+    is never believed); from any other peer the headers are ignored."""
+    peer = _hop_address(environ.get("REMOTE_ADDR") or "")
+    if peer == "unknown":
+        peer = environ.get("REMOTE_ADDR") or "-"
+    hops = forwarded_hops(environ)
+    if not trusted or not _is_trusted(peer, trusted):
+        return peer, bool(hops) or "HTTP_X_REAL_IP" in environ
+    for hop in reversed(hops):
+        if not _is_trusted(hop, trusted):  # a hop that names no address: the proxy's own
+            return (peer if hop == "unknown" else hop), False
+    return (hops[0] if hops else peer), False
 
 
 # ==============================================================================
@@ -7102,6 +8651,7 @@ class GuessLimiter:
 ENV_REQUEST = "healthlog.cheroot_request"
 ENV_RECEIVED = "healthlog.received_at"
 ENV_QUIET = "healthlog.quiet"
+ENV_CLIENT = "healthlog.client"  # the client's address (behind a trusted proxy: the real one)
 """Set on a request whose access-log record goes to DEBUG: a failed authentication of a
 burst already named in a WARN."""
 
@@ -7204,17 +8754,22 @@ class App:
     """
 
     def __init__(self, config: Config, archive: Archive, pool: ConnectionPool,
-                 worker: FoldWorker, stopping: threading.Event):
+                 worker: FoldWorker, stopping: threading.Event,
+                 judge: Optional[Callable[[], Freshness]] = None,
+                 notices: Optional[Callable[[], dict]] = None):
         import bottle
 
         self.config, self.archive, self.pool = config, archive, pool
         self.worker, self.stopping = worker, stopping
+        self.judge = judge  # freshness now (the service's, which also tells the notifier)
+        self.notices = notices  # the notifier's counts, when it runs
         self.ingest_seconds = Histogram(TIMING_BOUNDS)
         # Uploads never take the last threads; bodies under validation share a ceiling.
         self.upload_slots = threading.BoundedSemaphore(
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
         self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
         self.guesses = GuessLimiter()
+        self._hinted: set = set()  # untrusted peers whose forwarding headers were logged
         self._token = b""
         self._token_in_path = ""
         self.bottle = bottle.Bottle()
@@ -7229,6 +8784,9 @@ class App:
                 ("/api/records", "GET", self.records),
                 ("/api/ecg", "GET", self.ecg),
                 ("/api/summary", "GET", self.summary),
+                ("/api/plan", "GET", self.plan),
+                ("/api/freshness", "GET", self.freshness),
+                ("/api/coverage", "GET", self.coverage),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
@@ -7244,7 +8802,11 @@ class App:
 
     def __call__(self, environ: dict, start_response: Callable) -> Any:
         started = time.monotonic()
-        environ[ENV_RECEIVED] = utc_now()
+        environ[ENV_RECEIVED] = _dt.datetime.fromtimestamp(self.config.clock(),
+                                                           _dt.timezone.utc)
+        environ[ENV_CLIENT], untrusted = client_address(environ, self.config.trusted_proxies)
+        if untrusted:
+            self._hint_forwarded(environ[ENV_CLIENT])
         path = environ.get("PATH_INFO", "")
         if self._token and self._token_in_path in path:  # a token typed into the URL
             path = path.replace(self._token_in_path, "<token>")  # is never logged
@@ -7255,7 +8817,9 @@ class App:
         except Exception as exc:  # the boundary: log the class, answer one JSON 500
             log_event(logging.ERROR, "request failed", error=type(exc).__name__, path=path)
             log_event(logging.DEBUG, "request failure detail", detail=repr(exc))
-            status, headers, body = self._failure(environ, InternalError())
+            status, headers, body = self._failure(environ, InternalError(
+                None if path.startswith("/api/ingest") else READ_FAILED
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD") else REQUEST_FAILED))
         start_response(status, list(headers) + list(SECURITY_HEADERS))
         code = int(status.split(" ", 1)[0])
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
@@ -7321,31 +8885,45 @@ class App:
         self.check_guess(environ, offered.encode("latin-1", "replace"))
 
     def check_guess(self, environ: Mapping[str, Any], offered: bytes) -> None:
-        """Compare an offered token in constant time, as one guess of its client address
-        (:class:`GuessLimiter`): a refused address gets 429 before any comparison, a
-        failure waits its delay and is 401, and only a burst's first failure and the
-        start of a lockout are WARNs."""
-        address = environ.get("REMOTE_ADDR") or "-"
-        refused = self.guesses.refused_for(address)
-        if refused:
-            environ[ENV_QUIET] = True
-            raise TooManyRequests(refused)
+        """Compare an offered token in constant time; a right one is served at once,
+        whatever its address did before (RELY-7.8).  A wrong one is one failure of its
+        client address (:class:`GuessLimiter`): 401 after its delay, or 429 at once when
+        the address is locked out or every waiting place is taken.  Only a burst's first
+        failure and the start of its lockout are WARNs."""
         if self._token and hmac.compare_digest(offered, self._token):
-            self.guesses.succeeded(address)
             return
+        address = environ.get(ENV_CLIENT) or environ.get("REMOTE_ADDR") or "-"
         failures, delay = self.guesses.failed(address)
         if failures == 1:
             log_event(logging.WARNING, "authentication failed; more failures from this"
                       " address are counted, not logged", address=address)
         elif failures == GUESSES_BEFORE_LOCKOUT:
-            log_event(logging.WARNING, "too many failed authentications: the address is"
-                      " refused for a while", address=address, failures=failures,
+            log_event(logging.WARNING, "too many failed authentications: wrong tokens from"
+                      " the address are refused for a while (a right one is still served)",
+                      address=address, failures=failures,
                       refused_s=int(self.guesses.refused_for(address)))
         else:
             environ[ENV_QUIET] = True
+        if delay is None:
+            raise TooManyRequests(self.guesses.refused_for(address))
         if delay:
-            time.sleep(delay)
+            with self.guesses.waiting() as placed:
+                if not placed:
+                    raise TooManyRequests(delay)
+                time.sleep(delay)
         raise Unauthorized()
+
+    def _hint_forwarded(self, peer: str) -> None:
+        """Forwarding headers from a peer not named in ``--trusted-proxy``: said once per
+        peer, since they are ignored (a stranger may write them; a proxy of one's own
+        would make every client one address)."""
+        if peer in self._hinted or len(self._hinted) >= FORWARDED_HINTS_MAX:
+            return
+        self._hinted.add(peer)
+        log_event(logging.WARNING, "a request carries X-Forwarded-For, Forwarded or X-Real-IP"
+                  " from an address not named in --trusted-proxy; the headers are ignored. If"
+                  " this is your reverse proxy, start serve with --trusted-proxy ADDRESS",
+                  address=peer)
 
     def _session(self, environ: Mapping[str, Any]) -> Optional[str]:
         """The id of the browser's session, when its cookie is genuine, unexpired and
@@ -7503,7 +9081,12 @@ class App:
     def catalog(self, environ: dict) -> tuple:
         """GET /api/catalog: what the store holds per metric and layer."""
         self.authenticate(environ, cookie=True)
-        return self._ok({"metrics": catalog(self.pool.get())})
+        items = catalog(self.pool.get())
+        kinds = _query_args(environ).get("kind")
+        if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
+            wanted = {kind.strip() for kind in kinds.split(",")}
+            items = [item for item in items if item["meaning"]["kind"] in wanted]
+        return self._ok({"metrics": items})
 
     def points(self, environ: dict) -> tuple:
         """GET /api/points: verbatim points or bucket aggregates, JSON or CSV, streamed."""
@@ -7529,10 +9112,44 @@ class App:
     def summary(self, environ: dict) -> tuple:
         """GET /api/summary: a day at a glance (the summary page's data)."""
         self.authenticate(environ, cookie=True)
+        fresh = self._judge()
         conn = self.pool.get()
         conn.execute("BEGIN")  # one snapshot
         try:
-            return self._ok(summary(conn, _query_args(environ)))
+            return self._ok(summary(conn, _query_args(environ), fresh))
+        finally:
+            conn.execute("COMMIT")
+
+    def _judge(self) -> Freshness:
+        if self.judge is not None:
+            return self.judge()
+        return freshness_of(self.pool.get(), self.config.data_dir, self.config.clock(),
+                            self.config.late_after_s)
+
+    def freshness(self, environ: dict) -> tuple:
+        """GET /api/freshness: each automation's and metric's state, never a value."""
+        self.authenticate(environ, cookie=True)
+        return self._ok(self._judge().as_json())
+
+    def coverage(self, environ: dict) -> tuple:
+        """GET /api/coverage: how much arrived per local day and metric."""
+        self.authenticate(environ, cookie=True)
+        args = _query_args(environ)
+        fresh = self._judge()
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(coverage(conn, args, fresh))
+        finally:
+            conn.execute("COMMIT")
+
+    def plan(self, environ: dict) -> tuple:
+        """GET /api/plan: the layer, bucket and bounds the metric view reads for a range."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(plan_view(conn, _query_args(environ)))
         finally:
             conn.execute("COMMIT")
 
@@ -7545,7 +9162,8 @@ class App:
         """GET /metrics: Prometheus text format."""
         self.authenticate(environ, cookie=True)
         body = render_metrics(self.pool.get(), self.ingest_seconds, self.worker.fold_seconds,
-                              self.worker.state)
+                              self.worker.state, self._judge(),
+                              None if self.notices is None else self.notices())
         return ("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
                 body)
@@ -7571,8 +9189,9 @@ class App:
             self.check_guess(environ, offered)
         except TooManyRequests as exc:
             status, headers, body = _html("429 Too Many Requests", LOGIN_HTML.replace(
-                "{message}", '<p class="error">Too many wrong tokens from this address; try'
-                ' again in a while.</p>'))
+                "{message}", '<p class="error">That is not the token of this healthlog, and'
+                ' too many wrong ones came from this address: wrong tokens are refused for a'
+                ' while (the right one is still taken).</p>'))
             return status, list(headers) + list(exc.headers), body
         except Unauthorized:
             return _html("401 Unauthorized", LOGIN_HTML.replace(
@@ -8147,15 +9766,18 @@ def _make_server_classes() -> tuple:
 
         def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
             log_event(max(level, logging.WARNING) if traceback else level,
-                      "http server: " + str(msg)[:200])
+                      "http server: " + str(msg)[:200],
+                      error=_error_name(sys.exc_info()[1]) if traceback else None)
             if traceback:
                 _log.debug("http server traceback", exc_info=True)
+            if msg == "Error in HTTPServer.serve":  # its loop would spin: out of descriptors
+                time.sleep(SERVE_ERROR_PAUSE_S)
 
     return Gateway, Server
 
 
 # ==============================================================================
-# Service: the lock, database, worker and server of `serve`, in order; its memory.
+# Service: the lock, database, worker, notifier and server of `serve`; its memory.
 # ==============================================================================
 
 
@@ -8169,6 +9791,8 @@ class Service:
         self.archive = Archive(config.data_dir)
         self.pool = ConnectionPool(config, synchronous="FULL")
         self.worker = FoldWorker(config)
+        self.freshness = FreshnessSource(config)
+        self.notifier = Notifier(config, self.freshness)
         self.app: Optional[App] = None  # built at start, around the worker it then has
         self.server: Any = None
         self.stopping = threading.Event()
@@ -8202,7 +9826,10 @@ class Service:
                 raise
             finally:
                 conn.close()
-            self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping)
+            self.app = App(self.config, self.archive, self.pool, self.worker, self.stopping,
+                           self.notifier.judge,
+                           (lambda: dict(self.notifier.counts)) if self.config.notify_url
+                           else None)
             self._bind()  # a taken port fails here: before a token is announced or a fold runs
             self.archive.clear_tmp()
             token, made = resolve_token(self.config)
@@ -8210,10 +9837,12 @@ class Service:
             self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
             self._serve_thread.start()
             self.worker.start()
+            self.notifier.start()
         except BaseException:
             if self.server is not None:
                 self.server.stop()
             self.worker.stop(0)
+            self.notifier.stop(0)
             self.pool.close()
             self.lock.release()
             raise
@@ -8261,6 +9890,7 @@ class Service:
         if self._stopped is not None:
             return self._stopped
         self.stopping.set()
+        self.notifier.stop(0)  # asked now, awaited below: a notice under way ends meanwhile
         budget = self.config.stop_budget_s
         running = []
         if self.server is not None:
@@ -8287,6 +9917,9 @@ class Service:
                       budget_s=budget)
         if self.worker.thread is not None:
             running.append(self.worker.thread)
+        if not self.notifier.stop(budget):
+            log_event(logging.WARNING, "the notifier did not stop within the budget (a"
+                      " receiver that does not answer)", budget_s=budget)
         running = [thread for thread in running if thread.is_alive()]
         if running:
             log_event(logging.WARNING, "the data directory stays locked until the running"
@@ -8305,7 +9938,178 @@ class Service:
 
     def _release(self) -> None:
         self.pool.close()
+        self.freshness.close()
         self.lock.release()
+
+
+class Notifier:
+    """Freshness as ``serve`` follows it: every judgement goes through :meth:`judge`, which
+    compares each automation's and metric's state with the one judged before and, on a
+    change into or out of ``late`` or ``stale``, logs it and (``--notify URL``) queues one
+    notice.  With a URL, a thread of its own judges every ``freshness_check_s`` and posts
+    the queued notices in order, retrying a failed one after each of ``notify_retry_s``:
+    ingest and the fold never wait for it.  The states found by the first judgement are
+    the baseline: a restart never repeats a notice."""
+
+    def __init__(self, config: Config, source: FreshnessSource):
+        self.config, self.source = config, source
+        self._lock = threading.Lock()  # one judgement and comparison at a time
+        self._states: Optional[dict] = None
+        self._queue: collections.deque = collections.deque()  # [notice, attempts, due]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.counts = {"sent": 0, "failures": 0, "dropped": 0}
+        self.thread: Optional[threading.Thread] = None
+
+    def judge(self) -> Freshness:
+        with self._lock:
+            fresh = self.source.judge()
+            self._compare(fresh)
+        return fresh
+
+    def _compare(self, fresh: Freshness) -> None:
+        items: dict = {("automation", a.key): a for a in fresh.automations}
+        items.update((("metric", m.metric, m.layer), m) for m in fresh.metrics)
+        before, self._states = self._states, {subject: item.state
+                                              for subject, item in items.items()}
+        if before is None:
+            return
+        for subject, item in items.items():
+            was = before.get(subject)
+            if was is None or was == item.state or not {was, item.state} & {"late", "stale"}:
+                continue
+            if subject[0] == "automation":
+                notice = automation_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "late" else logging.INFO,
+                          "an automation is late" if item.state == "late"
+                          else "an automation delivers again", automation=item.key,
+                          last_delivery=format_instant(item.last_us))
+            else:
+                notice = metric_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "stale" else logging.INFO,
+                          "a metric has stopped while its automation delivers"
+                          if item.state == "stale" else "a metric arrives again",
+                          metric=loggable_metric(item.metric), layer=item.layer,
+                          newest_point=local_iso(item.newest_us, item.newest_offset))
+            if self.config.notify_url:
+                self._enqueue(notice)
+
+    def _enqueue(self, notice: Notice) -> None:
+        if len(self._queue) >= NOTIFY_QUEUE_MAX:
+            self._queue.popleft()
+            self.counts["dropped"] += 1
+            log_event(logging.WARNING, "notice dropped: too many waiting",
+                      waiting=NOTIFY_QUEUE_MAX)
+        self._queue.append([notice, 0, time.monotonic()])
+        self._wake.set()
+
+    # -- the thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self.config.notify_url:
+            return
+        self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
+        self.thread.start()
+        log_event(logging.INFO, "notices on", host=urllib.parse.urlsplit(
+            self.config.notify_url).hostname, format=self.config.notify_format)
+
+    def stop(self, budget: float) -> bool:
+        self._stop.set()
+        self._wake.set()
+        if self.thread is not None:
+            self.thread.join(budget)
+            return not self.thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.config.freshness_check_s
+                try:
+                    self.judge()
+                except Exception as exc:  # a database fault: judged again next time
+                    if self._stop.is_set():
+                        return
+                    log_event(logging.WARNING, "freshness could not be read; tried again"
+                              " later", error=_error_name(exc))
+            with self._lock:
+                head = self._queue[0] if self._queue else None
+            if head is not None and head[2] <= time.monotonic():
+                self._attempt(head)
+                continue
+            wait = next_check - time.monotonic()
+            if head is not None:
+                wait = min(wait, head[2] - time.monotonic())
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _attempt(self, entry: list) -> None:
+        notice = entry[0]
+        error = self._post(notice)
+        with self._lock:
+            if error is None:
+                self.counts["sent"] += 1
+                self._forget(entry)
+                log_event(logging.INFO, "notice sent", kind=notice.kind, state=notice.state)
+                return
+            self.counts["failures"] += 1
+            entry[1] += 1
+            retries = self.config.notify_retry_s
+            if entry[1] > len(retries):
+                self._forget(entry)
+                self.counts["dropped"] += 1
+                log_event(logging.WARNING, "notice dropped: the receiver did not take it",
+                          kind=notice.kind, state=notice.state, attempts=entry[1], error=error)
+                return
+            entry[2] = time.monotonic() + retries[entry[1] - 1]
+        log_event(logging.WARNING, "notice not delivered; it is sent again later",
+                  kind=notice.kind, state=notice.state, attempt=entry[1], error=error,
+                  retry_in_s=retries[entry[1] - 1],
+                  host=urllib.parse.urlsplit(self.config.notify_url).hostname)
+
+    def _forget(self, entry: list) -> None:
+        if self._queue and self._queue[0] is entry:  # not pushed out meanwhile
+            self._queue.popleft()
+
+    def _post(self, notice: Notice) -> Optional[str]:
+        """POST one notice; None when the receiver took it (2xx), else what went wrong (an
+        HTTP status or an error's name, never the address: it may hold a secret)."""
+        import urllib.error
+        import urllib.request
+
+        if self.config.notify_format == "json":
+            body = json.dumps(notice.as_json()).encode()
+            headers = {"Content-Type": "application/json"}
+        else:
+            text = notice.text + ("\n\n" + notice.action if notice.action else "")
+            body = (text + "\n").encode()
+            headers = {"Content-Type": "text/plain; charset=utf-8",
+                       "Title": _header_text(notice.title)}
+        request = urllib.request.Request(self.config.notify_url, data=body, headers=headers,
+                                         method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.config.notify_timeout_s) as answer:
+                answer.read(65536)
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return "http_%d" % exc.code
+        except Exception as exc:  # refused, timed out, a bad answer
+            return "timeout" if _is_timeout(exc) else _error_name(exc)
+        return None if 200 <= status < 300 else "http_%d" % status
+
+
+def _header_text(text: str) -> str:
+    """A header value as HTTP carries it: Latin-1 as it is, anything else as RFC 2047
+    (which ntfy reads)."""
+    try:
+        text.encode("latin-1")
+        return text
+    except UnicodeEncodeError:
+        return "=?UTF-8?B?%s?=" % codecs.encode(text.encode(), "base64").decode().replace(
+            "\n", "")
 
 
 SERVE_BASE_MIB = 64
@@ -9700,6 +11504,9 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
             return _export_to_file(conn, args.output)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
+        if not args.metric:  # the route's message names /api/catalog; here, the command
+            raise ConfigError("--metric is required; `healthlog catalog` lists the metrics"
+                              " there are (or --format sqlite OUT.db exports them all)")
         try:
             query = point_query(conn, {"metric": args.metric, "layer": args.layer,
                                        "from": args.start, "to": args.end,
@@ -9720,11 +11527,16 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
 
 def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     """``healthlog catalog``: what ``/api/catalog`` answers, as a table or as JSON (the
-    metric names ``export --metric`` takes).  Only reads."""
+    metric names ``export --metric`` takes).  The table's first and last are local times
+    as the phone wrote them (:func:`catalog_local`), to the minute with their offset: a
+    day in Sydney is not shown as the UTC day before.  Only reads, in one snapshot."""
     out = out or sys.stdout
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
+        conn.execute("BEGIN")  # the bounds and the points they name agree
         items = catalog(conn)
+        local = [] if as_json else [catalog_local(conn, item) for item in items]
+        conn.execute("COMMIT")
     finally:
         conn.close()
     if as_json:
@@ -9733,10 +11545,15 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     if not items:
         out.write("the store is empty: nothing has been folded yet\n")
         return 0
+
+    def minute(text: Optional[str]) -> str:
+        return "-" if text is None else text[:16] + text[19:]  # 2025-04-15T00:00-04:00
+
     rows = [("METRIC", "LAYER", "UNITS", "FIRST", "LAST", "POINTS", "WHAT")] + [
-        (item["metric"], item["layer"], ",".join(item["units"]) or "-", item["first"][:16],
-         item["last"][:16], "{:,}".format(item["points"]),
-         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"])) for item in items]
+        (item["metric"], item["layer"], ",".join(item["units"]) or "-", minute(first),
+         minute(last), "{:,}".format(item["points"]),
+         "%s (%s)" % (item["meaning"]["name"], item["meaning"]["kind"]))
+        for item, (first, last) in zip(items, local)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         line = "  ".join(cell.ljust(width) if i != 5 else cell.rjust(width)
@@ -9786,6 +11603,7 @@ def collect_status(config: Config) -> dict:
             " LIMIT ?", (STATUS_PROBLEMS_MAX,))]
         older = count_folded_by_older_parser(conn)
         fp = fingerprint(conn)
+        fresh = freshness_of(conn, config.data_dir, config.clock(), config.late_after_s)
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -9798,6 +11616,8 @@ def collect_status(config: Config) -> dict:
     oldest_age = None if age is None else round(age, 1)
     return {
         "data": str(config.data_dir),
+        "all_folded": counts["pending"] == 0,
+        "folded": fold_line(counts, age),
         "deliveries": counts,
         "backlog": counts["pending"],
         "oldest_pending": oldest,
@@ -9813,8 +11633,29 @@ def collect_status(config: Config) -> dict:
         "failed_worth_retrying": sum(n for error, n in failed.items() if worth_retrying(error)),
         "retrying": retrying,
         "recent_problems": problems,
+        "late_after_s": config.late_after_s,
+        "freshness": fresh.as_json(),
+        "attention": [notice.as_json() for notice in attention(fresh)],
         "fingerprint": fp,
     }
+
+
+def fold_line(counts: dict, oldest_age_s: Optional[float]) -> str:
+    """Whether everything received is folded, in one line: ``all 1,234 deliveries folded``
+    or ``12 deliveries waiting to be folded (oldest 3m05s)``.  A failed delivery is folded
+    (it waits for nothing; the line says how many failed)."""
+    total, waiting = sum(counts.values()), counts.get("pending", 0)
+    if not total:
+        return "nothing received yet"
+    if waiting:
+        return "{:,} {} waiting to be folded (oldest {})".format(
+            waiting, "delivery" if waiting == 1 else "deliveries",
+            _duration(max(0.0, oldest_age_s or 0.0)))
+    failed = counts.get("failed", 0)
+    if total == 1:
+        return "the only delivery is folded" + (" (it failed)" if failed else "")
+    return "all {:,} deliveries folded".format(total) + (
+        ", {:,} of them failed".format(failed) if failed else "")
 
 
 def worth_retrying(error: Optional[str]) -> bool:
@@ -9839,6 +11680,7 @@ def format_status(status: dict) -> str:
     age = status["oldest_pending_age_s"]
     lines = [
         "data: %s" % status["data"],
+        status["folded"],
         "deliveries: %d (%s)" % (sum(counts.values()),
                                  ", ".join("%s %d" % item for item in counts.items())),
         "backlog: %d%s" % (status["backlog"],
@@ -9875,6 +11717,14 @@ def format_status(status: dict) -> str:
                 problem["id"], problem["received_at"], problem["automation"] or "-",
                 problem["status"], detail or "-"))
             lines[-1] = lines[-1].translate(_ESCAPES)  # names from a body or a header
+    automations = status["freshness"]["automations"]
+    if automations:
+        lines.append("automations: %s" % ", ".join(
+            "%s %s" % (item["name"] or item["id"], item["state"].replace("_", " "))
+            for item in automations).translate(_ESCAPES))
+    for notice in status["attention"]:
+        lines.append(("%s: %s" % (notice["state"], notice["text"])).translate(_ESCAPES))
+        lines.append(("  %s" % notice["action"]).translate(_ESCAPES))
     lines.append("fingerprint: %s" % status["fingerprint"])
     return "\n".join(lines)
 
@@ -9922,10 +11772,27 @@ def build_parser() -> argparse.ArgumentParser:
                                        " created on first start)")
     serve.add_argument("--max-body-mib", type=int, metavar="N",
                        help="largest accepted body in MiB (default %d)" % DEFAULT_MAX_BODY_MIB)
+    serve.add_argument("--trusted-proxy", metavar="ADDR[,ADDR...]",
+                       help="reverse proxies (addresses or networks) whose X-Forwarded-For or"
+                            " Forwarded header names the client (env HEALTHLOG_TRUSTED_PROXY;"
+                            " default: none, the headers are ignored)")
+    late_after_help = ("silence after which an automation is late and a metric stale, unless"
+                       " three of its usual intervals are longer: 90s, 45m, 6h, 2d (env"
+                       " HEALTHLOG_LATE_AFTER; default 6h)")
+    serve.add_argument("--late-after", metavar="DURATION", help=late_after_help)
+    serve.add_argument("--notify", metavar="URL",
+                       help="post a notice there when an automation turns late or a metric"
+                            " stale, and when it is back (env HEALTHLOG_NOTIFY; default: no"
+                            " notices); ntfy, a Home Assistant webhook, …")
+    serve.add_argument("--notify-format", choices=("text", "json"),
+                       help="text: a plain-text body with a Title header, as ntfy takes it"
+                            " (default); json: one JSON object")
 
-    status = commands.add_parser("status", help="journal and store summary")
+    status = commands.add_parser("status", help="journal and store summary, and what is"
+                                 " late or stale")
     data_option(status)
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--late-after", metavar="DURATION", help=late_after_help)
 
     reindex = commands.add_parser("reindex", help="rebuild the store from the archive"
                                   " (serve must be stopped)")
@@ -9950,7 +11817,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          " /api/ingest/<name>)")
 
     listing = commands.add_parser("catalog", help="what the store holds: each metric and"
-                                  " layer with its units, first and last point, and points")
+                                  " layer with its units, first and last point (local time"
+                                  " as the phone wrote it), and points")
     data_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON, as /api/catalog")
 
@@ -9965,12 +11833,15 @@ def build_parser() -> argparse.ArgumentParser:
     data_option(export)
     export.add_argument("output", nargs="?", metavar="OUT.db",
                         help="the SQLite file to create (with --format sqlite)")
-    export.add_argument("--metric", help="the metric, as /api/catalog names it")
+    export.add_argument("--metric", help="the metric, as `healthlog catalog` names it")
     export.add_argument("--layer", help="its layer (default: the one that answers the range"
                         " best, as /api/points chooses)")
     export.add_argument("--from", dest="start", metavar="TIME",
-                        help="first point start (ISO-8601, YYYY-MM-DD or epoch)")
-    export.add_argument("--to", dest="end", metavar="TIME", help="end of the range (exclusive)")
+                        help="first point start (ISO-8601, YYYY-MM-DD or epoch; a date"
+                             " starts at its local midnight)")
+    export.add_argument("--to", dest="end", metavar="TIME",
+                        help="end of the range: a date alone (YYYY-MM-DD) includes that"
+                             " local day; a time is exclusive")
     export.add_argument("--bucket", choices=tuple(BUCKETS), help="aggregate per bucket")
     export.add_argument("--tz", metavar="ZONE",
                         help="local time of days and hours: local (default: as the phone wrote"
@@ -10091,6 +11962,7 @@ DASHBOARD_HTML = r"""<!doctype html>
 
   <section id="summary" class="panel summary" aria-labelledby="summary-title" data-state="idle"
            hidden>
+    <div id="attention" class="attention" role="status" hidden></div>
     <div class="day-head">
       <button id="day-prev" class="day-step" type="button" aria-label="Previous day"
               title="The day before">&#8249;</button>
@@ -10108,6 +11980,13 @@ DASHBOARD_HTML = r"""<!doctype html>
       <h2 id="trends-title">Trends</h2>
       <p id="trend-rule" class="meta"></p>
       <ol id="trends" class="trends"></ol>
+    </section>
+    <section class="coverage-box" aria-labelledby="coverage-title">
+      <h2 id="coverage-title">What arrived</h2>
+      <p id="coverage-rule" class="meta"></p>
+      <div id="coverage" class="coverage" data-state="idle"></div>
+      <ul id="coverage-legend" class="coverage-legend"></ul>
+      <ul id="coverage-gaps" class="coverage-gaps"></ul>
     </section>
   </section>
 
@@ -10545,6 +12424,8 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 .card-facts, .stages { display: flex; flex-wrap: wrap; gap: 0.1rem 0.8rem; font-size: 0.85rem;
   color: var(--muted); font-variant-numeric: tabular-nums; }
 .card-facts .num, .stages .num { color: var(--text); }
+.card-note { margin: 0.2rem 0 0; font-size: 0.8rem; color: var(--muted); }
+.card-note .num { color: var(--text); }
 .stage-chip { display: inline-flex; align-items: center; gap: 0.3rem; }
 .range-value { gap: 0.2rem 1.1rem; }
 .range-figure { display: inline-flex; flex-direction: column; }
@@ -10576,6 +12457,44 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 .other-item .item-figure { margin-left: auto; }
 
 .trends-box { margin-top: 1.3rem; }
+
+/* ---- freshness: the line at the top, the coverage calendar ----------------- */
+
+.attention { display: grid; gap: 0.45rem; margin-bottom: 0.8rem; }
+.attention-item {
+  border: 1px solid var(--warn); border-left-width: 4px; border-radius: 8px;
+  padding: 0.45rem 0.7rem; min-width: 0; overflow-wrap: anywhere;
+}
+.attention-item.stale, .attention-item.late { border-color: var(--danger); }
+.attention-text { margin: 0; font-weight: 600; }
+.attention-action { margin: 0.2rem 0 0; color: var(--muted); font-size: 0.88rem; }
+.attention-more { display: grid; gap: 0.45rem; overflow-wrap: anywhere; }
+.attention-more summary { cursor: pointer; font-weight: 600; }
+.coverage-box { margin-top: 1.3rem; }
+.coverage { display: grid; gap: 0.35rem; min-width: 0; }
+.cov-row { min-width: 0; }
+.cov-name { font-size: 0.88rem; overflow-wrap: anywhere; }
+.cov-name .meta { font-size: 0.8rem; margin: 0; }
+.cov-cells {
+  list-style: none; margin: 0.15rem 0 0; padding: 0; display: grid; grid-auto-flow: column;
+  grid-auto-columns: minmax(0, 1fr); gap: 2px;
+}
+.cov-cell { height: 0.9rem; border-radius: 2px; background: var(--grid); min-width: 0; }
+.cov-cell.ok { background: var(--ok); }
+.cov-cell.thin { background: var(--warn); opacity: 0.75; }
+.cov-cell.missing { background: var(--danger); }
+.cov-cell.quiet { background: var(--grid); }
+.cov-cell.today { background: var(--grid-major); }
+.cov-cell.today.has { background: var(--ok); opacity: 0.6; }
+.cov-cell.before, .cov-cell.future { background: transparent; border: 1px dashed var(--line); }
+.cov-head .cov-cell { background: transparent; height: auto; font-size: 0.7rem;
+  color: var(--muted); text-align: center; white-space: nowrap; }
+.coverage-legend { list-style: none; margin: 0.5rem 0 0; padding: 0; display: flex;
+  flex-wrap: wrap; gap: 0.2rem 0.9rem; font-size: 0.8rem; color: var(--muted); }
+.coverage-legend .cov-cell { display: inline-block; width: 0.9rem; vertical-align: middle;
+  margin-right: 0.3rem; }
+.coverage-gaps { margin: 0.6rem 0 0; padding-left: 1.1rem; display: grid; gap: 0.35rem;
+  font-size: 0.88rem; overflow-wrap: anywhere; }
 .trends { list-style: none; margin: 0.5rem 0 0; padding: 0; display: grid; gap: 0.45rem; }
 .trend {
   border: 1px solid var(--line); border-left-width: 4px; border-radius: 8px;
@@ -10638,21 +12557,27 @@ body.login { display: flex; min-height: 100vh; align-items: center; justify-cont
   .controls { flex-direction: column; align-items: stretch; }
   #catalog { min-width: 0; width: 100%; }
   .range button { flex: 1 1 auto; min-width: 0; padding-left: 0.3rem; padding-right: 0.3rem; }
-  /* the journal as cards: one delivery a block, each cell named by its column */
-  table.journal, .journal tbody, .journal tr, .journal td { display: block; width: 100%; }
+  /* the journal as cards: one delivery a block, each cell named by its column; a cell
+     never breaks inside a word or a number: cells flow side by side as far as they fit
+     whole, the automation's name and the error take a line of their own and wrap
+     between words (inside one only where a word is wider than the screen) */
+  table.journal, .journal tbody { display: block; width: 100%; }
   .journal thead { display: none; }
   .journal tr {
-    display: grid; grid-template-columns: 1fr 1fr; gap: 0 1rem;
+    display: flex; flex-wrap: wrap; gap: 0 1.2rem;
     border: 1px solid var(--line); border-radius: 10px; padding: 0.4rem 0.6rem;
     margin-bottom: 0.5rem;
   }
   .journal td {
-    display: flex; justify-content: space-between; gap: 0.5rem; border: 0; padding: 0.1rem 0;
-    white-space: normal; text-align: right; overflow-wrap: anywhere; min-width: 0;
-    width: auto;
+    display: flex; flex: 1 1 auto; justify-content: space-between; gap: 0.5rem; border: 0;
+    padding: 0.1rem 0; white-space: nowrap; text-align: right;
   }
-  .journal td.error { grid-column: 1 / -1; }
-  .journal td::before { content: attr(data-label); color: var(--muted); text-align: left; }
+  .journal td.wide, .journal td.error {
+    flex-basis: 100%; min-width: 0; white-space: normal; overflow-wrap: anywhere;
+  }
+  .journal td::before {
+    content: attr(data-label); color: var(--muted); text-align: left; white-space: nowrap;
+  }
   .journal td.num { text-align: right; }
   .journal td:empty { display: none; }
   .record-list { grid-template-columns: 1fr; }
@@ -10676,9 +12601,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const RANGE_DAYS = { '24h': 1, '7d': 7, '30d': 30, '1y': 365 };
-  const HOUR_MAX_DAYS = 2; // hour buckets for ranges of two days or less
-  const DAY_MAX_DAYS = 186; // day buckets up to half a year, weeks beyond
   const LIST_KINDS = ['workouts', 'ecg', 'events'];
   const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
   const RECORDS_MAX_PAGES = 50;
@@ -10759,58 +12681,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // Ranges: what to ask for and the axis to draw it on
   // ---------------------------------------------------------------------------------
 
-  function bucketFor(days, kind) {
-    if (kind === 'total' || kind === 'average') {
-      if (days <= HOUR_MAX_DAYS) return 'hour';
-    }
-    return days <= DAY_MAX_DAYS ? 'day' : 'week';
-  }
-
-  /** What a view asks for. ``anchor``: {date, instant} of the metric's latest data in the
-   *  chosen zone (the date the server named); ``custom``: {from, to} dates, both shown;
-   *  ``span``: {first, last} instants of the metric (for All). Dates stay text; an hour
-   *  range is instants. Pure. */
-  function planView(opts) {
-    const kind = opts.kind;
-    const series = kind === 'total' || kind === 'average';
-    const range = opts.range;
-    if (range === 'custom' && opts.custom) {
-      const from = opts.custom.from;
-      const to = addDays(opts.custom.to, 1);
-      const bucket = bucketFor(daysBetween(from, to), kind);
-      return {
-        range: range, bucket: bucket, from: from, to: to,
-        axis: bucket === 'hour' ? 'hours' : 'dates',
-        slots: bucket === 'hour' ? null : dateSlots(from, to, bucket), t0: null, t1: null,
-      };
-    }
-    if (range === 'all') {
-      const span = opts.span || {};
-      const days = span.first !== undefined && span.last !== undefined
-        ? (span.last - span.first) / DAY_MS + 1 : Infinity;
-      const bucket = bucketFor(days, kind);
-      return {
-        range: range, bucket: bucket, from: null, to: null,
-        axis: bucket === 'hour' ? 'hours' : 'dates', slots: null, t0: null, t1: null,
-      };
-    }
-    const anchor = opts.anchor;
-    if (range === '24h' && series) {
-      const t1 = Math.floor(anchor.instant / HOUR) * HOUR + HOUR;
-      const t0 = t1 - 24 * HOUR;
-      return {
-        range: range, bucket: 'hour', from: isoZ(t0), to: isoZ(t1), axis: 'hours', slots: null,
-        t0: t0, t1: t1,
-      };
-    }
-    const days = RANGE_DAYS[range] || 7;
-    const to = addDays(anchor.date, 1);
-    const bucket = bucketFor(days, series ? 'day-only' : kind);
-    const from = bucket === 'week' ? mondayOf(addDays(to, -days)) : addDays(to, -days);
-    return {
-      range: range, bucket: bucket, from: from, to: to, axis: 'dates',
-      slots: dateSlots(from, to, bucket), t0: null, t1: null,
-    };
+  /** The server's plan of a view (GET /api/plan: the layer, bucket and bounds it chose for
+   *  the range) with what drawing it needs: the date slots of a range of dates, the instants
+   *  of a range of hours. The page decides none of it. Pure. */
+  function planOf(plan) {
+    const hours = plan.axis === 'hours' && !!plan.from && !isDate(plan.from);
+    return Object.assign({}, plan, {
+      slots: plan.axis === 'dates' && plan.from
+        ? dateSlots(plan.from, addDays(plan.to, 1), plan.bucket) : null,
+      t0: hours ? instant(plan.from) : null,
+      t1: hours ? instant(plan.to) : null,
+    });
   }
 
   // ---------------------------------------------------------------------------------
@@ -10836,6 +12717,40 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatCount(n) { return formatNumber(n, 0); }
 
+  /** A measured value with at least the decimals its meaning asks for (``digits``, from
+   *  the server: "168.0" and "167.8" lb, never both "168"); without them, formatNumber's. */
+  function formatValue(v, digits) {
+    if (typeof digits !== 'number' || !(digits >= 0)) return formatNumber(v);
+    if (typeof v !== 'number' || !isFinite(v)) return '–';
+    const abs = Math.abs(v);
+    const most = Math.max(digits, abs >= 100 ? 0 : abs >= 10 ? 1 : 2);
+    const key = digits + '-' + most;
+    if (!numberFormats[key]) {
+      numberFormats[key] = new Intl.NumberFormat(undefined, {
+        minimumFractionDigits: digits, maximumFractionDigits: most, useGrouping: true,
+      });
+    }
+    return numberFormats[key].format(v);
+  }
+
+  /** An axis tick: the decimals its step has (0.25: two, on every tick), so that every
+   *  tick reads as the value it marks and no two alike. */
+  function formatTick(v, step) {
+    let digits = 0;
+    while (digits < 6 && step > 0 &&
+      Math.abs(step * Math.pow(10, digits) - Math.round(step * Math.pow(10, digits))) > 1e-6) {
+      digits += 1;
+    }
+    return formatValue(v, digits);
+  }
+
+  /** " bpm" after a number: the units as the server shows them (its ``unit_label``: "" for
+   *  a count the metric's name explains), else as stored. */
+  function unitText(label, units) {
+    const shown = typeof label === 'string' ? label : units;
+    return shown ? ' ' + shown : '';
+  }
+
   /** Minutes as "45 min" or "7 h 05 min". */
   function formatMinutes(minutes) {
     if (typeof minutes !== 'number' || !isFinite(minutes) || minutes < 0) return '–';
@@ -10846,7 +12761,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   function formatHours(hours) { return formatMinutes(hours * 60); }
 
-  function formatSeconds(seconds) { return formatMinutes(seconds / 60); }
+  /** Seconds as "22 s" under a minute, else as formatMinutes. */
+  function formatSeconds(seconds) {
+    if (typeof seconds === 'number' && seconds >= 0 && seconds < 59.5) {
+      return Math.round(seconds) + ' s';
+    }
+    return formatMinutes(seconds / 60);
+  }
 
   const dateFormats = {};
 
@@ -10908,7 +12829,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (typeof value === 'boolean') return value ? 'yes' : 'no';
     if (typeof value === 'object') {
       if (typeof value.qty === 'number') {
-        return formatNumber(value.qty) + (value.units ? ' ' + value.units : '');
+        return formatNumber(value.qty) + unitText(value.unit_label, value.units);
       }
       return Object.keys(value).map(function (k) {
         return words(k) + ' ' + detailText(value[k]);
@@ -10918,7 +12839,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   function quantityText(q) {
-    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + (q.units ? ' ' + q.units : '')
+    return q && typeof q.qty === 'number' ? formatNumber(q.qty) + unitText(q.unit_label, q.units)
       : '–';
   }
 
@@ -10948,8 +12869,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** Which slots of a date axis get a label, at most ``room`` of them: every day, every
    *  Monday, every other Monday, or month starts (every 1, 2, 3 or 6 months, years
-   *  named). Returns [{index, date, label, major}]. */
-  function dateTicks(slots, bucket, room) {
+   *  named). A fortnight or less of days that one-line labels cannot all name is labelled
+   *  in two lines (weekday over day; ``lines``), each day or every other, at most
+   *  ``narrow`` of them: a week on a phone has a label per night. Returns [{index, date,
+   *  label, major, lines?}]. */
+  function dateTicks(slots, bucket, room, narrow) {
     const n = slots.length;
     const out = [];
     if (!n) return out;
@@ -10962,6 +12886,19 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         });
       });
       return out;
+    }
+    if (bucket === 'day' && n <= 16 && narrow >= 2) {
+      for (const every of [1, 2]) {
+        if (Math.ceil(n / every) <= narrow) {
+          slots.forEach(function (d, i) {
+            if (i % every) return;
+            const lines = [formatDate(d, 'weekday'), String(+d.slice(8))];
+            out.push({ index: i, date: d, major: d.slice(8) === '01', label: lines.join(' '),
+              lines: lines });
+          });
+          return out;
+        }
+      }
     }
     if (bucket === 'day') {
       const mondays = slots.filter(function (d) { return weekdayOf(d) === 0; }).length;
@@ -11233,7 +13170,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ecg: null, // the start of the chosen ECG recording
     token: 0, // every view load takes a number; a reply to an older one is dropped
     controller: null,
-    anchors: {}, // "metric|layer|tz|last" -> {date, instant}
     shown: null, // what the chart shows, for redrawing on resize
     more: null, // loads the next page of the list shown
     journalNext: null,
@@ -11241,6 +13177,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     summary: {
       token: 0, controller: null, date: null, // the day shown, as the server named it
       newest: {}, // tz -> the day the server opens on (its newest data)
+      coverageController: null, coverageTz: null, // the calendar, loaded once per zone
     },
   };
 
@@ -11438,62 +13375,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** {date, instant} of the metric's latest data in the chosen zone, as the server dates
    *  it. */
-  async function anchorOf(metric, layer, signal) {
-    const key = [metric.metric, layer, state.tz, metric.last].join('|');
-    if (state.anchors[key]) return state.anchors[key];
-    const kind = metric.meaning.kind;
-    const last = metric.last;
-    let anchor = { date: isoZ(last).slice(0, 10), instant: last };
-    if (LIST_KINDS.indexOf(kind) >= 0) {
-      const data = await getJSON(query('/api/records', {
-        metric: metric.metric, tz: state.tz, limit: 1,
-      }), signal);
-      const item = data && data.items && data.items[0];
-      if (item) anchor = { date: item.date, instant: instant(item.start) };
-    } else if (kind === 'sleep') {
-      const data = await getJSON(query('/api/points', {
-        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
-        from: isoZ(last - 2 * DAY_MS), to: isoZ(last + 2 * DAY_MS),
-      }), signal);
-      const nights = (data && data.nights) || [];
-      if (nights.length) anchor = { date: nights[nights.length - 1].date, instant: last };
-    } else {
-      const data = await getJSON(query('/api/points', {
-        metric: metric.metric, layer: layer, bucket: 'day', tz: state.tz,
-        from: isoZ(last), to: isoZ(last + 1000),
-      }), signal);
-      const runs = (data && data.runs) || [];
-      const buckets = runs.length ? runs[runs.length - 1].buckets : [];
-      if (buckets.length) anchor = { date: buckets[buckets.length - 1].date, instant: last };
-    }
-    state.anchors[key] = anchor;
-    return anchor;
-  }
-
-  function layerOfLast(metric) {
-    let best = metric.layers[0];
-    metric.layers.forEach(function (l) {
-      if (instant(l.last) > instant(best.last)) best = l;
-    });
-    return best.layer;
-  }
-
   function setChart(values) {
     const chart = $('chart');
     Object.keys(values).forEach(function (k) {
       if (values[k] === null || values[k] === undefined) delete chart.dataset[k];
       else chart.dataset[k] = String(values[k]);
     });
-  }
-
-  function rangeText(plan) {
-    if (!plan.from) return 'all stored data';
-    if (plan.axis === 'hours' && !isDate(plan.from)) {
-      return '24 hours to ' + isoZ(instant(plan.to)).slice(11, 16) + ' UTC';
-    }
-    const last = addDays(plan.to, -1);
-    return plan.from === last ? formatDate(last)
-      : formatDate(plan.from) + ' – ' + formatDate(last);
   }
 
   function zoneText() {
@@ -11523,26 +13410,24 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     chart.setAttribute('aria-busy', 'true');
     try {
-      const needsAnchor = state.range !== 'all' && state.range !== 'custom';
-      const anchor = needsAnchor
-        ? await anchorOf(metric, state.layer || layerOfLast(metric), controller.signal) : null;
+      const custom = state.range === 'custom' && state.custom ? state.custom : null;
+      const plan = planOf(await getJSON(query('/api/plan', {
+        metric: metric.metric, range: state.range, tz: state.tz, layer: state.layer || null,
+        from: custom ? custom.from : null, to: custom ? custom.to : null,
+      }), controller.signal));
       if (!current()) return;
-      const plan = planView({
-        kind: kind, range: state.range, anchor: anchor, custom: state.custom,
-        span: { first: metric.first, last: metric.last },
-      });
       if (plan.from && isDate(plan.from) && !state.custom) {
         // the dates a switch to Custom starts from
         $('from').value = plan.from;
-        $('to').value = addDays(plan.to, -1);
+        $('to').value = plan.to;
       }
-      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket,
-        from: plan.from, to: plan.to });
-      const meta = capitalise(rangeText(plan)) + ' · ' + zoneText() +
-        (metric.meaning.kind === 'total' ? ' · totals per ' + plan.bucket
-          : metric.meaning.kind === 'average' ? ' · averages per ' + plan.bucket : '');
+      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket, from: plan.from,
+        to: plan.to, layer: plan.layer });
+      const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
       state.layerRead = null;
+      // the layer picked, if any: the server reads the same layer it planned, and fills a
+      // day the layer lacks from another (READ-2.8) only when none was picked
       const params = {
         metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
         tz: state.tz,
@@ -11554,11 +13439,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           params)), controller.signal);
         if (!current()) return;
         view = { kind: kind, metric: metric, plan: plan, data: data };
-        // the layer the server read (its choice for the range, or the one picked)
-        setChart({ layer: data.layer });
         state.layerRead = data.layer || null;
-        $('view-meta').textContent = meta + (data.layer ? ' · read from the ' + data.layer +
-          ' layer' : '');
         fillLayers();
       } else if (kind === 'workouts') {
         const items = await allRecords(params, controller.signal);
@@ -11670,14 +13551,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const plotH = height - margin.top - margin.bottom;
     const ticks = niceTicks(lo, hi, plotH < 200 ? 4 : 5);
+    const step = ticks.length > 1 ? ticks[1] - ticks[0] : 1;
     const longest = Math.max.apply(null, ticks.map(function (v) {
-      return formatNumber(v).length;
+      return formatTick(v, step).length;
     }));
     margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const plotW = width - margin.left - margin.right;
     const g = {
       width: width, height: height, margin: margin, plotW: plotW, plotH: plotH, ticks: ticks,
-      y0: ticks[0], y1: ticks[ticks.length - 1],
+      y0: ticks[0], y1: ticks[ticks.length - 1], step: step,
     };
     g.y = function (v) { return margin.top + plotH - (v - g.y0) / (g.y1 - g.y0) * plotH; };
     if (plan.axis === 'hours') {
@@ -11686,12 +13568,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const starts = buckets.map(function (b) { return instant(b.start); });
       if (t0 === null || t1 === null) {
         // a range of dates read per hour: from the first date's local midnight, in the
-        // offset the server wrote for its first hour, to the last date's end
+        // offset the server wrote for its first hour, to the end of the last date (``to``)
         const first = buckets.length ? splitLocal(buckets[0].local) : null;
         const last = buckets.length ? splitLocal(buckets[buckets.length - 1].local) : null;
         t0 = plan.from && first ? dayNumber(plan.from) * DAY_MS - first.offsetMs
           : Math.min.apply(null, starts);
-        t1 = plan.to && last ? dayNumber(plan.to) * DAY_MS - last.offsetMs
+        t1 = plan.to && last ? dayNumber(addDays(plan.to, 1)) * DAY_MS - last.offsetMs
           : Math.max.apply(null, starts) + HOUR;
         t0 = Math.min(t0, Math.min.apply(null, starts));
         t1 = Math.max(t1, Math.max.apply(null, starts) + HOUR);
@@ -11724,10 +13606,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       grid.appendChild(svg('line', {
         x1: g.margin.left, x2: g.width - g.margin.right, y1: g.y(v), y2: g.y(v),
       }));
-      grid.appendChild(svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
-        formatNumber(v)));
+      const label = svg('text', { x: g.margin.left - 6, y: g.y(v) + 4, class: 'ylabel' },
+        formatTick(v, g.step));
+      label.setAttribute('data-value', String(v));
+      grid.appendChild(label);
     });
     const room = Math.floor(g.plotW / 64);
+    const narrow = Math.floor(g.plotW / 30); // two-line labels: "Wed" over "14"
     const edge = function (x) {
       return Math.min(g.width - g.margin.right - 14, Math.max(g.margin.left + 14, x));
     };
@@ -11741,7 +13626,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
       });
     } else {
-      dateTicks(g.slots, plan.bucket, room).forEach(function (tick) {
+      dateTicks(g.slots, plan.bucket, room, narrow).forEach(function (tick) {
         // a day's label sits under its bar; a week's or a month's at the slot it starts
         const edge0 = g.margin.left + tick.index * g.slotW;
         const x = plan.bucket === 'day' ? g.x(tick.index) : edge0;
@@ -11751,7 +13636,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
             class: tick.major ? 'major' : null,
           }));
         }
-        grid.appendChild(svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label));
+        let text;
+        if (tick.lines) {
+          text = svg('text', { x: edge(x), y: g.height - 17, class: 'xlabel' });
+          tick.lines.forEach(function (line, k) {
+            text.appendChild(svg('tspan', { x: edge(x), y: g.height - 17 + 12 * k }, line));
+          });
+        } else {
+          text = svg('text', { x: edge(x), y: g.height - 8, class: 'xlabel' }, tick.label);
+        }
+        text.setAttribute('data-date', tick.date);
+        grid.appendChild(text);
       });
     }
     root.appendChild(grid);
@@ -11830,7 +13725,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     runs.forEach(function (run) {
       const key = run.units === null || run.units === undefined ? '' : String(run.units);
       let group = byUnits.find(function (u) { return u.units === key; });
-      if (!group) byUnits.push(group = { units: key, buckets: [] });
+      if (!group) {
+        byUnits.push(group = {
+          units: key, label: typeof run.unit_label === 'string' ? run.unit_label : key,
+          buckets: [],
+        });
+      }
       run.buckets.forEach(function (b) { group.buckets.push(b); });
     });
     const summaries = [];
@@ -11855,6 +13755,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       : fields;
     const drawn = total ? fields : lines;
     const units = group.units;
+    const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
+    const digits = meaning.digits;
+    const fmt = function (v) { return formatValue(v, digits); };
 
     // values per bucket
     let lo = Infinity;
@@ -11888,7 +13791,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const panel = el('div', 'chart-panel');
     panel.dataset.units = units;
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', units || 'no units'));
+    head.appendChild(el('span', 'units', group.label || (units ? '' : 'no units')));
     if (several) head.appendChild(el('span', 'note', 'the units changed in this range'));
     const legend = el('span', 'legend');
     const legendItem = function (cls, text) {
@@ -11908,7 +13811,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(panel);
 
     const g = frame(chart, plan, buckets, lo, hi, total);
-    const root = svgRoot(g, meaning.name + (units ? ' in ' + units : ''));
+    const root = svgRoot(g, meaning.name + (group.label ? ' in ' + group.label : ''));
     drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -11979,10 +13882,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(rect);
           base += v;
         });
-        text += formatNumber(r.value) + (units ? ' ' + units : '');
+        text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + formatNumber(r.values[f]); })
+            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -12001,11 +13904,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') +
-            formatNumber(r.values[f]) + (units ? ' ' + units : '');
+          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
-          text += ' (lowest ' + formatNumber(r.lo) + ', highest ' + formatNumber(r.hi) + ')';
+          text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
         }
       }
       text += ' · ' + formatCount(b.count) + (b.count === 1 ? ' point' : ' points');
@@ -12026,8 +13928,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (total) {
       let sum = 0;
       withValue.forEach(function (r) { sum += r.value; });
-      summary = 'Total ' + formatNumber(sum) + (units ? ' ' + units : '') + ' · ' +
-        formatNumber(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
+      summary = 'Total ' + fmt(sum) + shown + ' · ' +
+        fmt(withValue.length ? sum / withValue.length : NaN) + ' ' + per +
         ' on average (' + withValue.length + ' with data)';
     } else {
       let n = 0;
@@ -12045,8 +13947,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         if (typeof l === 'number') low = Math.min(low, l);
         if (typeof h === 'number') high = Math.max(high, h);
       });
-      summary = 'Average ' + formatNumber(n ? s / n : NaN) + (units ? ' ' + units : '') +
-        ' · lowest ' + formatNumber(low) + ' · highest ' + formatNumber(high);
+      summary = 'Average ' + fmt(n ? s / n : NaN) + shown +
+        ' · lowest ' + fmt(low) + ' · highest ' + fmt(high);
     }
     wireReadout(root, g, marks, summary);
     return summary;
@@ -12103,7 +14005,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       setData(node, {
         date: n.date, local: n.local, start: n.start, asleep: bar.asleep, inBed: bar.inBed,
         nights: n.nights, form: n.form, sleepStart: n.sleep_start, sleepEnd: n.sleep_end,
-        value: bar.asleep,
+        value: bar.asleep, overlapping: n.overlapping, naps: (n.naps || []).length,
       });
       if (bar.inBed !== null) {
         node.appendChild(svg('rect', {
@@ -12138,7 +14040,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       if (start || end) {
         parts.push('bed ' + (start ? start.time : '–') + ', wake ' + (end ? end.time : '–'));
       }
-      if (n.nights > 1) parts.push(n.nights + (plan.bucket === 'week' ? ' nights' : ' sleeps'));
+      if (plan.bucket === 'week' && n.nights > 1) parts.push(n.nights + ' nights');
+      if (n.overlapping) {
+        parts.push(plan.bucket === 'week' ? n.overlapping + ' with overlapping sources'
+          : 'sources overlap: the Watch\'s stages counted');
+      }
+      (n.naps || []).forEach(function (nap) {
+        const from = splitLocal(nap.sleep_start);
+        const to = splitLocal(nap.sleep_end);
+        parts.push('nap ' + (from ? from.time : '–') + '–' + (to ? to.time : '–') + ' ' +
+          (typeof nap.asleep === 'number' ? formatHours(nap.asleep) : '–') + ', not counted');
+      });
       const text = (plan.bucket === 'week' ? 'Week of ' + formatDate(n.date) + ', average night'
         : 'Night to ' + formatDate(n.date)) + ': ' + parts.join(' · ');
       node.appendChild(svg('rect', {
@@ -12208,7 +14120,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' + formatMinutes(b.minutes) +
+      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+        formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
     root.appendChild(data);
@@ -12216,7 +14129,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     let minutes = 0;
     buckets.forEach(function (b) { minutes += b.minutes; });
     wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
-      ' · ' + formatMinutes(minutes) + ' in all');
+      ' · ' + formatSeconds(minutes * 60) + ' in all');
   }
 
   // ---------------------------------------------------------------------------------
@@ -12352,12 +14265,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   /** The trace: µV against time at the recording's sampling frequency, in strips of 10 s
-   *  (as a paper ECG is read), one polyline point per sample. */
+   *  (as a paper ECG is read), one polyline point per sample; each strip has its amplitude
+   *  axis (round µV ticks within the recording's lowest and highest voltage) beside its
+   *  time axis. */
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
+    const units = trace.unit_label || trace.units || 'µV';
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', (trace.units || 'µV') + ' against seconds'));
+    head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
       (trace.classification ? words(trace.classification) : 'no classification') +
       ' · average heart rate ' + detailText(trace.average_heart_rate)));
@@ -12371,7 +14287,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const strips = Math.max(1, Math.ceil(seconds / strip - 1e-9));
     const width = Math.max(300, Math.round(chart.clientWidth || 600));
     const rowH = width < 520 ? 90 : 130;
-    const margin = { top: 6, right: 8, bottom: 18, left: 8 };
+    const margin = { top: 18, right: 8, bottom: 18, left: 8 }; // top: the axis' units
     let lo = Infinity;
     let hi = -Infinity;
     volts.forEach(function (v) {
@@ -12381,6 +14297,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (!(hi > lo)) {
       hi = lo + 1;
     }
+    const all = niceTicks(lo, hi, rowH < 100 ? 3 : 4);
+    const step = all.length > 1 ? all[1] - all[0] : 1;
+    const ticks = all.filter(function (v) { return v >= lo - 1e-9 && v <= hi + 1e-9; });
+    const longest = Math.max.apply(null, ticks.map(function (v) {
+      return formatTick(v, step).length;
+    }).concat([units.length]));
+    margin.left = Math.max(30, Math.ceil(12 + 6.5 * longest));
     const height = strips * (rowH + margin.bottom) + margin.top;
     const root = svg('svg', {
       viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img', class: 'ecg-trace',
@@ -12389,9 +14312,26 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     setData(root, { samples: volts.length, frequency: hz, start: trace.start,
       seconds: seconds, min: lo, max: hi });
     const plotW = width - margin.left - margin.right;
+    const yOf = function (top, v) { return top + rowH - (v - lo) / (hi - lo) * rowH; };
     for (let s = 0; s < strips; s++) {
       const top = margin.top + s * (rowH + margin.bottom);
       const grid = svg('g', { class: 'grid' });
+      const axis = svg('g', { class: 'amplitude' });
+      ticks.forEach(function (v) {
+        const y = yOf(top, v);
+        grid.appendChild(svg('line', { x1: margin.left, x2: width - margin.right, y1: y, y2: y,
+          class: v === 0 ? 'major' : null }));
+        const label = svg('text', { x: margin.left - 5, y: y + 4, class: 'ylabel' },
+          formatTick(v, step));
+        label.setAttribute('data-value', String(v));
+        axis.appendChild(label);
+      });
+      if (s === 0) {
+        // the axis' units, above its highest tick
+        axis.appendChild(svg('text', { x: margin.left - 5, y: 10,
+          class: 'ylabel amplitude-units' }, units));
+      }
+      grid.appendChild(axis);
       for (let k = 0; k <= strip; k++) {
         const x = margin.left + k / strip * plotW;
         grid.appendChild(svg('line', { x1: x, x2: x, y1: top, y2: top + rowH,
@@ -12407,7 +14347,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const points = [];
       for (let i = first; i < last; i++) {
         const x = margin.left + (i / hz - s * strip) / strip * plotW;
-        const y = top + rowH - (volts[i] - lo) / (hi - lo) * rowH;
+        const y = yOf(top, volts[i]);
         points.push(x.toFixed(2) + ',' + y.toFixed(1));
       }
       const line = svg('polyline', { class: 'trace', points: points.join(' ') });
@@ -12417,7 +14357,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     chart.appendChild(root);
     $('readout').textContent = formatCount(volts.length) + ' samples at ' + formatNumber(hz, 1) +
       ' Hz (' + formatNumber(seconds, 1) + ' s), ' + formatNumber(lo) + ' to ' +
-      formatNumber(hi) + ' ' + (trace.units || 'µV');
+      formatNumber(hi) + ' ' + units;
   }
 
   function drawEvents(box, view) {
@@ -12484,14 +14424,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ['workouts', 'Workouts'], ['other', 'Also recorded'],
   ];
 
-  /** The metric view's address for a card's link {metric, from, to}: ``to`` is the day
-   *  after the range, as the server writes it; the view's two dates are both shown. */
+  /** The metric view's address for a card's link {metric, from, to}: both dates are in
+   *  the range, as the server writes them, and both are shown. */
   function linkHash(link, tz) {
     const params = new URLSearchParams();
     params.set('metric', link.metric);
     params.set('range', 'custom');
     params.set('from', link.from);
-    params.set('to', addDays(link.to, -1));
+    params.set('to', link.to);
     params.set('tz', tz || 'local');
     return '#' + params.toString();
   }
@@ -12620,23 +14560,45 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
+  /** A card's units as the server shows them ("" for a count its name explains). */
+  function cardUnits(card) {
+    return typeof card.unit_label === 'string' ? card.unit_label : card.units || '';
+  }
+
   function seriesCard(card, day, rule) {
-    const units = card.units || '';
+    const units = cardUnits(card);
+    const fmt = function (v) { return formatValue(v, card.digits); };
     const node = cardShell('series-card', card.link, card.name);
     setData(node, {
       metric: card.metric, kind: card.kind, units: card.units, date: day, value: card.value,
       usual: card.usual, usualDays: card.usual_days,
     });
-    node.appendChild(valueNode(card.value, units));
-    node.appendChild(usualNode(card.usual, card.usual_days, units, undefined, rule));
+    node.appendChild(valueNode(card.value, units, isNumber(card.value) ? fmt(card.value)
+      : undefined));
+    node.appendChild(usualNode(card.usual, card.usual_days, units, isNumber(card.usual)
+      ? fmt(card.usual) : undefined, rule));
     node.appendChild(drawSpark(card.spark || [], card.kind === 'total', card.usual, card.name,
-      function (v) { return formatNumber(v) + (units ? ' ' + units : ''); }, day));
+      function (v) { return fmt(v) + unitText(units); }, day));
     return node;
   }
 
   function stageRank(stage) {
     const i = STAGE_ORDER.indexOf(stage);
     return stage === 'awake' ? 100 : i < 0 ? 50 : i;
+  }
+
+  /** A nap beside a day's night: its times and hours, never added to the night. */
+  function napNode(nap) {
+    const node = el('p', 'card-note nap');
+    const start = splitLocal(nap.sleep_start);
+    const end = splitLocal(nap.sleep_end);
+    setData(node, { field: 'nap', sleepStart: nap.sleep_start, sleepEnd: nap.sleep_end,
+      asleep: nap.asleep });
+    node.appendChild(document.createTextNode('Nap ' + (start ? start.time : '–') + '–' +
+      (end ? end.time : '–') + ' '));
+    node.appendChild(el('span', 'num', isNumber(nap.asleep) ? formatHours(nap.asleep) : '–'));
+    node.appendChild(document.createTextNode(' (not counted in the night)'));
+    return node;
   }
 
   function sleepCard(card, day, rule) {
@@ -12663,6 +14625,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (start) fact('bed', start.time, { field: 'sleep_start', local: card.sleep_start });
     if (end) fact('wake', end.time, { field: 'sleep_end', local: card.sleep_end });
     if (facts.firstChild) node.appendChild(facts);
+    if (card.overlapping) {
+      const note = el('p', 'card-note', 'Sources overlap this night (another app beside the' +
+        ' Watch): the Watch\'s stages are counted, never more than the night lasted.');
+      note.dataset.field = 'overlapping';
+      node.appendChild(note);
+    }
+    (card.naps || []).forEach(function (nap) {
+      node.appendChild(napNode(nap));
+    });
     const stages = Object.keys(card.stages || {}).filter(function (k) {
       return isNumber(card.stages[k]) && card.stages[k] > 0;
     }).sort(function (a, b) { return stageRank(a) - stageRank(b); });
@@ -12696,12 +14667,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const item = el('span', 'range-figure');
       item.dataset.field = f[0];
       if (isNumber(card[f[0]])) item.dataset.value = String(card[f[0]]);
-      item.appendChild(el('span', 'num', formatNumber(card[f[0]])));
+      item.appendChild(el('span', 'num', formatValue(card[f[0]], card.digits)));
       item.appendChild(el('span', 'range-label', f[1]));
       row.appendChild(item);
     });
     node.appendChild(row);
-    node.appendChild(el('span', 'card-usual', card.units || ''));
+    node.appendChild(el('span', 'card-usual', cardUnits(card)));
     return node;
   }
 
@@ -12714,24 +14685,28 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const value = el('span', 'card-value');
     fields.forEach(function (f, i) {
       if (i) value.appendChild(el('span', 'sep', '/'));
-      const n = el('span', 'num', formatNumber(values[f]));
+      const n = el('span', 'num', formatValue(values[f], card.digits));
       setData(n, { field: f, value: values[f] });
       value.appendChild(n);
     });
+    const units = cardUnits(card);
     if (!fields.length) {
       value.classList.add('no-data');
       value.textContent = 'no data';
-    } else if (card.units) {
+    } else if (units) {
       value.appendChild(document.createTextNode(' '));
-      value.appendChild(el('span', 'card-units', card.units));
+      value.appendChild(el('span', 'card-units', units));
     }
     node.appendChild(value);
-    node.appendChild(el('span', 'card-usual measured', 'measured ' + formatLocal(card.measured)));
+    // a value for the whole day (a Days automation's, at local midnight): its date alone
+    const p = splitLocal(card.measured);
+    node.appendChild(el('span', 'card-usual measured', 'measured ' + (card.day_value && p
+      ? formatDate(p.date) : formatLocal(card.measured))));
     return node;
   }
 
   function workoutsCard(items, day) {
-    const link = { metric: 'workouts', from: addDays(day, -6), to: addDays(day, 1) };
+    const link = { metric: 'workouts', from: addDays(day, -6), to: day };
     const node = cardShell('workouts-card wide', link, 'Workouts, ' + formatDate(link.from,
       'short') + ' – ' + formatDate(day, 'short'));
     let seconds = 0;
@@ -12774,7 +14749,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       li.appendChild(a);
       const text = o.kind === 'events'
         ? formatCount(o.value) + (o.value === 1 ? ' entry' : ' entries')
-        : formatNumber(o.value) + (o.units ? ' ' + o.units : '');
+        : formatValue(o.value, o.digits) + unitText(cardUnits(o));
       li.appendChild(el('span', 'item-figure num', text));
       list.appendChild(li);
     });
@@ -12870,7 +14845,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const figure = function (field, value, label) {
         const item = el('span', 'trend-figure');
         setData(item, { field: field, value: value });
-        item.appendChild(el('span', 'num', formatNumber(value) + (t.units ? ' ' + t.units : '')));
+        item.appendChild(el('span', 'num',
+          formatValue(value, t.digits) + unitText(cardUnits(t))));
         item.appendChild(document.createTextNode(' ' + label));
         figures.appendChild(item);
       };
@@ -12888,6 +14864,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const s = state.summary;
     $('summary-title').textContent = formatDate(data.date);
     const newest = s.newest[state.tz];
+    drawAttention(data.attention);
     const shown = drawCards(data, wanted);
     $('summary-meta').textContent = capitalise(zoneText()) +
       (newest === data.date && shown ? ' · the latest day with data' : '');
@@ -12912,6 +14889,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.dataset.state = 'loading';
     box.setAttribute('aria-busy', 'true');
     $('nav-summary').href = summaryHash(date, state.tz);
+    if (s.coverageTz !== state.tz || $('coverage').dataset.state !== 'ready') {
+      s.coverageTz = state.tz;
+      showCoverage();
+    }
     try {
       const data = await getJSON(query('/api/summary', { date: date, tz: state.tz }),
         controller.signal);
@@ -12927,6 +14908,140 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       box.removeAttribute('aria-busy');
       clear($('cards'));
       $('cards').appendChild(el('p', 'empty', 'Could not load the summary: ' + err.message));
+      box.dataset.state = 'error';
+    }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Freshness: what is late or stale (the line at the top), and what arrived per day
+  // ---------------------------------------------------------------------------------
+
+  const COVERAGE_STATES = [
+    ['ok', 'data'], ['thin', 'thin: under half the usual hours'], ['missing', 'missing'],
+    ['quiet', 'none, and none expected'], ['today', 'today'],
+  ];
+
+  const ATTENTION_SHOWN = 3; // more lines than this fold away, named in one line
+
+  function drawAttention(items) {
+    const box = $('attention');
+    clear(box);
+    const all = items || [];
+    let more = null;
+    all.forEach(function (n, i) {
+      const item = el('div', 'attention-item ' + n.state);
+      setData(item, { kind: n.kind, state: n.state, subject: n.subject, since: n.since });
+      item.appendChild(el('p', 'attention-text', n.text));
+      if (n.action) item.appendChild(el('p', 'attention-action', n.action));
+      if (i < ATTENTION_SHOWN || all.length === ATTENTION_SHOWN + 1) {
+        box.appendChild(item);
+        return;
+      }
+      if (!more) {
+        more = el('details', 'attention-more');
+        const rest = all.slice(ATTENTION_SHOWN).map(function (r) {
+          return r.title.replace(/^healthlog: /, '');
+        });
+        more.appendChild(el('summary', null, rest.length + ' more: ' + rest.join('; ')));
+        box.appendChild(more);
+      }
+      more.appendChild(item);
+    });
+    box.hidden = !box.firstChild;
+  }
+
+  /** What a calendar cell says: the day, how much arrived, and its state in words. */
+  function cellText(row, date, value, cellState) {
+    const amount = row.kind === 'hours'
+      ? formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data'
+      : (value ? 'data' : 'no data');
+    const said = {
+      ok: '', thin: ' (thin)', missing: ' (missing)', quiet: '', today: ' (today, not over)',
+      before: ' (before its first data)', future: '',
+    }[cellState] || '';
+    return formatDate(date) + ': ' + amount + said;
+  }
+
+  function coverageRow(data, row) {
+    const box = el('div', 'cov-row');
+    setData(box, { metric: row.metric, layer: row.layer, kind: row.kind, state: row.state });
+    const name = el('div', 'cov-name', row.name + ' ');
+    name.appendChild(el('span', 'meta', row.layer + (row.automation
+      ? ' · ' + row.automation : '')));
+    box.appendChild(name);
+    const cells = el('ol', 'cov-cells');
+    cells.setAttribute('aria-label', row.name + ', ' + row.layer);
+    data.days.forEach(function (date, i) {
+      const value = row.values[i];
+      const cellState = row.states[i];
+      const cell = el('li', 'cov-cell ' + cellState + (value ? ' has' : ''));
+      setData(cell, { date: date, value: value, state: cellState });
+      cell.title = cellText(row, date, value, cellState);
+      cell.setAttribute('aria-label', cell.title);
+      cells.appendChild(cell);
+    });
+    box.appendChild(cells);
+    return box;
+  }
+
+  function drawCoverage(data) {
+    const box = $('coverage');
+    clear(box);
+    const head = el('ol', 'cov-cells cov-head');
+    head.setAttribute('aria-hidden', 'true');
+    data.days.forEach(function (date) {
+      const monday = weekdayOf(date) === 0;
+      head.appendChild(el('li', 'cov-cell', monday ? String(Number(date.slice(8))) : ''));
+    });
+    const headRow = el('div', 'cov-row');
+    headRow.appendChild(el('div', 'cov-name meta', formatDate(data.days[0]) + ' – ' +
+      formatDate(data.days[data.days.length - 1]) + ' (Mondays numbered)'));
+    headRow.appendChild(head);
+    box.appendChild(headRow);
+    (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
+    if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
+    $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
+      'data) or whether there is data (day data), by the date written in each point. A day ' +
+      'is thin under half the median hours of its row, missing without data where the ' +
+      'metric comes daily.';
+    const legend = $('coverage-legend');
+    clear(legend);
+    COVERAGE_STATES.forEach(function (entry) {
+      const item = el('li');
+      item.appendChild(el('span', 'cov-cell ' + entry[0]));
+      item.appendChild(document.createTextNode(entry[1]));
+      legend.appendChild(item);
+    });
+    const gaps = $('coverage-gaps');
+    clear(gaps);
+    (data.fill || []).forEach(function (gap) {
+      const item = el('li', 'cov-gap');
+      setData(item, { automation: gap.automation, from: gap.from, to: gap.to });
+      const when = gap.from === gap.to ? formatDate(gap.from)
+        : formatDate(gap.from) + ' to ' + formatDate(gap.to);
+      item.appendChild(el('strong', null, when + ', ' + gap.metrics.join(', ') + ': '));
+      item.appendChild(document.createTextNode(gap.action));
+      gaps.appendChild(item);
+    });
+    setData(box, { from: data.from, to: data.to, tz: data.tz, today: data.today });
+  }
+
+  async function showCoverage() {
+    const box = $('coverage');
+    const s = state.summary;
+    if (s.coverageController) s.coverageController.abort();
+    const controller = new AbortController();
+    s.coverageController = controller;
+    box.dataset.state = 'loading';
+    try {
+      const data = await getJSON(query('/api/coverage', { tz: state.tz }), controller.signal);
+      if (controller !== s.coverageController) return;
+      drawCoverage(data);
+      box.dataset.state = 'ready';
+    } catch (err) {
+      if (controller !== s.coverageController || (err && err.name === 'AbortError')) return;
+      clear(box);
+      box.appendChild(el('p', 'empty', 'Could not load what arrived: ' + err.message));
       box.dataset.state = 'error';
     }
   }
@@ -12986,7 +15101,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const JOURNAL_COLUMNS = [
     ['ID', function (d) { return '#' + d.id; }, 'num'],
     ['Received', function (d) { return formatInstant(d.received_at, state.tz); }],
-    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }],
+    ['Automation', function (d) { return d.automation_name || d.path_name || '–'; }, 'wide'],
     ['Status', null],
     ['Layer', function (d) { return d.layer || '–'; }],
     ['Points', function (d) { return formatCount(d.points); }, 'num'],
@@ -13143,7 +15258,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('journal-more').addEventListener('click', function () { loadJournal(true); });
     $('refresh').addEventListener('click', function () {
       // new deliveries may have brought new metrics and a later "latest data"
-      state.anchors = {};
       state.metrics = [];
       loadCatalog();
       loadJournal(false);
@@ -13174,12 +15288,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     window.healthlogTest = {
       dayNumber: dayNumber, dateOf: dateOf, addDays: addDays, daysBetween: daysBetween,
       weekdayOf: weekdayOf, mondayOf: mondayOf, dateSlots: dateSlots, isoZ: isoZ,
-      splitLocal: splitLocal, bucketFor: bucketFor, planView: planView,
+      splitLocal: splitLocal, planOf: planOf,
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
+      formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,
+      unitText: unitText,
       linkHash: linkHash, summaryHash: summaryHash, sparkMarks: sparkMarks,
     };
   }

@@ -6,8 +6,10 @@ the check that nothing reaches past a phone's screen. Used by tests/test_dashboa
 tests/test_summary_page.py and tests/test_dashboard_logic.py."""
 
 import contextlib
+import datetime as dt
 import os
 import urllib.parse
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -79,14 +81,16 @@ class Store:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, deliveries):
+def serving(data_dir: Path, deliveries, **overrides):
     """A real Service on 127.0.0.1:0 (as conftest's ``start_service`` starts one, here for a
     module) holding ``deliveries`` — (hf.Automation, body bytes) pairs, posted through
-    /api/ingest in that order with the automation's headers — folded, every one parsed."""
+    /api/ingest in that order with the automation's headers — folded, every one parsed.
+    ``overrides``: more of its Config (``clock``: the time the corpus is received at and
+    its freshness judged)."""
     deliveries = list(deliveries)
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG")
+    config = healthlog.Config(**dict(dict(
+        data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=0.5,
+        http_timeout_s=5.0, stop_budget_s=5.0, log_level="DEBUG"), **overrides))
     service = healthlog.Service(config, announce=lambda token: None)
     service.start()
     try:
@@ -204,3 +208,25 @@ OVERFLOW = """() => {
   return {scroll: document.documentElement.scrollWidth, width: width, out: out.slice(0, 8)};
 }"""
 """Elements that reach past the screen's width, or scroll sideways, and the page's width."""
+
+
+# -- numbers and dates as the page writes them (en-US), by the tests' own rules --------------
+
+
+def shown_number(value: float, digits=None) -> str:
+    """A number as a person reads it on the page: grouped, rounded half up (as Intl rounds
+    the exact value), at most 0, 1 or 2 decimals by its size, and at least ``digits`` (the
+    meaning's, where a person's changes are smaller than one unit)."""
+    least = digits or 0
+    most = max(least, 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2)
+    text = "{:,f}".format(Decimal(value).quantize(Decimal(1).scaleb(-most), ROUND_HALF_UP))
+    if "." in text:
+        whole, part = text.split(".")
+        part = part.rstrip("0").ljust(least, "0")
+        text = whole + ("." + part if part else "")
+    return text
+
+
+def long_date(on: dt.date) -> str:
+    """``Mon, Mar 10, 2025``."""
+    return "%s, %s %d, %d" % (on.strftime("%a"), on.strftime("%b"), on.day, on.year)

@@ -89,19 +89,22 @@ from json.encoder import encode_basestring
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 __all__ = [
-    "BERLIN", "BRISBANE", "CANARY_QTY", "CANARY_SOURCE", "CANARY_STRINGS", "CANARY_TOKEN",
+    "BACK_TO_BACK_NAPS", "BERLIN", "BRISBANE", "CANARY_QTY", "CANARY_SOURCE", "CANARY_STRINGS",
+    "CANARY_TOKEN",
     "DAYS_METRICS", "DEFAULT_DAY", "DEFAULT_METRICS", "DST_FALL", "DST_SPRING", "ECG_SAMPLES",
     "FAST", "GROUPINGS", "JOURNAL", "KOLKATA", "METRICS", "NEW_YORK", "RAW", "RECORD_SECTIONS",
     "SLEEP", "SLEEP_APP", "SYDNEY", "TODAY", "WEEK", "WORKOUTS",
-    "OWNER_PHONE", "OWNER_WATCH", "PACIFIC", "PERIODS", "PERTH", "PHONE", "PIPED_SOURCE",
+    "OVERLAP_SOURCE", "OWNER_PHONE", "OWNER_WATCH", "PACIFIC", "PERIODS", "PERTH", "PHONE",
+    "PIPED_SOURCE",
     "SLEEP_VALUES", "TIME_STYLES", "UTC_ZONE", "WORKOUT_KINDS",
     "Automation", "MetricSpec", "Phone", "Push", "RawNumber", "Zone",
     "big_metrics_body", "big_workouts_body", "canary_payload", "cycle_tracking", "day_fields",
     "days_export", "days_points", "dumps_hae", "ecg_reading", "envelope", "hae_time",
     "headers_for", "heart_rate_notification", "iso_z", "local_midnight", "medications",
     "metric", "metric_points", "metrics_payload", "new_uuid", "records_sections", "resend",
-    "same_value", "sleep_app_records", "sleep_nap", "sleep_nights", "sleep_segments",
-    "sleep_summaries", "sleep_summary_so_far", "state_of_mind", "symptoms",
+    "same_value", "sleep_app_records", "sleep_app_summary", "sleep_nap",
+    "sleep_nap_summaries", "sleep_nights", "sleep_overlapping_sources", "sleep_records_again",
+    "sleep_segments", "sleep_summaries", "sleep_summary_so_far", "state_of_mind", "symptoms",
     "utc_offset", "week_of_traffic", "workout_v1", "workout_v2", "workouts_between",
 ]
 
@@ -879,8 +882,10 @@ def sleep_summaries(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
 
     * ``"a"`` old (2022-23): ``date, asleep, sleepStart, sleepEnd, sleepSource, inBed,
       inBedStart, inBedEnd, inBedSource``; no stages;
-    * ``"b"``: ``date, asleep`` (non-zero, the hours asleep), ``core, deep, rem, awake``,
-      ``sleepStart, sleepEnd, inBed, inBedStart, inBedEnd, source``;
+    * ``"b"``: ``date, asleep`` (non-zero: only the unspecified part of the night, a few
+      minutes drawn per night and taken from core, so ``asleep + core + deep + rem`` is the
+      night's sleep), ``core, deep, rem, awake``, ``sleepStart, sleepEnd, inBed,
+      inBedStart, inBedEnd, source``;
     * ``"c"`` HAE >= 6.6.2 with a Watch: ``date, totalSleep, asleep`` (0), ``core, deep,
       rem, awake, inBed, inBedStart, inBedEnd, sleepStart, sleepEnd, source``.
 
@@ -904,13 +909,18 @@ def sleep_summaries(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
                 "midnight": _local_epoch(zone, wake_day * _DAY)}[how]
         total = _fsum((hours["core"], hours["deep"], hours["rem"]))
         row: dict = {"date": phone.time(date)}
+        core = hours["core"]
         if form == "c":
             row.update(totalSleep=total, asleep=0)
+        elif form == "b":  # HAE's asleep beside stages: the unspecified part only (E: 0.59 h
+            # beside 6.14 + 1.18 + 1.32 h); drawn by the night, so the rng is not advanced
+            unspecified = (2 + int(38 * _draw(seed, _salt("sleep-unspecified"), wake_day))) / 60
+            row["asleep"] = unspecified
+            core -= unspecified
         else:
             row["asleep"] = total
         if form != "a":
-            row.update(core=hours["core"], deep=hours["deep"], rem=hours["rem"],
-                       awake=hours["awake"])
+            row.update(core=core, deep=hours["deep"], rem=hours["rem"], awake=hours["awake"])
         if form == "c":
             row.update(inBed=(bed_end - bed_start) / 3600, inBedStart=phone.time(bed_start),
                        inBedEnd=phone.time(bed_end), sleepStart=phone.time(sleep_start),
@@ -1012,6 +1022,118 @@ def sleep_nap(start: Any, minutes: float, *, phone: Phone = PHONE, variant: str 
              (first + 120, t0 + int(minutes * 60), "core"))
     return [_with_source(_record(phone, b, f, labels[stage], variant, t0), source)
             for b, f, stage in spans]
+
+
+#: HAE joins the sources of a night it sums (§2.2): a sleep app beside the Watch.
+OVERLAP_SOURCE = SLEEP_APP + "|" + OWNER_WATCH + "|iPhone"
+
+
+def sleep_overlapping_sources(seed: int = 0, start: Any = DEFAULT_DAY, end: Any = None, *,
+                              phone: Phone = PHONE, cutoff: Any = None, total: bool = False,
+                              source: str = OVERLAP_SOURCE) -> list:
+    """Summaries of nights that a sleep app (AutoSleep, Sleep++) and the Watch both
+    recorded (§2.5; the sum passed the window on 87 of 90 real nights of one person): HAE
+    writes the app's hours as ``asleep`` beside the Watch's ``core, deep, rem, awake``, so
+    two sources describe the same hours and ``asleep + core + deep + rem`` exceeds
+    ``sleepEnd - sleepStart``. The nights are those of `sleep_segments` (same seed); the
+    app's hours are the Watch's asleep hours give or take up to 20 minutes (drawn per
+    night, so the figures are a pure function of the seed). ``total``: HAE >= 6.6.2 also
+    writes ``totalSleep``, the sum of the four (as on every real record).
+
+    Keys in order: ``date`` (the sleep start), [``totalSleep``], ``asleep, core, deep, rem,
+    awake, sleepStart, sleepEnd, inBed, inBedStart, inBedEnd, source``."""
+    rows = []
+    for night in _nights(seed, start, end, phone, cutoff):
+        hours, (sleep_start, sleep_end), (bed_start, bed_end), wake_day = _night_figures(
+            night, phone.zone)
+        watch = _fsum((hours["core"], hours["deep"], hours["rem"]))
+        app = watch + (int(2400 * _draw(seed, _salt("sleep-app"), wake_day)) - 1200) / 3600
+        row: dict = {"date": phone.time(sleep_start)}
+        if total:
+            row["totalSleep"] = _fsum((app, watch))
+        row.update(asleep=app, core=hours["core"], deep=hours["deep"], rem=hours["rem"],
+                   awake=hours["awake"], sleepStart=phone.time(sleep_start),
+                   sleepEnd=phone.time(sleep_end), inBed=(bed_end - bed_start) / 3600,
+                   inBedStart=phone.time(bed_start), inBedEnd=phone.time(bed_end),
+                   source=source)
+        rows.append(row)
+    return rows
+
+
+def sleep_app_summary(start: Any, end: Any, hours: float, *, phone: Phone = PHONE,
+                      app: str = "Eight Sleep", in_bed: Optional[float] = None) -> dict:
+    """One app's summary of what it recorded between ``start`` and ``end`` (a naive
+    datetime is the phone's wall time), as HAE >= 6.6.2 sends it without a Watch: the app's
+    sleep is unspecified, so ``totalSleep`` and ``asleep`` are both ``hours`` and the stages
+    0. Real ones said more than the hours between: Eight Sleep writing its samples twice,
+    27.0 h between 21:52 and 10:16; HeartWatch 82.7 h over three days (§2.5). ``in_bed``:
+    the in-bed hours claimed (default: twice the span, the samples written twice).
+
+    Keys in order: ``date`` (the sleep start), ``totalSleep, asleep, core, deep, rem, awake,
+    inBed, inBedStart, inBedEnd, sleepStart, sleepEnd, source``."""
+    t0, t1 = _epoch(start, phone.zone), _epoch(end, phone.zone)
+    if not t0 < t1:
+        raise ValueError("a sleep ends after it starts")
+    first, last = phone.time(t0), phone.time(t1)
+    return {"date": first, "totalSleep": hours, "asleep": hours, "core": 0, "deep": 0,
+            "rem": 0, "awake": 0, "inBed": 2 * (t1 - t0) / 3600 if in_bed is None else in_bed,
+            "inBedStart": first, "inBedEnd": last, "sleepStart": first, "sleepEnd": last,
+            "source": app}
+
+
+#: Two afternoon naps back to back beside a night, as one real day showed: (start, end,
+#: core, deep, rem), wall times of the day and hours.
+BACK_TO_BACK_NAPS = ((dt.time(15, 59), dt.time(17, 28), 0.8, 0.4, 0.15),
+                     (dt.time(17, 28), dt.time(18, 26), 0.5, 0.3, 0.1))
+
+
+def sleep_nap_summaries(day: dt.date, naps: Sequence[tuple] = BACK_TO_BACK_NAPS, *,
+                        phone: Phone = PHONE, source: str = OWNER_WATCH) -> list:
+    """Summaries of afternoon naps on ``day`` as HAE >= 6.6.2 sends them from a Watch, one
+    per nap of ``naps`` ((start, end, core, deep, rem), see `BACK_TO_BACK_NAPS`):
+    ``totalSleep`` is core + deep + rem beside ``asleep`` 0, in bed the nap's span.
+
+    Keys in order: ``date`` (the nap's start), ``totalSleep, asleep, core, deep, rem,
+    awake, inBed, inBedStart, inBedEnd, sleepStart, sleepEnd, source``."""
+    rows = []
+    for begin, finish, core, deep, rem in naps:
+        t0 = _epoch(dt.datetime.combine(day, begin), phone.zone)
+        t1 = _epoch(dt.datetime.combine(day, finish), phone.zone)
+        first, last = phone.time(t0), phone.time(t1)
+        rows.append({"date": first, "totalSleep": _fsum((core, deep, rem)), "asleep": 0,
+                     "core": core, "deep": deep, "rem": rem, "awake": 0,
+                     "inBed": (t1 - t0) / 3600, "inBedStart": first, "inBedEnd": last,
+                     "sleepStart": first, "sleepEnd": last, "source": source})
+    return rows
+
+
+_NOT_ASLEEP = {labels[key] for labels in SLEEP_VALUES.values() for key in ("awake", "inbed")}
+
+
+def sleep_records_again(rows: list, *, shift_s: int = 40, source: Optional[str] = None) -> list:
+    """The asleep segments of stage records ``rows`` (`sleep_segments`, `sleep_nap`) written
+    a second time, ``shift_s`` seconds later: a device syncing a night again, or an app
+    importing it, so Health holds both copies. (An identical copy is one point in the
+    store; only one that differs in time reaches a read as two.) Same keys, spellings and
+    ``qty``; ``source`` replaced when given; the in-bed and awake records are not copied."""
+    out = []
+    for row in rows:
+        if row["value"] in _NOT_ASLEEP:
+            continue
+        copy = dict(row)
+        for key in ("start", "end", "startDate", "endDate"):
+            if key in copy:
+                copy[key] = _shift_text(copy[key], shift_s)
+        if source is not None:
+            copy["source"] = source
+        out.append(copy)
+    return out
+
+
+def _shift_text(text: str, seconds: int) -> str:
+    """A 24-hour HAE timestamp ``seconds`` later, in the offset it was written in."""
+    stamp = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z") + dt.timedelta(seconds=seconds)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S %z")
 
 
 # ==========================================================================================
@@ -1923,8 +2045,10 @@ with stages beside a non-zero ``asleep``, (c) a summary of HAE 6.6.2 or later wi
 
 def sleep_night_points(form: str, zone_name: str, wake_day: dt.date, seed: int = 0) -> list:
     """The points HAE sends for the night that ends on the morning of ``wake_day`` in
-    ``form`` (`NIGHT_FORMS`). Summaries of form (b) are dated at the sleep start the
-    evening before (HAE does that on some nights), the others at the wake time or the
+    ``form`` (`NIGHT_FORMS`). Form (b)'s ``asleep`` is the few minutes the watch left
+    unstaged, beside the stages (their sum is the night). Summaries of form (b) are dated
+    at the sleep start the evening before (HAE does that on some nights), the others at
+    the wake time or the
     wake day's midnight; stage records do not overlap and sit inside one in-bed record."""
     rng = random.Random("%s-%s-%s" % (seed, form, wake_day))
     bed = zoned_epoch(zone_name, dt.datetime.combine(wake_day, dt.time())) - rng.randint(
@@ -1952,7 +2076,10 @@ def sleep_night_points(form: str, zone_name: str, wake_day: dt.date, seed: int =
                  "inBedStart": stamp(bed), "inBedEnd": stamp(out_of_bed),
                  "inBedSource": OWNER_PHONE}]
     if form == "b":
-        return [{"date": stamp(asleep_at), "asleep": slept, "core": hours["core"],
+        # the watch left a few minutes unstaged: HAE's "asleep" is only those (§2.5)
+        unstaged = (int(hours["core"] * 60) % 23 + 2) / 60
+        return [{"date": stamp(asleep_at), "asleep": unstaged,
+                 "core": hours["core"] - unstaged,
                  "deep": hours["deep"], "rem": hours["rem"], "awake": hours["awake"],
                  "sleepStart": stamp(asleep_at), "sleepEnd": stamp(wake), "inBed": in_bed,
                  "inBedStart": stamp(bed), "inBedEnd": stamp(out_of_bed),

@@ -10,6 +10,9 @@ local time then), zones with ``zoneinfo``.
   bucket starts at local midnight in the offset of its earliest point (all that ``local``
   knows), an hour bucket at the local clock hour of its points.
 * ``tz=+05:30``: that offset; ``tz=Area/City``: that zone's offset at the instant.
+* sleep (READ-12): each step of the rule in plain words, worked out in whole seconds: a
+  stretch of time is the set of seconds it covers (never interval arithmetic), sleeps are
+  found by walking a time line of records opening and closing.
 """
 
 from __future__ import annotations
@@ -322,6 +325,12 @@ def assert_buckets_equal(got: list, want: list) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Sleep: nights as the read spec places them (READ-12)
+#
+# The rule ("A night belongs to the day it ends"), worked out in the tests' own way. HAE
+# writes every sleep time to the second, so a stretch of time is here the SET of whole
+# seconds it covers and its length the size of that set: a second that two records cover
+# (a record written twice, two devices recording one night) is one element, however many
+# records cover it. Sleeps are found by walking a time line of records opening and closing.
 
 #: Stage names as HAE writes them in a record's ``value``: English, HAE 6.6.2's ``InBed``,
 #: German, and HealthKit's identifiers; the stage each names.
@@ -336,179 +345,381 @@ STAGE_OF = {
     "HKCategoryValueSleepAnalysisInBed": "in_bed",
     "HKCategoryValueSleepAnalysisAsleepUnspecified": "asleep",
 }
-ASLEEP = {"core", "deep", "rem", "asleep"}
-NIGHT_GAP_US = 3 * HOUR_US
+#: The stages that are sleep: a second in any of them is a second asleep.
+ASLEEP = ("core", "deep", "rem", "asleep")
+#: The stage figures a summary record carries beside its totals.
+SUMMARY_STAGES = ("core", "deep", "rem", "awake")
+#: Quiet this long or longer between records parts two sleeps.
+QUIET_S = 3 * 3600
+#: No sleep shows more than a day.
+DAY_S = 24 * 3600
+#: HAE sums hours as floats and writes windows to the second: a figure less than a minute
+#: past its window is not past it.
+SLACK_S = 60
 
 
 class Sleep(NamedTuple):
-    """One sleep as the tests place it."""
+    """One sleep as the tests work it out."""
 
-    date: dt.date  # the local date its sleep ended
-    end: int  # UTC µs
+    date: dt.date  # the local date it ended on
+    end: int  # UTC epoch seconds
     start: Optional[int]
     end_text: Any  # the end as written
     start_text: Any
-    asleep: Optional[float]
+    asleep: Optional[float]  # hours
     in_bed: Optional[float]
-    stages: dict
+    stages: dict  # stage -> hours
     form: str  # "summary" or "records"
+    overlapping: bool
+
+
+def second_of(raw: Any) -> int:
+    """The UTC epoch second of a sleep time as written (HAE writes them to the second)."""
+    us = instant_us(raw)
+    assert us % US == 0, ("a sleep time with a fraction of a second", raw)
+    return us // US
+
+
+def seconds_in(spans) -> set:
+    """Every whole second that one of ``spans`` ((first second, end second): the end itself
+    not included) covers."""
+    covered: set = set()
+    for first, end in spans:
+        covered.update(range(first, end))
+    return covered
+
+
+def hours_in(seconds: set) -> float:
+    return len(seconds) / 3600
 
 
 def _positive(value) -> Optional[float]:
     return float(value) if numeric(value) and value > 0 else None
 
 
-def summary_sleep(point: dict, tz: str = "local") -> Sleep:
-    """A summary point's night: placed by ``sleepEnd``, else ``inBedEnd``, else ``date``;
-    asleep is ``totalSleep``, else ``asleep``, else core + deep + rem."""
-    end_text = next(point[k] for k in ("sleepEnd", "inBedEnd", "date") if point.get(k))
-    start_text = point.get("sleepStart") or point.get("inBedStart")
-    end = instant_us(end_text)
-    stages = {stage: _positive(point.get(stage)) for stage in ("core", "deep", "rem", "awake")}
-    stages = {k: v for k, v in stages.items() if v is not None}
-    asleep = _positive(point.get("totalSleep")) or _positive(point.get("asleep"))
-    if asleep is None and {"core", "deep", "rem"} & set(stages):
-        asleep = sum(stages.get(s, 0.0) for s in ("core", "deep", "rem"))
-    return Sleep(in_zone(end, tz, end_text).date(), end,
-                 None if start_text is None else instant_us(start_text), end_text, start_text,
-                 asleep, _positive(point.get("inBed")), stages, "summary")
+def along_the_time_line(items: list) -> list:
+    """``items`` ((first second, end second, anything)) in sleeps, by walking the time line
+    from the earliest moment on: each item opens at its first second and closes at its end.
+    While any item is open we are inside a sleep. Once all have closed, quiet begins; an item
+    opening after 3 h of quiet or more begins a new sleep, one opening sooner belongs to the
+    sleep before it. Returns the sleeps, each a list of its items."""
+    moments = []
+    for n, (first, end, _) in enumerate(items):
+        moments += [(first, "opens", n), (end, "shuts", n)]
+    sleeps: list = []
+    open_now, quiet_since = 0, None
+    for moment, what, n in sorted(moments):  # "opens" before "shuts" at one moment
+        if what == "shuts":
+            open_now -= 1
+            if open_now == 0:
+                quiet_since = moment
+            continue
+        if open_now == 0 and (quiet_since is None or moment - quiet_since >= QUIET_S):
+            sleeps.append([])
+        sleeps[-1].append(items[n])
+        open_now += 1
+    return sleeps
 
 
-def union_hours(spans: list) -> float:
-    total, reach = 0, None
-    for start, end in sorted(spans):
-        if reach is None or start > reach:
-            total, reach = total + end - start, end
-        elif end > reach:
-            total, reach = total + end - reach, end
-    return total / HOUR_US
+def _on_date(second: int, text: Any, tz: str) -> dt.date:
+    return in_zone(second * US, tz, text).date()
 
 
 def record_sleeps(records: list, tz: str = "local") -> list:
-    """Stage records grouped into sleeps: a record that starts less than 3 h after the
-    latest end of the sleep so far belongs to it. Stage hours are the sum of the records'
-    ``qty`` (else their span), asleep and in bed the union of their records' spans."""
-    items = sorted(((instant_us(raw_start(p)), instant_us(raw_end(p)), p) for p in records),
-                   key=lambda item: item[:2])
-    groups: list = []
-    for start, end, point in items:
-        if groups and start - max(e for _, e, _ in groups[-1]) < NIGHT_GAP_US:
-            groups[-1].append((start, end, point))
-        else:
-            groups.append([(start, end, point)])
+    """Stage records (``start``/``end``, else ``startDate``/``endDate``; the stage in
+    ``value``) as sleeps, step by step:
+
+    1. a record covers the seconds from its start to its end; one that covers none is no
+       sleep;
+    2. the records are walked along the time line (:func:`along_the_time_line`): records
+       with less than 3 h of quiet between them are one sleep;
+    3. a stage's hours are the seconds that any record of that stage covers; asleep is the
+       seconds any core, deep, REM or unspecified asleep record covers; in bed the seconds
+       any in-bed record covers. A second covered by two records counts once;
+    4. the sleep is overlapping when its asleep records' lengths, added up, come to more
+       than the seconds they cover (a minute of slack), or when those seconds come to more
+       than a day (no one sleeps longer: a record kept running);
+    5. no figure of a sleep is more than a day (its window, the seconds from its first
+       record's start to its last end, holds every record, so asleep never exceeds it);
+    6. it ended at its last record's end, on that moment's local date; it started at its
+       first record's start, in that record's offset."""
+    items = []
+    for point in records:
+        first, end = second_of(raw_start(point)), second_of(raw_end(point))
+        if end > first:
+            items.append((first, end, point))
     out = []
-    for group in groups:
-        last = max(group, key=lambda item: item[1])
-        first = min(group, key=lambda item: item[0])
-        stages: dict = {}
-        asleep, in_bed = [], []
-        for start, end, point in group:
+    for sleep in along_the_time_line(items):
+        by_stage: dict = {}
+        added_up = 0
+        for first, end, point in sleep:
             stage = STAGE_OF[point["value"]]
-            hours = point["qty"] if numeric(point.get("qty")) else (end - start) / HOUR_US
-            if stage == "in_bed":
-                in_bed.append((start, end))
-            else:
-                stages[stage] = stages.get(stage, 0.0) + hours
+            by_stage.setdefault(stage, []).append((first, end))
             if stage in ASLEEP:
-                asleep.append((start, end))
+                added_up += end - first
+        covered = {stage: seconds_in(spans) for stage, spans in by_stage.items()}
+        asleep_seconds: set = set()
+        for stage in ASLEEP:
+            asleep_seconds |= covered.get(stage, set())
+        asleep = min(hours_in(asleep_seconds), DAY_S / 3600) if asleep_seconds else None
+        in_bed = (min(hours_in(covered["in_bed"]), DAY_S / 3600) if "in_bed" in covered
+                  else None)
+        stages = {stage: min(hours_in(seconds), DAY_S / 3600)
+                  for stage, seconds in covered.items() if stage != "in_bed"}
+        first = min(sleep, key=lambda item: item[0])
+        last = max(sleep, key=lambda item: item[1])
         end_text = raw_end(last[2])
-        out.append(Sleep(in_zone(last[1], tz, end_text).date(), last[1], first[0], end_text,
-                         raw_start(first[2]), union_hours(asleep) if asleep else None,
-                         union_hours(in_bed) if in_bed else None, stages, "records"))
+        out.append(Sleep(_on_date(last[1], end_text, tz), last[1], first[0], end_text,
+                         raw_start(first[2]), asleep, in_bed, stages, "records",
+                         added_up > len(asleep_seconds) + SLACK_S
+                         or len(asleep_seconds) > DAY_S))
     return out
 
 
+def summary_sleep(point: dict) -> dict:
+    """What one summary record says, in the rule's words: it ends at ``sleepEnd``, else
+    ``inBedEnd``, else ``date``, and starts at ``sleepStart``, else ``inBedStart`` (no start
+    unless before its end); HAE's own total is ``totalSleep``, else ``asleep + core + deep +
+    rem`` (HAE's ``asleep`` beside stages being only the unspecified part); the Watch's
+    staged figure is ``core + deep + rem``; in bed is ``inBed``, in the window
+    ``inBedStart``-``inBedEnd`` (else the sleep's own)."""
+    end_text = next(point[k] for k in ("sleepEnd", "inBedEnd", "date") if point.get(k))
+    start_text = point.get("sleepStart") or point.get("inBedStart")
+    end = second_of(end_text)
+    start = None if start_text is None else second_of(start_text)
+    if start is not None and start >= end:
+        start = start_text = None
+    stages = {stage: _positive(point.get(stage)) for stage in SUMMARY_STAGES}
+    stages = {stage: hours for stage, hours in stages.items() if hours is not None}
+    staged = math.fsum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    unspecified = _positive(point.get("asleep")) or 0.0
+    said = _positive(point.get("totalSleep"))
+    if said is None and (staged or unspecified):
+        said = unspecified + staged
+    bed_from, bed_to = point.get("inBedStart"), point.get("inBedEnd")
+    bed_window = None
+    if bed_from and bed_to and second_of(bed_to) > second_of(bed_from):
+        bed_window = (second_of(bed_from), second_of(bed_to))
+    elif start is not None:
+        bed_window = (start, end)
+    return {"end": end, "end_text": end_text, "start": start, "start_text": start_text,
+            "said": said, "staged": staged, "unspecified": unspecified,
+            "in_bed": _positive(point.get("inBed")), "bed_window": bed_window,
+            "stages": stages}
+
+
+def summary_sleeps(points: list, tz: str = "local") -> list:
+    """Summary records as sleeps, step by step:
+
+    1. the same night summarised twice (one sleep start; a record without a start is known
+       by its end) counts once: the summary of the latest end is kept (of two ending
+       together, the one with more keys);
+    2. each summary covers its window, from its start to its end; the windows are walked
+       along the time line (:func:`along_the_time_line`): less than 3 h of quiet between
+       them, one sleep. A summary without a start is a sleep alone;
+    3. the most a sleep can hold is the seconds its windows cover (the gaps between them
+       left out) and never more than a day (a day when a summary has no window);
+    4. its hours asleep are what its summaries say, added up. If that is more than the most
+       (by more than a minute), its sources overlap: it is marked overlapping and its hours
+       are the Watch's staged figure (core + deep + rem, added up), else the ``asleep``
+       figures, else what they say, but never more than the most;
+    5. in bed likewise: the ``inBed`` figures added up, never more than the seconds their
+       in-bed windows cover nor a day; more than that is overlapping too;
+    6. its stage hours are the summaries' stage figures, added up (at most a day each);
+    7. it ended at its latest end, on that moment's local date, and started at its earliest
+       start, as written."""
+    kept: dict = {}
+    for point in points:
+        said = summary_sleep(point)
+        known_by = said["end"] if said["start"] is None else said["start"]
+        rank = (said["end"], len(point))
+        if known_by not in kept or rank >= kept[known_by][0]:
+            kept[known_by] = (rank, said)
+    summaries = [said for _, said in kept.values()]
+    with_window = [(s["start"], s["end"], s) for s in summaries if s["start"] is not None]
+    groups = [[s for _, _, s in group] for group in along_the_time_line(with_window)]
+    groups += [[s] for s in summaries if s["start"] is None]
+    out = []
+    for group in groups:
+        if all(s["start"] is not None for s in group):
+            most = min(len(seconds_in((s["start"], s["end"]) for s in group)), DAY_S)
+        else:
+            most = DAY_S
+        figures = [s["said"] for s in group if s["said"] is not None]
+        asleep, overlapping = None, False
+        if figures:
+            asleep = math.fsum(figures)
+            if asleep * 3600 > most + SLACK_S:
+                overlapping = True
+                staged = math.fsum(s["staged"] for s in group)
+                unspecified = math.fsum(s["unspecified"] for s in group)
+                asleep = min(staged or unspecified or asleep, most / 3600)
+        beds = [s["in_bed"] for s in group if s["in_bed"] is not None]
+        in_bed = None
+        if beds:
+            windows = [s["bed_window"] for s in group if s["bed_window"] is not None]
+            bed_most = (min(len(seconds_in(windows)), DAY_S) if len(windows) == len(group)
+                        else DAY_S)
+            in_bed = math.fsum(beds)
+            if in_bed * 3600 > bed_most + SLACK_S:
+                overlapping = True
+                in_bed = bed_most / 3600
+        stages: dict = {}
+        for s in group:
+            for stage, hours in s["stages"].items():
+                stages.setdefault(stage, []).append(hours)
+        last = max(group, key=lambda s: s["end"])
+        starts = [s for s in group if s["start"] is not None]
+        first = min(starts, key=lambda s: s["start"]) if starts else None
+        out.append(Sleep(_on_date(last["end"], last["end_text"], tz), last["end"],
+                         first and first["start"], last["end_text"],
+                         first and first["start_text"], asleep, in_bed,
+                         {stage: min(math.fsum(hours), DAY_S / 3600)
+                          for stage, hours in stages.items()},
+                         "summary", overlapping))
+    return out
+
+
+def _length(sleep: Sleep) -> tuple:
+    return (sleep.asleep or 0.0, sleep.in_bed or 0.0, sleep.end)
+
+
 def nights_by_date(summaries: list, records: list, tz: str = "local") -> dict:
-    """date -> [Sleep]: a date with a summary night takes its summaries (the same night
-    summarised twice counts once: one per sleepEnd), else the sleeps of its records."""
+    """date -> the date's sleeps, its night first, then its naps in the order they ended:
+
+    1. the sleeps of the summaries and of the stage records, each on the local date it
+       ended on;
+    2. a date with a sleep of summaries keeps those only; else the sleeps of its records;
+    3. the date's night is its longest sleep (the most hours asleep, then in bed, then the
+       later end); every other sleep of the date is a nap, never added to the night."""
     by_date: dict = {}
-    ends = set()
-    for point in summaries:
-        sleep = summary_sleep(point, tz)
-        if sleep.end in ends:
-            continue
-        ends.add(sleep.end)
+    for sleep in summary_sleeps(summaries, tz):
         by_date.setdefault(sleep.date, []).append(sleep)
     for sleep in record_sleeps(records, tz):
         if all(s.form == "records" for s in by_date.get(sleep.date, [])):
             by_date.setdefault(sleep.date, []).append(sleep)
-    return by_date
-
-
-def _total(values: list, share: float = 1.0) -> Optional[float]:
-    known = [v for v in values if v is not None]
-    return math.fsum(known) * share if known else None
-
-
-def _form(sleeps: list) -> str:
-    forms = {s.form for s in sleeps}
-    return forms.pop() if len(forms) == 1 else "mixed"
-
-
-def local_text(us: int, text: Any, tz: str) -> str:
-    return iso_local(in_zone(us, tz, text))
-
-
-def night_items(by_date: dict, tz: str = "local") -> list:
-    """The reply's day items: per date the sum of its sleeps, the earliest start and the
-    latest end in local time, and the form read ("mixed" for both)."""
-    out = []
-    for date in sorted(by_date):
-        sleeps = by_date[date]
-        stages: dict = {}
-        for sleep in sleeps:
-            for stage, hours in sleep.stages.items():
-                stages[stage] = stages.get(stage, 0.0) + hours
-        starts = [s for s in sleeps if s.start is not None]
-        earliest = min(starts, key=lambda s: s.start) if starts else None
-        last = max(sleeps, key=lambda s: s.end)
-        out.append({"date": date.isoformat(), "count": len(sleeps),
-                    "asleep": _total([s.asleep for s in sleeps]),
-                    "in_bed": _total([s.in_bed for s in sleeps]), "stages": stages,
-                    "sleep_start": earliest and local_text(earliest.start, earliest.start_text,
-                                                           tz),
-                    "sleep_end": local_text(last.end, last.end_text, tz),
-                    "form": _form(sleeps), "end_offsets": {
-                        offset_s(in_zone(s.end, tz, s.end_text)) for s in sleeps}})
+    out = {}
+    for date, sleeps in by_date.items():
+        night = max(sleeps, key=_length)
+        out[date] = [night] + sorted((s for s in sleeps if s is not night),
+                                     key=lambda s: s.end)
     return out
 
 
-def week_items(by_date: dict) -> list:
-    """The reply's week items: the average of the week's dates with a night (a date's
-    sleeps summed first)."""
+def sleep_dates(summaries: list, records: list, tz: str = "local") -> dict:
+    """coordinate (:func:`coordinate`) -> the local date a sleep point is exported on: its
+    sleep's wake day (READ-12.5). A summary's is the date of its own end; a stage record's
+    is the date its sleep (its records' sleep, :func:`record_sleeps`) ended on."""
+    out = {}
+    for point in summaries:
+        said = summary_sleep(point)
+        out[coordinate(point)] = _on_date(said["end"], said["end_text"], tz)
+    items = [(second_of(raw_start(p)), second_of(raw_end(p)), p) for p in records]
+    for sleep in along_the_time_line([item for item in items if item[1] > item[0]]):
+        last = max(sleep, key=lambda item: item[1])
+        date = _on_date(last[1], raw_end(last[2]), tz)
+        for _, _, point in sleep:
+            out[coordinate(point)] = date
+    for _, end, point in items:  # a record without length: its own end's date
+        out.setdefault(coordinate(point), _on_date(end, raw_end(point), tz))
+    return out
+
+
+def _mean(values: list, nights: int = None) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return math.fsum(known) / (nights or len(known)) if known else None
+
+
+def local_text(second: int, text: Any, tz: str) -> str:
+    return iso_local(in_zone(second * US, tz, text))
+
+
+def nap_item(nap: Sleep, tz: str) -> dict:
+    return {"sleep_start": None if nap.start is None else local_text(nap.start,
+                                                                     nap.start_text, tz),
+            "sleep_end": local_text(nap.end, nap.end_text, tz), "date": nap.date.isoformat(),
+            "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
+
+
+def _end_offset(sleep: Sleep, tz: str) -> int:
+    return offset_s(in_zone(sleep.end * US, tz, sleep.end_text))
+
+
+def night_items(by_date: dict, tz: str = "local") -> list:
+    """The reply's day items: per date its night's hours, stages, start and end in local
+    time, form and overlap; its naps listed beside it; ``count`` the night and its naps.
+    The item starts at local midnight of its date (``tz=local``: in the offset its night
+    ended in, all that ``local`` knows of that day)."""
+    out = []
+    for date in sorted(by_date):
+        night, *naps = by_date[date]
+        out.append({**bucket_place(date, "day", tz, _end_offset(night, tz)),
+                    "date": date.isoformat(), "count": 1 + len(naps), "nights": 1,
+                    "asleep": night.asleep, "in_bed": night.in_bed,
+                    "stages": dict(night.stages),
+                    "sleep_start": None if night.start is None else local_text(
+                        night.start, night.start_text, tz),
+                    "sleep_end": local_text(night.end, night.end_text, tz),
+                    "form": night.form, "overlapping": night.overlapping,
+                    "naps": [nap_item(nap, tz) for nap in naps]})
+    return out
+
+
+def week_items(by_date: dict, tz: str = "local") -> list:
+    """The reply's week items (weeks from Monday): the average night of the week's dates
+    with one (a stage a night lacks counts 0 h for it); the naps listed, never averaged in;
+    ``count`` the nights and the naps, ``overlapping`` how many nights are. The item starts
+    at local midnight of its Monday (``tz=local``: in the offset the week's first night
+    ended in)."""
     weeks: dict = {}
-    for date, sleeps in by_date.items():
-        weeks.setdefault(date - dt.timedelta(days=date.weekday()), {})[date] = sleeps
+    for date in sorted(by_date):
+        weeks.setdefault(date - dt.timedelta(days=date.weekday()), []).append(by_date[date])
     out = []
     for monday in sorted(weeks):
         days = weeks[monday]
-        sleeps = [s for day in days.values() for s in day]
-        share = 1 / len(days)
+        nights = [sleeps[0] for sleeps in days]
+        naps = [nap for sleeps in days for nap in sleeps[1:]]
         stages: dict = {}
-        for sleep in sleeps:
-            for stage, hours in sleep.stages.items():
-                stages[stage] = stages.get(stage, 0.0) + hours * share
-        out.append({"date": monday.isoformat(), "count": len(sleeps), "nights": len(days),
-                    "asleep": _total([s.asleep for s in sleeps], share),
-                    "in_bed": _total([s.in_bed for s in sleeps], share), "stages": stages,
-                    "form": _form(sleeps)})
+        for night in nights:
+            for stage, hours in night.stages.items():
+                stages.setdefault(stage, []).append(hours)
+        forms = {night.form for night in nights}
+        first = min(nights, key=lambda n: n.end)
+        out.append({**bucket_place(monday, "week", tz, _end_offset(first, tz)),
+                    "date": monday.isoformat(), "count": len(nights) + len(naps),
+                    "nights": len(nights), "asleep": _mean([n.asleep for n in nights]),
+                    "in_bed": _mean([n.in_bed for n in nights]),
+                    "stages": {stage: _mean(hours, len(nights))
+                               for stage, hours in stages.items()},
+                    "form": forms.pop() if len(forms) == 1 else "mixed",
+                    "overlapping": sum(n.overlapping for n in nights),
+                    "naps": [nap_item(nap, tz) for nap in naps]})
     return out
 
 
 def assert_hours(got: Optional[float], want: Optional[float], what: Any) -> None:
     if want is None:
-        assert got is None, what
+        assert got is None, (what, got)
     else:
         assert got is not None and close(got, want, 1e-9), (what, got, want)
 
 
+def assert_naps_equal(got: list, want: list, what: Any) -> None:
+    assert [(n["sleep_start"], n["sleep_end"], n["date"]) for n in got] == [
+        (n["sleep_start"], n["sleep_end"], n["date"]) for n in want], what
+    for g, w in zip(got, want):
+        assert_hours(g["asleep"], w["asleep"], (what, "nap asleep", w["sleep_end"]))
+        assert_hours(g["in_bed"], w["in_bed"], (what, "nap in bed", w["sleep_end"]))
+        assert g["overlapping"] is w["overlapping"], (what, "nap", g)
+
+
 def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
     """The reply's ``nights`` against the tests' own: dates, counts, hours (to 1e-9, a stage
-    missing in the reply is 0 h), local start and end, form; each item's ``start`` and
-    ``local`` name local midnight of its date in an offset one of its sleeps ended in."""
+    missing in the reply is 0 h), overlap, naps, local start and end, form, and each item's
+    ``start`` and ``local``: local midnight of its date."""
     assert [(n["date"], n["count"]) for n in got] == [(n["date"], n["count"]) for n in want]
     for g, w in zip(got, want):
-        assert g["count"] == w["count"], (w["date"], g)
+        assert g["nights"] == w["nights"], g
         assert_hours(g["asleep"], w["asleep"], (w["date"], "asleep"))
         assert_hours(g["in_bed"], w["in_bed"], (w["date"], "in_bed"))
         assert set(g["stages"]) <= {"core", "deep", "rem", "awake", "asleep"}, g["stages"]
@@ -516,14 +727,13 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
             assert close(g["stages"].get(stage, 0.0), w["stages"].get(stage, 0.0)), (
                 w["date"], stage, g["stages"], w["stages"])
         assert g["form"] == w["form"], (w["date"], g["form"])
-        assert g["local"].startswith(w["date"] + "T00:00:00"), g
-        assert instant_us(g["local"]) == instant_us(g["start"]), g
-        if week:
-            assert g["nights"] == w["nights"], g
-        else:
+        assert g["overlapping"] == w["overlapping"], (w["date"], "overlapping", g, w)
+        assert type(g["overlapping"]) is (int if week else bool), g
+        assert_naps_equal(g["naps"], w["naps"], w["date"])
+        assert (g["start"], g["local"]) == (w["start"], w["local"]), (g, w)
+        if not week:
             assert (g["sleep_start"], g["sleep_end"]) == (w["sleep_start"], w["sleep_end"]), (
                 w["date"], g, w)
-            assert offset_s(written(g["local"])) in w["end_offsets"], (g, w)
 
 
 # -- the module store: a corpus posted to a serve subprocess ------------------------------

@@ -11,7 +11,8 @@ The store is built once for the module and the browser launched once (the servic
 its own browser context, in a time zone far from the phone's. Phones: a year of Days exports
 each from New York (2023), Berlin (2024, with gaps) and Sydney (2025); minute steps across New
 York's autumn DST change; eight nights of sleep in the four forms HAE has sent; version 1 and
-2 workouts; ECG recordings; events of every kind; and enough deliveries to page the journal.
+2 workouts; ECG recordings; events of every kind; a scale's morning weights in pounds, a
+tenth apart; and enough deliveries to page the journal.
 
 The browser is Debian's ``chromium`` (/usr/bin/chromium), used as installed: Playwright never
 downloads one here. Without it, or without the playwright package, the tests are skipped,
@@ -22,6 +23,7 @@ README shows them) and, with the other views', to tests/artifacts/ (ignored by g
 
 import datetime as dt
 import json
+import math
 import random
 import re
 import urllib.parse
@@ -31,8 +33,8 @@ import pytest
 
 import hae_factory as hf
 from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
-                               module_leaves_nothing_running, nothing_left_running, serving,
-                               sign_in)
+                               long_date, module_leaves_nothing_running, nothing_left_running,
+                               serving, shown_number, sign_in)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -61,6 +63,10 @@ SLEEP_DAYS = [dt.date(2026, 1, 10) + dt.timedelta(days=k) for k in range(8)]
 SLEEP_FORMS = ("a", "a", "b", "b", "c", "c", "d", "d")
 WALKS = ((dt.datetime(2026, 1, 20, 7, 5), 12), (dt.datetime(2026, 1, 20, 18, 40), 16))
 JOURNAL_PAGE = 20
+#: A scale's morning weights in pounds (New York, 07:12), a tenth apart: 167.8 and 168.0 are
+#: two readings, never both "168".
+SCALE = {dt.date(2025, 6, 1) + dt.timedelta(days=k): lb for k, lb in enumerate(
+    (167.8, 168.0, 167.6, 168.4, 167.9, 168.0, 167.8, 168.2, 167.5, 167.8))}
 
 
 def _stamp_parts(stamp: str) -> tuple:
@@ -164,6 +170,11 @@ class Corpus:
         self.add(hf.Automation("Journal", "Default", "Since Last Sync"),
                  hf.dumps_hae(hf.envelope(**records)),
                  sum(len(v) for v in records.values()))
+        weights = [{"date": hf.zoned_stamp("America/New_York", dt.datetime.combine(
+            day, dt.time(7, 12))), "qty": lb, "source": "Withings"} for day, lb in SCALE.items()]
+        self.add(hf.Automation("Scale", "Default", "Since Last Sync"),
+                 hf.dumps_hae(hf.envelope(metrics=[hf.metric("weight_body_mass", weights,
+                                                             "lb")])), len(weights))
 
     def add(self, automation, body: bytes, points: int, **counters) -> None:
         self.deliveries.append({"automation": automation, "body": body, "points": points,
@@ -282,7 +293,7 @@ def test_read_10_1_sign_in_latest_data_csv_and_sign_out(browser, store, session)
     assert page.get_attribute("#nav-metrics", "aria-current") == "page"
     assert page.is_visible("#journal-panel") and page.is_hidden("#summary")
     q = query(asked.value.url)
-    assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2026-01-01")
+    assert (q["tz"], q["from"], q["to"]) == ("local", "2025-12-25", "2025-12-31")  # both in
     shown = buckets(page)
     sydney = {p["date"][:10]: p for p in CORPUS.days["Australia/Sydney"]["heart_rate"]}
     assert [b["date"] for b in shown] == ["2025-12-%02d" % d for d in range(25, 32)]
@@ -379,7 +390,7 @@ def test_read_10_2_days_on_the_dates_written_across_both_dst_changes(session, ph
         day = dt.date.fromisoformat(date)
         assert text.startswith("%s, %s %d, %d: " % (day.strftime("%a"), day.strftime("%b"),
                                                      day.day, day.year)), text
-        assert "{:,} count".format(steps[date]) in text, text
+        assert "{:,} steps".format(steps[date]) in text, text
 
 
 def test_read_10_3_hours_are_the_phones_clock_hours_on_a_dst_day(session):
@@ -402,7 +413,7 @@ def test_read_10_3_hours_are_the_phones_clock_hours_on_a_dst_day(session):
     second = readout_of(page, '#chart .bucket[data-local="%sT01:00:00-05:00"]' % DST_DAY)
     assert "01:00–02:00 (UTC-04:00)" in first and "01:00–02:00 (UTC-05:00)" in second
     sums = expected["%sT01:00:00-04:00" % DST_DAY], expected["%sT01:00:00-05:00" % DST_DAY]
-    assert "{:,} count".format(sums[0]) in first and "{:,} count".format(sums[1]) in second
+    assert "{:,} steps".format(sums[0]) in first and "{:,} steps".format(sums[1]) in second
 
 
 def _hhmm(stamp: str) -> str:
@@ -411,7 +422,8 @@ def _hhmm(stamp: str) -> str:
 
 def nights_truth() -> dict:
     """Each night as this test reads its points, by the rules of the four forms: a summary
-    is on the date of its sleepEnd, asleep is totalSleep, else asleep, stages as given;
+    is on the date of its sleepEnd, asleep is HAE's total (totalSleep when it is sent, else
+    the unstaged "asleep" and the stages added up), stages as given;
     stage records are on the date of their last end, asleep the (non-overlapping) asleep
     segments, in bed the in-bed record, bed and wake the first start and last end."""
     out = {}
@@ -419,7 +431,8 @@ def nights_truth() -> dict:
         if form != "d":
             p = points[0]
             out[p["sleepEnd"][:10]] = {
-                "form": form, "asleep": p["totalSleep"] if form == "c" else p["asleep"],
+                "form": form, "asleep": p["totalSleep"] if "totalSleep" in p else p["asleep"]
+                + sum(p.get(k, 0) for k in ("core", "deep", "rem")),
                 "in_bed": p["inBed"], "bed": _hhmm(p["sleepStart"]),
                 "wake": _hhmm(p["sleepEnd"]),
                 "stages": {k: p[k] for k in ("core", "deep", "rem", "awake") if p.get(k)}}
@@ -464,7 +477,12 @@ def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
             '#chart .night[data-date="%s"] rect[data-stage]' % date,
             "rs => rs.map(r => [r.dataset.stage, parseFloat(r.dataset.hours)])"))
         if night["stages"]:
-            assert drawn == pytest.approx(night["stages"], abs=1e-6)
+            # the minutes the watch left unstaged (form (b)'s "asleep") stack as their own part
+            unstaged = night["asleep"] - sum(night["stages"].get(k, 0.0)
+                                             for k in ("core", "deep", "rem"))
+            parts = dict(night["stages"], **({"unstaged": unstaged} if unstaged > 1 / 60
+                                              else {}))
+            assert drawn == pytest.approx(parts, abs=1e-6)
         else:  # form (a): no stages, the asleep hours are the bar
             assert drawn == pytest.approx({"asleep": night["asleep"]}, abs=1e-6)
         text = readout_of(page, '#chart .night[data-date="%s"]' % date)
@@ -559,11 +577,58 @@ def test_read_10_6_ecg_list_and_trace(session):
     assert float(shown["data"]["seconds"]) == pytest.approx(len(volts) / 512.6)
     assert (float(shown["data"]["min"]), float(shown["data"]["max"])) == pytest.approx(
         (min(volts), max(volts)))
+    check_amplitude_axis(page, volts, newest["samplingFrequency"])
     page.click('#records li.ecg[data-local^="%s"] button' % oldest["start"][:10])
     page.wait_for_selector('#chart[data-state="ready"] svg.ecg-trace[data-samples="%d"]'
                            % len(oldest["voltageMeasurements"]))
     assert sum(trace()["points"]) == len(oldest["voltageMeasurements"]) == hf.ECG_SAMPLES
     assert "ecg=" in page.url
+
+
+def check_amplitude_axis(page, volts: list, hz: float) -> None:
+    """READ-10.17: each 10-second strip of the trace has an amplitude axis: round µV ticks,
+    evenly spaced, within the recording's lowest and highest voltage, each written as the
+    value it marks, on the scale the trace is drawn on (the strip's highest sample lies where
+    the axis puts its voltage)."""
+    strips = page.eval_on_selector("#chart svg.ecg-trace", r"""svg => {
+        const axes = Array.from(svg.querySelectorAll('g.amplitude'));
+        const lines = Array.from(svg.querySelectorAll('polyline.trace'));
+        return {units: Array.from(svg.querySelectorAll('.amplitude-units'))
+                  .map(t => t.textContent),
+                strips: axes.map((g, k) => ({
+                  ticks: Array.from(g.querySelectorAll('text[data-value]')).map(t => ({
+                    text: t.textContent, value: parseFloat(t.dataset.value),
+                    y: parseFloat(t.getAttribute('y')) - 4})),
+                  first: parseInt(lines[k].dataset.first), count: parseInt(lines[k].dataset.count),
+                  ys: lines[k].getAttribute('points').trim().split(/\s+/)
+                    .map(p => parseFloat(p.split(',')[1]))}))};
+    }""")
+    low, high = min(volts), max(volts)
+    assert strips["units"] == ["µV"]
+    assert "µV against seconds" in page.inner_text("#chart .chart-head")
+    assert len(strips["strips"]) == math.ceil(len(volts) / hz / 10 - 1e-9)
+    for strip in strips["strips"]:
+        ticks = strip["ticks"]
+        values = [t["value"] for t in ticks]
+        assert 2 <= len(values) <= 6, values
+        assert all(low <= v <= high for v in values), (values, low, high)
+        steps = {round(b - a, 6) for a, b in zip(values, values[1:])}
+        assert len(steps) == 1, values
+        step = steps.pop()
+        mantissa = step / 10 ** math.floor(math.log10(step))
+        assert round(mantissa, 6) in (1, 2, 2.5, 5), step
+        assert (high - low) / 7 <= step <= (high - low) / 1.5, (step, low, high)
+        assert all(abs(v / step - round(v / step)) < 1e-6 for v in values), values
+        for t in ticks:
+            assert float(t["text"].replace(",", "")) == pytest.approx(t["value"]), t
+        # the scale: y falls as the voltage rises, linearly, as the trace is drawn
+        (v0, y0), (v1, y1) = (values[0], ticks[0]["y"]), (values[-1], ticks[-1]["y"])
+        assert y1 < y0
+        per_volt = (y1 - y0) / (v1 - v0)
+        mine = volts[strip["first"]:strip["first"] + strip["count"]]
+        assert len(strip["ys"]) == len(mine)
+        assert min(strip["ys"]) == pytest.approx(y0 + (max(mine) - v0) * per_volt, abs=0.15)
+        assert max(strip["ys"]) == pytest.approx(y0 + (min(mine) - v0) * per_volt, abs=0.15)
 
 
 def test_read_10_7_events_are_lists_with_their_local_times(session):
@@ -846,15 +911,38 @@ def test_read_10_12_nothing_is_cut_off_on_a_phone_and_screenshots(session):
     screenshot(page, "dashboard-dark.png")
 
 
-@pytest.mark.parametrize("metric, hours, every", [
-    ("step_count", True, "week"), ("heart_rate", True, "week"),
-    ("sleep_analysis", False, "day"), ("workouts", False, "day")])
-def test_read_10_1_every_range_draws_its_buckets(session, metric, hours, every):
-    """24 h, 1 y and All end on the latest data too, in the bucket their length asks for
-    (All: weeks for the three years of steps and heart rate, days for eight nights and
-    two months of workouts)."""
+def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
+    """WHEN the Sydney phone's Days steps are shown for two dates and for 7 days
+    THEN each date is one bar with that day's steps, never an hour, and the heading says the
+    metric arrives once a day on the short range."""
+    export = CORPUS.days["Australia/Sydney"]
+    steps = {p["date"][:10]: p["qty"] for p in export["step_count"]}
+    last = max(steps)
+    s = session(timezone="America/Sao_Paulo").sign_in()
+    first = (dt.date.fromisoformat(last) - dt.timedelta(days=1)).isoformat()
+    page = s.open(metric="step_count", range="custom", tz="local", **{"from": first,
+                                                                      "to": last})
+    assert page.get_attribute("#chart", "data-bucket") == "day"
+    assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
+        first: steps[first], last: steps[last]}
+    assert "arrives once a day" in page.text_content("#view-meta")
+    page = s.open(metric="step_count", range="7d", tz="local")
+    week = [(dt.date.fromisoformat(last) - dt.timedelta(days=n)).isoformat()
+            for n in range(6, -1, -1)]
+    assert page.get_attribute("#chart", "data-bucket") == "day"
+    assert {b["date"]: float(b["value"]) for b in buckets(page)} == {d: steps[d] for d in week}
+
+
+@pytest.mark.parametrize("metric, every", [
+    ("step_count", "week"), ("heart_rate", "week"), ("sleep_analysis", "day"),
+    ("workouts", "day")])
+def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
+    """24 h, 1 y and All end on the latest data too, in the bucket the server planned for
+    their length (All: weeks for the three years of steps and heart rate, days for eight
+    nights and two months of workouts). The latest steps and heart rate are the Sydney
+    phone's Days exports: their 24 hours are one day, never an hour (READ-17)."""
     s = session(timezone="Asia/Tokyo").sign_in()
-    for key, bucket in (("24h", "hour" if hours else "day"), ("1y", "week"), ("all", every)):
+    for key, bucket in (("24h", "day"), ("1y", "week"), ("all", every)):
         page = s.open(metric=metric, range=key, tz="local")
         shown = buckets(page)
         assert shown, (metric, key)
@@ -863,3 +951,128 @@ def test_read_10_1_every_range_draws_its_buckets(session, metric, hours, every):
         if bucket == "week":
             weeks = [b["date"] for b in shown]
             assert all(dt.date.fromisoformat(d).weekday() == 0 for d in weeks), weeks
+
+
+def axis_ticks(page) -> list:
+    """(text, value) of the value axis' ticks."""
+    return page.eval_on_selector_all("#chart .grid text.ylabel", "ts => ts.map(t =>"
+                                     " [t.textContent, parseFloat(t.dataset.value)])")
+
+
+def test_read_10_17_units_and_decimals_as_people_read_them(session):
+    """Pounds to a tenth (167.8 and 168.0 read differently), an axis whose ticks read as the
+    values they mark, heart rate in bpm and steps as steps: the units the server shows, never
+    HAE's ``count/min`` or ``count``. (The ECG's amplitude axis: READ-10.6's trace.)"""
+    s = session(timezone="Asia/Tokyo").sign_in()
+    days = sorted(SCALE)
+    page = s.open(metric="weight_body_mass", range="custom", tz="local",
+                  **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
+    assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
+        d.isoformat(): lb for d, lb in SCALE.items()}
+    assert page.inner_text("#chart .chart-head .units") == "lb"
+    read = {}
+    for day, lb in SCALE.items():
+        read[day] = readout_of(page, '#chart .bucket[data-date="%s"]' % day.isoformat())
+        assert read[day] == "%s: %s lb · 1 point" % (long_date(day), shown_number(lb, 1))
+    assert read[days[0]].endswith(": 167.8 lb · 1 point")
+    assert read[days[1]].endswith(": 168.0 lb · 1 point")
+    ticks = axis_ticks(page)
+    labels = [text for text, _ in ticks]
+    assert len(set(labels)) == len(labels) >= 3, labels
+    for text, value in ticks:
+        assert float(text.replace(",", "")) == pytest.approx(value, abs=1e-9), (text, value)
+    assert ticks[0][1] <= min(SCALE.values()) and ticks[-1][1] >= max(SCALE.values())
+    summary = page.get_attribute("#chart", "data-summary")  # the readout before a focus
+    mean = sum(SCALE.values()) / len(SCALE)
+    assert summary == "Average %s lb · lowest 167.5 · highest 168.4" % shown_number(mean, 1)
+
+    # heart rate in bpm: Berlin's days, Avg with its lowest and highest
+    heart = {p["date"][:10]: p for p in CORPUS.days["Europe/Berlin"]["heart_rate"]}
+    page = s.open(metric="heart_rate", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-07"})
+    assert page.inner_text("#chart .chart-head .units") == "bpm"
+    for date in ("2024-05-01", "2024-05-07"):
+        p = heart[date]
+        text = readout_of(page, '#chart .bucket[data-date="%s"]' % date)
+        assert text == "%s: %s bpm (lowest %s, highest %s) · 1 point" % (
+            long_date(dt.date.fromisoformat(date)), shown_number(p["Avg"]),
+            shown_number(p["Min"]), shown_number(p["Max"])), text
+    page = s.open(metric="step_count", range="custom", tz="local",
+                  **{"from": "2024-05-01", "to": "2024-05-07"})
+    assert page.inner_text("#chart .chart-head .units") == "steps"
+    assert page.get_attribute("#chart", "data-summary").startswith("Total ")
+    assert " steps · " in page.get_attribute("#chart", "data-summary")
+    text = page.inner_text("#metric-view")
+    assert not re.search(r"\bcount\b|count/min", text), text
+
+
+WORDS = r"""() => {
+  // every cell of the journal: whole on the screen, no word or number broken across lines,
+  // each cell that does not wrap on one line (its label too: as tall as the ID's cell)
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  const rows = Array.from(document.querySelectorAll('#journal tbody tr'));
+  for (const tr of rows) {
+    const one = tr.cells[0].getBoundingClientRect().height;
+    for (const td of tr.cells) {
+      const r = td.getBoundingClientRect();
+      const name = td.dataset.label + ' of #' + tr.dataset.id;
+      if (!r.width) continue;  // an empty cell is not shown
+      if (r.left < -0.5 || r.right > width + 0.5) out.push(name + ': past the screen');
+      if (td.scrollWidth > td.clientWidth + 1) out.push(name + ': cut');
+      const wraps = td.classList.contains('wide') || td.classList.contains('error');
+      if (!wraps && Math.abs(r.height - one) > 1) out.push(name + ': ' + r.height + ' tall');
+      for (const node of td.childNodes) {
+        const text = node.nodeType === 3 ? node : node.firstChild;
+        if (!text || text.nodeType !== 3) continue;
+        const re = /\S+/g;
+        let m;
+        while ((m = re.exec(text.data))) {
+          const range = document.createRange();
+          range.setStart(text, m.index);
+          range.setEnd(text, m.index + m[0].length);
+          if (range.getClientRects().length > 1) out.push(name + ': "' + m[0] + '" broken');
+        }
+      }
+    }
+  }
+  return {rows: rows.length, out: out.slice(0, 12)};
+}"""
+
+
+def test_read_10_18_a_phone_reads_the_journal_and_a_week_of_nights_whole(session):
+    """At 360 px: a week of nights has a label under each night (weekday over day), none
+    over another; no cell of the journal reaches past the screen, no word or number in it is
+    broken across lines, and every cell that need not wrap is on one line, label and all."""
+    phone = session(timezone="America/Chicago", width=360, height=780, phone=True)
+    page = phone.sign_in("#" + urllib.parse.urlencode(
+        {"metric": "sleep_analysis", "range": "7d", "tz": "local"})).page
+    nights = sorted(b["date"] for b in buckets(page, "#chart .night"))
+    assert len(nights) == 7
+    labels = page.eval_on_selector_all("#chart .grid text.xlabel", """ts => ts.map(t => {
+        const r = t.getBoundingClientRect();
+        return {date: t.dataset.date, text: t.textContent, left: r.left, right: r.right}; })""")
+    assert sorted(label["date"] for label in labels) == nights
+    for label in labels:
+        day = dt.date.fromisoformat(label["date"])
+        assert label["text"] == day.strftime("%a") + str(day.day), label
+        assert 0 <= label["left"] and label["right"] <= 360, label
+    ordered = sorted(labels, key=lambda label: label["left"])
+    assert all(a["right"] <= b["left"] for a, b in zip(ordered, ordered[1:])), ordered
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#chart").screenshot(path=str(ARTIFACTS / "dashboard-phone-week.png"))
+    page.wait_for_selector("#journal tbody tr")
+    page.click("#journal-more")  # two pages: every automation's name and size of body
+    page.wait_for_function("() => document.querySelectorAll('#journal tbody tr').length > %d"
+                           % JOURNAL_PAGE)
+    found = page.evaluate(WORDS)
+    top = page.evaluate("() => document.getElementById('journal-panel')"
+                        ".getBoundingClientRect().top + window.scrollY")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-journal.png"), full_page=True,
+                    clip={"x": 0, "y": top, "width": 360, "height": 700})  # the first rows
+    assert found["rows"] > JOURNAL_PAGE and not found["out"], found
+    points = page.eval_on_selector_all("#journal td[data-label='Points']",
+                                       "ts => ts.map(t => t.textContent)")
+    assert any(len(p) > 4 for p in points), points  # grouped thousands among them
+    found = page.evaluate(OVERFLOW)
+    assert found["scroll"] <= 360 and not found["out"], found

@@ -101,39 +101,29 @@ def test_read_10_14_local_times_are_read_as_written(js):
     assert js("formatDate", "2024-02-29") == "Thu, Feb 29, 2024"
 
 
-@pytest.mark.parametrize("days, kind, bucket", [
-    (1, "total", "hour"), (2, "average", "hour"), (3, "total", "day"), (1, "sleep", "day"),
-    (2, "workouts", "day"), (186, "total", "day"), (187, "average", "week"),
-    (365, "sleep", "week")])
-def test_read_10_14_the_bucket_follows_the_range(js, days, kind, bucket):
-    assert js("bucketFor", days, kind) == bucket
-
-
-def test_read_10_14_ranges_end_on_the_latest_date_the_server_named(js):
-    anchor = {"date": "2025-12-31", "instant": dt.datetime(
-        2025, 12, 30, 13, 0, tzinfo=dt.timezone.utc).timestamp() * 1000}
-    seven = js("planView", {"kind": "total", "range": "7d", "anchor": anchor})
-    assert (seven["bucket"], seven["from"], seven["to"]) == ("day", "2025-12-25", "2026-01-01")
-    assert seven["slots"] == ["2025-12-%02d" % d for d in range(25, 32)]
-    month = js("planView", {"kind": "average", "range": "30d", "anchor": anchor})
-    assert (month["from"], month["to"], len(month["slots"])) == ("2025-12-02", "2026-01-01", 30)
-    year = js("planView", {"kind": "total", "range": "1y", "anchor": anchor})
-    first = dt.date(2026, 1, 1) - dt.timedelta(days=365)
-    monday = first - dt.timedelta(days=first.weekday())
-    assert (year["bucket"], year["from"], year["to"]) == ("week", iso(monday), "2026-01-01")
-    assert year["slots"][0] == iso(monday) and year["slots"][-1] == "2025-12-29"
-    day = js("planView", {"kind": "total", "range": "24h", "anchor": anchor})
-    assert (day["bucket"], day["from"], day["to"]) == (
-        "hour", "2025-12-29T14:00:00Z", "2025-12-30T14:00:00Z")
-    night = js("planView", {"kind": "sleep", "range": "24h", "anchor": anchor})
-    assert (night["bucket"], night["from"], night["to"]) == ("day", "2025-12-31", "2026-01-01")
-    custom = js("planView", {"kind": "total", "range": "custom",
-                             "custom": {"from": "2023-11-05", "to": "2023-11-05"}})
-    assert (custom["bucket"], custom["from"], custom["to"], custom["axis"]) == (
-        "hour", "2023-11-05", "2023-11-06", "hours")
-    every = js("planView", {"kind": "total", "range": "all", "span": {
-        "first": 0, "last": 400 * 86400e3}})
-    assert (every["bucket"], every["from"], every["to"]) == ("week", None, None)
+def test_read_17_6_the_page_draws_the_servers_plan(js):
+    """planOf adds only what drawing needs to the server's plan: the date slots of a range
+    of dates (its ``to`` the last day, included; weeks from their Mondays), the instants of
+    a range of hours; the bucket, the layer and the bounds stay as the server chose them."""
+    week = js("planOf", {"range": "1y", "bucket": "week", "axis": "dates", "layer": "days",
+                         "from": "2024-12-30", "to": "2025-01-19"})
+    assert (week["bucket"], week["layer"]) == ("week", "days")
+    assert week["slots"] == ["2024-12-30", "2025-01-06", "2025-01-13"]
+    assert (week["t0"], week["t1"]) == (None, None)
+    days = js("planOf", {"range": "24h", "bucket": "day", "axis": "dates", "layer": "days",
+                         "from": "2025-03-10", "to": "2025-03-10"})
+    assert days["slots"] == ["2025-03-10"]
+    hours = js("planOf", {"range": "24h", "bucket": "hour", "axis": "hours",
+                          "layer": "minutes", "from": "2025-03-10T02:00:00Z",
+                          "to": "2025-03-11T02:00:00Z"})
+    start = dt.datetime(2025, 3, 10, 2, tzinfo=dt.timezone.utc).timestamp() * 1000
+    assert (hours["t0"], hours["t1"], hours["slots"]) == (start, start + 86400e3, None)
+    custom = js("planOf", {"range": "custom", "bucket": "hour", "axis": "hours",
+                           "layer": "minutes", "from": "2023-11-05", "to": "2023-11-05"})
+    assert (custom["t0"], custom["t1"], custom["slots"]) == (None, None, None)
+    every = js("planOf", {"range": "all", "bucket": "week", "axis": "dates", "layer": "days",
+                          "from": None, "to": None})
+    assert every["slots"] is None
 
 
 def test_read_10_14_hour_ticks_follow_the_phones_clock_across_dst(js):
@@ -172,6 +162,16 @@ def test_read_10_14_date_ticks_fit_the_room(js):
                       "Nov", "Dec"]
     assert [t["label"] for t in js("dateTicks", weeks, "week", 4)] == [
         "2024", "Apr", "Jul", "Oct"]
+    # a phone: one-line labels for 4 of a week's 7 days, two-line ones (weekday over day)
+    # for 9: every night has its label; a fortnight in room for 7, every other day
+    narrow = js("dateTicks", week, "day", 4, 9)
+    assert [t["date"] for t in narrow] == week
+    assert [t["lines"] for t in narrow] == [
+        [dt.date.fromisoformat(d).strftime("%a"), str(int(d[8:]))] for d in week]
+    fortnight = [iso(dt.date(2024, 3, 25) + dt.timedelta(days=k)) for k in range(14)]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 7)] == fortnight[::2]
+    assert [t["date"] for t in js("dateTicks", fortnight, "day", 4, 6)] == [
+        d for d in fortnight if dt.date.fromisoformat(d).weekday() == 0]  # Mondays, as before
 
 
 def test_read_10_14_value_ticks_are_round_and_cover(js):
@@ -195,19 +195,19 @@ def test_read_10_14_the_page_chooses_no_layer(js):
 
 
 def test_read_16_3_a_cards_link_is_the_metric_views_address(js):
-    """A card's link {metric, from, to} (``to`` the day after, as the server writes it)
-    opens the metric view on those dates, both shown; the summary's own address keeps a
-    chosen day and a zone other than the phone's."""
+    """A card's link {metric, from, to} (both dates in the range, as the server writes it
+    and as a date-only ``to`` is read) opens the metric view on those dates, both shown;
+    the summary's own address keeps a chosen day and a zone other than the phone's."""
     import urllib.parse
-    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-11"}
+    link = {"metric": "step_count", "from": "2025-02-25", "to": "2025-03-10"}
     hash_ = js("linkHash", link, "local")
     assert hash_.startswith("#")
     assert dict(urllib.parse.parse_qsl(hash_[1:])) == {
         "metric": "step_count", "range": "custom", "from": "2025-02-25", "to": "2025-03-10",
         "tz": "local"}
     # a month's end and a DST day are days like any other
-    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-03-01"}), "UTC")
-    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-10"}), "local")
+    assert "to=2024-02-29" in js("linkHash", dict(link, **{"to": "2024-02-29"}), "UTC")
+    assert "to=2025-03-09" in js("linkHash", dict(link, **{"to": "2025-03-09"}), "local")
     assert js("summaryHash", None, "local") == "#view=summary"
     assert js("summaryHash", "2025-03-09", "local") == "#view=summary&date=2025-03-09"
     assert js("summaryHash", "2025-03-09", "Europe/Berlin") == \
@@ -263,6 +263,21 @@ def test_read_10_14_numbers_have_one_format(js):
     assert js("formatNumber", 1234) == "1,234"
     assert js("formatNumber", 64.25) == "64.3"
     assert js("formatNumber", 0.123) == "0.12"
+    # a meaning's digits are the fewest decimals shown: pounds to a tenth
+    assert [js("formatValue", v, 1) for v in (167.8, 168.0, 1234.56, 74.25, 0.04)] == [
+        "167.8", "168.0", "1,234.6", "74.3", "0.04"]
+    assert js("formatValue", 168.0, None) == "168"
+    # ticks show the decimals of their step, so that none read alike
+    assert [js("formatTick", v, 0.25) for v in (167.5, 167.75, 168)] == [
+        "167.50", "167.75", "168.00"]
+    assert [js("formatTick", v, 500) for v in (0, 500, 1000)] == ["0", "500", "1,000"]
+    assert js("formatTick", 0.6, 0.2) == "0.6"
+    # under a minute in seconds
+    assert [js("formatSeconds", v) for v in (22.4, 59.4, 59.6, 720, 3900)] == [
+        "22 s", "59 s", "1 min", "12 min", "1 h 05 min"]
+    assert js("unitText", "bpm", "count/min") == " bpm"
+    assert js("unitText", "", "count") == ""  # the name says what it counts
+    assert js("unitText", None, "kcal") == " kcal"
     assert js("words", "valenceClassification") == "valence classification"
     assert js("detailText", "slightly_pleasant") == "slightly pleasant"
     assert js("detailText", ["calm", "happy"]) == "calm, happy"

@@ -55,9 +55,14 @@ def fed(tmp_path_factory):
                  for m in range(0, last, 3)]
         heart = [{"date": local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
                   "Max": 80, "source": "Watch"} for m in range(0, last, 5)]
+        # Active energy in kcal yesterday and in kJ today: the phone's unit setting changed.
+        energy_units = "kcal" if day < today else "kJ"
+        energy = [{"date": local(day, m // 60, m % 60), "qty": 3 + m % 4, "source": "Watch"}
+                  for m in range(0, last, 10)]
         deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=[
             hf.metric("step_count", steps, "count"),
-            hf.metric("heart_rate", heart, "count/min")]))))
+            hf.metric("heart_rate", heart, "count/min"),
+            hf.metric("active_energy", energy, energy_units)]))))
     nights = [{"date": local(day, 7), "sleepStart": local(day - dt.timedelta(days=1), 23),
                "sleepEnd": local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
                "core": 4.0, "deep": 1.5, "rem": 2.0, "awake": 0.3, "source": "Watch"}
@@ -137,6 +142,67 @@ def test_read_9_2_grafana_panels_answer_real_ranges_of_a_minutes_and_days_store(
             assert by_date[day.isoformat()] == 5000 + day.day * 100, day
 
 
+def panel(title: str) -> dict:
+    [target] = [t for name, t in targets() if name == title]
+    return target
+
+
+def test_read_17_5_a_per_hour_panel_on_day_only_data_answers_days(fed):
+    """WHEN the "Steps per hour" panel's exact request covers 24 hours ten days back, where
+    only the Days automation sent steps (one point at each local midnight)
+    THEN the reply says it answered per day, with a note, and the one row stands at that
+    local midnight with that day's steps, not as an hour."""
+    day = dt.date(2025, 4, 10)
+    start = dt.datetime(2025, 4, 10, 4, 0, tzinfo=dt.timezone.utc)  # local midnight (-04:00)
+    status, reply = fed.client.request("GET", grafana_url(panel("Steps per hour"), start,
+                                                          start + dt.timedelta(hours=24),
+                                                          "local", "step_count"))
+    assert status == 200
+    assert (reply["layer"], reply["bucket"]) == ("days", "day") and "per day" in reply["note"]
+    rows = select(reply, panel("Steps per hour")["root_selector"])
+    assert [(row["start"], row["date"], row["fields"]["qty"]["sum"]) for row in rows] == [
+        ("2025-04-10T04:00:00Z", day.isoformat(), 5000 + day.day * 100)]
+
+
+def test_read_17_5_the_metric_panel_draws_one_series_per_unit(fed):
+    """WHEN the "$metric per hour (qty)" panel asks for active energy over two days in which
+    the phone switched from kcal to kJ
+    THEN every row carries its units, and the panel's partition by units gives two series,
+    kcal for yesterday's hours and kJ for today's, each with its own hours' sums."""
+    target = panel("$metric per hour (qty)")
+    dashboard = json.loads(DASHBOARD.read_text())
+    [spec] = [p for p in dashboard["panels"] if p["title"] == "$metric per hour (qty)"]
+    assert spec["transformations"] == [{"id": "partitionByValues",
+                                        "options": {"fields": ["units"], "keepFields": False}}]
+    assert {"selector": "units", "text": "units", "type": "string"} in target["columns"]
+    start = dt.datetime(2025, 4, 19, 4, 0, tzinfo=dt.timezone.utc)
+    status, reply = fed.client.request("GET", grafana_url(target, start, NOW, "local",
+                                                          "active_energy"))
+    assert status == 200
+    series = {}
+    for row in select(reply, target["root_selector"]):
+        series.setdefault(column(row, "units"), []).append(row)
+    assert set(series) == {"kcal", "kJ"}
+    assert {row["date"] for row in series["kcal"]} == {"2025-04-19"}
+    assert {row["date"] for row in series["kJ"]} == {"2025-04-20"}
+    hour_sum = sum(3 + m % 4 for m in range(0, 60, 10))  # six points an hour
+    assert all(row["fields"]["qty"]["sum"] == hour_sum for rows in series.values()
+               for row in rows)
+    assert (len(series["kcal"]), len(series["kJ"])) == (24, 11)
+
+
+def test_read_17_5_the_metric_variable_offers_only_what_the_panel_can_draw(fed):
+    dashboard = json.loads(DASHBOARD.read_text())
+    [variable] = [v for v in dashboard["templating"]["list"] if v["name"] == "metric"]
+    query = variable["query"]["infinityQuery"]
+    url = query["url"] + "?" + urllib.parse.urlencode(
+        [(p["key"], p["value"]) for p in query["url_options"]["params"]])
+    status, reply = fed.client.request("GET", url)
+    assert status == 200
+    offered = {item["metric"] for item in select(reply, query["root_selector"])}
+    assert offered == {"step_count", "heart_rate", "active_energy"}  # not sleep_analysis
+
+
 def test_read_9_2_the_dashboard_sends_tz_local_by_default():
     dashboard = json.loads(DASHBOARD.read_text())
     [tz] = [v for v in dashboard["templating"]["list"] if v["name"] == "tz"]
@@ -169,10 +235,10 @@ def test_read_2_8_days_a_layer_lacks_are_filled_from_another(start_service, data
     wait_for(lambda: {r["parse_status"] for r in db_rows(data_dir)} == {"parsed"},
              what="the deliveries are folded")
     status, reply = client.request("GET", "/api/points?metric=step_count&bucket=day"
-                                          "&from=2025-03-12&to=2025-04-21")
+                                          "&from=2025-03-12&to=2025-04-20")
     assert status == 200 and (reply["layer"], reply["layers"]) == ("days", ["days", "minutes"])
     got = {b["date"]: b["fields"]["qty"]["sum"] for run in reply["runs"] for b in run["buckets"]}
     want = {day.isoformat(): qty for day, qty in daily.items()}
     want.update({day.isoformat(): total for day, total in sums.items()
                  if day.isoformat() not in want})
-    assert got == {d: v for d, v in want.items() if "2025-03-12" <= d < "2025-04-21"}
+    assert got == {d: v for d, v in want.items() if "2025-03-12" <= d <= "2025-04-20"}

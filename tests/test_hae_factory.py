@@ -31,6 +31,13 @@ TIME_KEYS = {"date", "start", "end", "startDate", "endDate", "sleepStart", "slee
              "inBedStart", "inBedEnd", "scheduledDate", "timestamp"}
 
 MINUTES_DAY = dt.date(2024, 3, 12)
+#: sha256 (first 16 hex digits) of sleep summaries of forms (a) and (c) as they were before
+#: form (b) changed: the change moved no byte of the other forms.
+A_DIGEST, C_DIGEST = "aea28170f3c2d1ea", "90e3b21d11bd869a"
+
+
+def parse(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z")
 
 
 def walk(value, path=()):
@@ -259,9 +266,10 @@ def test_days_exports_follow_the_phones_dst_across_a_year():
 
 @pytest.mark.parametrize("form", hf.SLEEP_FORMS)
 def test_sleep_summaries_in_each_form(form):
-    """§2.5 (a) old summaries without stages, (b) stages beside a non-zero asleep, (c)
-    HAE >= 6.6.2 with a Watch: asleep 0 beside totalSleep; ``date`` the wake time, the
-    sleep start the evening before, or either."""
+    """§2.5 (a) old summaries without stages, (b) stages beside a non-zero asleep that is
+    only the unspecified part (a few minutes, taken from core), (c) HAE >= 6.6.2 with a
+    Watch: asleep 0 beside totalSleep; ``date`` the wake time, the sleep start the evening
+    before, or either. Every form's sleep is the night of the stage segments."""
     phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
     start, end = dt.date(2025, 1, 5), dt.date(2025, 1, 25)
     rows = hf.sleep_summaries(31, start, end, phone=phone, form=form, date_as="mixed")
@@ -280,21 +288,123 @@ def test_sleep_summaries_in_each_form(form):
                 assert HAE_24H.match(row[key]), (key, row[key])
         assert row["date"] in (row["sleepStart"], row["sleepEnd"])
         assert row["inBedStart"] <= row["sleepStart"] < row["sleepEnd"] <= row["inBedEnd"]
-        total = row["totalSleep"] if form == "c" else row["asleep"]
+        if form == "c":
+            total = row["totalSleep"]
+        else:  # (b): the unspecified part beside the stages, added up; (a): asleep alone
+            total = row["asleep"] + sum(row.get(k, 0.0) for k in ("core", "deep", "rem"))
         assert 4 < total < row["inBed"] < 11
         if form == "c":
             assert row["asleep"] == 0
-        if form != "a":
             assert total == pytest.approx(row["core"] + row["deep"] + row["rem"])
-        # the night of the stage segments of the same seed
+        if form == "b":  # the unspecified part: 2 to 40 minutes, beside hours of core
+            assert 2 / 60 <= row["asleep"] < 40 / 60 and row["core"] > 1
+        # the night of the stage segments of the same seed, its hours asleep the same
         night = [s for s in segments if s["date"] == row["inBedStart"]]
         assert night and max(s["end"] for s in night) == row["inBedEnd"]
+        slept = sum(s["qty"] for s in night if s["value"] in ("Core", "Deep", "REM"))
+        assert total == pytest.approx(slept, abs=1e-9)
+        if form != "a":
+            deep = sum(s["qty"] for s in night if s["value"] == "Deep")
+            assert row["deep"] == pytest.approx(deep, abs=1e-9)
     dates = Counter("wake" if r["date"] == r["sleepEnd"] else "start" for r in rows)
     assert dates["wake"] > 3 and dates["start"] > 3
     assert all(r["date"][:10] < r["sleepEnd"][:10] for r in rows if r["date"] == r["sleepStart"]
                and r["sleepStart"][11:13] >= "18")
     wake = hf.sleep_summaries(31, start, end, phone=phone, form=form, date_as="wake")
     assert [r["date"] for r in wake] == [r["sleepEnd"] for r in rows]
+    if form == "b":  # the unspecified minutes differ from night to night
+        assert len({round(r["asleep"] * 60) for r in rows}) > 5
+
+
+def test_sleep_summaries_of_forms_a_and_c_are_byte_stable():
+    """Form (b)'s unspecified minutes are drawn by the night, not from the rng: forms (a)
+    and (c) (and the sources of every form) are what they were before (b) changed."""
+    phone = hf.Phone(zone=hf.NEW_YORK)
+    start, end = dt.date(2025, 1, 5), dt.date(2025, 1, 12)
+    digests = {form: hashlib.sha256(hf.dumps_hae(hf.sleep_summaries(
+        31, start, end, phone=phone, form=form, date_as="mixed"))).hexdigest()[:16]
+        for form in ("a", "c")}
+    assert digests == {"a": A_DIGEST, "c": C_DIGEST}
+    b = hf.sleep_summaries(31, start, end, phone=phone, form="b", date_as="mixed")
+    c = hf.sleep_summaries(31, start, end, phone=phone, form="c", date_as="mixed")
+    assert [r.get("source") for r in b] == [r.get("source") for r in c]
+
+
+def test_sleep_of_a_sleep_app_beside_the_watch():
+    """AutoSleep's hours as asleep beside the Watch's stages: two sources of one night, so
+    their sum passes the window from sleep start to sleep end; the Watch's stages are those
+    of the segments of the same seed, the app's hours within 20 minutes of them."""
+    phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
+    start, end = dt.date(2025, 2, 1), dt.date(2025, 2, 15)
+    rows = hf.sleep_overlapping_sources(8, start, end, phone=phone)
+    watch = hf.sleep_summaries(8, start, end, phone=phone, form="c")
+    assert len(rows) == len(watch) == 14
+    with_total = hf.sleep_overlapping_sources(8, start, end, phone=phone, total=True)
+    for row, truth, total in zip(rows, watch, with_total):
+        assert list(row) == ["date", "asleep", "core", "deep", "rem", "awake", "sleepStart",
+                             "sleepEnd", "inBed", "inBedStart", "inBedEnd", "source"]
+        assert row["source"] == hf.OVERLAP_SOURCE == "AutoSleep|Anton’s Apple Watch|iPhone"
+        assert row["date"] == row["sleepStart"]
+        window = (parse(row["sleepEnd"]) - parse(row["sleepStart"])).total_seconds() / 3600
+        staged = row["core"] + row["deep"] + row["rem"]
+        assert staged == pytest.approx(truth["totalSleep"]) and staged <= window + 1e-9
+        assert abs(row["asleep"] - staged) <= 20 / 60
+        assert row["asleep"] + staged > window + 0.5  # the overlap: well past the window
+        assert total["totalSleep"] == pytest.approx(row["asleep"] + staged)
+        assert {k: v for k, v in total.items() if k != "totalSleep"} == row
+    assert len({round(r["asleep"] - r["core"] - r["deep"] - r["rem"], 4) for r in rows}) > 5
+
+
+def test_sleep_of_one_app_written_twice_and_of_naps():
+    """Eight Sleep's night written twice (27.0 h between 21:52 and 10:16), its hours
+    unspecified; two naps back to back; a summary across the change to daylight time
+    spans the real hours, not the wall clock's."""
+    phone = hf.Phone(zone=hf.NEW_YORK)
+    row = hf.sleep_app_summary(dt.datetime(2025, 3, 6, 21, 52), dt.datetime(2025, 3, 7, 10, 16),
+                               27.0, phone=phone)
+    assert row == {"date": "2025-03-06 21:52:00 -0500", "totalSleep": 27.0, "asleep": 27.0,
+                   "core": 0, "deep": 0, "rem": 0, "awake": 0, "inBed": pytest.approx(24.8),
+                   "inBedStart": "2025-03-06 21:52:00 -0500",
+                   "inBedEnd": "2025-03-07 10:16:00 -0500",
+                   "sleepStart": "2025-03-06 21:52:00 -0500",
+                   "sleepEnd": "2025-03-07 10:16:00 -0500", "source": "Eight Sleep"}
+    dst = hf.sleep_app_summary(dt.datetime(2025, 3, 8, 23, 30), dt.datetime(2025, 3, 9, 7, 30),
+                               15.0, phone=phone, app="HeartWatch", in_bed=8.5)
+    assert (dst["sleepStart"], dst["sleepEnd"]) == ("2025-03-08 23:30:00 -0500",
+                                                    "2025-03-09 07:30:00 -0400")
+    assert dst["inBed"] == 8.5 and dst["source"] == "HeartWatch"
+    with pytest.raises(ValueError):
+        hf.sleep_app_summary(dt.datetime(2025, 3, 7, 8), dt.datetime(2025, 3, 7, 7), 1.0)
+    naps = hf.sleep_nap_summaries(dt.date(2025, 3, 8), phone=phone)
+    assert [(n["sleepStart"], n["sleepEnd"]) for n in naps] == [
+        ("2025-03-08 15:59:00 -0500", "2025-03-08 17:28:00 -0500"),
+        ("2025-03-08 17:28:00 -0500", "2025-03-08 18:26:00 -0500")]
+    for nap, (_, _, core, deep, rem) in zip(naps, hf.BACK_TO_BACK_NAPS):
+        assert nap["totalSleep"] == pytest.approx(core + deep + rem) and nap["asleep"] == 0
+        assert nap["date"] == nap["sleepStart"] == nap["inBedStart"]
+        span = (parse(nap["sleepEnd"]) - parse(nap["sleepStart"])).total_seconds() / 3600
+        assert nap["inBed"] == pytest.approx(span) and nap["totalSleep"] < span
+
+
+def test_sleep_records_written_again():
+    """The asleep segments of a night written a second time, shifted: the in-bed and awake
+    records are not copied, every time moves by the shift in its own offset."""
+    phone = hf.Phone(zone=hf.NEW_YORK, sources="single")
+    for variant in ("new", "old"):
+        night = hf.sleep_segments(9, dt.date(2025, 3, 9), phone=phone, variant=variant)
+        again = hf.sleep_records_again(night, shift_s=40, source="iPhone")
+        asleep = [r for r in night if r["value"] in ("Core", "Deep", "REM")]
+        assert len(again) == len(asleep) > 5
+        for copy, row in zip(again, asleep):
+            assert set(copy) == set(row) and copy["value"] == row["value"]
+            assert copy["qty"] == row["qty"] and copy["source"] == "iPhone"
+            for key in ("start", "end", "startDate", "endDate"):
+                if key in row:
+                    assert (parse(copy[key]) - parse(row[key])).total_seconds() == 40
+        # across the change to daylight time: both offsets among the copies
+        assert {r["endDate"][-5:] for r in again} == {"-0500", "-0400"}
+    assert [r["source"] for r in hf.sleep_records_again(night)] == [
+        r["source"] for r in asleep]  # without a source given, each copy keeps its own
 
 
 def test_a_sleep_summary_sent_during_the_night():

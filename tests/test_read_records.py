@@ -18,13 +18,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import subprocess
+import sys
 from typing import NamedTuple
 
 import pytest
 
 import hae_factory as hf
+from conftest import ROOT, Client, db_rows, wait_for
 from read_helpers import (Store, assert_error, get, get_json, instant_us, iso_local, raw_end,
-                          raw_start, serve_corpus, utc_iso, written)
+                          raw_start, read_csv, serve_corpus, utc_iso, written)
 
 SEED = 14
 BERLIN = hf.Phone(zone=hf.BERLIN, sources="single")
@@ -178,7 +181,8 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     meanings = {e["metric"]: e["meaning"] for e in catalog}
     for entry in catalog:
         meaning = entry["meaning"]
-        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better"}
+        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better",
+                                "digits"}
         assert meaning["group"] == entry["group"] and meaning["name"].strip()
         assert meaning["combine"] == {"total": "sum", "average": "avg"}.get(meaning["kind"])
         assert meaning["better"] in ("up", "down", None)
@@ -212,6 +216,60 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     assert any(m.startswith("medications/Ibuprofen") for m in meanings)
 
 
+#: READ-13.2: how a person reads the units HAE sends, by this test's own table: a count is
+#: what the metric counts (nothing where its name says it), rates per minute are bpm unless
+#: they count something else, HealthKit's spellings become the usual ones, the rest as sent.
+SHOWN = {
+    ("step_count", "count"): "steps", ("flights_climbed", "count"): "floors",
+    ("body_mass_index", "count"): "", ("apple_stand_hour", "count"): "",
+    ("number_of_times_fallen", "count"): "", ("swim_stroke_count", "count"): "",
+    (UNKNOWN, "count"): "", ("heart_rate", "count/min"): "bpm",
+    ("resting_heart_rate", "count/min"): "bpm", ("respiratory_rate", "count/min"): "breaths/min",
+    ("dietary_water", "fl_oz_us"): "fl oz", ("dietary_water", "mL"): "mL",
+    ("body_temperature", "degC"): "°C", ("basal_body_temperature", "degF"): "°F",
+    ("ecg", "mcV"): "µV", ("blood_glucose", "mmol<180.1558800000541>/L"): "mmol/L",
+    ("blood_glucose", "mg/dL"): "mg/dL", ("environmental_audio_exposure", "dBASPL"): "dB",
+    **{(metric, units): units for metric, units in (
+        ("active_energy", "kcal"), ("active_energy", "kJ"), ("weight_body_mass", "lb"),
+        ("weight_body_mass", "kg"), ("walking_running_distance", "mi"),
+        ("walking_running_distance", "km"), ("blood_pressure", "mmHg"),
+        ("body_fat_percentage", "%"), ("heart_rate_variability", "ms"))},
+}
+WORKOUT_UNITS = {"kcal": "kcal", "kJ": "kJ", "mi": "mi", "km": "km", "count/min": "bpm",
+                 "bpm": "bpm"}
+#: The decimals always shown where a person's changes are smaller than one unit.
+DIGITS = {"weight_body_mass": 1, "body_mass_index": 1, "body_fat_percentage": 1,
+          "body_temperature": 1, "lean_body_mass": 1, "step_count": None, "heart_rate": None,
+          "protein": None}
+
+
+def test_read_13_2_units_and_decimals_as_people_read_them_come_from_the_server(store):
+    """One rule on the server writes the units everywhere (cards, the metric view, lists):
+    its answers for every kind of unit, and the replies that carry them."""
+    import healthlog
+    for (metric, units), shown in SHOWN.items():
+        assert healthlog.unit_label(metric, units) == shown, (metric, units)
+    assert healthlog.unit_label("step_count", None) is None
+    for metric, digits in DIGITS.items():
+        assert healthlog.meaning_of(metric).as_json()["digits"] == digits, metric
+    meanings = {e["metric"]: e["meaning"] for e in get_json(store.address,
+                                                             "/api/catalog")["metrics"]}
+    assert meanings["weight_body_mass"]["digits"] == 1 and meanings["step_count"]["digits"] is None
+    # the replies the page draws carry the units as shown beside the units stored
+    for metric, label in (("step_count", "steps"), ("heart_rate", "bpm")):
+        runs = get_json(store.address, "/api/points", metric=metric, bucket="day")["runs"]
+        assert runs and {(r["units"], r["unit_label"]) for r in runs} == {
+            (units, label) for (m, units), shown in SHOWN.items() if m == metric
+            and shown == label}, metric
+    for item in get_json(store.address, "/api/records", metric="workouts")["items"]:
+        for key in ("energy", "distance", "average_heart_rate", "max_heart_rate"):
+            if item[key] is not None:
+                assert item[key]["unit_label"] == WORKOUT_UNITS[item[key]["units"]], item[key]
+    start = get_json(store.address, "/api/records", metric="ecg")["items"][0]["start"]
+    trace = get_json(store.address, "/api/ecg", start=start)
+    assert (trace["units"], trace["unit_label"]) == ("mcV", "µV")
+
+
 # ---------------------------------------------------------------------------------------------
 # READ-14: lists of records
 
@@ -223,7 +281,8 @@ def expected_workout(point: dict) -> dict:
     summary = point.get("heartRate") or {}
 
     def amount(value):
-        return None if value is None else {"qty": value["qty"], "units": value["units"]}
+        return None if value is None else {"qty": value["qty"], "units": value["units"],
+                                           "unit_label": WORKOUT_UNITS[value["units"]]}
 
     return dict(placed(point), name=point["name"],
                 duration_s=point["duration"] if version == 2 else span,
@@ -259,7 +318,7 @@ def test_read_14_1_workouts_of_both_versions(store, limit):
     late = next(i for i in tokyo["items"] if i["name"] == "Outdoor Cycling")
     assert (late["local_start"][:16], late["date"]) == ("2025-05-13T10:30", "2025-05-13")
     ranged = get_json(store.address, "/api/records", metric="workouts", from_="2025-05-10",
-                      to="2025-05-12")
+                      to="2025-05-11")  # both days included
     assert [i["name"] for i in ranged["items"]] == ["Running", "Outdoor Walk"]
 
 
@@ -338,3 +397,98 @@ def test_read_14_3_a_mood_and_an_emotion_of_one_moment_both_come_through_the_pag
     for limit in (1, 2, 3, 4):
         items = page_through(store, "state_of_mind", limit)
         assert [i["start"] for i in items] == want, limit
+
+
+# ---------------------------------------------------------------------------------------------
+# READ-4.5: ECG as CSV, one row per sample
+
+ECG_COLUMNS = ["recording_start", "recording_local_start", "recording_local_date", "sample",
+               "offset_s", "voltage", "units"]
+SPREADSHEET_CELL_MAX = 32767  # characters a spreadsheet keeps in one cell
+
+
+def export_csv(data_dir, *args) -> bytes:
+    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--data",
+                             str(data_dir), "--metric", "ecg", "--format", "csv", *args],
+                            capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_read_4_5_ecg_csv_is_one_row_per_sample_of_each_recording(store):
+    recordings = sorted(CORPUS.records["ecg"], key=lambda r: instant_us(r["start"]))
+    reply = get(store.address, "/api/points", metric="ecg", format="csv")
+    rows = read_csv(reply)
+    assert rows[0] == ECG_COLUMNS
+    assert max(len(cell) for row in rows for cell in row) < 40  # was ~700,000 in one cell
+    assert SPREADSHEET_CELL_MAX > 40
+    assert len(rows) - 1 == sum(len(r["voltageMeasurements"]) for r in recordings) == 3 * 15360
+    at = 1
+    for recording in recordings:
+        where = placed(recording)
+        start_s = written(recording["start"]).timestamp()
+        measured = sorted(recording["voltageMeasurements"], key=lambda v: v["date"])
+        mine = rows[at:at + len(measured)]
+        at += len(measured)
+        assert {tuple(row[:3]) for row in mine} == {
+            (where["start"], where["local_start"], where["date"])}
+        assert [int(row[3]) for row in mine] == list(range(len(measured)))
+        assert [float(row[5]) for row in mine] == [v["voltage"] for v in measured]
+        assert {row[6] for row in mine} == {"mcV"}
+        for row, sample in zip(mine, measured):  # seconds from the start, by the sample's date
+            assert abs(float(row[4]) - (sample["date"] - start_s)) < 2e-6, (row, sample)
+        assert float(mine[0][4]) == 0.0  # the first sample is taken at the start
+        frequency = recording["samplingFrequency"]
+        assert abs(float(mine[-1][4]) - (len(measured) - 1) / frequency) < 2e-6
+    assert at == len(rows)
+    # the command line prints the same bytes, and a range and a zone select and place them
+    assert export_csv(store.data_dir) == reply.body
+    later = get(store.address, "/api/points", metric="ecg", format="csv", tz="Asia/Tokyo",
+                from_="2025-05-11")
+    assert export_csv(store.data_dir, "--tz=Asia/Tokyo", "--from", "2025-05-11") == later.body
+    tokyo = read_csv(later)[1:]
+    wanted = [r for r in recordings if r["start"][:10] >= "2025-05-11"]
+    assert len(tokyo) == sum(len(r["voltageMeasurements"]) for r in wanted) == 2 * 15360
+    firsts = [row[1] for row in tokyo if row[3] == "0"]
+    assert firsts == [written(r["start"]).astimezone(dt.timezone(dt.timedelta(hours=9)))
+                      .isoformat() for r in wanted]
+
+
+def test_read_4_5_ecg_samples_without_a_date_are_placed_by_the_sampling_frequency(
+        start_service, data_dir):
+    """A recording whose samples carry no ``date`` (and one without samples): the offset is
+    the index over ``samplingFrequency``; the empty recording is one row."""
+    service = start_service()
+    client = Client(*service.address)
+    rng = random.Random(SEED)
+    dated = hf.ecg_reading(rng, dt.datetime(2025, 6, 1, 7, 0), phone=NEW_YORK, samples=64,
+                           hz=512.5)
+    undated = hf.ecg_reading(rng, dt.datetime(2025, 6, 1, 8, 0), phone=NEW_YORK, samples=40,
+                             hz=512.5)
+    for sample in undated["voltageMeasurements"]:
+        del sample["date"]
+    empty = hf.ecg_reading(rng, dt.datetime(2025, 6, 1, 9, 0), phone=NEW_YORK, samples=0,
+                           hz=512.5)
+    sent = hf.dumps_hae(hf.envelope(ecg=[dated, undated, empty]), rng)
+    dated, undated, empty = json.loads(sent)["data"]["ecg"]  # as the server reads them
+    status, _ = client.ingest(sent, headers=hf.headers_for(JOURNAL))
+    assert status == 200
+    wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed", what="the fold")
+    rows = read_csv(get(service.address, "/api/points", metric="ecg", format="csv"))
+    assert rows[0] == ECG_COLUMNS
+    by_start = {}
+    for row in rows[1:]:
+        by_start.setdefault(row[0], []).append(row)
+    assert list(by_start) == [placed(r)["start"] for r in (dated, undated, empty)]
+    mine = by_start[placed(undated)["start"]]
+    assert [int(row[3]) for row in mine] == list(range(40))
+    assert [float(row[4]) for row in mine] == [k / 512.5 for k in range(40)]
+    assert [float(row[5]) for row in mine] == [v["voltage"] for v in
+                                               undated["voltageMeasurements"]]
+    start_s = written(dated["start"]).timestamp()
+    offsets = [float(row[4]) for row in by_start[placed(dated)["start"]]]
+    assert len(offsets) == 64 and all(abs(got - (v["date"] - start_s)) < 2e-6 for got, v in
+                                      zip(offsets, dated["voltageMeasurements"]))
+    assert by_start[placed(empty)["start"]] == [
+        [placed(empty)["start"], placed(empty)["local_start"], placed(empty)["date"],
+         "", "", "", ""]]

@@ -45,10 +45,10 @@ import pytest
 import hae_factory as hf
 from conftest import ROOT, assert_no_leaks, db_rows, wait_for
 from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
-                          assert_nights_equal, call, get, get_json, in_zone, instant_us,
-                          iso_local, local_midnight_us, night_items, nights_by_date, raw_start,
-                          read_csv, runs_of, serve_corpus, Store, utc_iso, week_items,
-                          written)
+                          assert_nights_equal, call, close, coordinate, get, get_json, in_zone,
+                          instant_us, iso_local, local_midnight_us, night_items, nights_by_date,
+                          raw_start, read_csv, runs_of, serve_corpus, sleep_dates, Store,
+                          utc_iso, week_items, written)
 
 SEED = 2025
 SLEEP_SEED = 41
@@ -250,7 +250,8 @@ def test_read_11_1_days_exports_land_on_their_written_date_across_both_dst_chang
     # tz=local and the phone's own zone: every point in the bucket of its written date
     for tz in ("local", zone):
         reply = get_json(store.address, "/api/points", metric="step_count", layer="days",
-                         bucket="day", tz=tz, from_=first.isoformat(), to=end.isoformat())
+                         bucket="day", tz=tz, from_=first.isoformat(),
+                         to=(end - dt.timedelta(days=1)).isoformat())  # `to` is included
         assert (reply["tz"], reply["layer"]) == (tz, "days")
         [run] = reply["runs"]
         assert [b["date"] for b in run["buckets"]] == [raw_start(p)[:10] for p, _ in items]
@@ -294,8 +295,9 @@ def test_read_11_2_hour_buckets_are_local_clock_hours_23_or_25_on_a_dst_day(stor
         following = day + dt.timedelta(days=1)
         on_day = [(p, u) for p, u in items if raw_start(p)[:10] == day.isoformat()]
         want = aggregate(on_day, "hour", tz)
-        # date-only bounds (the points are read) and the day's UTC instants (summaries)
-        bounds = ((day.isoformat(), following.isoformat()),
+        # date-only bounds (the points are read; `to` includes its day) and the day's UTC
+        # instants (summaries)
+        bounds = ((day.isoformat(), day.isoformat()),
                   (utc_iso(local_midnight_us(day, NY)), utc_iso(local_midnight_us(following,
                                                                                   NY))))
         for first, last in bounds:
@@ -327,13 +329,12 @@ def test_read_11_3_days_of_minute_data_are_whole_on_both_sides_of_a_dst_change(s
                      bucket="day")  # summaries: every hour whole, one offset each
     assert whole["tz"] == "local"
     assert_buckets_equal(whole["runs"], want)
-    for first, last in ((STEP_DAYS[0], STEP_DAYS[2] + dt.timedelta(days=1)),
-                        (STEP_DAYS[3], STEP_DAYS[5] + dt.timedelta(days=1))):
+    for first, last in ((STEP_DAYS[0], STEP_DAYS[2]), (STEP_DAYS[3], STEP_DAYS[5])):
         ranged = get_json(store.address, "/api/points", metric="step_count", layer="minutes",
                           bucket="day", from_=first.isoformat(), to=last.isoformat())
         assert_buckets_equal(ranged["runs"], aggregate(
             [(p, u) for p, u in items if first.isoformat() <= raw_start(p)[:10]
-             < last.isoformat()], "day", "local"))
+             <= last.isoformat()], "day", "local"))
     # a range cutting hours in two (their points are read) agrees with the summaries
     cut = get_json(store.address, "/api/points", metric="step_count", layer="minutes",
                    bucket="day", from_="2025-11-01T04:30:00Z", to="2025-11-04T05:30:00Z")
@@ -359,13 +360,14 @@ def test_read_11_3_days_and_hours_of_a_half_hour_offset_are_whole(store, bucket)
 @pytest.mark.parametrize("tz", ["local", "Europe/Berlin", "+05:30"])
 def test_read_11_4_a_date_only_range_is_whole_local_days(store, tz):
     items = store.corpus.points("basal_energy_burned", "minutes")
-    first, last = dt.date(2025, 3, 8), dt.date(2025, 3, 11)
+    first, last = dt.date(2025, 3, 8), dt.date(2025, 3, 10)  # `to` includes its day
     if tz == "local":
         inside = [(p, u) for p, u in items
-                  if first.isoformat() <= raw_start(p)[:10] < last.isoformat()]
+                  if first.isoformat() <= raw_start(p)[:10] <= last.isoformat()]
         echoed = (first.isoformat(), last.isoformat())
-    else:
-        low, high = local_midnight_us(first, tz), local_midnight_us(last, tz)
+    else:  # the UTC instants of the first day's midnight and of the one after the last day
+        low = local_midnight_us(first, tz)
+        high = local_midnight_us(last + dt.timedelta(days=1), tz)
         inside = [(p, u) for p, u in items if low <= instant_us(raw_start(p)) < high]
         echoed = (utc_iso(low), utc_iso(high))
     raw = get_json(store.address, "/api/points", metric="basal_energy_burned", tz=tz,
@@ -456,19 +458,19 @@ def test_read_2_8_without_a_layer_the_finest_with_points_in_the_range(store):
             if "2025-09-04" <= raw_start(p)[:10] < "2025-11-04"]
     assert len(days) == 61
     months = get_json(store.address, "/api/points", metric="step_count", bucket="day",
-                      from_="2025-09-04", to="2025-11-04")
+                      from_="2025-09-04", to="2025-11-03")
     assert months["layer"] == "days", "two months of days read from %s" % months["layer"]
     assert [b["date"] for b in months["runs"][0]["buckets"]] == [
         raw_start(p)[:10] for p, _ in days]
     assert_buckets_equal(months["runs"], aggregate(days, "day", "local"))
     recent = get_json(store.address, "/api/points", metric="step_count", bucket="day",
-                      from_="2025-11-02", to="2025-11-04")
+                      from_="2025-11-02", to="2025-11-03")
     assert recent["layer"] == "minutes"
     minutes = [(p, u) for p, u in store.corpus.points("step_count", "minutes")
                if raw_start(p)[:10] in ("2025-11-02", "2025-11-03")]
     assert_buckets_equal(recent["runs"], aggregate(minutes, "day", "local"))
     csv_reply = get(store.address, "/api/points", metric="step_count", bucket="day",
-                    format="csv", from_="2025-09-04", to="2025-11-04")
+                    format="csv", from_="2025-09-04", to="2025-11-03")
     assert months["layers"] == ["days", "minutes"]  # days the chosen layer lacks: filled
     assert csv_reply.headers["X-Healthlog-Layer"] == "days,minutes"
 
@@ -519,18 +521,24 @@ def test_read_12_1_every_summary_form_gives_its_night_on_its_morning(store, tz):
         by_date["wake" if point["date"] == point["sleepEnd"] else "start"] += 1
         assert point["date"] in (point["sleepEnd"], point["sleepStart"])
     assert by_date["wake"] > 5 and by_date["start"] > 5
-    reply = sleep_reply(store, "2025-01-01", "2025-02-01", tz=tz)
+    reply = sleep_reply(store, "2025-01-01", "2025-01-31", tz=tz)
     assert (reply["tz"], reply["from"], reply["units"]) == (
         tz, "2025-01-01" if tz == "local" else utc_iso(local_midnight_us(
             dt.date(2025, 1, 1), tz)), "hr")
     want = night_items(nights_by_date(summaries, [], tz), tz)
     assert [n["date"] for n in want] == ["2025-01-%02d" % d for d in range(1, 32)]
     assert_nights_equal(reply["nights"], want)
-    assert all(n["count"] == 1 and n["form"] == "summary" for n in reply["nights"])
+    assert all(n["count"] == 1 and n["form"] == "summary" and not n["overlapping"]
+               and n["naps"] == [] for n in reply["nights"])
     for night, point in zip(reply["nights"], summaries):
         assert night["date"] == point["sleepEnd"][:10]  # its morning, whatever `date` says
         if "totalSleep" in point:  # (c): asleep is totalSleep, not the 0 beside it
             assert night["asleep"] == point["totalSleep"] and point["asleep"] == 0
+        elif "core" in point:  # (b): asleep is only the unspecified minutes beside stages
+            assert point["asleep"] < 1 and close(night["asleep"], point["asleep"] + point[
+                "core"] + point["deep"] + point["rem"], 1e-9), (night, point)
+        else:  # (a): asleep alone
+            assert night["asleep"] == point["asleep"]
     # the same nights by bucketing on `date` would put two on some days and none on others
     naive = {p["date"][:10] for p in summaries}
     assert naive != {n["date"] for n in reply["nights"]}
@@ -543,7 +551,7 @@ def test_read_12_2_stage_records_give_one_night_per_morning(store, bucket):
     assert {"Kern", "Tief", "Wach", "Im Bett", "InBed", "In Bed", "Asleep",
             "HKCategoryValueSleepAnalysisAsleepREM"} <= values
     assert {p.get("source") for p in records} == {hf.OWNER_WATCH, hf.OWNER_PHONE, hf.SLEEP_APP}
-    reply = sleep_reply(store, "2025-03-03", "2025-03-17", bucket=bucket)
+    reply = sleep_reply(store, "2025-03-03", "2025-03-16", bucket=bucket)
     by_date = nights_by_date([], records)
     assert sorted(d.isoformat() for d in by_date) == ["2025-03-%02d" % d for d in range(3, 11)]
     if bucket == "week":
@@ -557,17 +565,23 @@ def test_read_12_2_stage_records_give_one_night_per_morning(store, bucket):
     assert counts.pop("2025-03-06") == 2  # the morning's night and the afternoon's nap
     assert set(counts.values()) == {1}  # every other morning: one night
     nights = {n["date"]: n for n in reply["nights"]}
+    [nap] = nights["2025-03-06"]["naps"]  # beside the night, never in it
+    assert (nap["sleep_start"], nap["sleep_end"]) == ("2025-03-06T14:10:00-05:00",
+                                                      "2025-03-06T14:50:00-05:00"), nap
+    assert close(nap["asleep"], 38 / 60) and nights["2025-03-06"]["asleep"] > 4
     two = nights["2025-03-07"]  # a watch and a sleep app: asleep is the union, not the sum
     app = [p for p in records if p.get("source") == hf.SLEEP_APP]
     assert app and two["asleep"] < sum(p["qty"] for p in records if p["endDate"][:10] ==
                                        "2025-03-07" and p["value"] in ("Core", "Deep", "REM",
                                                                        "Asleep"))
+    assert two["overlapping"] and not any(n["overlapping"] for d, n in nights.items()
+                                          if d != "2025-03-07")
     assert nights["2025-03-09"]["sleep_end"].endswith("-04:00")  # the change to daylight time
     assert nights["2025-03-09"]["sleep_start"].endswith("-05:00"), nights["2025-03-09"]
 
 
-@pytest.mark.parametrize("tz,last", [(NY, "2025-06-18"), ("local", "2025-06-18T00:00:00-04:00"),
-                                     ("-04:00", "2025-06-18")])
+@pytest.mark.parametrize("tz,last", [(NY, "2025-06-17"), ("local", "2025-06-18T00:00:00-04:00"),
+                                     ("-04:00", "2025-06-17")])
 def test_read_12_2_a_range_that_ends_inside_a_night_gives_no_part_of_it(store, tz, last):
     """The nights whose end lies in the range: a range ending at midnight holds the nights
     that ended before it, whole, and nothing of the night still running then (a watch
@@ -589,7 +603,7 @@ def test_read_12_2_records_three_hours_apart_are_two_sleeps(store):
     night begins is a sleep of its own day; one that ends 2 h 59 min before is part of the
     night."""
     records = store.corpus.sleep["gap"]["records"]
-    reply = sleep_reply(store, "2025-07-14", "2025-07-18")
+    reply = sleep_reply(store, "2025-07-14", "2025-07-17")
     want = night_items(nights_by_date([], records))
     assert [(n["date"], n["count"]) for n in want] == [("2025-07-14", 1), ("2025-07-15", 1),
                                                        ("2025-07-17", 1)]
@@ -602,17 +616,18 @@ def test_read_12_3_a_night_summarised_while_it_ran_and_again_counts_once(store):
     their sum)."""
     early, morning = store.corpus.sleep["so far"]["summaries"]
     assert early["sleepStart"] == morning["sleepStart"] and early["date"] != morning["date"]
-    reply = sleep_reply(store, "2025-08-05", "2025-08-06")
+    reply = sleep_reply(store, "2025-08-05", "2025-08-05")
     [night] = reply["nights"]
     assert (night["date"], night["count"]) == ("2025-08-05", 1), night
-    assert night["asleep"] in (early["totalSleep"], morning["totalSleep"]), night
+    assert night["asleep"] == morning["totalSleep"], night  # the summary of the latest end
+    assert night["sleep_end"][:19] == morning["sleepEnd"][:19].replace(" ", "T"), night
 
 
 def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
     sleep = store.corpus.sleep["12.3"]
     twice = [p for p in sleep["summaries"] if p["sleepEnd"][:10] == "2025-04-13"]
     assert len(twice) == 2 and twice[0]["date"] != twice[1]["date"]
-    reply = sleep_reply(store, "2025-04-07", "2025-04-14")
+    reply = sleep_reply(store, "2025-04-07", "2025-04-13")
     want = night_items(nights_by_date(sleep["summaries"], sleep["records"]))
     assert [n["date"] for n in want] == ["2025-04-%02d" % d for d in range(7, 14)]
     assert_nights_equal(reply["nights"], want)
@@ -621,14 +636,15 @@ def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
     both = next(n for n in reply["nights"] if n["date"] == "2025-04-12")
     summary = next(p for p in sleep["summaries"] if p["sleepEnd"][:10] == "2025-04-12")
     assert both["asleep"] == summary["totalSleep"] and both["in_bed"] == summary["inBed"]
-    weeks = sleep_reply(store, "2025-04-07", "2025-04-14", bucket="week")
+    weeks = sleep_reply(store, "2025-04-07", "2025-04-13", bucket="week")
     assert [(w["date"], w["count"], w["nights"], w["form"]) for w in weeks["nights"]] == [
         ("2025-04-07", 7, 7, "mixed")]
     assert_nights_equal(weeks["nights"], week_items(nights_by_date(sleep["summaries"],
                                                                    sleep["records"])), week=True)
     rows = read_csv(get(store.address, "/api/points", metric="sleep_analysis", bucket="day",
-                        format="csv", from_="2025-04-07", to="2025-04-14"))
-    assert [row[-1] for row in rows[1:]] == [n["form"] for n in reply["nights"]]
+                        format="csv", from_="2025-04-07", to="2025-04-13"))
+    assert [row[rows[0].index("form")] for row in rows[1:]] == [n["form"] for n in
+                                                               reply["nights"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,7 +661,7 @@ def test_read_8_1_export_gives_the_days_of_the_phone_without_tz(store):
     """``healthlog export`` beside serve: ``--tz`` defaults to ``local``, so a year of
     Sydney's days comes out on the dates written in them, byte for byte the route's."""
     query = dict(metric="step_count", layer="days", bucket="day", format="csv",
-                 from_="2022-07-01", to="2023-07-01")
+                 from_="2022-07-01", to="2023-06-30")
     route = get(store.address, "/api/points", tz="local", **query)
     assert route.status == 200
     result = export("--data", store.data_dir,
@@ -674,10 +690,17 @@ def test_read_8_3_the_sqlite_export_keeps_each_points_local_start_and_date(store
             items = store.corpus.points(metric, layer)
             assert len(rows) == len(items), metric
             got = sorted(rows)
+            date_of = {}  # a point's date as written; a sleep point's wake day (READ-12.5)
+            if metric == "sleep_analysis":
+                points = [p for p, _ in items]
+                date_of = sleep_dates([p for p in points if "value" not in p],
+                                      [p for p in points if "value" in p])
             want = sorted((utc_iso(instant_us(raw_start(p))),
                            utc_iso(instant_us(p.get("end") or p.get("endDate")
                                               or raw_start(p))),
-                           iso_local(written(raw_start(p))), raw_start(p)[:10])
+                           iso_local(written(raw_start(p))),
+                           date_of[coordinate(p)].isoformat() if date_of
+                           else raw_start(p)[:10])
                           for p, _ in items)
             assert got == want, metric
         days = conn.execute("SELECT local_date, count(*) FROM points WHERE metric ="

@@ -757,6 +757,51 @@ def test_reindex_8_1_status_reports_journal_store_and_sizes_beside_serve(week_st
     assert printed_fingerprint(text) == status["fingerprint"]
 
 
+def test_reindex_8_3_status_says_in_one_line_whether_everything_received_is_folded(
+        start_service, data_dir):
+    service = start_service(paused=True)
+    client = Client(*service.address)
+
+    def status() -> tuple:
+        as_json = run_cli("status", "--data", data_dir, "--json")
+        as_text = run_cli("status", "--data", data_dir)
+        assert as_json.returncode == as_text.returncode == 0, as_json.stderr + as_text.stderr
+        lines = as_text.stdout.splitlines()
+        assert lines[0] == "data: %s" % data_dir
+        return json.loads(as_json.stdout), lines[1]
+
+    reply, line = status()
+    assert (reply["all_folded"], reply["folded"], line) == (
+        True, "nothing received yet", "nothing received yet")
+
+    before = dt.datetime.now(dt.timezone.utc)
+    for hour in (6, 7):
+        post(client, body(("step_count", "count", [pt(when(hour, m), qty=m) for m in range(3)])),
+             headers=headers())
+    lonely = hf.Automation("Lonely push", "Minutes")  # one point, no grouping: it fails
+    post(client, body(("step_count", "count", [pt(when(9), qty=1)])),
+         headers=headers(lonely, aggregation=False))
+    rows = db_rows(data_dir)
+    assert [r["parse_status"] for r in rows] == ["pending"] * 3
+    reply, line = status()
+    after = dt.datetime.now(dt.timezone.utc)
+    oldest = min(dt.datetime.fromisoformat(r["received_at"].replace("Z", "+00:00"))
+                 for r in rows)
+    waited = re.fullmatch(r"3 deliveries waiting to be folded \(oldest (\d+)s\)", line)
+    assert waited, line
+    assert (oldest - before).total_seconds() >= -1  # the oldest is one of these three
+    assert 0 <= int(waited.group(1)) <= (after - oldest).total_seconds() + 1
+    assert reply["all_folded"] is False  # the same words (two runs: the age may differ)
+    assert re.fullmatch(r"3 deliveries waiting to be folded \(oldest \d+s\)", reply["folded"])
+
+    service.worker.gate.set()
+    wait_folded(data_dir)
+    assert [r["parse_status"] for r in db_rows(data_dir)] == ["parsed", "parsed", "failed"]
+    reply, line = status()
+    assert line == "all 3 deliveries folded, 1 of them failed"
+    assert (reply["all_folded"], reply["folded"]) == (True, line)
+
+
 # ---------------------------------------------------------------------------------------------
 # Requirement 9: import goes through the ingest path.
 

@@ -599,7 +599,8 @@ def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_s
         "GET", "/api/points?metric=step_count&bucket=day")[1]
     assert reply["runs"][0]["buckets"] == [{"start": "2024-01-28T00:00:00Z",
                                             "local": "2024-01-28T00:00:00+00:00",
-                                            "date": "2024-01-28", "count": 1,
+                                            "date": "2024-01-28", "units": "count",
+                                            "count": 1,
                                             "fields": {"qty": {"count": 1, "min": 5, "max": 5,
                                                                "avg": 5.0, "sum": 5}}}]
 

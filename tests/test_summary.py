@@ -87,17 +87,18 @@ def served(tmp_path_factory):
         wake = stamp(day, 6 * 60 + 40 + n)
         start = stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
         # HAE's `date`: the wake time some nights, the sleep start the evening before on
-        # others; form (a) old, (b) stages beside a non-zero asleep, (c) asleep: 0.
+        # others; form (a) old, (b) stages beside the unspecified minutes in a non-zero
+        # asleep, (c) asleep: 0 beside totalSleep (their sum, as on every real record).
         night = {"date": wake if n % 2 else start, "sleepStart": start, "sleepEnd": wake,
-                 "inBedStart": start, "inBedEnd": wake, "inBed": 7.9 + n / 100,
+                 "inBedStart": start, "inBedEnd": wake, "inBed": 7.4 + n / 100,
                  "source": "Watch"}
         if n % 3 == 0:
-            night.update(asleep=7.2 + n / 50, sleepSource="Watch", inBedSource="Phone")
+            night.update(asleep=7.2 - n / 50, sleepSource="Watch", inBedSource="Phone")
         elif n % 3 == 1:
-            night.update(asleep=7.0 + n / 40, core=3.5, deep=1.2, rem=1.6, awake=0.3)
+            night.update(asleep=0.2 + n / 40, core=3.5, deep=1.2, rem=1.6, awake=0.3)
         else:
-            night.update(asleep=0, totalSleep=6.9 + n / 30, core=3.9, deep=1.1, rem=1.4,
-                         awake=0.2)
+            night.update(asleep=0, totalSleep=6.4 + n / 30, core=3.9 + n / 30, deep=1.1,
+                         rem=1.4, awake=0.2)
         nights.append(night)
     bodies["nights"] = nights
     deliveries.append((RECORDS, hf.dumps_hae(hf.envelope(metrics=[
@@ -149,9 +150,9 @@ def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day)
     assert [d for d, _ in spark] == [day - dt.timedelta(days=n) for n in range(13, -1, -1)]
     for d, value in spark:
         assert close(value, steps.get(d)), d
-    assert got["link"] == {"metric": "step_count",
+    assert got["link"] == {"metric": "step_count",  # both dates in the range, as a query
                            "from": (day - dt.timedelta(days=13)).isoformat(),
-                           "to": (day + dt.timedelta(days=1)).isoformat()}
+                           "to": day.isoformat()}
     resting = {d: statistics.mean(v) for d, v in by_date(bodies["resting"]).items()}
     heart = card(answer, "heart", "resting_heart_rate")
     assert close(heart["value"], resting.get(day)) and close(heart["usual"],
@@ -163,20 +164,35 @@ def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day)
     assert weight["measured"][:19] == latest["date"][:19].replace(" ", "T")
 
 
+def hours_asleep(night: dict) -> float:
+    """A summary's sleep is HAE's own total: totalSleep, else its asleep (only the
+    unspecified part where stages stand beside it) and its stages added up. These nights
+    are 7.5 h or more from sleep start to wake, each figure within that."""
+    if night.get("totalSleep"):
+        return night["totalSleep"]
+    return night["asleep"] + sum(night.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+
+
 def test_read_15_2_last_night_in_every_summary_form(served):
     client, bodies = served.client, served.corpus
+    forms = {("totalSleep" in n, "core" in n) for n in bodies["nights"]}
+    assert forms == {(False, False), (False, True), (True, True)}  # (a), (b) and (c)
     for night in bodies["nights"]:
         morning = written_date(night["sleepEnd"])
         answer = summary_of(client, morning)
         sleep = answer["cards"]["sleep"]
-        asleep = night.get("totalSleep") or night["asleep"]
-        assert close(sleep["asleep"], asleep), (morning, sleep)
+        asleep = hours_asleep(night)
+        assert asleep < 7.5 and close(sleep["asleep"], asleep), (morning, sleep)
+        if "core" in night and "totalSleep" not in night:  # (b): not the asleep figure alone
+            assert sleep["asleep"] > night["asleep"] + 6
         assert close(sleep["in_bed"], night["inBed"])
+        assert sleep["overlapping"] is False and sleep["naps"] == []
         stages = {k: night[k] for k in ("core", "deep", "rem", "awake") if night.get(k)}
         assert sleep["stages"].keys() == stages.keys()
+        assert all(close(sleep["stages"][k], v) for k, v in stages.items()), sleep["stages"]
         assert sleep["sleep_end"][:19] == night["sleepEnd"][:19].replace(" ", "T")
         assert sleep["sleep_start"][:19] == night["sleepStart"][:19].replace(" ", "T")
-        earlier = [n.get("totalSleep") or n["asleep"] for n in bodies["nights"]
+        earlier = [hours_asleep(n) for n in bodies["nights"]
                    if morning - dt.timedelta(days=30) <= written_date(n["sleepEnd"]) < morning]
         assert close(sleep["usual"], statistics.median(earlier) if len(earlier) >= 5 else None)
 

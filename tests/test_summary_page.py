@@ -7,14 +7,17 @@ of 23 hours); the browser looks from Pacific/Auckland, a day ahead. The store ho
 once for the module from tests/hae_factory.py's generators:
 
 - a Days automation for 470 days (steps, energy, distance, exercise minutes, stand hours,
-  heart rate, resting and walking heart rate, HRV, blood oxygen, weight, …): steps only up
+  heart rate, resting and walking heart rate, HRV, blood oxygen, weight in pounds, 167.8 lb
+  on the DST day and 168.0 lb on the newest, …, and for the last ten days body mass index in
+  HAE's ``count`` and water in ``fl_oz_us``): steps only up
   to 2025-02-18 (a Minutes automation has them from then on), exercise minutes only from
   2025-03-07 (too few days for a usual or a trend); steps and walking heart rate raised over
   the last 90 days (a trend up, better and worse), everything else left as drawn (no
   trend);
 - minute steps from 2025-02-19 to the newest day, 2025-03-10;
 - 24 nights of sleep in the four forms HAE has sent, blood pressure for a month, workouts of
-  both versions in and out of the last seven days, two symptoms on the newest day;
+  both versions in and out of the last seven days (one of 22 seconds), two symptoms on the
+  newest day;
 - nothing at all on 2025-03-04.
 
 What a person sees is read off the page (every card, figure, sparkline mark, list item and
@@ -30,6 +33,7 @@ README shows them).
 
 import datetime as dt
 import random
+import re
 import statistics
 import urllib.parse
 from pathlib import Path
@@ -38,7 +42,8 @@ import pytest
 
 import hae_factory as hf
 from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
-                               module_leaves_nothing_running, nothing_left_running, serving)
+                               long_date, module_leaves_nothing_running, nothing_left_running,
+                               serving, shown_number)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
@@ -77,7 +82,31 @@ WORKOUTS = (  # (version, name, local start, minutes)
     (2, "Yoga", dt.datetime(2025, 3, 6, 6, 45), 45),
     (1, "Outdoor Walk", dt.datetime(2025, 3, 3, 12, 0), 20),
     (2, "Outdoor Cycling", dt.datetime(2025, 2, 26, 18, 0), 50),
+    (2, "Cooldown", dt.datetime(2025, 3, 9, 19, 0), 22 / 60),  # 22 seconds
 )
+#: Weights in pounds a tenth apart, on the days they were written (a Days automation's).
+WEIGHTS = {DST_DAY: 167.8, NEWEST: 168.0}
+#: Body mass index (HAE's units: ``count``) and water (``fl_oz_us``), the last ten days.
+BMI = {NEWEST - dt.timedelta(days=k): round(23.2 - 0.05 * k, 2) for k in range(10)}
+WATER = {NEWEST - dt.timedelta(days=k): round(16.9 + 2.3 * k, 1) for k in range(10)}
+
+#: How a person reads the units (READ-16.6), by this test's own table: a count is what the
+#: metric counts, or nothing where its name says it; per minute is bpm; the rest as sent.
+COUNTS = {"step_count": "steps", "flights_climbed": "floors"}
+SHOWN = {"count/min": "bpm", "fl_oz_us": "fl oz", "degC": "°C", "degF": "°F"}
+#: At least these decimals (a person's weight changes by less than a pound a day).
+DIGITS = {"weight_body_mass": 1, "body_mass_index": 1}
+
+
+def shown_units(metric: str, units) -> str:
+    if units == "count":
+        return COUNTS.get(metric, "")
+    return SHOWN.get(units, units or "")
+
+
+def shown(metric: str, value: float, units) -> str:
+    label = shown_units(metric, units)
+    return shown_number(value, DIGITS.get(metric)) + (" " + label if label else "")
 
 
 def day(text: str) -> dt.date:
@@ -101,18 +130,31 @@ class Corpus:
         self.deliveries = []
         self.points = {}  # metric -> [(point, units)]
         export = hf.days_export(seed=21, start=FIRST, end=NEWEST + dt.timedelta(days=1),
-                                phone=PHONE)["data"]["metrics"]
+                                phone=PHONE, units={"weight_body_mass": "lb"})["data"]["metrics"]
+
+        def midnight(on):
+            return hf.zoned_stamp(ZONE, dt.datetime.combine(on, dt.time()))
+
+        export += [hf.metric(name, [{"date": midnight(on), "qty": qty, "source": hf.OWNER_PHONE}
+                                    for on, qty in sorted(values.items())], units)
+                   for name, values, units in (("body_mass_index", BMI, "count"),
+                                               ("dietary_water", WATER, "fl_oz_us"))]
         metrics = []
         for m in export:
             data = []
             for p in m["data"]:
                 written = day(p["date"])
                 if written == GAP or (m["name"] == "step_count" and written >= MINUTES_FROM) \
-                        or (m["name"] == "apple_exercise_time" and written < EXERCISE_FROM):
+                        or (m["name"] == "apple_exercise_time" and written < EXERCISE_FROM) \
+                        or (m["name"] == "weight_body_mass" and written in WEIGHTS):
                     continue
                 if m["name"] in RISES and written > NEWEST - dt.timedelta(days=RECENT_DAYS):
                     p = dict(p, qty=p["qty"] + RISES[m["name"]])
                 data.append(p)
+            if m["name"] == "weight_body_mass":
+                data = sorted(data + [{"date": midnight(on), "qty": qty,
+                                       "source": hf.OWNER_PHONE}
+                                      for on, qty in WEIGHTS.items()], key=lambda p: p["date"])
             metrics.append(hf.metric(m["name"], data, m["units"]))
             self.note(m["name"], data, m["units"])
         self.post(hf.Automation("Health days", "Days", "Previous 7 Days"),
@@ -186,7 +228,7 @@ class Corpus:
 
     def night(self, wake: dt.date):
         """Last night by the rules of its form: a summary is on the date of its sleepEnd,
-        asleep is totalSleep, else asleep, else core + deep + rem; stage records on the
+        asleep is HAE's total (totalSleep, else asleep + core + deep + rem); stage records on the
         date of their last end, asleep the asleep segments (they do not overlap here), in
         bed the in-bed record, stages the records' qty; bed and wake the sleep's start and
         end (the first start and last end of the records)."""
@@ -196,7 +238,9 @@ class Corpus:
         if form != "d":
             p = points[0]
             assert day(p["sleepEnd"]) == wake
-            asleep = p.get("totalSleep") or p.get("asleep") or sum(
+            # HAE's own total: totalSleep when sent, else the unstaged "asleep" plus the
+            # stages (its "asleep" beside stages is only what the watch left unstaged)
+            asleep = p["totalSleep"] if "totalSleep" in p else p.get("asleep", 0) + sum(
                 p.get(k, 0) for k in ("core", "deep", "rem"))
             return {"asleep": asleep, "in_bed": p["inBed"], "start": local_iso(p["sleepStart"]),
                     "end": local_iso(p["sleepEnd"]),
@@ -292,7 +336,12 @@ CORPUS = Corpus()
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("summary-page") / "data", CORPUS.deliveries) as store:
+    # Received on the evening of the newest day, and judged then: the page's freshness line
+    # is about the corpus (steps that moved from the Days to the Minutes automation), not
+    # about the day the test runs.
+    evening = hf.zoned_epoch(ZONE, dt.datetime.combine(NEWEST, dt.time(21, 0)))
+    with serving(tmp_path_factory.mktemp("summary-page") / "data", CORPUS.deliveries,
+                 clock=lambda: evening) as store:
         yield store
 
 
@@ -478,7 +527,7 @@ def test_read_16_1_signed_in_the_summary_of_the_newest_day(desktop):
     assert (rule["days"], rule["minDays"]) == ("30", "5") and "median" in rule["text"]
     # numbers read as a person reads them: steps grouped, last night in hours and minutes
     [steps] = [c for c in cards if c["data"].get("metric") == "step_count"]
-    assert steps["value"] == "{:,} count".format(round(float(steps["data"]["value"])))
+    assert steps["value"] == "{:,} steps".format(round(float(steps["data"]["value"])))
     assert page.is_disabled("#day-next")  # the newest day has no next
 
 
@@ -581,7 +630,8 @@ def test_read_16_4_trends_against_the_tests_own_means(desktop):
         assert figures == {"recent": approx(recent), "baseline": approx(base),
                            "baseline_sd": approx(spread)}
         units = {u for _, u in CORPUS.day_values(t["metric"]).values()}.pop()
-        assert t["units"] == units and t["text"].count(units) >= 2
+        label = shown_units(t["metric"], units)  # "steps", "bpm", "kJ"
+        assert t["units"] == units and (not label or t["text"].count(label) >= 3), t["text"]
         assert ("flagged" in t["text"]) == flagged
         assert ("▲ up" if direction == "up" else "▼ down") in t["text"]
     # flagged trends first
@@ -632,3 +682,52 @@ def test_read_16_5_one_column_on_a_phone_and_screenshots(browser, store, desktop
                                         "cs => cs.map(c => c.getBoundingClientRect().left)")
     assert len({round(x) for x in columns}) > 1  # side by side on a desktop
     screenshot(page, "summary.png")
+
+
+def test_read_16_6_numbers_as_people_read_them(desktop):
+    """Units as a person says them and decimals where a day's change is smaller than one
+    unit, read off the cards and compared with this test's own formatting of its own
+    figures: pounds to a tenth (167.8 and 168.0 read differently), bpm, steps, a body mass
+    index without "count", water in fl oz, a 22-second workout in seconds, and a weight
+    that arrives once a day dated without a clock."""
+    page = desktop.page
+    weights = {}
+    for on in (DST_DAY, NEWEST):
+        cards = show(page, on)
+        by = {c["data"].get("metric"): c for c in cards if c["data"].get("metric")}
+        weight = by["weight_body_mass"]
+        assert [float(f["value"]) for f in weight["fields"]] == [WEIGHTS[on]]
+        weights[on] = weight["value"].strip()
+        assert weights[on] == shown("weight_body_mass", WEIGHTS[on], "lb")
+        # a Days automation's weight: written at local midnight, its date without a clock
+        assert weight["data"]["measured"].startswith(on.isoformat() + "T00:00:00")
+        assert weight["usual"] == "measured " + long_date(on)
+        # every series card's value and usual, in the units a person says
+        for c in cards:
+            metric, data = c["data"].get("metric"), c["data"]
+            if c["group"] in ("movement", "heart") and "value" in data \
+                    and metric != "heart_rate":
+                assert c["value"].strip() == shown(metric, float(data["value"]),
+                                                   data["units"]), (metric, c["value"])
+                if "usual" in data:
+                    assert c["usual"] == "usual " + shown(metric, float(data["usual"]),
+                                                          data["units"]), c["usual"]
+        assert by["resting_heart_rate"]["value"].strip().endswith(" bpm")
+        assert by["heart_rate"]["usual"] == "bpm"  # the range card's units
+        text = page.inner_text("#summary")
+        assert not re.search(r"\bcount\b|count/min|fl_oz_us|degC", text), text
+    assert weights == {DST_DAY: "167.8 lb", NEWEST: "168.0 lb"}
+    # everything else recorded on the newest day: BMI without a unit, water in fl oz
+    [other] = [c for c in cards if c["group"] == "other"]
+    items = {i["metric"]: i["text"] for i in other["items"]}
+    assert items["body_mass_index"] == "Body mass index" + shown_number(BMI[NEWEST], 1)
+    assert items["body_mass_index"].endswith("23.2")
+    assert items["dietary_water"] == "Water" + shown_number(WATER[NEWEST]) + " fl oz"
+    # the 22-second workout in seconds, the others in minutes
+    [workouts] = [c for c in cards if c["group"] == "workouts"]
+    for item in workouts["items"]:
+        seconds = float(item["durationS"])
+        expected = ("%d s" % int(seconds + 0.5) if seconds < 59.5
+                    else "%d min" % int(seconds / 60 + 0.5))
+        assert expected in item["text"], (item["text"], seconds)
+    assert any(float(i["durationS"]) < 60 for i in workouts["items"])
