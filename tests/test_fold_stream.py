@@ -34,13 +34,18 @@ WHOLE, INDEXED = 1 << 40, 0  # STREAM_FOLD_BYTES: never / always hour by hour
 
 def view(extraction: healthlog.Extraction) -> dict:
     """Everything the fold reads of an extraction, each metric's points by hour and
-    coordinate (the index is read by parsing its hours, as the merge does)."""
+    coordinate (the index is read by parsing its hours, as the merge does; an array the
+    index leaves in the text, a workout's route, is read as the merge reads it)."""
     metrics = {}
     for key, bucket in extraction.metrics.items():
         metrics[key] = {"units": bucket.units, "starts": list(bucket.starts),
                         "has_interval": bucket.has_interval,
                         "distinct": min(bucket.distinct, healthlog.DISTINCT_COUNTED)}
-        metrics[key]["hours"] = dict(bucket.hour_coords(lambda: None))
+        metrics[key]["hours"] = {
+            hour: {coord: ([healthlog.materialize(p) for p in slot] if type(slot) is list
+                           else healthlog.materialize(slot))
+                   for coord, slot in coords.items()}
+            for hour, coords in bucket.hour_coords(lambda: None)}
     return {"uncovered": extraction.uncovered, "dropped": extraction.uncovered_dropped,
             "cut": extraction.uncovered_cut, "points": extraction.points,
             "bad_points": extraction.bad_points, "bad_metrics": extraction.bad_metrics,
