@@ -512,7 +512,9 @@ def test_vendored_packages_import_from_the_pyz_alone(pyz, tmp_path, version):
 
 CONTRIB = build_zipapp.ROOT / "contrib"
 UNIT = CONTRIB / "healthlog.service"
-FOLD_STOP_BUDGET_S = 10  # the fold thread's join budget at shutdown (README: serve; ING-6)
+# The fold thread's join budget at shutdown (openspec/reference/commands-and-config.md:
+# serve; ING-6).
+FOLD_STOP_BUDGET_S = 10
 
 
 def test_contrib_readme_indexes_every_file():

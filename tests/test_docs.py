@@ -7,9 +7,13 @@
   ``### Requirement:`` states SHALL or MUST in its first line (the line OpenSpec reads as the
   requirement's text) and has at least one ``#### Scenario:``; each scenario has WHEN and THEN
   bullets.
-- README.md names every subcommand and ``--flag`` of ``healthlog.build_parser()`` and every
-  ``HEALTHLOG_*`` environment variable healthlog.py reads, and carries the quick-start commands
-  that .ci/run runs.
+- The reference (``openspec/reference/*.md``, where a user looks things up) names every
+  subcommand and ``--flag`` of ``healthlog.build_parser()`` and every ``HEALTHLOG_*``
+  environment variable healthlog.py reads. README.md, the entry point a newcomer reads to the
+  end, names every subcommand, links every reference document, and carries the quick-start
+  commands that .ci/run runs.
+- Every relative link in README.md, openspec/ and contrib/ stays inside the repository and
+  reaches a file that exists, and a ``#section`` in it a heading of that file.
 
 That contrib/README.md lists every file in contrib/ is checked in tests/test_build.py.
 """
@@ -30,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 SPECS = sorted((ROOT / "openspec" / "specs").glob("*/spec.md"))
 README = ROOT / "README.md"
+REFERENCE = ROOT / "openspec" / "reference"
 
 SCENARIO_ID = re.compile(r"\(([A-Z][A-Z0-9]*-\d+(?:\.\d+)+)\)\s*$")
 NORMATIVE = re.compile(r"\b(SHALL|MUST)\b")
@@ -202,10 +207,19 @@ def test_spec_follows_openspec_structure(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# (c) README covers the CLI and the environment.
+# (c) The reference covers the CLI and the environment; README names the commands and links it.
 
 def readme_text() -> str:
     return README.read_text(encoding="utf-8")
+
+
+def reference_documents() -> list[Path]:
+    return sorted(REFERENCE.glob("*.md"))
+
+
+def reference_text() -> str:
+    """Every reference document, one after the other."""
+    return "\n".join(path.read_text(encoding="utf-8") for path in reference_documents())
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -225,33 +239,114 @@ def long_flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def environment_variables() -> set[str]:
-    """``HEALTHLOG_*`` names healthlog.py reads from an environment mapping."""
+    """``HEALTHLOG_*`` names healthlog.py reads: from an environment mapping, or named as a
+    quoted string (the settings that a table of flag, variable and parser reads in a loop)."""
     source = Path(healthlog.__file__).read_text(encoding="utf-8")
-    return set(re.findall(r"""environ(?:\.get\(|\[)\s*["'](HEALTHLOG_[A-Z0-9_]+)["']""", source))
+    return set(re.findall(r"""environ(?:\.get\(|\[)\s*["'](HEALTHLOG_[A-Z0-9_]+)["']""", source)) \
+        | set(re.findall(r"""["'](HEALTHLOG_[A-Z0-9_]+)["']""", source))
 
 
 def test_parser_introspection_finds_the_cli():
     parser = healthlog.build_parser()
     assert {"serve", "status"} <= set(subcommands(parser))
     assert {"--version", "--data", "--listen", "--token", "--json"} <= long_flags(parser)
-    assert {"HEALTHLOG_DATA", "HEALTHLOG_LISTEN", "HEALTHLOG_TOKEN"} <= environment_variables()
+    assert {"HEALTHLOG_DATA", "HEALTHLOG_LISTEN", "HEALTHLOG_TOKEN",
+            "HEALTHLOG_NOTIFY", "HEALTHLOG_LATE_AFTER"} <= environment_variables()
+
+
+def names_command(command: str, text: str) -> bool:
+    return re.search(r"healthlog(?:\.pyz)? +%s\b" % re.escape(command), text) is not None
+
+
+def test_there_is_a_reference():
+    assert reference_documents(), "no openspec/reference/*.md found"
 
 
 @pytest.mark.parametrize("command", sorted(subcommands(healthlog.build_parser())))
-def test_readme_documents_every_subcommand(command):
-    assert re.search(r"healthlog(?:\.pyz)? +%s\b" % re.escape(command), readme_text()), (
+def test_readme_names_every_subcommand(command):
+    assert names_command(command, readme_text()), (
         "README.md never shows `healthlog.pyz %s`" % command)
 
 
+@pytest.mark.parametrize("command", sorted(subcommands(healthlog.build_parser())))
+def test_reference_documents_every_subcommand(command):
+    assert names_command(command, reference_text()), (
+        "openspec/reference/ never shows `healthlog.pyz %s`" % command)
+
+
 @pytest.mark.parametrize("flag", sorted(long_flags(healthlog.build_parser())))
-def test_readme_documents_every_flag(flag):
-    assert re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(flag), readme_text()), (
-        "README.md does not mention %s" % flag)
+def test_reference_documents_every_flag(flag):
+    assert re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(flag), reference_text()), (
+        "openspec/reference/ does not mention %s" % flag)
 
 
 @pytest.mark.parametrize("name", sorted(environment_variables()))
-def test_readme_documents_every_environment_variable(name):
-    assert re.search(r"\b%s\b" % name, readme_text()), "README.md does not mention %s" % name
+def test_reference_documents_every_environment_variable(name):
+    assert re.search(r"\b%s\b" % name, reference_text()), (
+        "openspec/reference/ does not mention %s" % name)
+
+
+@pytest.mark.parametrize("path", reference_documents(), ids=lambda p: p.name)
+def test_readme_links_every_reference_document(path):
+    target = path.relative_to(ROOT).as_posix()
+    assert re.search(r"\]\(%s(?:#[^)]*)?\)" % re.escape(target), readme_text()), (
+        "README.md does not link %s" % target)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) Links between the documents resolve, inside the repository.
+
+DOCUMENTS = sorted({README, ROOT / "openspec" / "README.md", ROOT / "openspec" / "decisions.md",
+                    *REFERENCE.glob("*.md"), *SPECS, *(ROOT / "contrib").rglob("*.md")})
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_slugs(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (code blocks left out)."""
+    slugs: set[str] = set()
+    for _, line in spec_lines(path):
+        header = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not header:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", header.group(1).lower()).replace(" ", "-")
+        candidate, n = slug, 0
+        while candidate in slugs:
+            n += 1
+            candidate = "%s-%d" % (slug, n)
+        slugs.add(candidate)
+    return slugs
+
+
+def document_links(path: Path) -> list[str]:
+    return [target for _, line in spec_lines(path) for target in LINK.findall(line)
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target)]  # http:, https:, mailto: …
+
+
+def link_problem(source: Path, target: str) -> str | None:
+    where, _, anchor = target.partition("#")
+    path = (source.parent / where).resolve() if where else source
+    if path != ROOT and ROOT not in path.parents:
+        return "points outside the repository"
+    if not path.exists():
+        return "no such file"
+    if anchor and path.suffix == ".md" and anchor not in heading_slugs(path):
+        return "no heading #%s in %s" % (anchor, path.relative_to(ROOT))
+    return None
+
+
+def test_link_checking_can_fail():
+    document = ROOT / "openspec" / "example.md"  # never written: only its folder is used
+    assert link_problem(document, "../README.md#quick-start") is None
+    assert link_problem(document, "../README.md#no-such-section") is not None
+    assert link_problem(document, "../../shared/notes.md") == "points outside the repository"
+    assert link_problem(document, "reference/no-such-file.md") == "no such file"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_document_links_resolve_inside_the_repository(path):
+    problems = ["%s: %s" % (target, problem) for target in document_links(path)
+                for problem in [link_problem(path, target)] if problem]
+    assert not problems, "%s:\n  " % path.relative_to(ROOT) + "\n  ".join(problems)
 
 
 def test_readme_quick_start_is_what_ci_runs():
