@@ -692,11 +692,16 @@ def test_ing_7_1_a_lagging_worker_writes_one_warning_per_pass(journal, passes, l
     journal.set_received_at(ids[1], now - dt.timedelta(minutes=7))
 
     assert driver.run() == 3
+    after = healthlog.utc_now()
 
     [warn] = lag_warnings(logs)
     assert warn["delayed"] == "2"
     assert warn["worst_delivery_id"] == str(ids[0])
-    assert 600 <= float(warn["worst_wait_s"]) < 660
+    # The pass reads the wall clock somewhere between `now` and `after`: the worst wait is
+    # the ten minutes plus that reading's lateness, bracketed by the two readings (and the
+    # record's rounding to 0.1 s), not a band of seconds.
+    late_s = (after - now).total_seconds()
+    assert 600 <= float(warn["worst_wait_s"]) <= 600 + late_s + 0.05
     assert driver.run() == 0
     assert len(lag_warnings(logs)) == 1  # an empty pass says nothing
 
@@ -748,6 +753,7 @@ def test_fold_9_1_a_pass_stopped_at_the_barrier_still_names_the_lag(journal, pas
 def test_fold_9_2_a_queue_stuck_since_the_first_pass_is_not_silent(journal, passes, logs,
                                                                      monkeypatch):
     driver = passes(busy_timeout_s=0.05)  # this worker starts now
+    before = healthlog.utc_now()
     ids = [journal.post(body_of(steps(MINUTES, 10 * n, day="2024-03-%02d" % (8 + n))))
            for n in range(2)]  # received after its start
     # Six minutes pass (healthlog reads the clock through utc_now; it is the only thing
@@ -756,9 +762,13 @@ def test_fold_9_2_a_queue_stuck_since_the_first_pass_is_not_silent(journal, pass
     monkeypatch.setattr(healthlog, "utc_now", lambda: real_now() + dt.timedelta(minutes=6))
     with write_lock(journal.config):
         assert driver.run() == 0
+    after = real_now()
     [warn] = lag_warnings(logs)
     assert warn["worst_delivery_id"] == str(ids[0])
-    assert 360 <= float(warn["worst_wait_s"]) < 420
+    # The six minutes plus the real time between the first post and the pass's reading of
+    # the clock, bracketed by the test's own readings (and the record's rounding to 0.1 s).
+    late_s = (after - before).total_seconds()
+    assert 360 <= float(warn["worst_wait_s"]) <= 360 + late_s + 0.05
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,11 +47,12 @@ def _healthz(port: int) -> tuple:
     return Client("127.0.0.1", port).request("GET", "/healthz", token=False)
 
 
-LIVENESS_S = 30.0
-"""The ceiling for "answered despite the slow clients" (RELY-5): a liveness bound, not a
-speed figure.  The answers come in well under a second here; the tests that use it set
-every timeout that could otherwise end the slow clients' hold (the server timeout and
-the head deadline) to 120 s, so a server held up by them could only answer after that."""
+HANG_DEADLINE_S = 30.0
+"""How long a RELY-5 test waits for the server to act (answer, disconnect, close) before
+it calls the server hung: a deadline that only catches a hang, not a speed figure.  The
+server acts within about 2 s in these tests (their deadlines are 2 s or less); the
+deadlines that must NOT apply are set to 120 s or more, so a server that waited for them
+is, as far as the test is concerned, hung."""
 
 
 def _head_gate(service: healthlog.Service) -> healthlog.HeadGate:
@@ -95,8 +96,11 @@ def test_rely_5_1_two_hundred_slow_header_clients_do_not_stop_a_delivery(start_s
     """WHEN 200 connections send `POST /api/ingest HTTP/1.1` and then dribble header bytes,
     THEN a normal delivery is answered 200 within 2 s and /healthz stays responsive.
 
-    (Tested as liveness: answered while all 200 still dribble, within LIVENESS_S, where
-    a server held up by them would answer only after its 120 s head deadline.)"""
+    (Tested by order, not by time: the delivery and /healthz are answered while all 200
+    still dribble and wait in the head gate.  The server timeout and the head deadline
+    are 120 s, so a server held up by the slow clients could answer only after they had
+    been let go; and a server that never answered would meet the client's own 30 s
+    silence timeout, the hang deadline.)"""
     monkeypatch.setattr(healthlog, "HEAD_DEADLINE_S", 120.0)
     service = start_service(http_timeout_s=120.0)
     port = service.address[1]
@@ -105,16 +109,13 @@ def test_rely_5_1_two_hundred_slow_header_clients_do_not_stop_a_delivery(start_s
     try:
         wait_for(lambda: _head_gate(service).waiting >= 200,
                  what="all 200 slow connections wait in the head gate")
-        started = time.monotonic()
         status, payload = Client("127.0.0.1", port).ingest(body)
-        answered = time.monotonic() - started
         health = _healthz(port)
-        assert _head_gate(service).waiting >= 200, "a slow client was let go meanwhile"
+        assert _head_gate(service).waiting >= 200, (
+            "a slow client was let go before the delivery was answered: it waited for them")
     finally:
         slow.close()
     assert status == 200, payload
-    # A liveness bound with a wide margin (see LIVENESS_S), not a speed figure.
-    assert answered < LIVENESS_S, "the delivery waited %.1f s behind slow clients" % answered
     assert health[0] == 200
     row = db_rows(data_dir)[0]
     assert (data_dir / row["archive_path"]).read_bytes() == body
@@ -126,12 +127,12 @@ def test_rely_5_2_request_headers_have_a_total_deadline(start_service, monkeypat
 
     The deadline here is the 2 s server timeout (the head deadline is the smaller of the
     two; HEAD_DEADLINE_S is set to 300 s): the client dribbles until it is disconnected,
-    for at most 30 s, a ceiling 15 times that deadline, not a speed figure."""
+    for at most HANG_DEADLINE_S (15 times that deadline), which only catches a hang."""
     monkeypatch.setattr(healthlog, "HEAD_DEADLINE_S", 300.0)
     service = start_service(http_timeout_s=2.0)
     with socket.create_connection(("127.0.0.1", service.address[1])) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + HANG_DEADLINE_S
         sock.settimeout(0.3)  # the dribble: a byte about every 0.3 s
         received = b""
         while time.monotonic() < deadline:
@@ -146,7 +147,8 @@ def test_rely_5_2_request_headers_have_a_total_deadline(start_service, monkeypat
                 break
             received += chunk
         else:
-            raise AssertionError("a dribbling client was not disconnected within 30 s")
+            raise AssertionError("a dribbling client was not disconnected within the %.0f s"
+                                 " hang deadline" % HANG_DEADLINE_S)
     assert received.startswith(b"HTTP/1.1 408 "), received[:60]
 
 
@@ -215,7 +217,7 @@ def test_rely_5_5_idle_connections_hold_no_thread(start_service, monkeypatch):
     is started for them, and they are closed at the head deadline.
 
     The head deadline is the 2 s server timeout (HEAD_DEADLINE_S is set to 300 s); the
-    clients wait for the close 30 s in all, a ceiling, not a speed figure."""
+    clients wait for the close HANG_DEADLINE_S in all, which only catches a hang."""
     monkeypatch.setattr(healthlog, "HEAD_DEADLINE_S", 300.0)
     service = start_service(http_timeout_s=2.0)
     port = service.address[1]
@@ -224,7 +226,7 @@ def test_rely_5_5_idle_connections_hold_no_thread(start_service, monkeypatch):
     try:
         health = _healthz(port)
         during = threading.active_count()
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + HANG_DEADLINE_S
         closed = 0
         for sock in idle:
             sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -571,8 +573,10 @@ def test_rely_8_4_lock_is_kept_while_a_request_outlives_the_stop_budget(make_con
     about the budget, the data-directory lock stays held until the request has ended, and
     only then is it released.
 
-    (stop() within about the budget is tested as liveness: the request waits up to its
-    60 s busy timeout for the lock the test holds, stop() must return well before.)"""
+    (stop() within about the budget is tested by order, not by time: the request waits
+    up to its 60 s busy timeout for the lock the test holds, so a stop() that waited for
+    the request would return only once the request had ended; this stop() must return
+    while the request is still waiting.)"""
     config = make_config(busy_timeout_s=60.0, stop_budget_s=0.5)
     service = healthlog.Service(config, announce=lambda token: None)
     service.start()
@@ -584,13 +588,10 @@ def test_rely_8_4_lock_is_kept_while_a_request_outlives_the_stop_budget(make_con
             Client(*service.address).ingest(hae_body())))
         poster.start()
         wait_for(lambda: archive_files(data_dir))  # the body is archived; the row waits
-        started = time.monotonic()
         assert service.stop() is False
-        stopped_in = time.monotonic() - started
-        # A liveness bound with a wide margin (40 times the 0.5 s budget, a third of the
-        # 60 s the request could wait), not a speed figure.
-        assert stopped_in < 20.0, "stop() waited %.1f s for the request" % stopped_in
-        assert poster.is_alive(), "the request ended before the stop: no test of the lock"
+        assert poster.is_alive(), (
+            "the request ended before stop() returned (stop() waited for it, or it ended"
+            " early): no test of the lock")
         other = healthlog.DataDirLock(data_dir)
         with pytest.raises(healthlog.DataDirLocked):
             other.acquire("test")
