@@ -131,6 +131,25 @@ def _open_handles() -> set:
     return handles
 
 
+class Lazy:
+    """A module's constant built the first time a test uses it.  pytest-xdist imports every
+    test module in every worker to collect it, and runs each module in one worker only
+    (``--dist loadfile``): a corpus built at import would be built in all of them."""
+
+    def __init__(self, build):
+        self._build, self._value, self._built = build, None, False
+
+    def _get(self):
+        if not self._built:
+            self._value, self._built = self._build(), True
+        return self._value
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+
 @contextlib.contextmanager
 def leaves_nothing_running(what: str):
     """Fail when ``what`` (the test, the module) leaves threads, servers or connections

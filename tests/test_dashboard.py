@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 import hae_factory as hf
+from conftest import Lazy
 from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
                                long_date, module_leaves_nothing_running, nothing_left_running,
                                serving, shown_number, sign_in)
@@ -181,7 +182,7 @@ class Corpus:
                                 "counters": counters})
 
 
-CORPUS = Corpus()
+CORPUS = Lazy(Corpus)
 
 
 # -- the module's service and browser ----------------------------------------------------

@@ -1,13 +1,16 @@
 """ESLint on the dashboard's script (healthlog.APP_JS, READ-10): the rules and the ES2017
 syntax limit are in tests/eslint.config.mjs.
 
-The script lives in healthlog.py as a string; the test hands it to ESLint on standard input.
+The script lives in healthlog.py as a string; the test hands it to ESLint on standard input,
+after as many empty lines as come before it in healthlog.py, so that each finding names
+healthlog.py's own line.
 ESLint comes from the npm registry, pinned to ESLINT_VERSION: .ci/run installs it outside the
 clone and names it in HEALTHLOG_ESLINT. Without node or ESLint the tests are skipped, unless
 HEALTHLOG_REQUIRE_ESLINT=1 (.ci/run sets it), which makes that a failure.
 """
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -45,6 +48,14 @@ def lint(source: str) -> subprocess.CompletedProcess:
         text=True, timeout=120)
 
 
+def script_as_in_module() -> tuple:
+    """(healthlog.py's line where APP_JS begins, the script after that many empty lines
+    less one): ESLint's line numbers are then healthlog.py's."""
+    lines = Path(healthlog.__file__).read_text(encoding="utf-8").splitlines()
+    first = next(n for n, line in enumerate(lines, 1) if line.startswith('APP_JS = r"""'))
+    return first, "\n" * (first - 1) + healthlog.APP_JS
+
+
 def test_read_10_13_eslint_is_the_pinned_version():
     version = subprocess.run([eslint(), "--version"], capture_output=True, text=True,
                              timeout=60).stdout.strip()
@@ -52,8 +63,24 @@ def test_read_10_13_eslint_is_the_pinned_version():
 
 
 def test_read_10_13_the_dashboard_script_passes_eslint():
-    result = lint(healthlog.APP_JS)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = lint(script_as_in_module()[1])
+    assert result.returncode == 0, "line numbers are healthlog.py's:\n" + result.stdout + (
+        result.stderr)
+
+
+def test_read_10_13_a_finding_names_the_line_of_healthlog_py():
+    """A mistake planted on the script's first ``'use strict';`` is reported at the line
+    that statement has in healthlog.py."""
+    lines = Path(healthlog.__file__).read_text(encoding="utf-8").splitlines()
+    first, source = script_as_in_module()
+    line = next(n for n, text in enumerate(lines, 1) if n > first and text == "'use strict';")
+    padded = source.splitlines()
+    assert padded[line - 1] == "'use strict';"
+    padded[line - 1] = "'use strict'; const plantedUnused = 1;"
+    result = lint("\n".join(padded) + "\n")
+    assert result.returncode == 1
+    assert re.search(r"^\s*%d:\d+\s+error\s.*plantedUnused" % line, result.stdout, re.M), (
+        result.stdout)
 
 
 @pytest.mark.parametrize("snippet, rule", [

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, Client, db_rows, wait_for
+from conftest import ROOT, Client, Lazy, db_rows, wait_for
 from read_helpers import (Store, assert_error, get, get_json, instant_us, iso_local, raw_end,
                           raw_start, read_csv, serve_corpus, utc_iso, written)
 
@@ -127,7 +127,7 @@ def build_corpus() -> Corpus:
     return corpus
 
 
-CORPUS = build_corpus()
+CORPUS = Lazy(build_corpus)
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, assert_no_leaks, db_rows, wait_for
+from conftest import ROOT, Lazy, assert_no_leaks, db_rows, wait_for
 from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_zone,
                           instant_us, iso_local, local_midnight_us, night_items, nights_by_date,
@@ -216,7 +216,7 @@ def build_corpus() -> Corpus:
     return corpus
 
 
-CORPUS = build_corpus()
+CORPUS = Lazy(build_corpus)
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 import hae_factory as hf
+from conftest import Lazy
 from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
                                long_date, module_leaves_nothing_running, nothing_left_running,
                                serving, shown_number)
@@ -328,7 +329,7 @@ def usual_of(values: dict, on: dt.date):
     return statistics.median(before) if len(before) >= USUAL_MIN_DAYS else None
 
 
-CORPUS = Corpus()
+CORPUS = Lazy(Corpus)
 
 
 # -- the module's service, browser and page ------------------------------------------------
