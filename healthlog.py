@@ -33,7 +33,8 @@ status ``pending``.  The fold happens later and never delays the answer.
 
 Sections, top-down (each banner says what it owns)::
 
-     1. Constants — every tunable number, with the reason for its value.
+     1. Constants — every tunable number that two sections read, with the reason for its
+        value; a number one section alone reads stands at the head of the part that reads it.
      2. Errors — one tree; HTTP-facing errors carry a status and a stable code.
      3. Logging and metrics — one record per line on stderr, logfmt or JSON; /metrics histograms.
      4. Config — defaults -> environment -> flags, merged once into a frozen object.
@@ -290,6 +291,40 @@ COVERAGE_DAYS = 28
 """The days ``/api/coverage`` answers without ``from``: four weeks, ending today."""
 COVERAGE_MAX_DAYS = 400
 """The longest range ``/api/coverage`` reads at once (a year and its edges)."""
+
+# Read by more than one section below (a number that one section alone reads stands at
+# the head of the part of that section that reads it):
+
+TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+"""Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
+GZIP_LEVEL = 6
+"""zlib's level for the stored objects' blobs: its default, near the best ratio for
+JSON at a third of level 9's time."""
+FOLD_MAX_BYTES = 512 << 20
+"""A body above this is not parsed (a full parse holds ~6× the body in memory)."""
+STREAM_FOLD_BYTES = 8 << 20
+"""From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
+document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
+990k heart-rate points needed 600 MiB); the text, the index (4 to 20 bytes a point,
+about 60 a metric) and a bounded batch of encoded objects stay near twice the body
+(fold spec, FOLD-13)."""
+DEFER_MIN_ELEMENTS = 256
+"""An array member of a record with more elements than this stays in the text of a large
+body (or of a large stored object) as a :class:`Deferred`: a two-day workout's 150,000
+route points and as many heart-rate samples would take 2.5 times the body as dicts."""
+FOLD_ATTEMPTS_MAX = 3
+"""Fold attempts a delivery may have without an outcome (the process died during them:
+a fault of the machine that the process survives takes its attempt back); the next pass
+then fails it, so that no single delivery stops the fold.  Three: one death may be bad
+luck, a third is the delivery."""
+STREAM_CHUNK = 64 << 10
+"""Streamed replies are written in pieces of about this size."""
+SNAPSHOT_HOLD_S = 5.0
+"""How long a streamed reply may keep its read snapshot open while the client reads.  A
+client still reading after that gets the rest from a file under ``DATA/tmp``, written at
+once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
+SESSION_MAX_AGE_S = 30 * 86400
+"""A signed-in browser stays signed in for 30 days; changing the token signs all out."""
 
 STATUSES = ("pending", "parsed", "partial", "failed")
 
@@ -705,10 +740,6 @@ class Histogram:
             lines.append("%s_sum%s %s" % (name, braces, repr(values[-2])))
             lines.append("%s_count%s %d" % (name, braces, values[-1]))
         return lines
-
-
-TIMING_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
-"""Histogram buckets (seconds) for ingest answers and folds: 1 KB to 60 MB bodies."""
 
 
 # ==============================================================================
@@ -2074,9 +2105,6 @@ def _lone_surrogate(text: str) -> bool:
     return any(match.group(1) for match in _SURROGATE_ESCAPES.finditer(text))
 
 
-GZIP_LEVEL = 6
-
-
 def loads_body(body: bytes) -> Any:
     """Parse a delivery: orjson when the host has it, else the standard json module.
 
@@ -2565,10 +2593,6 @@ def wide_document(doc: Any) -> bool:
                if type(data.get(key)) is list) > WHOLE_PARSE_NAMES_MAX
 
 
-FOLD_MAX_BYTES = 512 << 20
-"""A body above this is not parsed (a full parse holds ~6× the body in memory)."""
-
-
 def body_error(exc: OSError, path: Path) -> HealthlogError:
     """What an ``OSError`` on an archived body says: its own loss, when its file is gone or
     is no file while the archive around it is there (``body_missing``: the delivery fails),
@@ -2730,12 +2754,6 @@ def _escaped_ascii(piece: bytes) -> bytes:
 
 # -- large bodies: an index of where the points are, each parsed again in its hour -------
 
-STREAM_FOLD_BYTES = 8 << 20
-"""From this size on, a body is folded hour by hour (:func:`index_points`).  A whole
-document of dense points takes 7-10× the body in Python objects (a 63 MiB body of
-990k heart-rate points needed 600 MiB); the text, the index (4 to 20 bytes a point,
-about 60 a metric) and a bounded batch of encoded objects stay near twice the body
-(fold spec, FOLD-13)."""
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
@@ -2785,11 +2803,6 @@ def _walk_object(text: str, at: int, member: Callable[[str, int], int]) -> int:
 
 
 # -- a large record's long arrays, left in the text until they are compared or encoded --
-
-DEFER_MIN_ELEMENTS = 256
-"""An array member of a record with more elements than this stays in the text of a large
-body (or of a large stored object) as a :class:`Deferred`: a two-day workout's 150,000
-route points and as many heart-rate samples would take 2.5 times the body as dicts."""
 
 
 class Deferred:
@@ -5179,11 +5192,6 @@ FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
 """Pauses before the fold loop starts again after consecutive failures or machine faults
 (the last one repeats): a broken database is retried every minute, never given up on."""
 
-FOLD_ATTEMPTS_MAX = 3
-"""Fold attempts a delivery may have without an outcome (the process died during them:
-a fault of the machine that the process survives takes its attempt back); the next pass
-then fails it, so that no single delivery stops the fold.  Three: one death may be bad
-luck, a third is the delivery."""
 ATTEMPTS_EXHAUSTED = "fold_attempts_exhausted"
 RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable")
 """Error classes the machine, not the body, may have caused (``body_unreadable`` was
@@ -5498,14 +5506,6 @@ BUCKETS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 
 DELIVERIES_LIMIT = (50, 500)
 """Journal rows per page: default and maximum."""
-
-STREAM_CHUNK = 64 << 10
-"""Streamed replies are written in pieces of about this size."""
-
-SNAPSHOT_HOLD_S = 5.0
-"""How long a streamed reply may keep its read snapshot open while the client reads.  A
-client still reading after that gets the rest from a file under ``DATA/tmp``, written at
-once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
 
 
 # -- what each metric means: one table, served with the catalog ------------------------
@@ -8482,9 +8482,6 @@ def render_metrics(conn: sqlite3.Connection, ingest_seconds: Histogram, fold_sec
 # -- sessions: the dashboard's sign-in --------------------------------------------
 
 SESSION_COOKIE = "healthlog_session"
-
-SESSION_MAX_AGE_S = 30 * 86400
-"""A signed-in browser stays signed in for 30 days; changing the token signs all out."""
 
 
 def session_value(token: bytes, session_id: str, expiry: int) -> str:

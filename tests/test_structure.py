@@ -155,6 +155,49 @@ def test_every_section_uses_only_what_is_defined_above_it():
         % (reader, line, section, name, there) for reader, section, name, there, line in found)
 
 
+UNITS = {"US"}
+"""Numbers that are units (microseconds in a second), not tunings: they may stay in their
+section however many read them."""
+
+
+def numeric_constants() -> dict:
+    """{name: its section} of every module-level UPPER_CASE name bound to a number, or a
+    tuple of numbers, that the module computes without calling anything of its own."""
+    starts = sections()
+    out = {}
+    for node in ast.parse(SOURCE).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        try:
+            value = eval(compile(ast.Expression(node.value), "constant", "eval"), {})
+        except Exception:  # it reads a name: not a plain number
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        if values and all(type(v) in (int, float) for v in values):
+            for name in top_level_names(node):
+                if re.fullmatch(r"_?[A-Z][A-Z0-9_]*", name):
+                    out[name] = section_index(node.lineno, starts)
+    return out
+
+
+def test_a_number_two_sections_read_is_in_the_constants_section():
+    """The module map's promise: section 1 holds every tunable number that two sections
+    read; one that a single section reads stands in that section."""
+    starts, constants = sections(), numeric_constants()
+    assert {"FOLD_ATTEMPTS_MAX", "GZIP_LEVEL", "SESSION_MAX_AGE_S"} <= set(constants)
+    readers: dict = {}
+    for node in ast.parse(SOURCE).body:
+        visitor = References(set(constants))
+        visitor.visit(node)
+        for name, line in visitor.found:
+            readers.setdefault(name, set()).add(section_index(line, starts))
+    misplaced = sorted("%s (in '%s', read in %s)" % (
+        name, starts[home][1], ", ".join("'%s'" % starts[s][1] for s in sorted(readers[name])))
+        for name, home in constants.items()
+        if home != 0 and name not in UNITS and readers.get(name, set()) - {home})
+    assert not misplaced, "move to the Constants section:\n  " + "\n  ".join(misplaced)
+
+
 def test_the_last_section_is_data_only():
     """Constants, then the ``if __name__ == "__main__"`` guard, which must come after
     every definition (running the module calls main() there)."""
