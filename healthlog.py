@@ -5511,6 +5511,33 @@ once, and the snapshot ends: a slow reader never keeps SQLite from reusing the W
 # -- what each metric means: one table, served with the catalog ------------------------
 
 @dataclass(frozen=True)
+class SleepStage:
+    """A stage of sleep as the page lists and draws it: its name in the replies (a key of a
+    night's ``stages``), how a person reads it (``label``), whether its hours are sleep
+    (``asleep``: awake is not), and whether it is the sleep no stage was given for
+    (``unspecified``: HAE's and HealthKit's plain ``asleep``; a night that names no stage
+    is drawn as it)."""
+
+    stage: str
+    label: str
+    asleep: bool = True
+    unspecified: bool = False
+
+    def as_json(self) -> dict:
+        return {"stage": self.stage, "label": self.label, "asleep": self.asleep,
+                "unspecified": self.unspecified}
+
+
+SLEEP_STAGES = (SleepStage("deep", "deep"), SleepStage("core", "core"),
+                SleepStage("rem", "rem"), SleepStage("asleep", "asleep", unspecified=True),
+                SleepStage("awake", "awake", asleep=False))
+"""The stages of sleep in the order they are listed and drawn: deepest first, awake last
+(on top of a night's bar).  Part of the sleep meaning (:class:`Meaning`'s ``stages``): the
+nights (:func:`sleep_buckets`), the summary's sleep card, the day CSV and the page take
+their order and labels from here."""
+
+
+@dataclass(frozen=True)
 class Meaning:
     """What a metric is, for everything that shows or exports it (the page, ``export``,
     Grafana): its display name, its group, what its values are (``kind``), which fields
@@ -5526,6 +5553,12 @@ class Meaning:
     called where HAE's units say only ``count`` (``steps``; None: its name says what it
     counts, and a count is shown without a unit); ``digits``, the decimals always shown,
     where a person's changes are smaller than one unit (weight, body fat, temperature).
+
+    What its points hold beyond their value: ``bounds``, the fields of a point that hold
+    the lowest and highest of the span it summarises (heart rate's ``Min`` and ``Max``: a
+    day of it has a range); ``stages``, the stages of sleep in their order
+    (:data:`SLEEP_STAGES`); ``labels``, how a person reads a field whose name is no word
+    (sleep's ``in_bed``: "in bed").
     """
 
     name: str
@@ -5535,16 +5568,25 @@ class Meaning:
     better: Optional[str] = None
     counts: Optional[str] = None
     digits: Optional[int] = None
+    bounds: Optional[tuple] = None
+    stages: tuple = ()
+    labels: tuple = ()
 
     @property
     def combine(self) -> Optional[str]:
         """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
         return {"total": "sum", "average": "avg"}.get(self.kind)
 
+    def label(self, field: str) -> str:
+        """How a person reads one of its fields: its label, else its name."""
+        return dict(self.labels).get(field, field)
+
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
                 "fields": list(self.fields), "combine": self.combine, "better": self.better,
-                "digits": self.digits}
+                "digits": self.digits, "bounds": None if self.bounds is None
+                else list(self.bounds), "stages": [stage.as_json() for stage in self.stages],
+                "labels": {field: self.label(field) for field in self.fields}}
 
 
 def _totals(group: str, *items: tuple) -> dict:
@@ -5629,10 +5671,12 @@ MEANINGS = dict(
     **_averages("sleep",
                 ("respiratory_rate", "Respiratory rate", None),
                 ("breathing_disturbances", "Breathing disturbances", "down")),
-    heart_rate=Meaning("Heart rate", "heart", "average", ("Avg", "Min", "Max")),
+    heart_rate=Meaning("Heart rate", "heart", "average", ("Avg", "Min", "Max"),
+                       bounds=("Min", "Max")),
     blood_pressure=Meaning("Blood pressure", "body", "average", ("systolic", "diastolic"),
                            "down"),
-    sleep_analysis=Meaning("Sleep", "sleep", "sleep", ("asleep", "in_bed"), "up"),
+    sleep_analysis=Meaning("Sleep", "sleep", "sleep", ("asleep", "in_bed"), "up",
+                           stages=SLEEP_STAGES, labels=(("in_bed", "in bed"),)),
     workouts=Meaning("Workouts", "workouts", "workouts", ("duration", "energy", "distance")),
     ecg=Meaning("ECG", "heart", "ecg", ("classification", "averageHeartRate")),
     heart_rate_notifications=Meaning("Heart rate notifications", "heart", "events",
@@ -6425,12 +6469,19 @@ names it (``HKCategoryValueSleepAnalysisAsleepREM``), and in the languages seen 
 phones' exports; compared lower-case without spaces, ``_`` or ``-``."""
 _STAGE_OF = {spelling: stage for stage, spellings in SLEEP_STAGE_NAMES.items()
              for spelling in spellings}
-ASLEEP_STAGES = ("core", "deep", "rem", "asleep")
 NIGHT_GAP_US = 3 * HOUR_US
 """Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
-SUMMARY_STAGES = (("core", "core"), ("deep", "deep"), ("rem", "rem"), ("awake", "awake"))
-STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
-"""The order stages are listed and drawn in, deepest first."""
+STAGE_ORDER = tuple(stage.stage for stage in SLEEP_STAGES)
+"""The order stages are listed and drawn in, deepest first, awake last: the sleep
+meaning's (:data:`SLEEP_STAGES`)."""
+ASLEEP_STAGES = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep)
+"""The stages whose hours are sleep: all but awake."""
+STAGED = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep and not stage.unspecified)
+"""The stages of sleep a device told apart (the Watch's core, deep and REM)."""
+SUMMARY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
+                       if not stage.unspecified)
+"""(stage, field) of HAE's summary records: each stage's hours under the stage's own name;
+their ``asleep`` (the unspecified stage) is read apart, as the part no stage holds."""
 
 
 def sleep_stage(value: Any) -> Optional[str]:
@@ -6511,7 +6562,7 @@ def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
         start = None
     stages = {stage: _hours(point.get(name)) for stage, name in SUMMARY_STAGES}
     stages = {stage: hours for stage, hours in stages.items() if hours}
-    staged = sum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    staged = sum(stages.get(stage, 0.0) for stage in STAGED)
     unspecified = _hours(point.get("asleep")) or 0.0
     total = _hours(point.get("totalSleep"))
     if total is None and (staged or unspecified):
@@ -6706,6 +6757,19 @@ def _nap_item(nap: Night) -> dict:
             "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
 
 
+def in_stage_order(stages: dict) -> dict:
+    """A night's stage hours in the order of the sleep meaning (:data:`STAGE_ORDER`):
+    deepest first, awake last; a stage outside it after them, by name."""
+    return {**{stage: stages[stage] for stage in STAGE_ORDER if stage in stages},
+            **{stage: stages[stage] for stage in sorted(stages) if stage not in STAGE_ORDER}}
+
+
+def stage_order_json() -> list:
+    """The stages as a reply that lists nights carries them (``stage_order``): in their
+    order, with their labels (:data:`SLEEP_STAGES`)."""
+    return [stage.as_json() for stage in SLEEP_STAGES]
+
+
 def sleep_buckets(nights: list, query: PointQuery) -> list:
     """Day buckets (the day's night, its naps beside it) or week buckets (the average
     night of the nights there are; the naps listed, never averaged in), in the reply's
@@ -6734,7 +6798,7 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
         item.update({"count": len(members) + len(naps), "nights": len(members),
                      "asleep": mean([n.asleep for n in members]),
                      "in_bed": mean([n.in_bed for n in members]),
-                     "stages": dict(sorted(stages.items())),
+                     "stages": in_stage_order(stages),
                      "form": "summary" if all(n.form == "summary" for n in members)
                      else "records" if all(n.form == "records" for n in members) else "mixed",
                      "overlapping": sum(n.overlapping for n in members),
@@ -6778,14 +6842,17 @@ class SleepDates:
 
 def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
-    yield head[:-1] + b',"units":"hr","nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}"
+    yield (head[:-1] + b',"units":"hr","stage_order":' + _json_bytes(stage_order_json())
+           + b',"nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}")
 
 
 def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
     buckets = sleep_buckets(nights, query)
-    stages = [stage for stage in STAGE_ORDER if any(stage in item["stages"] for item in buckets)]
+    shown = [stage for stage in SLEEP_STAGES
+             if any(stage.stage in item["stages"] for item in buckets)]
+    stages = [stage.stage for stage in shown]
     columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
-        "unspecified" if stage == "asleep" else stage for stage in stages]  # one name each
+        "unspecified" if stage.unspecified else stage.stage for stage in shown]  # one name each
     if query.bucket == "day":
         columns += ["sleep_start", "sleep_end", "form"]
     columns += ["overlapping", "naps", "nap_hours"]
