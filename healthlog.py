@@ -13251,7 +13251,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function readHash() {
     const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
     const out = {};
-    ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to', 'ecg'].forEach(function (k) {
+    const keys = ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to',
+      'recording']; // recording: the ECG recording shown, by its start
+    keys.forEach(function (k) {
       const v = params.get(k);
       if (v) out[k] = v;
     });
@@ -13269,7 +13271,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       params.set('to', state.custom.to);
     }
     params.set('tz', state.tz);
-    if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('ecg', state.ecg);
+    if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('recording', state.ecg);
     const hash = '#' + params.toString();
     if (window.location.hash !== hash) window.history.replaceState(null, '', hash);
     $('nav-metrics').href = hash;
@@ -13294,7 +13296,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       state.tz = wanted.tz;
       ensureZoneOption(wanted.tz);
     }
-    state.ecg = wanted.ecg || null;
+    state.ecg = wanted.recording || null;
   }
 
   /** The metric a first visit opens on: the series with the latest data. */
