@@ -5780,6 +5780,19 @@ def meaning_of(metric: str) -> Meaning:
     return Meaning(metric.replace("_", " ").capitalize(), "other", "average")
 
 
+GROUPS = (("activity", "Activity"), ("body", "Body"), ("heart", "Heart"),
+          ("mindfulness", "Mindfulness"), ("nutrition", "Nutrition"), ("sleep", "Sleep"),
+          ("workouts", "Workouts"), ("other", "Other"))
+"""The meaning table's groups, in the order the metric view lists them, with their titles
+(everything the table does not place is in ``other``, last).  Served with the catalog
+(:func:`groups_json`)."""
+
+
+def groups_json() -> list:
+    """The groups as ``/api/catalog`` and ``healthlog catalog --json`` carry them."""
+    return [{"group": group, "title": title} for group, title in GROUPS]
+
+
 @dataclass(frozen=True)
 class SummaryCard:
     """A group of the summary page's cards: a group of the meaning table, the title it is
@@ -9221,7 +9234,7 @@ class App:
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
-        return self._ok({"metrics": items})
+        return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
         """GET /api/points: verbatim points or bucket aggregates, JSON or CSV, streamed."""
@@ -11675,7 +11688,8 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     finally:
         conn.close()
     if as_json:
-        out.write(json.dumps({"metrics": items}, indent=1, ensure_ascii=False) + "\n")
+        out.write(json.dumps({"metrics": items, "groups": groups_json()}, indent=1,
+                             ensure_ascii=False) + "\n")
         return 0
     if not items:
         out.write("the store is empty: nothing has been folded yet\n")
@@ -13312,6 +13326,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   const state = {
     metrics: [], // one per metric: {metric, meaning, layers: [catalog entries], first, last}
+    groups: [], // the meaning table's groups in order, with their titles (the catalog's)
     metric: null,
     view: null, // 'summary' or 'metric': what the address shows
     layer: '', // '' = the server's choice for the range (it names it), else a stored layer
@@ -13424,7 +13439,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     select.value = state.tz;
   }
 
-  function groupLabel(group) { return capitalise(words(group || 'other')); }
+  /** A group's title as the catalog names it, else its name in words. */
+  function groupLabel(group) {
+    const found = state.groups.filter(function (g) { return g.group === group; })[0];
+    return found ? found.title : capitalise(words(group || ''));
+  }
 
   function fillCatalog() {
     const select = $('catalog');
@@ -13433,8 +13452,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     state.metrics.forEach(function (m) {
       if (groups.indexOf(m.meaning.group) < 0) groups.push(m.meaning.group);
     });
+    // in the catalog's order of groups; a group it does not list after them, by name
+    const listed = state.groups.map(function (g) { return g.group; });
+    const rank = function (g) {
+      const i = listed.indexOf(g);
+      return i < 0 ? listed.length : i;
+    };
     groups.sort(function (a, b) {
-      return (a === 'other') - (b === 'other') || (a < b ? -1 : a > b ? 1 : 0);
+      return rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
     });
     groups.forEach(function (group) {
       const optgroup = el('optgroup');
@@ -13490,12 +13515,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       return;
     }
     const byMetric = {};
+    state.groups = (data && data.groups) || [];
     ((data && data.metrics) || []).forEach(function (entry) {
       let m = byMetric[entry.metric];
       if (!m) {
         m = byMetric[entry.metric] = {
           metric: entry.metric, meaning: entry.meaning || {
-            name: entry.metric, group: entry.group || 'other', kind: 'average', fields: [],
+            name: entry.metric, group: entry.group, kind: 'average', fields: [],
             combine: 'avg',
           },
           layers: [], first: Infinity, last: -Infinity, points: 0,

@@ -2,15 +2,17 @@
 
 Every decision about what a metric means (its group, which field is its value, how a bucket
 combines it, the sleep stages and their order, which cards the summary has, in which order,
-with which titles and metrics) is made in healthlog's meaning table (``MEANINGS``,
-``SLEEP_STAGES``, ``SUMMARY_CARDS``) and served with the catalog and the summary. The page's
-script (``healthlog.APP_JS``) only draws it: it MUST NOT name a metric or a sleep stage.
+with which titles and metrics, the groups of the metric list in their order) is made in
+healthlog's meaning table (``MEANINGS``, ``SLEEP_STAGES``, ``SUMMARY_CARDS``, ``GROUPS``) and
+served with the catalog and the summary. The page's script (``healthlog.APP_JS``) only draws
+it: it MUST NOT name a metric, a sleep stage or a group.
 
 The script is read as a script: its string literals, outside comments and regular
-expressions, are compared with the table's metrics and stages. A meaning's ``kind`` is the
-table's vocabulary the page draws by (a list of workouts, nights, ECG recordings), so a kind
-compared with a ``kind`` (``kind === 'workouts'``) is no metric, though ``workouts`` and
-``ecg`` are also metrics' names; anywhere else such a literal names the metric.
+expressions, are compared with the table's metrics, stages and groups. A meaning's ``kind``
+is the table's vocabulary the page draws by (a list of workouts, nights, ECG recordings), so
+a kind compared with a ``kind`` (``kind === 'workouts'``) is no metric, though ``workouts``
+and ``ecg`` are also metrics' names (and ``sleep`` and ``workouts`` groups'); anywhere else
+such a literal names the metric or the group.
 """
 
 import re
@@ -84,10 +86,15 @@ def stage_names() -> set:
     return set(healthlog.SLEEP_STAGE_NAMES) | set(healthlog.STAGE_ORDER)
 
 
+def groups() -> set:
+    return ({group for group, _ in healthlog.GROUPS}
+            | {card.group for card in healthlog.SUMMARY_CARDS})
+
+
 def named(script: str) -> list:
-    """(literal, line) of every metric or sleep stage the script names, a kind compared
-    with a kind aside."""
-    metrics, stages, table_kinds = set(healthlog.MEANINGS), stage_names(), kinds()
+    """(literal, line) of every metric, sleep stage or group the script names, a kind
+    compared with a kind aside."""
+    metrics, stages, table_kinds = set(healthlog.MEANINGS) | groups(), stage_names(), kinds()
     found = []
     for text, offset in string_literals(script):
         if text in stages or (text in metrics and not (
@@ -106,9 +113,9 @@ def test_the_scanner_reads_literals_not_comments_or_regular_expressions():
 
 
 def test_read_13_3_the_script_names_no_metric_and_no_sleep_stage():
-    """The page's script takes every metric and stage from what the server sends: the
-    summary's card order and titles, each card's metric and link, the sleep meaning's
-    stages in their order with their labels."""
+    """The page's script takes every metric, stage and group from what the server sends:
+    the summary's card order and titles, each card's metric and link, the sleep meaning's
+    stages in their order with their labels, the catalog's groups in order with theirs."""
     found = named(healthlog.APP_JS)
     assert not found, "the script names what the meaning table should say: %s" % found
 
@@ -122,6 +129,16 @@ def test_the_script_is_read_whole():
 
 
 # -- the table itself -----------------------------------------------------------------
+
+
+def test_read_13_3_every_group_of_the_table_has_its_place_and_title():
+    listed = [group for group, _ in healthlog.GROUPS]
+    assert len(listed) == len(set(listed)) and listed[-1] == "other"
+    assert all(title.strip() for _, title in healthlog.GROUPS)
+    made = {healthlog.meaning_of(m).group for m in ("symptoms/x", "medications/x",
+                                                     "cycle_tracking/x", "dietary_x", "x")}
+    assert {m.group for m in healthlog.MEANINGS.values()} | made <= set(listed)
+    assert healthlog.groups_json()[0] == {"group": "activity", "title": "Activity"}
 
 
 def test_read_13_3_the_summary_cards_are_groups_of_the_meaning_table():
@@ -159,6 +176,7 @@ def test_read_13_3_the_heart_range_reads_the_fields_its_meaning_names():
     assert ranged == ["heart_rate"]
 
 
-@pytest.mark.parametrize("text", ["'deep'", '"rem"', "'sleep_analysis'", "'step_count'"])
-def test_a_script_naming_a_metric_or_stage_fails(text):
+@pytest.mark.parametrize("text", ["'deep'", '"rem"', "'sleep_analysis'", "'step_count'",
+                                  "'heart'", "'activity'", "'other'"])
+def test_a_script_naming_a_metric_stage_or_group_fails(text):
     assert named("const x = %s;" % text)

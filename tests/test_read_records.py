@@ -176,8 +176,17 @@ def newest_first(points: list) -> list:
 # ---------------------------------------------------------------------------------------------
 # READ-13: the meaning table
 
+#: The groups of the meaning table in the order the metric list shows them (READ-13).
+GROUPS = [("activity", "Activity"), ("body", "Body"), ("heart", "Heart"),
+          ("mindfulness", "Mindfulness"), ("nutrition", "Nutrition"), ("sleep", "Sleep"),
+          ("workouts", "Workouts"), ("other", "Other")]
+
+
 def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
-    catalog = get_json(store.address, "/api/catalog")["metrics"]
+    reply = get_json(store.address, "/api/catalog")
+    catalog = reply["metrics"]
+    assert [(g["group"], g["title"]) for g in reply["groups"]] == GROUPS
+    assert {e["group"] for e in catalog} <= {group for group, _ in GROUPS}
     meanings = {e["metric"]: e["meaning"] for e in catalog}
     for entry in catalog:
         meaning = entry["meaning"]
