@@ -5511,6 +5511,33 @@ DELIVERIES_LIMIT = (50, 500)
 # -- what each metric means: one table, served with the catalog ------------------------
 
 @dataclass(frozen=True)
+class SleepStage:
+    """A stage of sleep as the page lists and draws it: its name in the replies (a key of a
+    night's ``stages``), how a person reads it (``label``), whether its hours are sleep
+    (``asleep``: awake is not), and whether it is the sleep no stage was given for
+    (``unspecified``: HAE's and HealthKit's plain ``asleep``; a night that names no stage
+    is drawn as it)."""
+
+    stage: str
+    label: str
+    asleep: bool = True
+    unspecified: bool = False
+
+    def as_json(self) -> dict:
+        return {"stage": self.stage, "label": self.label, "asleep": self.asleep,
+                "unspecified": self.unspecified}
+
+
+SLEEP_STAGES = (SleepStage("deep", "deep"), SleepStage("core", "core"),
+                SleepStage("rem", "rem"), SleepStage("asleep", "asleep", unspecified=True),
+                SleepStage("awake", "awake", asleep=False))
+"""The stages of sleep in the order they are listed and drawn: deepest first, awake last
+(on top of a night's bar).  Part of the sleep meaning (:class:`Meaning`'s ``stages``): the
+nights (:func:`sleep_buckets`), the summary's sleep card, the day CSV and the page take
+their order and labels from here."""
+
+
+@dataclass(frozen=True)
 class Meaning:
     """What a metric is, for everything that shows or exports it (the page, ``export``,
     Grafana): its display name, its group, what its values are (``kind``), which fields
@@ -5526,6 +5553,12 @@ class Meaning:
     called where HAE's units say only ``count`` (``steps``; None: its name says what it
     counts, and a count is shown without a unit); ``digits``, the decimals always shown,
     where a person's changes are smaller than one unit (weight, body fat, temperature).
+
+    What its points hold beyond their value: ``bounds``, the fields of a point that hold
+    the lowest and highest of the span it summarises (heart rate's ``Min`` and ``Max``: a
+    day of it has a range); ``stages``, the stages of sleep in their order
+    (:data:`SLEEP_STAGES`); ``labels``, how a person reads a field whose name is no word
+    (sleep's ``in_bed``: "in bed").
     """
 
     name: str
@@ -5535,16 +5568,25 @@ class Meaning:
     better: Optional[str] = None
     counts: Optional[str] = None
     digits: Optional[int] = None
+    bounds: Optional[tuple] = None
+    stages: tuple = ()
+    labels: tuple = ()
 
     @property
     def combine(self) -> Optional[str]:
         """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
         return {"total": "sum", "average": "avg"}.get(self.kind)
 
+    def label(self, field: str) -> str:
+        """How a person reads one of its fields: its label, else its name."""
+        return dict(self.labels).get(field, field)
+
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
                 "fields": list(self.fields), "combine": self.combine, "better": self.better,
-                "digits": self.digits}
+                "digits": self.digits, "bounds": None if self.bounds is None
+                else list(self.bounds), "stages": [stage.as_json() for stage in self.stages],
+                "labels": {field: self.label(field) for field in self.fields}}
 
 
 def _totals(group: str, *items: tuple) -> dict:
@@ -5629,10 +5671,12 @@ MEANINGS = dict(
     **_averages("sleep",
                 ("respiratory_rate", "Respiratory rate", None),
                 ("breathing_disturbances", "Breathing disturbances", "down")),
-    heart_rate=Meaning("Heart rate", "heart", "average", ("Avg", "Min", "Max")),
+    heart_rate=Meaning("Heart rate", "heart", "average", ("Avg", "Min", "Max"),
+                       bounds=("Min", "Max")),
     blood_pressure=Meaning("Blood pressure", "body", "average", ("systolic", "diastolic"),
                            "down"),
-    sleep_analysis=Meaning("Sleep", "sleep", "sleep", ("asleep", "in_bed"), "up"),
+    sleep_analysis=Meaning("Sleep", "sleep", "sleep", ("asleep", "in_bed"), "up",
+                           stages=SLEEP_STAGES, labels=(("in_bed", "in bed"),)),
     workouts=Meaning("Workouts", "workouts", "workouts", ("duration", "energy", "distance")),
     ecg=Meaning("ECG", "heart", "ecg", ("classification", "averageHeartRate")),
     heart_rate_notifications=Meaning("Heart rate notifications", "heart", "events",
@@ -5734,6 +5778,63 @@ def meaning_of(metric: str) -> Meaning:
         return Meaning(metric[len("dietary_"):].replace("_", " ").capitalize(), "nutrition",
                        "total")
     return Meaning(metric.replace("_", " ").capitalize(), "other", "average")
+
+
+GROUPS = (("activity", "Activity"), ("body", "Body"), ("heart", "Heart"),
+          ("mindfulness", "Mindfulness"), ("nutrition", "Nutrition"), ("sleep", "Sleep"),
+          ("workouts", "Workouts"), ("other", "Other"))
+"""The meaning table's groups, in the order the metric view lists them, with their titles
+(everything the table does not place is in ``other``, last).  Served with the catalog
+(:func:`groups_json`)."""
+
+
+def groups_json() -> list:
+    """The groups as ``/api/catalog`` and ``healthlog catalog --json`` carry them."""
+    return [{"group": group, "title": title} for group, title in GROUPS]
+
+
+@dataclass(frozen=True)
+class SummaryCard:
+    """A group of the summary page's cards: a group of the meaning table, the title it is
+    shown under, how its cards are made and drawn (``render``, one of
+    :data:`CARD_RENDERS`) and the metrics it shows, in their order."""
+
+    group: str
+    title: str
+    render: str
+    metrics: tuple = ()
+
+    def as_json(self) -> dict:
+        return {"group": self.group, "title": self.title, "render": self.render,
+                "metrics": list(self.metrics)}
+
+
+CARD_RENDERS = ("series", "latest", "night", "week", "list")
+"""How a group's cards are made: ``series``, a card per metric with the day's value
+against the usual and a sparkline (``render: series``), or, for a metric whose meaning has
+``bounds``, the day's lowest, average and highest (``render: range``); ``latest``, a card
+per metric with its latest measurement on or before the day; ``night``, the one card of
+the night that ended on the day; ``week``, the one card of the 7 days' records (its items
+the group's list); ``list``, everything else recorded on the day."""
+
+SUMMARY_CARDS = (
+    SummaryCard("activity", "Activity", "series",
+                ("step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
+                 "walking_running_distance")),
+    SummaryCard("sleep", "Last night", "night", (SLEEP_METRIC,)),
+    SummaryCard("heart", "Heart", "series",
+                ("resting_heart_rate", "heart_rate_variability", "walking_heart_rate_average",
+                 "heart_rate")),
+    SummaryCard("body", "Body", "latest",
+                ("weight_body_mass", "body_fat_percentage", "blood_pressure")),
+    SummaryCard("workouts", "Workouts", "week", ("workouts",)),
+    SummaryCard("other", "Also recorded", "list"),
+)
+"""The summary page's cards (:func:`summary`), in the order they are shown: each group is
+a group of the meaning table and shows metrics of its own group; ``other`` lists what
+else was recorded on the day, whatever its group.  Served with each summary as its
+``card_order``: the page draws the groups the server names, in this order, under these
+titles."""
 
 
 def catalog(conn: sqlite3.Connection) -> list:
@@ -6425,12 +6526,19 @@ names it (``HKCategoryValueSleepAnalysisAsleepREM``), and in the languages seen 
 phones' exports; compared lower-case without spaces, ``_`` or ``-``."""
 _STAGE_OF = {spelling: stage for stage, spellings in SLEEP_STAGE_NAMES.items()
              for spelling in spellings}
-ASLEEP_STAGES = ("core", "deep", "rem", "asleep")
 NIGHT_GAP_US = 3 * HOUR_US
 """Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
-SUMMARY_STAGES = (("core", "core"), ("deep", "deep"), ("rem", "rem"), ("awake", "awake"))
-STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
-"""The order stages are listed and drawn in, deepest first."""
+STAGE_ORDER = tuple(stage.stage for stage in SLEEP_STAGES)
+"""The order stages are listed and drawn in, deepest first, awake last: the sleep
+meaning's (:data:`SLEEP_STAGES`)."""
+ASLEEP_STAGES = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep)
+"""The stages whose hours are sleep: all but awake."""
+STAGED = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep and not stage.unspecified)
+"""The stages of sleep a device told apart (the Watch's core, deep and REM)."""
+SUMMARY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
+                       if not stage.unspecified)
+"""(stage, field) of HAE's summary records: each stage's hours under the stage's own name;
+their ``asleep`` (the unspecified stage) is read apart, as the part no stage holds."""
 
 
 def sleep_stage(value: Any) -> Optional[str]:
@@ -6511,7 +6619,7 @@ def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
         start = None
     stages = {stage: _hours(point.get(name)) for stage, name in SUMMARY_STAGES}
     stages = {stage: hours for stage, hours in stages.items() if hours}
-    staged = sum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    staged = sum(stages.get(stage, 0.0) for stage in STAGED)
     unspecified = _hours(point.get("asleep")) or 0.0
     total = _hours(point.get("totalSleep"))
     if total is None and (staged or unspecified):
@@ -6706,6 +6814,19 @@ def _nap_item(nap: Night) -> dict:
             "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
 
 
+def in_stage_order(stages: dict) -> dict:
+    """A night's stage hours in the order of the sleep meaning (:data:`STAGE_ORDER`):
+    deepest first, awake last; a stage outside it after them, by name."""
+    return {**{stage: stages[stage] for stage in STAGE_ORDER if stage in stages},
+            **{stage: stages[stage] for stage in sorted(stages) if stage not in STAGE_ORDER}}
+
+
+def stage_order_json() -> list:
+    """The stages as a reply that lists nights carries them (``stage_order``): in their
+    order, with their labels (:data:`SLEEP_STAGES`)."""
+    return [stage.as_json() for stage in SLEEP_STAGES]
+
+
 def sleep_buckets(nights: list, query: PointQuery) -> list:
     """Day buckets (the day's night, its naps beside it) or week buckets (the average
     night of the nights there are; the naps listed, never averaged in), in the reply's
@@ -6734,7 +6855,7 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
         item.update({"count": len(members) + len(naps), "nights": len(members),
                      "asleep": mean([n.asleep for n in members]),
                      "in_bed": mean([n.in_bed for n in members]),
-                     "stages": dict(sorted(stages.items())),
+                     "stages": in_stage_order(stages),
                      "form": "summary" if all(n.form == "summary" for n in members)
                      else "records" if all(n.form == "records" for n in members) else "mixed",
                      "overlapping": sum(n.overlapping for n in members),
@@ -6778,14 +6899,17 @@ class SleepDates:
 
 def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
-    yield head[:-1] + b',"units":"hr","nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}"
+    yield (head[:-1] + b',"units":"hr","stage_order":' + _json_bytes(stage_order_json())
+           + b',"nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}")
 
 
 def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
     buckets = sleep_buckets(nights, query)
-    stages = [stage for stage in STAGE_ORDER if any(stage in item["stages"] for item in buckets)]
+    shown = [stage for stage in SLEEP_STAGES
+             if any(stage.stage in item["stages"] for item in buckets)]
+    stages = [stage.stage for stage in shown]
     columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
-        "unspecified" if stage == "asleep" else stage for stage in stages]  # one name each
+        "unspecified" if stage.unspecified else stage.stage for stage in shown]  # one name each
     if query.bucket == "day":
         columns += ["sleep_start", "sleep_end", "form"]
     columns += ["overlapping", "naps", "nap_hours"]
@@ -7086,12 +7210,6 @@ def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
 
 # -- the summary: a day at a glance, against the person's own usual ---------------------
 
-SUMMARY_CARDS = (
-    ("movement", ("step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
-                  "walking_running_distance")),
-    ("heart", ("resting_heart_rate", "heart_rate_variability", "walking_heart_rate_average")),
-)
-SUMMARY_BODY = ("weight_body_mass", "body_fat_percentage", "blood_pressure")
 USUAL_DAYS = 30
 """The usual is the median of the day values of the 30 days before the day shown."""
 USUAL_MIN_DAYS = 5
@@ -7243,13 +7361,17 @@ def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) ->
     if units is None:
         units = values[max(values)][1]
     usual, usual_days = _usual(values, day, units)
-    return {"metric": metric, "name": meaning.name, "kind": meaning.kind, "units": units,
-            **_written(metric, units),
+    return {"metric": metric, "name": meaning.name, "render": "series", "kind": meaning.kind,
+            "units": units, **_written(metric, units),
             "value": value, "usual": usual, "usual_days": usual_days,
             "spark": _spark(values, day), "link": _link(metric, day)}
 
 
-def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict]:
+def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
+                title: str) -> Optional[dict]:
+    """Last night: the night that ended on the day, its stages in the sleep meaning's order
+    (``stage_order``), its fields (the main one first) with their labels, against the
+    usual night."""
     layers = [row[0] for row in conn.execute(
         "SELECT DISTINCT layer FROM object WHERE metric = ?", (SLEEP_METRIC,))]
     if RECORD_LAYER not in layers:
@@ -7267,7 +7389,11 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict
               if item["asleep"] is not None}
     usual, usual_days = _usual(asleep, day, "hr")
     night = nights.get(day)
-    return {"metric": SLEEP_METRIC, "name": "Last night", "units": "hr",
+    meaning = meaning_of(SLEEP_METRIC)
+    return {"metric": SLEEP_METRIC, "name": title, "render": "night", "units": "hr",
+            "fields": [{"field": field, "label": meaning.label(field)}
+                       for field in meaning.fields],
+            "stage_order": stage_order_json(),
             "overlapping": night["overlapping"] if night else False,
             "naps": night["naps"] if night else [],
             "asleep": night["asleep"] if night else None,
@@ -7279,11 +7405,16 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict
             "link": _link(SLEEP_METRIC, day)}
 
 
-def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dict]:
-    """The day's lowest, average and highest heart rate, from the finest layer with it."""
-    query = PointQuery("heart_rate", "", None, None, "day", zone, day_from=day,
-                       day_to=day + 1)
-    for layer in ("seconds", "default", "minutes", "hours", "days"):
+def _range_card(conn: sqlite3.Connection, metric: str, zone: Zone,
+                day: int) -> Optional[dict]:
+    """The day's lowest, average and highest of a metric whose points hold their span's
+    lowest and highest (its meaning's ``bounds``: heart rate's Min and Max), the average
+    that of its main field, from the finest layer with the day (:data:`DAY_LAYERS`,
+    finest first)."""
+    meaning = meaning_of(metric)
+    low_field, high_field = meaning.bounds
+    query = PointQuery(metric, "", None, None, "day", zone, day_from=day, day_to=day + 1)
+    for layer in DAY_LAYERS[::-1]:
         part = _replace(query, layer=layer,
                         start=((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US,
                         end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
@@ -7291,14 +7422,15 @@ def _heart_range(conn: sqlite3.Connection, zone: Zone, day: int) -> Optional[dic
             bucket = run.buckets.get(day)
             if bucket is None:
                 continue
-            low, mean, high = (bucket.fields.get(name) for name in ("Min", "Avg", "Max"))
+            low, mean, high = (bucket.fields.get(name)
+                               for name in (low_field, meaning.fields[0], high_field))
             if mean is None:
                 continue
-            return {"metric": "heart_rate", "name": "Heart rate", "units": run.units,
-                    **_written("heart_rate", run.units), "layer": layer,
+            return {"metric": metric, "name": meaning.name, "render": "range",
+                    "units": run.units, **_written(metric, run.units), "layer": layer,
                     "min": (low or mean)[1], "max": (high or mean)[2],
                     "avg": None if mean[3] is None else mean[3] / mean[0],
-                    "link": _link("heart_rate", day, 1)}
+                    "link": _link(metric, day, 1)}
     return None
 
 
@@ -7323,8 +7455,8 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
     offset = zone.point_offset(raw_start(point), coord[0])
     values = {name: point.get(name) for name in meaning.fields
               if type(point.get(name)) in (int, float)}
-    return {"metric": metric, "name": meaning.name, "units": units, **_written(metric, units),
-            "values": values, "measured": local_iso(coord[0], offset),
+    return {"metric": metric, "name": meaning.name, "render": "latest", "units": units,
+            **_written(metric, units), "values": values, "measured": local_iso(coord[0], offset),
             "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
 
 
@@ -7387,12 +7519,18 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
     return out
 
 
-def _week_of_workouts(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
-    """The workouts of the 7 days ending on the day, newest first (as /api/records)."""
-    if conn.execute("SELECT 1 FROM object WHERE metric = 'workouts' LIMIT 1").fetchone() is None:
+WEEK_DAYS = 7
+"""A ``week`` card lists the records of the 7 days ending on the day."""
+
+
+def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> list:
+    """The records (workouts) of the :data:`WEEK_DAYS` ending on the day, newest first (as
+    /api/records)."""
+    if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
+                    (metric,)).fetchone() is None:
         return []
-    return records(conn, {"metric": "workouts", "tz": zone.name, "limit": "100",
-                          "from": _dt.date.fromordinal(day - 6).isoformat(),
+    return records(conn, {"metric": metric, "tz": zone.name, "limit": "100",
+                          "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
                           "to": _dt.date.fromordinal(day).isoformat()})["items"]
 
 
@@ -7425,7 +7563,10 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             fresh: Optional[Freshness] = None) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
     day (default: the day of the newest point, in its own local time); with ``fresh``, its
-    ``attention``: a notice for what is late or stale now, whatever the day."""
+    ``attention``: a notice for what is late or stale now, whatever the day.  Its cards are
+    the meaning table's (:data:`SUMMARY_CARDS`): ``cards`` by group, and ``card_order`` the
+    groups in their order with their titles, metrics and ``render``, so that the page draws
+    what it is sent."""
     zone = parse_zone(args.get("tz"))
     text = args.get("date")
     if text:
@@ -7441,23 +7582,30 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     else:
         day = _newest_day(conn, zone)
     cards: dict = {}
-    shown = {SLEEP_METRIC, "heart_rate", "workouts"} | set(SUMMARY_BODY)
-    for name, metrics in SUMMARY_CARDS:
-        found = [_series_card(conn, metric, zone, day) for metric in metrics]
-        cards[name] = [card for card in found if card is not None]
-        shown |= set(metrics)
-    heart_range = _heart_range(conn, zone, day)
-    if heart_range is not None:
-        cards["heart"].append(heart_range)
-    cards["sleep"] = _sleep_card(conn, zone, day)
-    cards["body"] = [card for card in (_latest(conn, m, zone, day) for m in SUMMARY_BODY)
-                     if card is not None]
-    cards["workouts"] = _week_of_workouts(conn, zone, day)
-    cards["other"] = _other_today(conn, zone, day, shown)
+    order = []
+    shown = {metric for group in SUMMARY_CARDS for metric in group.metrics}
+    for group in SUMMARY_CARDS:  # the meaning table's cards, in its order
+        entry = group.as_json()
+        if group.render == "series":
+            found = [(_range_card if meaning_of(metric).bounds else _series_card)(
+                conn, metric, zone, day) for metric in group.metrics]
+            cards[group.group] = [card for card in found if card is not None]
+        elif group.render == "latest":
+            found = [_latest(conn, metric, zone, day) for metric in group.metrics]
+            cards[group.group] = [card for card in found if card is not None]
+        elif group.render == "night":
+            cards[group.group] = _sleep_card(conn, zone, day, group.title)
+        elif group.render == "week":
+            [metric] = group.metrics
+            cards[group.group] = _week_of(conn, metric, zone, day)
+            entry["link"] = _link(metric, day, WEEK_DAYS)
+        else:
+            cards[group.group] = _other_today(conn, zone, day, shown)
+        order.append(entry)
     return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
             "attention": [] if fresh is None else [n.as_json() for n in attention(fresh)],
             "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
-            "cards": cards, "trends": trends(conn, zone, day),
+            "card_order": order, "cards": cards, "trends": trends(conn, zone, day),
             "trend_rule": {"recent_days": TREND_RECENT_DAYS,
                            "baseline_days": TREND_BASELINE_DAYS,
                            "min_recent_days": TREND_MIN_RECENT,
@@ -9083,7 +9231,7 @@ class App:
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
-        return self._ok({"metrics": items})
+        return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
         """GET /api/points: verbatim points or bucket aggregates, JSON or CSV, streamed."""
@@ -11537,7 +11685,8 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     finally:
         conn.close()
     if as_json:
-        out.write(json.dumps({"metrics": items}, indent=1, ensure_ascii=False) + "\n")
+        out.write(json.dumps({"metrics": items, "groups": groups_json()}, indent=1,
+                             ensure_ascii=False) + "\n")
         return 0
     if not items:
         out.write("the store is empty: nothing has been folded yet\n")
@@ -12598,14 +12747,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const LIST_KINDS = ['workouts', 'ecg', 'events'];
   const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
   const RECORDS_MAX_PAGES = 50;
   const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
   const JOURNAL_PAGE = 20;
-  // Drawing order of the stages the server names (presentation only: which colour goes
-  // where in a night's bar); a stage not listed is drawn after these, awake last.
-  const STAGE_ORDER = ['deep', 'core', 'rem', 'asleep'];
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
   const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
     '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
@@ -12633,6 +12778,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function mondayOf(date) { return addDays(date, -weekdayOf(date)); }
 
   function isDate(text) { return typeof text === 'string' && DATE_RE.test(text); }
+
+  /** A kind of meaning whose points are listed, not bucketed (workouts, ECG, events). */
+  function isList(kind) { return kind === 'workouts' || kind === 'ecg' || kind === 'events'; }
 
   /** The slots of a date axis: every day of [from, to), or the Monday of every week. */
   function dateSlots(from, to, bucket) {
@@ -13033,30 +13181,48 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return out;
   }
 
-  /** A night's bar: stage segments bottom up, the asleep hours always (form (a) has no
-   *  stages: its asleep hours are the bar), awake on top, in bed behind. */
-  function nightBar(night) {
-    const stages = night.stages || {};
-    const keys = Object.keys(stages).filter(function (k) {
-      return typeof stages[k] === 'number' && stages[k] > 0;
-    });
+  /** The stages of a night with hours, in the order the server gives (``order``: the sleep
+   *  meaning's stages, deepest first, awake last, each {stage, label, asleep, unspecified});
+   *  a stage it does not list comes after the listed stages of sleep. Pure. */
+  function stagesOf(stages, order) {
+    const listed = (order || []).map(function (s) { return s.stage; });
     const rank = function (k) {
-      const i = STAGE_ORDER.indexOf(k);
-      return k === 'awake' ? 100 : i < 0 ? 50 : i;
+      const i = listed.indexOf(k);
+      return i < 0 ? listed.length : i;
     };
-    keys.sort(function (a, b) { return rank(a) - rank(b); });
+    return Object.keys(stages || {}).filter(function (k) {
+      return typeof stages[k] === 'number' && stages[k] > 0;
+    }).sort(function (a, b) { return rank(a) - rank(b); });
+  }
+
+  /** The entry of a stage in the server's order, or what a stage it does not list is: a
+   *  stage of sleep named by its key. */
+  function stageOf(stage, order) {
+    const found = (order || []).filter(function (s) { return s.stage === stage; })[0];
+    return found || { stage: stage, label: stage, asleep: true, unspecified: false };
+  }
+
+  /** A night's bar: its stages of sleep bottom up in the server's order, the asleep hours
+   *  no stage holds above them (a night that names no stage: all of them, drawn as the
+   *  unspecified stage), the stages that are not sleep (awake) on top, in bed behind. */
+  function nightBar(night, order) {
+    const stages = night.stages || {};
+    const keys = stagesOf(stages, order);
+    const awake = keys.filter(function (k) { return !stageOf(k, order).asleep; });
     const parts = [];
     let staged = 0;
     keys.forEach(function (k) {
-      if (k === 'awake') return;
+      if (awake.indexOf(k) >= 0) return;
       parts.push({ stage: k, hours: stages[k] });
       staged += stages[k];
     });
     const asleep = typeof night.asleep === 'number' ? night.asleep : null;
     if (asleep !== null && asleep - staged > 1 / 60) {
-      parts.push({ stage: staged ? 'unstaged' : 'asleep', hours: asleep - staged });
+      const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
+      parts.push({ stage: staged || !unspecified ? 'unstaged' : unspecified.stage,
+        hours: asleep - staged });
     }
-    if (keys.indexOf('awake') >= 0) parts.push({ stage: 'awake', hours: stages.awake });
+    awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
     return { parts: parts, top: top, asleep: asleep,
@@ -13157,6 +13323,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   const state = {
     metrics: [], // one per metric: {metric, meaning, layers: [catalog entries], first, last}
+    groups: [], // the meaning table's groups in order, with their titles (the catalog's)
     metric: null,
     view: null, // 'summary' or 'metric': what the address shows
     layer: '', // '' = the server's choice for the range (it names it), else a stored layer
@@ -13181,7 +13348,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function readHash() {
     const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
     const out = {};
-    ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to', 'ecg'].forEach(function (k) {
+    const keys = ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to',
+      'recording']; // recording: the ECG recording shown, by its start
+    keys.forEach(function (k) {
       const v = params.get(k);
       if (v) out[k] = v;
     });
@@ -13199,7 +13368,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       params.set('to', state.custom.to);
     }
     params.set('tz', state.tz);
-    if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('ecg', state.ecg);
+    if (state.metric.meaning.kind === 'ecg' && state.ecg) params.set('recording', state.ecg);
     const hash = '#' + params.toString();
     if (window.location.hash !== hash) window.history.replaceState(null, '', hash);
     $('nav-metrics').href = hash;
@@ -13224,7 +13393,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       state.tz = wanted.tz;
       ensureZoneOption(wanted.tz);
     }
-    state.ecg = wanted.ecg || null;
+    state.ecg = wanted.recording || null;
   }
 
   /** The metric a first visit opens on: the series with the latest data. */
@@ -13267,7 +13436,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     select.value = state.tz;
   }
 
-  function groupLabel(group) { return capitalise(words(group || 'other')); }
+  /** A group's title as the catalog names it, else its name in words. */
+  function groupLabel(group) {
+    const found = state.groups.filter(function (g) { return g.group === group; })[0];
+    return found ? found.title : capitalise(words(group || ''));
+  }
 
   function fillCatalog() {
     const select = $('catalog');
@@ -13276,8 +13449,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     state.metrics.forEach(function (m) {
       if (groups.indexOf(m.meaning.group) < 0) groups.push(m.meaning.group);
     });
+    // in the catalog's order of groups; a group it does not list after them, by name
+    const listed = state.groups.map(function (g) { return g.group; });
+    const rank = function (g) {
+      const i = listed.indexOf(g);
+      return i < 0 ? listed.length : i;
+    };
     groups.sort(function (a, b) {
-      return (a === 'other') - (b === 'other') || (a < b ? -1 : a > b ? 1 : 0);
+      return rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
     });
     groups.forEach(function (group) {
       const optgroup = el('optgroup');
@@ -13333,12 +13512,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       return;
     }
     const byMetric = {};
+    state.groups = (data && data.groups) || [];
     ((data && data.metrics) || []).forEach(function (entry) {
       let m = byMetric[entry.metric];
       if (!m) {
         m = byMetric[entry.metric] = {
           metric: entry.metric, meaning: entry.meaning || {
-            name: entry.metric, group: entry.group || 'other', kind: 'average', fields: [],
+            name: entry.metric, group: entry.group, kind: 'average', fields: [],
             combine: 'avg',
           },
           layers: [], first: Infinity, last: -Infinity, points: 0,
@@ -13418,7 +13598,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = plan.to;
       }
-      setChart({ bucket: LIST_KINDS.indexOf(kind) >= 0 ? null : plan.bucket, from: plan.from,
+      setChart({ bucket: isList(kind) ? null : plan.bucket, from: plan.from,
         to: plan.to, layer: plan.layer });
       const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
@@ -13469,7 +13649,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function setCsv(params, plan, kind) {
     const csv = $('csv');
     const csvParams = Object.assign({}, params, { format: 'csv' });
-    if (LIST_KINDS.indexOf(kind) < 0) csvParams.bucket = plan.bucket;
+    if (!isList(kind)) csvParams.bucket = plan.bucket;
     csv.href = query('/api/points', csvParams);
     csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
@@ -13951,15 +14131,28 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return summary;
   }
 
+  /** The sleep meaning's stages in their order: the reply's, else the catalog's. */
+  function stageOrder(view) {
+    return (view.data && view.data.stage_order) || view.metric.meaning.stages || [];
+  }
+
+  /** How a person reads the meaning's field number ``i`` (0: the main one). */
+  function fieldLabel(meaning, i) {
+    const field = (meaning.fields || [])[i];
+    return (meaning.labels && meaning.labels[field]) || field || '';
+  }
+
   function drawNights(chart, view) {
     const plan = view.plan;
+    const meaning = view.metric.meaning;
+    const order = stageOrder(view);
     const nights = (view.data && view.data.nights) || [];
     if (!nights.length) {
       emptyNote(chart, 'No nights in this range.');
       $('readout').textContent = '';
       return;
     }
-    const bars = nights.map(function (n) { return { n: n, bar: nightBar(n) }; });
+    const bars = nights.map(function (n) { return { n: n, bar: nightBar(n, order) }; });
     let hi = 0;
     bars.forEach(function (b) { hi = Math.max(hi, b.bar.top, b.bar.inBed || 0); });
     const panel = el('div', 'chart-panel');
@@ -13974,13 +14167,14 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? 'asleep, no stage' : s));
+      item.appendChild(document.createTextNode(s === 'unstaged' ? 'asleep, no stage'
+        : stageOf(s, order).label));
       legend.appendChild(item);
     });
     if (bars.some(function (b) { return b.bar.inBed !== null; })) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-inbed'));
-      item.appendChild(document.createTextNode('in bed'));
+      item.appendChild(document.createTextNode(fieldLabel(meaning, 1)));
       legend.appendChild(item);
     }
     head.appendChild(legend);
@@ -14024,12 +14218,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         base += p.hours;
       });
       const parts = [];
-      parts.push('asleep ' + (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
-      if (bar.inBed !== null) parts.push('in bed ' + formatHours(bar.inBed));
-      const stages = Object.keys(n.stages || {}).filter(function (k) { return n.stages[k] > 0; });
+      parts.push(fieldLabel(meaning, 0) + ' ' +
+        (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      if (bar.inBed !== null) parts.push(fieldLabel(meaning, 1) + ' ' + formatHours(bar.inBed));
+      const stages = stagesOf(n.stages, order);
       if (stages.length) {
         parts.push(stages.map(function (k) {
-          return k + ' ' + formatHours(n.stages[k]);
+          return stageOf(k, order).label + ' ' + formatHours(n.stages[k]);
         }).join(', '));
       }
       const start = splitLocal(n.sleep_start);
@@ -14414,12 +14609,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   const SPARK_W = 210;
   const SPARK_H = 40;
-  // The order of the summary's groups and their headings (presentation only: which cards
-  // there are, their values and usuals come from /api/summary).
-  const CARD_GROUPS = [
-    ['movement', 'Movement'], ['sleep', 'Last night'], ['heart', 'Heart'], ['body', 'Body'],
-    ['workouts', 'Workouts'], ['other', 'Also recorded'],
-  ];
 
   /** The metric view's address for a card's link {metric, from, to}: both dates are in
    *  the range, as the server writes them, and both are shown. */
@@ -14579,11 +14768,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  function stageRank(stage) {
-    const i = STAGE_ORDER.indexOf(stage);
-    return stage === 'awake' ? 100 : i < 0 ? 50 : i;
-  }
-
   /** A nap beside a day's night: its times and hours, never added to the night. */
   function napNode(nap) {
     const node = el('p', 'card-note nap');
@@ -14606,7 +14790,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       asleep: card.asleep, inBed: card.in_bed, usual: card.usual, usualDays: card.usual_days,
       sleepStart: card.sleep_start, sleepEnd: card.sleep_end,
     });
-    node.appendChild(valueNode(card.asleep, 'asleep', isNumber(card.asleep)
+    // the card's fields, the main one first (hours asleep, in bed), as the meaning names them
+    const fields = card.fields || [];
+    const labelOf = function (i) { return fields[i] ? fields[i].label : ''; };
+    node.appendChild(valueNode(card.asleep, labelOf(0), isNumber(card.asleep)
       ? formatHours(card.asleep) : undefined));
     const facts = el('span', 'card-facts');
     const fact = function (label, text, data) {
@@ -14616,7 +14803,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       item.appendChild(el('span', 'num', text));
       facts.appendChild(item);
     };
-    if (isNumber(card.in_bed)) fact('in bed', formatHours(card.in_bed), { field: 'in_bed' });
+    if (isNumber(card.in_bed) && fields[1]) {
+      fact(labelOf(1), formatHours(card.in_bed), { field: fields[1].field });
+    }
     const start = splitLocal(card.sleep_start);
     const end = splitLocal(card.sleep_end);
     if (start) fact('bed', start.time, { field: 'sleep_start', local: card.sleep_start });
@@ -14631,22 +14820,21 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     (card.naps || []).forEach(function (nap) {
       node.appendChild(napNode(nap));
     });
-    const stages = Object.keys(card.stages || {}).filter(function (k) {
-      return isNumber(card.stages[k]) && card.stages[k] > 0;
-    }).sort(function (a, b) { return stageRank(a) - stageRank(b); });
+    const order = card.stage_order || [];
+    const stages = stagesOf(card.stages, order);
     if (stages.length) {
       const row = el('span', 'stages');
       stages.forEach(function (k) {
         const chip = el('span', 'stage-chip');
         setData(chip, { stage: k, hours: card.stages[k] });
         chip.appendChild(el('span', 'swatch stage-' + k.replace(/[^a-z]/g, '')));
-        chip.appendChild(document.createTextNode(k + ' '));
+        chip.appendChild(document.createTextNode(stageOf(k, order).label + ' '));
         chip.appendChild(el('span', 'num', formatHours(card.stages[k])));
         row.appendChild(chip);
       });
       node.appendChild(row);
     }
-    node.appendChild(usualNode(card.usual, card.usual_days, 'asleep', isNumber(card.usual)
+    node.appendChild(usualNode(card.usual, card.usual_days, labelOf(0), isNumber(card.usual)
       ? formatHours(card.usual) : undefined, rule));
     node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours asleep',
       formatHours, day));
@@ -14702,17 +14890,19 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  function workoutsCard(items, day) {
-    const link = { metric: 'workouts', from: addDays(day, -6), to: day };
-    const node = cardShell('workouts-card wide', link, 'Workouts, ' + formatDate(link.from,
-      'short') + ' – ' + formatDate(day, 'short'));
+  /** The workouts of the week: ``group`` is the summary's entry for them (its title, and
+   *  the link to their view, {metric, from, to}, that the server made). */
+  function workoutsCard(items, day, group) {
+    const link = group.link;
+    const node = cardShell('workouts-card wide', link, group.title + ', ' +
+      formatDate(link.from, 'short') + ' – ' + formatDate(link.to, 'short'));
     let seconds = 0;
     items.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
-    setData(node, { metric: 'workouts', count: items.length, seconds: seconds, date: day });
+    setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
     const value = el('span', 'card-value');
     value.appendChild(el('span', 'num', formatCount(items.length)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', (items.length === 1 ? 'workout' : 'workouts') +
+    value.appendChild(el('span', 'card-units', 'workout' + (items.length === 1 ? '' : 's') +
       ', ' + formatSeconds(seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
@@ -14763,27 +14953,31 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const rule = data.usual || {};
     const day = data.date;
     let shown = 0;
-    CARD_GROUPS.forEach(function (entry) {
-      const key = entry[0];
-      const found = cards[key];
+    // the groups the server names, in its order, under its titles; each drawn as it says
+    // (``render``), a group of cards each as its own ``render`` says
+    const each = {
+      series: function (card) { return seriesCard(card, day, rule); },
+      range: function (card) { return rangeCard(card, day); },
+      latest: function (card) { return bodyCard(card); },
+    };
+    (data.card_order || []).forEach(function (entry) {
+      const found = cards[entry.group];
       const made = [];
-      if (key === 'sleep') {
+      if (entry.render === 'night') {
         if (found) made.push(sleepCard(found, day, rule));
-      } else if (key === 'workouts') {
-        if (found && found.length) made.push(workoutsCard(found, day));
-      } else if (key === 'other') {
+      } else if (entry.render === 'week') {
+        if (found && found.length) made.push(workoutsCard(found, day, entry));
+      } else if (entry.render === 'list') {
         if (found && found.length) made.push(otherCard(found, day));
       } else {
         (found || []).forEach(function (card) {
-          if (key === 'body') made.push(bodyCard(card));
-          else if ('spark' in card) made.push(seriesCard(card, day, rule));
-          else made.push(rangeCard(card, day));
+          if (each[card.render]) made.push(each[card.render](card));
         });
       }
       if (!made.length) return;
       const group = el('section', 'card-group');
-      group.dataset.group = key;
-      group.appendChild(el('h3', null, entry[1]));
+      group.dataset.group = entry.group;
+      group.appendChild(el('h3', null, entry.title));
       const grid = el('div', 'card-grid');
       made.forEach(function (node) { grid.appendChild(node); });
       group.appendChild(grid);
@@ -15289,6 +15483,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
+      stagesOf: stagesOf,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
       formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,

@@ -349,6 +349,9 @@ STAGE_OF = {
 ASLEEP = ("core", "deep", "rem", "asleep")
 #: The stage figures a summary record carries beside its totals.
 SUMMARY_STAGES = ("core", "deep", "rem", "awake")
+#: The order a night's stages are listed and drawn in (READ-12, READ-13): deepest first, the
+#: unspecified sleep after the Watch's stages, awake last.
+STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
 #: Quiet this long or longer between records parts two sleeps.
 QUIET_S = 3 * 3600
 #: No sleep shows more than a day.
@@ -723,6 +726,7 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
         assert_hours(g["asleep"], w["asleep"], (w["date"], "asleep"))
         assert_hours(g["in_bed"], w["in_bed"], (w["date"], "in_bed"))
         assert set(g["stages"]) <= {"core", "deep", "rem", "awake", "asleep"}, g["stages"]
+        assert list(g["stages"]) == [s for s in STAGE_ORDER if s in g["stages"]], g["stages"]
         for stage in set(g["stages"]) | set(w["stages"]):
             assert close(g["stages"].get(stage, 0.0), w["stages"].get(stage, 0.0)), (
                 w["date"], stage, g["stages"], w["stages"])

@@ -583,7 +583,7 @@ def test_read_10_6_ecg_list_and_trace(session):
     page.wait_for_selector('#chart[data-state="ready"] svg.ecg-trace[data-samples="%d"]'
                            % len(oldest["voltageMeasurements"]))
     assert sum(trace()["points"]) == len(oldest["voltageMeasurements"]) == hf.ECG_SAMPLES
-    assert "ecg=" in page.url
+    assert "recording=" in page.url  # the recording shown is in the address
 
 
 def check_amplitude_axis(page, volts: list, hz: float) -> None:

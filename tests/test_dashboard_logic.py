@@ -248,14 +248,25 @@ def test_read_10_14_workout_minutes_and_night_bars(js):
         "2026-01-19": {"minutes": pytest.approx(73.00667, abs=1e-4), "count": 3}}
     assert js("formatMinutes", 12.0) == "12 min"
     assert js("formatHours", 7.5) == "7 h 30 min"
-    old = js("nightBar", {"asleep": 6.5, "in_bed": 7.25, "stages": {}})
+    # the stages in the order the server sends them (the sleep meaning's, as /api/points
+    # and the summary's sleep card carry it): the bar follows it, whatever its order
+    order = healthlog.meaning_of("sleep_analysis").as_json()["stages"]
+    old = js("nightBar", {"asleep": 6.5, "in_bed": 7.25, "stages": {}}, order)
     assert old == {"parts": [{"stage": "asleep", "hours": 6.5}], "top": 6.5, "asleep": 6.5,
-                   "inBed": 7.25}
+                   "inBed": 7.25}  # no stage: the unspecified stage of the order
     staged = js("nightBar", {"asleep": 6.0, "in_bed": None, "stages": {
-        "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}})
+        "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}}, order)
     assert [p["stage"] for p in staged["parts"]] == ["deep", "core", "rem", "unstaged", "awake"]
     assert staged["parts"][3]["hours"] == pytest.approx(0.5)
     assert staged["inBed"] is None
+    # another order, and a stage that is not sleep in it: the bar is what the order says
+    turned = [dict(s, asleep=s["stage"] != "rem") for s in reversed(order)]
+    again = js("nightBar", {"asleep": 4.5, "in_bed": None, "stages": {
+        "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}}, turned)
+    assert [p["stage"] for p in again["parts"]] == ["awake", "core", "deep", "unstaged", "rem"]
+    assert again["parts"][3]["hours"] == pytest.approx(0.25)
+    assert js("stagesOf", {"rem": 1.5, "new": 0.5, "deep": 0, "core": 2}, order) == [
+        "core", "rem", "new"]  # an unknown stage after those listed; none of 0 hours
 
 
 def test_read_10_14_numbers_have_one_format(js):

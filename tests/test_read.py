@@ -523,6 +523,10 @@ def test_read_12_2_the_corpus_stage_records_give_one_night_per_morning(store, bu
                      tz=tz)
     assert (reply["layer"], reply["tz"], reply["units"]) == ("record", tz, "hr")
     assert "runs" not in reply
+    # the stages in the order every night lists them (READ-13), with how each is read
+    assert [(s["stage"], s["asleep"]) for s in reply["stage_order"]] == [
+        ("deep", True), ("core", True), ("rem", True), ("asleep", True), ("awake", False)]
+    assert all(s["label"] for s in reply["stage_order"])
     records = [p for p, _ in store.corpus.points("sleep_analysis", "record")]
     by_date = nights_by_date([], records, tz)
     if bucket == "day":

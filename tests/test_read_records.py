@@ -176,13 +176,23 @@ def newest_first(points: list) -> list:
 # ---------------------------------------------------------------------------------------------
 # READ-13: the meaning table
 
+#: The groups of the meaning table in the order the metric list shows them (READ-13).
+GROUPS = [("activity", "Activity"), ("body", "Body"), ("heart", "Heart"),
+          ("mindfulness", "Mindfulness"), ("nutrition", "Nutrition"), ("sleep", "Sleep"),
+          ("workouts", "Workouts"), ("other", "Other")]
+
+
 def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
-    catalog = get_json(store.address, "/api/catalog")["metrics"]
+    reply = get_json(store.address, "/api/catalog")
+    catalog = reply["metrics"]
+    assert [(g["group"], g["title"]) for g in reply["groups"]] == GROUPS
+    assert {e["group"] for e in catalog} <= {group for group, _ in GROUPS}
     meanings = {e["metric"]: e["meaning"] for e in catalog}
     for entry in catalog:
         meaning = entry["meaning"]
         assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better",
-                                "digits"}
+                                "digits", "bounds", "stages", "labels"}
+        assert set(meaning["labels"]) == set(meaning["fields"])  # how each field is read
         assert meaning["group"] == entry["group"] and meaning["name"].strip()
         assert meaning["combine"] == {"total": "sum", "average": "avg"}.get(meaning["kind"])
         assert meaning["better"] in ("up", "down", None)
@@ -199,6 +209,14 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     assert kind("heart_rate") == ("average", "avg", "heart")
     assert meanings["heart_rate"]["fields"][0] == "Avg"
     assert sorted(meanings["heart_rate"]["fields"]) == ["Avg", "Max", "Min"]
+    assert meanings["heart_rate"]["bounds"] == ["Min", "Max"]  # a day of it has a range
+    # the stages of sleep in the order they are listed and drawn: deepest first, awake last
+    assert [s["stage"] for s in meanings["sleep_analysis"]["stages"]] == [
+        "deep", "core", "rem", "asleep", "awake"]
+    assert [s["stage"] for s in meanings["sleep_analysis"]["stages"] if not s["asleep"]] == [
+        "awake"]
+    assert meanings["sleep_analysis"]["labels"]["in_bed"] == "in bed"
+    assert all(m["stages"] == [] for k, m in meanings.items() if k != "sleep_analysis")
     assert kind("weight_body_mass") == ("average", "avg", "body")
     assert (kind("sleep_analysis"), kind("workouts"), kind("ecg")) == (
         ("sleep", None, "sleep"), ("workouts", None, "workouts"), ("ecg", None, "heart"))

@@ -142,7 +142,7 @@ def test_read_15_1_day_values_usual_and_sparkline_are_the_tests_own(served, day)
     answer = summary_of(client, day)
     assert answer["date"] == day.isoformat() and answer["tz"] == "local"
     steps = {d: sum(v) for d, v in by_date(bodies["steps"]).items()}
-    got = card(answer, "movement", "step_count")
+    got = card(answer, "activity", "step_count")
     assert got["units"] == "count" and got["name"] == "Steps"
     assert close(got["value"], steps.get(day))  # null on a day without data, never 0
     assert close(got["usual"], usual_of(steps, day))
@@ -188,7 +188,8 @@ def test_read_15_2_last_night_in_every_summary_form(served):
         assert close(sleep["in_bed"], night["inBed"])
         assert sleep["overlapping"] is False and sleep["naps"] == []
         stages = {k: night[k] for k in ("core", "deep", "rem", "awake") if night.get(k)}
-        assert sleep["stages"].keys() == stages.keys()
+        assert list(sleep["stages"]) == [k for k in STAGES if k in stages]  # deepest first
+        assert [s["stage"] for s in sleep["stage_order"]] == list(STAGES)
         assert all(close(sleep["stages"][k], v) for k, v in stages.items()), sleep["stages"]
         assert sleep["sleep_end"][:19] == night["sleepEnd"][:19].replace(" ", "T")
         assert sleep["sleep_start"][:19] == night["sleepStart"][:19].replace(" ", "T")
@@ -197,11 +198,57 @@ def test_read_15_2_last_night_in_every_summary_form(served):
         assert close(sleep["usual"], statistics.median(earlier) if len(earlier) >= 5 else None)
 
 
+#: The summary's groups, by the spec (READ-15): (group, title, how drawn, metrics).
+CARD_ORDER = (("activity", "Activity", "series", ["step_count", "active_energy",
+                                                   "apple_exercise_time", "apple_stand_hour",
+                                                   "walking_running_distance"]),
+              ("sleep", "Last night", "night", ["sleep_analysis"]),
+              ("heart", "Heart", "series", ["resting_heart_rate", "heart_rate_variability",
+                                            "walking_heart_rate_average", "heart_rate"]),
+              ("body", "Body", "latest", ["weight_body_mass", "body_fat_percentage",
+                                          "blood_pressure"]),
+              ("workouts", "Workouts", "week", ["workouts"]),
+              ("other", "Also recorded", "list", []))
+#: The stages of sleep, deepest first, awake last (READ-12, READ-13).
+STAGES = ("deep", "core", "rem", "asleep", "awake")
+
+
+def test_read_15_7_the_cards_their_order_and_titles_come_with_the_summary(served):
+    client = served.client
+    catalog = {e["metric"]: e["meaning"] for e in client.request("GET", "/api/catalog")[1][
+        "metrics"]}
+    for day in (DAYS[-1], dt.date(2024, 6, 1)):  # a day with data and one before any
+        answer = summary_of(client, day)
+        order = answer["card_order"]
+        assert [(g["group"], g["title"], g["render"], g["metrics"]) for g in order] == list(
+            CARD_ORDER)
+        assert list(answer["cards"]) == [g["group"] for g in order]
+        # each group is its metrics' group in the catalog's meaning table
+        for group in order:
+            for metric in group["metrics"]:
+                if metric in catalog:
+                    assert catalog[metric]["group"] == group["group"], metric
+        [week] = [g for g in order if g["render"] == "week"]
+        assert week["link"] == {"metric": "workouts",
+                                "from": (day - dt.timedelta(days=6)).isoformat(),
+                                "to": day.isoformat()}
+        assert all("link" not in g for g in order if g["render"] != "week")
+    answer = summary_of(client, DAYS[-1])
+    # each card says how it is drawn: a series, the heart rate's range, a latest measurement
+    for group, _, render, _ in CARD_ORDER:
+        if render in ("series", "latest"):
+            for found in answer["cards"][group]:
+                assert found["render"] == render, found["metric"]
+    assert answer["cards"]["sleep"]["render"] == "night"
+    assert answer["cards"]["sleep"]["fields"] == [
+        {"field": "asleep", "label": "asleep"}, {"field": "in_bed", "label": "in bed"}]
+
+
 def test_read_15_4_a_metric_in_two_units(served):
     client, bodies = served.client, served.corpus
     day = dt.date(2025, 4, 2)
     answer = summary_of(client, day)
-    energy = card(answer, "movement", "active_energy")
+    energy = card(answer, "activity", "active_energy")
     sums: dict = {}
     for point, units in bodies["energy"]:
         key = written_date(point["date"])
@@ -215,7 +262,7 @@ def test_read_15_1_a_day_before_any_data_has_no_values(served):
     client = served.client
     answer = summary_of(client, dt.date(2024, 6, 1))
     assert answer["cards"]["sleep"] is None
-    for group in ("movement", "heart"):
+    for group in ("activity", "heart"):
         for found in answer["cards"][group]:
             assert found.get("value") is None and found.get("usual") is None
     assert answer["cards"]["workouts"] == [] and answer["cards"]["other"] == []
@@ -321,6 +368,6 @@ def test_read_15_1_day_values_for_half_hour_and_changing_offsets(client, data_di
             "GET", "/api/summary?date=%s&tz=%s" % (day, tz.replace("+", "%2B")))
         assert status == 200, answer
         spark = {dt.date.fromisoformat(p["date"]): p["value"]
-                 for p in card(answer, "movement", "step_count")["spark"]}
+                 for p in card(answer, "activity", "step_count")["spark"]}
         assert {d: v for d, v in spark.items() if v is not None} == {
             d: v for d, v in sums.items() if d <= day}, tz

@@ -64,11 +64,13 @@ USUAL_DAYS, USUAL_MIN_DAYS, SPARK_DAYS = 30, 5, 14
 RECENT_DAYS, BASELINE_DAYS, MIN_RECENT, MIN_BASELINE = 90, 365, 30, 90
 
 #: The summary's cards, by the spec (READ-15): which metric goes where.
-MOVEMENT = ("step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
+ACTIVITY = ("step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
             "walking_running_distance")
 HEART = ("resting_heart_rate", "heart_rate_variability", "walking_heart_rate_average")
 BODY = ("weight_body_mass", "body_fat_percentage", "blood_pressure")
-OWN_CARDS = set(MOVEMENT + HEART + BODY) | {"heart_rate", "sleep_analysis", "workouts"}
+#: The stages of a night, deepest first, awake last (READ-12, READ-13).
+STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
+OWN_CARDS = set(ACTIVITY + HEART + BODY) | {"heart_rate", "sleep_analysis", "workouts"}
 #: What the meaning table (READ-13) says of the series posted here: summed or averaged per
 #: day, and which way is better (None: no trend).
 TOTALS = {"step_count", "active_energy", "apple_exercise_time", "apple_stand_hour",
@@ -411,7 +413,7 @@ def check_day(cards: list, on: dt.date) -> None:
     for c in cards:
         by.setdefault((c["group"], c["data"].get("metric")), []).append(c)
     seen = set()
-    for group, metrics in (("movement", MOVEMENT), ("heart", HEART)):
+    for group, metrics in (("activity", ACTIVITY), ("heart", HEART)):
         for metric in metrics:
             truth = CORPUS.series(metric, on)
             if truth is None:
@@ -450,7 +452,7 @@ def check_day(cards: list, on: dt.date) -> None:
             "max": num(card["data"], "max")}
     else:
         assert not ranges
-    assert {k for k in by if k[0] in ("movement", "heart") and k[1] != "heart_rate"} == seen
+    assert {k for k in by if k[0] in ("activity", "heart") and k[1] != "heart_rate"} == seen
     # last night
     night = CORPUS.night(on)
     [sleep] = by[("sleep", "sleep_analysis")]
@@ -468,6 +470,9 @@ def check_day(cards: list, on: dt.date) -> None:
         assert (data["sleepStart"], data["sleepEnd"]) == (night["start"], night["end"])
         assert {s["stage"]: float(s["hours"]) for s in sleep["stages"]} == {
             k: approx(v) for k, v in night["stages"].items()}
+        # deepest first, awake last, each read by its name
+        assert [s["stage"] for s in sleep["stages"]] == [
+            k for k in STAGE_ORDER if k in night["stages"]]
         clock = {f["field"]: f for f in sleep["fields"]}
         assert clock["sleep_start"]["local"] == night["start"]
         assert clock["sleep_end"]["local"] == night["end"]
@@ -516,9 +521,12 @@ def test_read_16_1_signed_in_the_summary_of_the_newest_day(desktop):
     assert urllib.parse.urlsplit(page.url).fragment == ""
     check_day(cards, NEWEST)
     groups = page.eval_on_selector_all("#cards .card-group", "gs => gs.map(g => g.dataset.group)")
-    assert groups == ["movement", "sleep", "heart", "body", "workouts", "other"]
+    assert groups == ["activity", "sleep", "heart", "body", "workouts", "other"]
+    titles = page.eval_on_selector_all("#cards .card-group > h3",
+                                       "hs => hs.map(h => h.textContent)")
+    assert titles == ["Activity", "Last night", "Heart", "Body", "Workouts", "Also recorded"]
     # every series the store holds for the day has its card, in the units stored
-    assert {c["data"]["metric"] for c in cards if c["group"] == "movement"} == set(MOVEMENT)
+    assert {c["data"]["metric"] for c in cards if c["group"] == "activity"} == set(ACTIVITY)
     # a usual needs 5 days: exercise minutes have 3 before the day
     [exercise] = [c for c in cards if c["data"].get("metric") == "apple_exercise_time"]
     assert exercise["usual"] == "no usual yet (3 of the 5 days it needs)"
@@ -564,7 +572,7 @@ def test_read_16_2_previous_and_next_day_and_a_day_without_data(desktop):
     page.click("#day-prev")
     cards = ready(page, GAP)
     check_day(cards, GAP)
-    series = [c for c in cards if c["group"] in ("movement", "heart")]
+    series = [c for c in cards if c["group"] in ("activity", "heart")]
     assert series and all(c["value"].strip() == "no data" and "value" not in c["data"]
                           for c in series)
     assert not any(m["date"] == GAP.isoformat() for c in cards for m in c["marks"])
@@ -679,7 +687,7 @@ def test_read_16_5_one_column_on_a_phone_and_screenshots(browser, store, desktop
         phone.close()
     page = desktop.page
     show(page)
-    columns = page.eval_on_selector_all('#cards .card-group[data-group="movement"] .card',
+    columns = page.eval_on_selector_all('#cards .card-group[data-group="activity"] .card',
                                         "cs => cs.map(c => c.getBoundingClientRect().left)")
     assert len({round(x) for x in columns}) > 1  # side by side on a desktop
     screenshot(page, "summary.png")
@@ -706,7 +714,7 @@ def test_read_16_6_numbers_as_people_read_them(desktop):
         # every series card's value and usual, in the units a person says
         for c in cards:
             metric, data = c["data"].get("metric"), c["data"]
-            if c["group"] in ("movement", "heart") and "value" in data \
+            if c["group"] in ("activity", "heart") and "value" in data \
                     and metric != "heart_rate":
                 assert c["value"].strip() == shown(metric, float(data["value"]),
                                                    data["units"]), (metric, c["value"])
