@@ -123,8 +123,10 @@ __all__ = ["Config", "Service", "main", "__version__"]
 
 SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of the database this code writes; a newer one is refused.
-2: ``object.summary`` (per-hour aggregates for bucketed reads); a version-1 database
-gains the column on open, and its objects get summaries as they are written again
+2: ``object.summary``, the hour's *tally* (:func:`hour_tally`: per field its count,
+lowest, highest and total, and the offsets, for bucketed reads; the column keeps the
+name it was given, so no database is rewritten for a word); a version-1 database
+gains the column on open, and its objects get their tallies as they are written again
 (reads compute a missing one from the points).  3: ``object.spans`` (each point's
 parsed start and end, so a fold compares a re-sent hour without parsing the stored
 timestamps again); older objects gain it as they are written again (a fold parses the
@@ -2409,7 +2411,7 @@ def _add_point(bucket: MetricPoints, coord: tuple, point: dict) -> None:
 
 
 SLEEP_METRIC = "sleep_analysis"
-"""HAE sends sleep per night (summaries) or per stage segment (records) whatever the
+"""HAE sends sleep per night (nightly records) or per stage segment (records) whatever the
 automation's grouping: its points are records, never time-grouped buckets."""
 
 
@@ -3691,7 +3693,7 @@ def hour_items(bucket: Any, check_deadline: Callable[[], None]) -> Iterator[tupl
 
 
 @dataclass
-class BodySummary:
+class BodyOutline:
     """What a fold's outcome is decided by, without the points (:meth:`FoldEngine.decide`):
     small enough to cross from a rebuild's worker process to its writer."""
 
@@ -3708,8 +3710,8 @@ class BodySummary:
     plain: bool
 
 
-def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -> BodySummary:
-    """The :class:`BodySummary` of an extraction, before its points are merged; the layer
+def outline_of(extraction: Extraction, plain: bool, aggregation: Optional[str]) -> BodyOutline:
+    """The :class:`BodyOutline` of an extraction, before its points are merged; the layer
     is inferred as the delivery's ``automation-aggregation`` header asks (a sample of
     starts when it names a grouping, to see a contradiction; all of them when not)."""
     has_metric_points = extraction.has_metric_points
@@ -3717,7 +3719,7 @@ def summarize(extraction: Extraction, plain: bool, aggregation: Optional[str]) -
     if has_metric_points:
         inferred = infer_layer(extraction,
                                sample=INFER_SAMPLE if header_layer(aggregation) else None)
-    return BodySummary(extraction.name_count(), extraction.points,
+    return BodyOutline(extraction.name_count(), extraction.points,
                        extraction.bad_points, extraction.bad_metrics, extraction.mixed_units,
                        extraction.uncovered, extraction.uncovered_dropped,
                        extraction.uncovered_cut, has_metric_points, inferred, plain)
@@ -3810,7 +3812,7 @@ def schema_statements(delivery: str = "delivery", object_: str = "object",
 def index_statements(table: str) -> list:
     """The CREATE INDEX statements of the live ``delivery`` or ``object`` table.
 
-    ``object_summary`` covers what bucketed reads and the summary ask of an object, so
+    ``object_summary`` covers what bucketed reads and the summary page ask of an object, so
     that they scan a narrow index instead of rows that hold their blobs (3× faster for a
     year of hours, for about 2.5 bytes a minute point)."""
     return [st for st in schema_statements() if st.startswith("CREATE INDEX")
@@ -4238,7 +4240,7 @@ def accumulate(fields: dict, points: Sequence) -> int:
     return count
 
 
-def hour_summary(points: list, coords: Sequence) -> dict:
+def hour_tally(points: list, coords: Sequence) -> dict:
     """An object's aggregates, kept beside it for bucketed reads: the number of points,
     per numeric top-level field [count, min, max, sum] (:func:`accumulate`), and the
     offsets its points' starts were written in (``o``, sorted), so that a read in each
@@ -4736,7 +4738,7 @@ class FoldEngine:
                  journal: str = "delivery", verbose: bool = True):
         assert objects.isidentifier() and journal.isidentifier()
         self.conn, self.config = conn, config
-        self.verbose = verbose  # reindex: per-delivery records at DEBUG, a summary at the end
+        self.verbose = verbose  # reindex: per-delivery records at DEBUG, one for the run at the end
         self.objects, self.journal = objects, journal
         self._positions: dict = {}
         self._recent: Optional[collections.OrderedDict] = None
@@ -4910,39 +4912,39 @@ class FoldEngine:
             handed = True
             extraction = extract_points(doc, check_deadline)
             del doc
-        summary = summarize(extraction, plain, row["automation_aggregation"])
-        plan = self.decide(row, summary)
+        outline = outline_of(extraction, plain, row["automation_aggregation"])
+        plan = self.decide(row, outline)
         plan.from_ingest = handed is True
         self._merge(plan, row, extraction, check_deadline)
-        self._describe(plan, summary)
+        self._describe(plan, outline)
         return plan
 
-    def decide(self, row: Mapping[str, Any], summary: "BodySummary") -> FoldPlan:
+    def decide(self, row: Mapping[str, Any], outline: "BodyOutline") -> FoldPlan:
         """The outcome a parsed body gets before its points meet the store: its status
         and layer, the counters the body itself gives; raises the fold failures that
         need no comparison (nothing placed, no layer to be found)."""
-        if summary.bad_points and not summary.points:
+        if outline.bad_points and not outline.points:
             raise ContentNotParsed("no point in the delivery could be placed",
-                                   uncovered=summary.uncovered)
-        layer, warnings = self._layer(row, summary)
+                                   uncovered=outline.uncovered)
+        layer, warnings = self._layer(row, outline)
         counters = dict.fromkeys(_COUNTERS, 0)
-        counters.update(metrics=summary.metrics, points=summary.points,
-                        bad_points=summary.bad_points,
-                        unit_conflicts=len(summary.mixed_units))
-        return FoldPlan(row["id"], "partial" if summary.uncovered else "parsed",
-                        layer if summary.has_metric_points else (
-                            RECORD_LAYER if summary.points else None),
-                        summary.uncovered, counters=counters, warnings=warnings,
-                        metric_layer=layer, plain=summary.plain,
+        counters.update(metrics=outline.metrics, points=outline.points,
+                        bad_points=outline.bad_points,
+                        unit_conflicts=len(outline.mixed_units))
+        return FoldPlan(row["id"], "partial" if outline.uncovered else "parsed",
+                        layer if outline.has_metric_points else (
+                            RECORD_LAYER if outline.points else None),
+                        outline.uncovered, counters=counters, warnings=warnings,
+                        metric_layer=layer, plain=outline.plain,
                         here=(row["received_at"], row["id"]))
 
-    def _layer(self, row: Mapping[str, Any], summary: "BodySummary") -> tuple:
+    def _layer(self, row: Mapping[str, Any], outline: "BodyOutline") -> tuple:
         """(layer, warnings): header, else inference, else inheritance (storage spec)."""
-        if not summary.has_metric_points:
+        if not outline.has_metric_points:
             return None, []
         raw = row["automation_aggregation"]
         header = header_layer(raw)
-        inferred = summary.inferred
+        inferred = outline.inferred
         warnings = []
         if header is not None:
             if (inferred is not None and header != "default"
@@ -4959,7 +4961,7 @@ class FoldEngine:
                               "known": ",".join(GROUPINGS)}))
         layer = inferred or self.inherited_layer(row)
         if layer is None:
-            raise LayerNotInferable(uncovered=summary.uncovered)
+            raise LayerNotInferable(uncovered=outline.uncovered)
         return layer, warnings
 
     def _merge(self, plan: FoldPlan, row: sqlite3.Row, extraction: Extraction,
@@ -5007,29 +5009,29 @@ class FoldEngine:
         return (written.metric, written.layer, written.hour, written.units,
                 coords[0][0] // US, coords[-1][0] // US, len(points), written.created_by,
                 written.updated_by, digest, int(written.sealed), blob,
-                compact_json(written.deliveries), compact_json(hour_summary(points, coords)),
+                compact_json(written.deliveries), compact_json(hour_tally(points, coords)),
                 encode_spans(coords))
 
     @staticmethod
-    def _describe(plan: FoldPlan, summary: "BodySummary") -> None:
-        if summary.bad_points:
-            names = sorted({loggable_metric(str(n)) for n in summary.bad_metrics})
+    def _describe(plan: FoldPlan, outline: "BodyOutline") -> None:
+        if outline.bad_points:
+            names = sorted({loggable_metric(str(n)) for n in outline.bad_metrics})
             plan.warnings.insert(0, ("points without a readable time or not objects were"
                                      " counted, not stored",
                                      {"delivery_id": plan.delivery_id,
-                                      "bad_points": summary.bad_points,
+                                      "bad_points": outline.bad_points,
                                       "metrics": names[:WARN_NAMES_MAX]}))
-        if summary.mixed_units:
-            names = sorted({loggable_metric(n) for n in summary.mixed_units})
+        if outline.mixed_units:
+            names = sorted({loggable_metric(n) for n in outline.mixed_units})
             plan.warnings.insert(0, ("a metric came in two units in one body; the points in"
                                      " the second stay in the archive only",
                                      {"delivery_id": plan.delivery_id,
                                       "metrics": names[:WARN_NAMES_MAX]}))
-        if summary.uncovered_dropped or summary.uncovered_cut:
+        if outline.uncovered_dropped or outline.uncovered_cut:
             plan.warnings.insert(0, ("the list of uncovered keys hit its bounds",
                                      {"delivery_id": plan.delivery_id,
-                                      "dropped": summary.uncovered_dropped,
-                                      "cut": summary.uncovered_cut}))
+                                      "dropped": outline.uncovered_dropped,
+                                      "cut": outline.uncovered_cut}))
 
     # -- writing -----------------------------------------------------------------
 
@@ -6351,24 +6353,24 @@ def _bucket_place(query: PointQuery, key: int, bucket: _Bucket) -> dict:
             "date": _dt.date.fromordinal(key).isoformat()}
 
 
-def _hour_offsets(query: PointQuery, hour: int, summary: dict) -> Optional[list]:
+def _hour_offsets(query: PointQuery, hour: int, tally: dict) -> Optional[list]:
     """The offsets the points of a UTC hour are placed in, when known without reading them:
     the zone's at the hour's start and end, or (``tz=local``) those the fold wrote in the
-    hour's summary."""
+    hour's tally."""
     start = query.zone.offset_at(hour * HOUR_US)
     if start is None:
-        return summary.get("o")
+        return tally.get("o")
     end = query.zone.offset_at((hour + 1) * HOUR_US - 1)
     return [start] if end == start else [start, end]
 
 
-def _summary_bucket(query: PointQuery, hour: int, whole: bool, summary: Optional[dict]
+def _tally_bucket(query: PointQuery, hour: int, whole: bool, tally: Optional[dict]
                     ) -> Optional[tuple]:
-    """(key, offset) of the one bucket a whole hour falls in, when its summary can stand for
+    """(key, offset) of the one bucket a whole hour falls in, when its tally can stand for
     its points, else None (the points are read)."""
-    if not whole or summary is None:
+    if not whole or tally is None:
         return None
-    offsets = _hour_offsets(query, hour, summary)
+    offsets = _hour_offsets(query, hour, tally)
     if not offsets or len(offsets) != 1:
         return None
     offset = offsets[0]
@@ -6383,25 +6385,25 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
     field, in the query's local time (:class:`Zone`).
 
     An object wholly inside the range whose points all fall in one bucket is counted
-    from its stored summary (:func:`hour_summary`) without decoding its points: a year of
-    minute data is 8,760 summaries instead of half a million points.  A run holds at
+    from its stored tally (:func:`hour_tally`) without decoding its points: a year of
+    minute data is 8,760 tallies instead of half a million points.  A run holds at
     least one bucket.
     """
     if query.fill:
         return _filled_runs(conn, query)
     runs: list = []
-    for hour, units, whole, summary_text in _in_range_rows(conn, query, "summary"):
-        summary = json.loads(summary_text) if summary_text else None
+    for hour, units, whole, tally_text in _in_range_rows(conn, query, "summary"):
+        tally = json.loads(tally_text) if tally_text else None
         if not runs or runs[-1].units != units:
             if runs and not runs[-1].buckets:
                 runs.pop()  # nothing of the last run fell in the range
             runs.append(_Run(units))
         buckets = runs[-1].buckets
-        placed = _summary_bucket(query, hour, whole, summary)
+        placed = _tally_bucket(query, hour, whole, tally)
         if placed is not None:
             target = buckets.setdefault(placed[0], _Bucket())
             target.saw(hour * HOUR_US, placed[1])
-            _add_summary(target, summary)
+            _add_tally(target, tally)
             continue
         for point in loads_body(_object_blob(conn, query, hour)):
             coord = point_coordinate(point) if type(point) is dict else None
@@ -6443,9 +6445,9 @@ def _object_blob(conn: sqlite3.Connection, query: PointQuery, hour: int) -> byte
         (query.metric, query.layer, hour)).fetchone()[0])
 
 
-def _add_summary(target: _Bucket, summary: dict) -> None:
-    target.count += summary["n"]
-    for name, (count, low, high, total) in summary["f"].items():
+def _add_tally(target: _Bucket, tally: dict) -> None:
+    target.count += tally["n"]
+    for name, (count, low, high, total) in tally["f"].items():
         stats = target.fields.get(name)
         if stats is None:
             target.fields[name] = [count, low, high, total]
@@ -6535,9 +6537,9 @@ ASLEEP_STAGES = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep)
 """The stages whose hours are sleep: all but awake."""
 STAGED = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep and not stage.unspecified)
 """The stages of sleep a device told apart (the Watch's core, deep and REM)."""
-SUMMARY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
+NIGHTLY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
                        if not stage.unspecified)
-"""(stage, field) of HAE's summary records: each stage's hours under the stage's own name;
+"""(stage, field) of HAE's nightly records: each stage's hours under the stage's own name;
 their ``asleep`` (the unspecified stage) is read apart, as the part no stage holds."""
 
 
@@ -6578,15 +6580,15 @@ class Night:
     asleep: Optional[float]
     in_bed: Optional[float]
     stages: dict
-    form: str  # "summary" (one point per night) or "records" (one per stage segment)
+    form: str  # "nightly" (one record per night) or "records" (one per stage segment)
     overlapping: bool = False
     window: Optional[float] = None  # hours from its start to its end, gaps left out
     naps: list = field(default_factory=list)  # the day's other sleeps (its night only)
 
 
 @dataclass
-class _SummarySleep:
-    """One summary record's figures, before a sleep is made of it and its neighbours."""
+class _NightlySleep:
+    """One nightly record's figures, before a sleep is made of it and its neighbours."""
 
     start: Optional[int]
     start_offset: int
@@ -6600,9 +6602,9 @@ class _SummarySleep:
     stages: dict
 
 
-def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
-    """A summary record of HAE's aggregated sleep, in any of its forms: its end is
-    ``sleepEnd``, else ``inBedEnd``, else ``date``; its total is ``totalSleep``, else
+def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
+    """A nightly record (HAE's "Aggregate Sleep": one point a night), in any of its forms:
+    its end is ``sleepEnd``, else ``inBedEnd``, else ``date``; its total is ``totalSleep``, else
     ``asleep + core + deep + rem``.  Evidence (3,242 of 3,242 real records with
     ``totalSleep``, seven people, 2010-2026): ``totalSleep`` always equals that sum, so
     ``asleep`` alone is only the unspecified part wherever stages exist."""
@@ -6617,7 +6619,7 @@ def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
     start = parse_time(start_raw)
     if start is not None and start >= end:
         start = None
-    stages = {stage: _hours(point.get(name)) for stage, name in SUMMARY_STAGES}
+    stages = {stage: _hours(point.get(name)) for stage, name in NIGHTLY_STAGES}
     stages = {stage: hours for stage, hours in stages.items() if hours}
     staged = sum(stages.get(stage, 0.0) for stage in STAGED)
     unspecified = _hours(point.get("asleep")) or 0.0
@@ -6625,7 +6627,7 @@ def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
     if total is None and (staged or unspecified):
         total = unspecified + staged
     bed_start, bed_end = parse_time(point.get("inBedStart")), parse_time(point.get("inBedEnd"))
-    return _SummarySleep(start, end_offset if start is None else
+    return _NightlySleep(start, end_offset if start is None else
                          zone.point_offset(start_raw, start), end, end_offset, total, staged,
                          unspecified, _hours(point.get("inBed")),
                          (bed_start, bed_end) if bed_start is not None and bed_end is not None
@@ -6634,7 +6636,7 @@ def _summary_sleep(point: dict, zone: Zone) -> Optional[_SummarySleep]:
 
 def settle_sleep(total: Optional[float], staged: float, unspecified: float,
                  window: Optional[float]) -> tuple:
-    """(hours asleep, overlapping) of one sleep from its summary figures: HAE's total,
+    """(hours asleep, overlapping) of one sleep from its nightly figures: HAE's total,
     unless it says more than the sleep's window (or a day): then the sources overlap
     (AutoSleep beside the Watch on 87 of 90 real nights of one person; Eight Sleep
     writing its samples twice, 27 h between 21:52 and 10:16), and the figure is the
@@ -6649,8 +6651,8 @@ def settle_sleep(total: Optional[float], staged: float, unspecified: float,
     return min(figure, cap), True
 
 
-def _summary_nights(sleeps: list) -> list:
-    """Sleeps from summary records: records whose windows are less than
+def _nightly_sleeps(sleeps: list) -> list:
+    """Sleeps from nightly records: records whose windows are less than
     :data:`NIGHT_GAP_US` apart are one sleep (HAE splits a night in two at times, and
     two short naps in a row are one); each sleep is settled by :func:`settle_sleep`."""
     nights, group, reach = [], [], None
@@ -6660,7 +6662,7 @@ def _summary_nights(sleeps: list) -> list:
                                              else sleep.end)
         if group and (sleep is None or reach is None or sleep.start is None
                       or begins - reach >= NIGHT_GAP_US):
-            nights.append(_settled_summary(group))
+            nights.append(_settled_nightly(group))
             group, reach = [], None
         if sleep is not None:
             group.append(sleep)
@@ -6668,7 +6670,7 @@ def _summary_nights(sleeps: list) -> list:
     return nights
 
 
-def _settled_summary(group: list) -> Night:
+def _settled_nightly(group: list) -> Night:
     last = max(group, key=lambda s: s.end)
     starts = [s for s in group if s.start is not None]
     first = min(starts, key=lambda s: s.start) if starts else None
@@ -6695,7 +6697,7 @@ def _settled_summary(group: list) -> Night:
     return Night(local_ordinal(last.end, last.end_offset), last.end, last.end_offset,
                  first.start if first else None,
                  first.start_offset if first else last.end_offset, asleep, in_bed, stages,
-                 "summary", overlapping, window)
+                 "nightly", overlapping, window)
 
 
 def _union_hours(spans: list) -> float:
@@ -6756,15 +6758,15 @@ def _sleep_length(night: Night) -> tuple:
 def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
     """The nights whose end lies in the range, one per local date: the day's longest
     sleep, with the day's other sleeps as its ``naps`` (never added to it).  A date with
-    summary records takes the sleeps they make (HAE's own aggregate, what Apple Health
-    shows), else the sleeps its stage records make.  The same night summarised twice
+    nightly records takes the sleeps they make (HAE's own aggregate, what Apple Health
+    shows), else the sleeps its stage records make.  The same night sent twice
     (HAE re-sends a night with ``date`` once the sleep start, once the wake time; or sends
-    it while it runs, and again in the morning) counts once: the summary of the latest end
-    of a sleep start."""
+    it while it runs, and again in the morning) counts once: the nightly record of the
+    latest end of a sleep start."""
     widened = _replace(query, start=None if query.start is None
                                   else query.start - 2 * 86400 * US, day_from=None,
                                   day_to=None)
-    summaries: dict = {}
+    nightly: dict = {}
     records = []
     for _, _, point in iter_points(conn, widened):
         stage = sleep_stage(point.get("value"))
@@ -6775,15 +6777,15 @@ def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
             records.append((start, end, stage, raw_end, raw_start(point)))
             continue
-        sleep = _summary_sleep(point, query.zone)
-        if sleep is not None:  # one night, however often summarised: the latest end wins
+        sleep = _nightly_sleep(point, query.zone)
+        if sleep is not None:  # one night, however often sent: the latest end wins
             key = sleep.end if sleep.start is None else sleep.start
             rank = (sleep.end, len(content_keys(point)))
-            known = summaries.get(key)
+            known = nightly.get(key)
             if known is None or rank >= known[1]:
-                summaries[key] = (sleep, rank)
+                nightly[key] = (sleep, rank)
     by_date: dict = {}
-    for night in _summary_nights([sleep for sleep, _ in summaries.values()]):
+    for night in _nightly_sleeps([sleep for sleep, _ in nightly.values()]):
         by_date.setdefault(night.date, []).append(night)
     for night in _record_nights(records, query.zone):
         if night.date not in by_date or by_date[night.date][0].form == "records":
@@ -6856,7 +6858,7 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
                      "asleep": mean([n.asleep for n in members]),
                      "in_bed": mean([n.in_bed for n in members]),
                      "stages": in_stage_order(stages),
-                     "form": "summary" if all(n.form == "summary" for n in members)
+                     "form": "nightly" if all(n.form == "nightly" for n in members)
                      else "records" if all(n.form == "records" for n in members) else "mixed",
                      "overlapping": sum(n.overlapping for n in members),
                      "naps": [_nap_item(nap) for nap in naps]})
@@ -6871,7 +6873,7 @@ def sleep_buckets(nights: list, query: PointQuery) -> list:
 
 
 class SleepDates:
-    """The local date each sleep point belongs to, as the page dates it: a summary record's
+    """The local date each sleep point belongs to, as the page dates it: a nightly record's
     own end (``sleepEnd``, else ``inBedEnd``, else ``date``), a stage record's sleep's end
     (else its own); so that exports date a sleep row on its wake day, not by HAE's ``date``
     (the sleep start the evening before on 43 of 91 real nights of one person)."""
@@ -6886,7 +6888,7 @@ class SleepDates:
     def of(self, point: dict, coord: tuple) -> Optional[int]:
         """The local date ordinal of a sleep point, or None when it is no sleep."""
         if sleep_stage(point.get("value")) is None:
-            sleep = _summary_sleep(point, self._zone)
+            sleep = _nightly_sleep(point, self._zone)
             return None if sleep is None else local_ordinal(sleep.end, sleep.end_offset)
         at = bisect.bisect_right(self._starts, coord[0]) - 1
         while at >= 0 and coord[0] - self._starts[at] <= 2 * 86400 * US:
@@ -6945,16 +6947,17 @@ def _quantity(value: Any) -> Optional[dict]:
 
 def workout_item(point: dict, coord: tuple) -> dict:
     """A workout of either export version: version 2 has ``id`` and ``duration`` (seconds),
-    ``activeEnergyBurned`` and a ``heartRate`` summary; version 1 has neither id nor
-    duration (it is the span), and ``activeEnergy``/``totalEnergy`` as amounts."""
+    ``activeEnergyBurned`` and a ``heartRate`` object (its average and highest); version 1
+    has neither id nor duration (it is the span), and ``activeEnergy``/``totalEnergy`` as
+    amounts."""
     duration = point.get("duration")
     if type(duration) not in (int, float) or duration <= 0:
         duration = (coord[1] - coord[0]) / US if coord[1] > coord[0] else None
     energy = (_quantity(point.get("activeEnergyBurned")) or _quantity(point.get("activeEnergy"))
               or _quantity(point.get("totalEnergy")))
-    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
-    average = _quantity(summary.get("avg")) or _quantity(point.get("avgHeartRate"))
-    highest = _quantity(summary.get("max")) or _quantity(point.get("maxHeartRate"))
+    heart = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    average = _quantity(heart.get("avg")) or _quantity(point.get("avgHeartRate"))
+    highest = _quantity(heart.get("max")) or _quantity(point.get("maxHeartRate"))
     name = point.get("name")
     distance = _quantity(point.get("distance"))
     for amount in (energy, distance, average, highest):
@@ -7226,11 +7229,11 @@ is flagged when the difference exceeds one standard deviation of the baseline da
 
 def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
                     offset: Optional[int], low: int, high: int) -> Optional[tuple]:
-    """([(epoch day, units, count, sum)], [hours left]): per local day, from the hourly
-    summaries, summed inside SQLite, for the hours whose points all lie in one local day
+    """([(epoch day, units, count, sum)], [hours left]): per local day, from the hours'
+    tallies, summed inside SQLite, for the hours whose points all lie in one local day
     (their one offset a whole hour; ``offset`` None: the offsets the fold wrote); the
-    other hours (two offsets, a half-hour one, a summary from before offsets were kept)
-    are left to be read from their points.  One statement, each summary parsed once (one
+    other hours (two offsets, a half-hour one, a tally from before offsets were kept)
+    are left to be read from their points.  One statement, each tally parsed once (one
     json_extract of several paths); an hour left over is a group of its own.  None where
     this SQLite has no JSON functions, or for a zone of a half-hour offset (every hour
     straddles two local days there)."""
@@ -7243,7 +7246,7 @@ def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: st
     else:
         shift, good = str(int(offset)), "has"
     # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
-    # repeat its json_extract (a parse of the whole summary) for every use of ``v``.
+    # repeat its json_extract (a parse of the whole tally) for every use of ``v``.
     try:
         rows = conn.execute(
             "SELECT CASE WHEN ok THEN (hour * 3600 + %s) / 86400 END, CASE WHEN ok THEN NULL"
@@ -7862,8 +7865,8 @@ def _spacing(conn: sqlite3.Connection, metric: str, layer: str, top: int) -> Opt
 
 def _bounds(conn: sqlite3.Connection, metric: str, layer: str, low: int, high: int) -> list:
     """(first_at, last_at, points) of the objects of the hours ``low``..``high`` in order,
-    from the index that covers the summaries (a summary says how many points it has)
-    rather than from the rows that hold the blobs; an object without a summary is read."""
+    from the index that covers the tallies (a tally says how many points it has) rather
+    than from the rows that hold the blobs; an object without a tally is read."""
     try:
         rows = conn.execute(
             "SELECT hour, first_at, last_at, json_extract(summary, '$.n') FROM object WHERE"
@@ -8317,8 +8320,8 @@ def _fill(rows: list) -> list:
 def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
     """Local date ordinal → the buckets of ``query`` (local clock hours, or the day) that
     hold a point: by :func:`bucket_key`, the day rule of ``/api/points``.  An hour whose
-    points share one whole-hour offset (the zone's, or for ``tz=local`` the one its summary
-    names) lies in one local hour of one day, read from the summary in SQLite; the points
+    points share one whole-hour offset (the zone's, or for ``tz=local`` the one its tally
+    names) lies in one local hour of one day, read from the tally in SQLite; the points
     of the other hours are read (:func:`bucket_runs`)."""
     found: dict = {}
     low, high = query.start // HOUR_US, (query.end - 1) // HOUR_US
@@ -8328,8 +8331,8 @@ def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
             " layer = ? AND hour BETWEEN ? AND ?", (query.metric, query.layer, low, high))
         left = []
         for hour, offsets in rows:
-            summary = {} if offsets is None else {"o": json.loads(offsets)}
-            known = _hour_offsets(query, hour, summary)
+            tally = {} if offsets is None else {"o": json.loads(offsets)}
+            known = _hour_offsets(query, hour, tally)
             if not known or len(known) != 1 or known[0] % 3600:
                 left.append(hour)
                 continue
@@ -10259,13 +10262,14 @@ def _header_text(text: str) -> str:
 
 SERVE_BASE_MIB = 64
 """Resident memory of an idle ``serve`` (about 45 MiB measured), with room."""
-FOLD_MEMORY_FACTOR = 2.3
+FOLD_MEMORY_FACTOR = 2.5
 WHOLE_FOLD_FACTOR = 7.0
 VALIDATION_MEMORY_FACTOR = 2.0
 """Memory above the base per byte of the largest body.  Its fold: from
-:data:`STREAM_FOLD_BYTES` on, at most 2.24 times the body (``tests/bench_memory.py --mib
-64``, every body shape: the moment its bytes and its text both exist; a fold holds a
-bounded batch of objects, and a record's long arrays stay in the text); a smaller body
+:data:`STREAM_FOLD_BYTES` on, at most 2.42 times the body (``tests/bench_memory.py --mib
+64``, the worst of every body shape: 600,000 metrics of one point each; a Days history,
+a two-day workout, dense seconds and emoji sources 2.02 to 2.25; a fold holds a bounded
+batch of objects, and a record's long arrays stay in the text); a smaller body
 is parsed whole, up to 6.6 times its size (``--mib 7.9``), so the fold of a body just
 under that size bounds what small limits need.  The next body's validation beside it
 takes about 2 times (``tests/bench.py ingest``)."""
@@ -10851,7 +10855,7 @@ class _ShardEngine(FoldEngine):
 
 def _rebuild_child(sock: socket.socket, index: int, config: Config, shards: int,
                    shard_path: Path, positions: dict) -> None:
-    """A rebuild worker: prepare the bodies it is asked to (parse, place, summarize,
+    """A rebuild worker: prepare the bodies it is asked to (parse, place, outline,
     split by shard) and merge, in the order sent, the hours of its own shard; at the
     end, write its objects to ``shard_path``.  It writes no other file and logs
     nothing."""
@@ -10888,10 +10892,10 @@ def _rebuild_child(sock: socket.socket, index: int, config: Config, shards: int,
 
 
 def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict) -> tuple:
-    """("prepared", id, summary, shares): the body's outcome inputs and its hours split
+    """("prepared", id, outline, shares): the body's outcome inputs and its hours split
     by shard, each a pickled list or None (nothing), this worker's own shard kept here
-    (True); or ("prepared", id, summary or None, (kind, error, uncovered)) when it cannot
-    be read, parsed or placed (the summary when only placing its hours failed: the
+    (True); or ("prepared", id, outline or None, (kind, error, uncovered)) when it cannot
+    be read, parsed or placed (the outline when only placing its hours failed: the
     decision comes first, as in one process)."""
     _, delivery_id, relative, aggregation = message
     deadline = time.monotonic() + config.fold_deadline_s
@@ -10900,10 +10904,10 @@ def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict
         if time.monotonic() > deadline:
             raise FoldDeadlineExceeded()
 
-    summary = None
+    outline = None
     try:
         extraction, plain = extract_body(config.data_dir / relative, check_deadline)
-        summary = summarize(extraction, plain, aggregation)
+        outline = outline_of(extraction, plain, aggregation)
         shares: list = [[] for _ in range(shards)]
         for shard, entry in shard_entries(extraction, shards, check_deadline):
             shares[shard].append(entry)
@@ -10911,12 +10915,12 @@ def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict
                 else None for shard, share in enumerate(shares)]
     except Exception as exc:  # classified as the fold would (after its decision, if any)
         outcome = classify(exc)
-        return ("prepared", delivery_id, summary,
+        return ("prepared", delivery_id, outline,
                 (outcome.kind, outcome.error, getattr(exc, "uncovered", None)))
     if shares[index]:
         kept[delivery_id] = shares[index]
         sent[index] = True
-    return ("prepared", delivery_id, summary, sent)
+    return ("prepared", delivery_id, outline, sent)
 
 
 def _merge_share(engine: _ShardEngine, message: tuple, kept: dict) -> tuple:
@@ -11030,12 +11034,12 @@ class _ParallelRebuild:
             return
         while self.prepared[delivery_id] is None:
             self._receive()
-        summary, shares = self.prepared.pop(delivery_id)
+        outline, shares = self.prepared.pop(delivery_id)
         self.asked_bytes -= self.sizes.get(delivery_id, 0)
         kept = [shard for shard, share in enumerate(shares) if share is True]
         plan = self._duplicate(row, started)
-        if plan is None and summary is not None:
-            plan = self._decide(row, summary)
+        if plan is None and outline is not None:
+            plan = self._decide(row, outline)
         if plan is None or plan.error is not None or type(shares) is tuple:
             for shard in kept:  # nothing of it is merged
                 self.workers.send(shard, ("forget", delivery_id))
@@ -11045,14 +11049,14 @@ class _ParallelRebuild:
                     self._record_failed(delivery_id, error, uncovered)
                 else:  # a passing fault: read it here, as the fold would again
                     self._fold_here(row, started)
-            elif plan is None and summary is None:  # it could not be read or parsed
+            elif plan is None and outline is None:  # it could not be read or parsed
                 kind, error, uncovered = shares
                 if kind == "failed":
                     self._record_failed(delivery_id, error, uncovered)
                 else:
                     self._fold_here(row, started)
             return
-        self.engine._describe(plan, summary)
+        self.engine._describe(plan, outline)
         self._record(plan)
         self.waiting[delivery_id] = [plan, 0, True, started]
         for shard, share in enumerate(shares):
@@ -11098,11 +11102,11 @@ class _ParallelRebuild:
                 time.sleep(1.0)
         else:
             raise HealthlogError(STUCK_REBUILD)
-        summary = summarize(extraction, plain, row["automation_aggregation"])
-        plan = self._decide(row, summary)
+        outline = outline_of(extraction, plain, row["automation_aggregation"])
+        plan = self._decide(row, outline)
         if plan is None:
             return
-        self.engine._describe(plan, summary)
+        self.engine._describe(plan, outline)
         self._record(plan)
         self.waiting[plan.delivery_id] = [plan, 0, True, started]
         pieces: list = [[] for _ in range(self.jobs)]
@@ -11125,9 +11129,9 @@ class _ParallelRebuild:
                              % type(exc).__name__) from None
         self._sent(plan.delivery_id)
 
-    def _decide(self, row: Mapping[str, Any], summary: BodySummary) -> Optional[FoldPlan]:
+    def _decide(self, row: Mapping[str, Any], outline: BodyOutline) -> Optional[FoldPlan]:
         try:
-            return self.engine.decide(row, summary)
+            return self.engine.decide(row, outline)
         except FoldFailure as exc:  # nothing placed, no layer to be found
             self._record_failed(row["id"], classify(exc).error, exc.uncovered)
             return None
@@ -11934,7 +11938,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="text: a plain-text body with a Title header, as ntfy takes it"
                             " (default); json: one JSON object")
 
-    status = commands.add_parser("status", help="journal and store summary, and what is"
+    status = commands.add_parser("status", help="what the journal and the store hold, and what is"
                                  " late or stale")
     data_option(status)
     status.add_argument("--json", action="store_true", help="print JSON")

@@ -372,7 +372,7 @@ class Sleep(NamedTuple):
     asleep: Optional[float]  # hours
     in_bed: Optional[float]
     stages: dict  # stage -> hours
-    form: str  # "summary" or "records"
+    form: str  # "nightly" (one record a night) or "records" (stage segments)
     overlapping: bool
 
 
@@ -579,7 +579,7 @@ def summary_sleeps(points: list, tz: str = "local") -> list:
                          first and first["start_text"], asleep, in_bed,
                          {stage: min(math.fsum(hours), DAY_S / 3600)
                           for stage, hours in stages.items()},
-                         "summary", overlapping))
+                         "nightly", overlapping))
     return out
 
 

@@ -11,6 +11,8 @@ calendar and the tz database; each browser context runs in an extreme zone (+14:
 """
 
 import datetime as dt
+import re
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -293,3 +295,43 @@ def test_read_10_14_numbers_have_one_format(js):
     assert js("detailText", "slightly_pleasant") == "slightly pleasant"
     assert js("detailText", ["calm", "happy"]) == "calm, happy"
     assert js("detailText", {"qty": 2.5, "units": "mg"}) == "2.5 mg"
+
+
+def test_read_10_14_dates_instants_and_bucket_values(js):
+    """dateOf is dayNumber's inverse; isoZ writes an instant in UTC to the second;
+    bucketValue takes the sum of a ``sum`` meaning and the mean otherwise, and nothing for
+    a field the bucket lacks or a value that is no finite number; seriesFields draws the
+    meaning's fields that the buckets hold, main first, else whatever numeric fields they
+    hold."""
+    days = [dt.date(1969, 12, 30) + dt.timedelta(days=k) for k in range(0, 20000, 97)]
+    epoch = dt.date(1970, 1, 1)
+    assert js.many("dateOf", [((d - epoch).days,) for d in days]) == [iso(d) for d in days]
+    moments = [dt.datetime(2024, 3, 10, 6, 59, 59, 999000, tzinfo=dt.timezone.utc),
+               dt.datetime(1969, 12, 31, 23, 0, tzinfo=dt.timezone.utc),
+               dt.datetime(2025, 11, 2, 5, 30, 1, tzinfo=dt.timezone.utc)]
+    assert js.many("isoZ", [(m.timestamp() * 1000,) for m in moments]) == [
+        m.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ") for m in moments]
+    bucket = {"fields": {"qty": {"count": 4, "sum": 10.5, "avg": 2.625, "min": 1, "max": 4},
+                         "Max": {"count": 1, "sum": None, "avg": None}}}
+    assert js("bucketValue", bucket, "qty", "sum") == 10.5
+    assert js("bucketValue", bucket, "qty", "avg") == 2.625
+    assert js("bucketValue", bucket, "Max", "avg") is None
+    assert js("bucketValue", bucket, "Min", "avg") is None
+    assert js("bucketValue", {}, "qty", "sum") is None
+    heart = {"fields": ["Avg", "Min", "Max"]}
+    buckets = [{"fields": {"Max": {}, "Avg": {}}}, {"fields": {"Min": {}, "qty": {}}}]
+    assert js("seriesFields", heart, buckets) == ["Avg", "Min", "Max"]
+    assert js("seriesFields", heart, buckets[:1]) == ["Avg", "Max"]
+    assert js("seriesFields", {"fields": ["systolic"]}, buckets) == ["Max", "Avg", "Min", "qty"]
+    assert js("seriesFields", {}, [{}]) == []
+
+
+def test_read_10_14_every_exposed_function_is_tested():
+    """Each function the script puts on window.healthlogTest is called by a test here."""
+    script = healthlog.APP_JS
+    start = script.index("window.healthlogTest = {")
+    exposed = set(re.findall(r"(\w+): \w+", script[start:script.index("};", start)]))
+    source = Path(__file__).read_text(encoding="utf-8")
+    untested = sorted(name for name in exposed
+                      if not re.search(r"""js(?:\.many)?\(["']%s["']""" % name, source))
+    assert len(exposed) > 20 and not untested, untested

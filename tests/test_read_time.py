@@ -156,7 +156,7 @@ def build_corpus() -> Corpus:
         sent = sleep_rows(post(SLEEP, sleep_body(rows), "days"))
         corpus.sleep.setdefault(scenario, {"summaries": [], "records": []})[kind] += sent
 
-    # READ-12.1: January in the three summary forms, date the wake time or the sleep start.
+    # READ-12.1: January in the three nightly forms, date the wake time or the sleep start.
     for form, first, end in (("a", 1, 11), ("b", 11, 21), ("c", 21, 32)):
         rows = hf.sleep_summaries(SLEEP_SEED, dt.date(2025, 1, first),
                                   dt.date(2025, 1, 1) + dt.timedelta(days=end - 1),
@@ -511,7 +511,7 @@ def sleep_reply(store: Store, first: str, last: str, bucket: str = "day", tz: st
 
 
 @pytest.mark.parametrize("tz", ["local", NY])
-def test_read_12_1_every_summary_form_gives_its_night_on_its_morning(store, tz):
+def test_read_12_1_every_nightly_form_gives_its_night_on_its_morning(store, tz):
     sleep = store.corpus.sleep["12.1"]
     summaries = sleep["summaries"]
     forms = {("totalSleep" in p, "core" in p) for p in summaries}
@@ -528,7 +528,7 @@ def test_read_12_1_every_summary_form_gives_its_night_on_its_morning(store, tz):
     want = night_items(nights_by_date(summaries, [], tz), tz)
     assert [n["date"] for n in want] == ["2025-01-%02d" % d for d in range(1, 32)]
     assert_nights_equal(reply["nights"], want)
-    assert all(n["count"] == 1 and n["form"] == "summary" and not n["overlapping"]
+    assert all(n["count"] == 1 and n["form"] == "nightly" and not n["overlapping"]
                and n["naps"] == [] for n in reply["nights"])
     for night, point in zip(reply["nights"], summaries):
         assert night["date"] == point["sleepEnd"][:10]  # its morning, whatever `date` says
@@ -631,7 +631,7 @@ def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
     want = night_items(nights_by_date(sleep["summaries"], sleep["records"]))
     assert [n["date"] for n in want] == ["2025-04-%02d" % d for d in range(7, 14)]
     assert_nights_equal(reply["nights"], want)
-    assert [n["form"] for n in reply["nights"]] == ["records"] * 3 + ["summary"] * 4
+    assert [n["form"] for n in reply["nights"]] == ["records"] * 3 + ["nightly"] * 4
     assert all(n["count"] == 1 for n in reply["nights"])  # the twice-sent night counts once
     both = next(n for n in reply["nights"] if n["date"] == "2025-04-12")
     summary = next(p for p in sleep["summaries"] if p["sleepEnd"][:10] == "2025-04-12")

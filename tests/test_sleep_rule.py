@@ -65,7 +65,7 @@ def summary_night(row: dict, asleep: float, overlapping: bool = False, in_bed: f
                   naps: tuple = ()) -> dict:
     """A night read from one summary: its stages as written, its start and end its
     sleepStart and sleepEnd."""
-    return {"form": "summary", "asleep": asleep, "in_bed": row["inBed"] if in_bed is None
+    return {"form": "nightly", "asleep": asleep, "in_bed": row["inBed"] if in_bed is None
             else in_bed, "stages": {k: row[k] for k in STAGES if row.get(k)},
             "overlapping": overlapping, "sleep_start": local(row["sleepStart"]),
             "sleep_end": local(row["sleepEnd"]), "naps": list(naps)}

@@ -550,7 +550,7 @@ def test_sto_3_4_adding_to_an_existing_hour_keeps_its_points(store):
     assert row["points"] == 60 and row["decoded"][7]["qty"] == 99.5
 
 
-def test_storage_3_2_each_object_carries_the_summary_of_its_points(store):
+def test_storage_3_2_each_object_carries_the_tally_of_its_points(store):
     points = [pt(at(10, m), qty=100 + m + 0.25) for m in range(5)]
     points[2]["flag"] = True  # a boolean is no number
     points[3]["Min"] = 4

@@ -173,7 +173,7 @@ def hours_asleep(night: dict) -> float:
     return night["asleep"] + sum(night.get(stage, 0.0) for stage in ("core", "deep", "rem"))
 
 
-def test_read_15_2_last_night_in_every_summary_form(served):
+def test_read_15_2_last_night_in_every_nightly_form(served):
     client, bodies = served.client, served.corpus
     forms = {("totalSleep" in n, "core" in n) for n in bodies["nights"]}
     assert forms == {(False, False), (False, True), (True, True)}  # (a), (b) and (c)
