@@ -60,6 +60,21 @@ Sections, top-down (each banner says what it owns)::
     22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
     23. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
 
+One delivery's path, one home per step (section numbers as above)::
+
+    App.ingest (17)             token, slots, size; the body streams into DATA/tmp
+      Archive.receive (7)         hashed, fsynced
+      accept_delivery (10)        check_delivery_shape (8); .meta.json and the body durably
+                                  into the archive; the ``pending`` row; then 200
+    FoldWorker.run_pass (12)    woken by ingest; journal order; counts an attempt
+      FoldEngine.fold (11)        extract_body (9): each metric's points by hour;
+                                  outline_of (9) and decide: status and layer;
+                                  merge_items and merge_hour (by 6's rule) per hour
+                                  object; apply: one transaction with the outcome
+    App.points / App.plan (17)  point_query, plan_view, bucket_runs (13: whole hours
+                                  from their tallies, the rest from their points)
+    APP_JS (23)                 draws what /api/plan and /api/points send
+
 The archive is the truth; the database is an index that ``reindex`` can rebuild.
 Requirements live in ``openspec/specs/*/spec.md``; decisions in
 ``openspec/decisions.md``.
@@ -180,8 +195,14 @@ HAE's pretty-printed 2.8 MB body (tracemalloc), so 6 with room; but a body of ti
 objects takes more (``[{},{},…]`` 24 bytes per byte), so each object or array counts at
 least 200 bytes (a small dict with its key and value)."""
 FOLD_DEADLINE_S = 300.0
-"""A fold that takes longer is ``failed`` and frees the queue (ING-3): the largest
-body folds in seconds here, so five minutes only catches a pathological one."""
+FOLD_DEADLINE_MIB = 16
+"""A fold that takes longer than 300 s, and as much again for every 16 MiB of its body
+beyond the first 16 (20 minutes at 64 MiB), is ``failed`` and frees the queue (ING-3).
+Dense points fold at about 2 MiB a second here, so this only catches a pathological
+body; but a history of one point per hour object (a Days export of every metric: 64 MiB,
+783,000 objects) or 600,000 metrics of one point each take 135 and 209 s on this shared
+2-core machine (tests/bench_memory.py), several times that on a small ARM board: a fixed
+five minutes would fail a person's history there."""
 
 STOP_BUDGET_S = 10.0
 """How long shutdown waits for the fold thread; a longer fold stays pending (ING-6)."""
@@ -4726,6 +4747,20 @@ RECENT_OBJECTS = 256
 """Decoded objects a rebuild keeps: a push's hours are read again by the next push."""
 
 
+def fold_budget_s(config: Config, body_bytes: Optional[int]) -> float:
+    """How long the fold of a body of ``body_bytes`` may take (:data:`FOLD_DEADLINE_MIB`):
+    the configured deadline, and as much again for every further 16 MiB."""
+    blocks = (body_bytes or 0) / (FOLD_DEADLINE_MIB * 1048576)
+    return config.fold_deadline_s * max(1.0, blocks)
+
+
+def _body_size(config: Config, relative: str) -> Optional[int]:
+    try:
+        return (config.data_dir / relative).stat().st_size
+    except OSError:  # read when the body is: its error is the fold's to report
+        return None
+
+
 class FoldEngine:
     """Folds deliveries into one object table and records outcomes in one journal table.
 
@@ -5116,7 +5151,7 @@ class FoldEngine:
             return Outcome("unrecorded")
         plan = None
         try:
-            plan = self.plan(row, started + self.config.fold_deadline_s)
+            plan = self.plan(row, started + fold_budget_s(self.config, row["body_bytes"]))
             self.apply(plan)
             outcome = classify(None, plan.status)
             if self._dirty is not None:
@@ -10898,7 +10933,7 @@ def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict
     be read, parsed or placed (the outline when only placing its hours failed: the
     decision comes first, as in one process)."""
     _, delivery_id, relative, aggregation = message
-    deadline = time.monotonic() + config.fold_deadline_s
+    deadline = time.monotonic() + fold_budget_s(config, _body_size(config, relative))
 
     def check_deadline() -> None:
         if time.monotonic() > deadline:
@@ -11079,7 +11114,7 @@ class _ParallelRebuild:
 
     def _fold_here(self, row: Mapping[str, Any], started: float) -> None:
         """Read, parse and place the body here, and send its hours in pieces."""
-        deadline = started + self.config.fold_deadline_s
+        deadline = started + fold_budget_s(self.config, row["body_bytes"])
 
         def check_deadline() -> None:
             if time.monotonic() > deadline:

@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import fcntl
 import http.client
+import importlib.util
 import io
 import json
 import logging
 import os
+import py_compile
 import re
 import signal
 import socket
@@ -46,6 +48,15 @@ def pyz(tmp_path_factory) -> Path:
 
 TOKEN = "test-token-0123456789abcdef"
 ROOT = Path(__file__).resolve().parent.parent
+
+# ``serve`` in a subprocess runs as ``python -m healthlog`` (the .pyz's way: its
+# __main__ imports the module) from healthlog.py compiled once for the whole run: run as
+# a script it would be compiled at every start (0.3 s of CPU a process, hundreds of
+# processes), since PYTHONDONTWRITEBYTECODE, which CI sets, keeps Python from caching it.
+py_compile.compile(str(ROOT / "healthlog.py"), doraise=True,
+                   cfile=importlib.util.cache_from_source(str(ROOT / "healthlog.py")))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p and p != str(ROOT)])
 
 # Strings that must never appear in a log record above DEBUG: the tokens, and what test
 # payloads carry: the canary device name and value, and the owner's name that is part of
@@ -177,12 +188,18 @@ def nothing_left_running():
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked ``json_agnostic`` runs in the orjson mode only: crash, lock and
-    interrupt tests, where no JSON library plays a part and a second run costs the most."""
+    """A test marked ``json_agnostic`` (or in a module so marked, unless it is marked
+    ``json_both``) runs in the orjson mode only: crash, lock and interrupt tests, where no
+    JSON library plays a part, and tests of what the fold and a rebuild do with a body,
+    whose JSON library's part is tested where it plays one (the parse and the index,
+    test_fold_stream; ingest's check, test_hostile_input; a body's canonical form,
+    test_merge and test_storage; the same store and fingerprint with and without orjson,
+    test_handoff and REINDEX-10.3)."""
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        agnostic = item.get_closest_marker("json_agnostic") is not None
+        agnostic = (item.get_closest_marker("json_agnostic") is not None
+                    and item.get_closest_marker("json_both") is None)
         (dropped if agnostic and params.get("json_mode") == "stdlib" else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -399,15 +416,16 @@ def archive_files(data_dir: Path) -> list:
 
 
 class ServeProcess:
-    """``python3 healthlog.py serve`` as a real subprocess; its stderr goes to a file."""
+    """``python3 -m healthlog serve`` (healthlog.py) as a real subprocess; its stderr goes to
+    a file."""
 
     def __init__(self, data_dir: Path, log_path: Path, *extra: str, python: str = sys.executable,
                  program: str = None, env: dict = None):
         self.log_path = log_path
         self._log = open(str(log_path), "ab")
         interpreter = [str(python)] if isinstance(python, (str, Path)) else list(python)
-        args = interpreter + [str(program or ROOT / "healthlog.py"), "serve", "--data",
-                              str(data_dir), "--listen", "127.0.0.1:0", "--token", TOKEN]
+        args = interpreter + ([str(program)] if program else ["-m", "healthlog"]) + [
+            "serve", "--data", str(data_dir), "--listen", "127.0.0.1:0", "--token", TOKEN]
         args += list(extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=env)

@@ -10,11 +10,11 @@ import sys
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, Client, db_rows, wait_for
+from conftest import Client, db_rows, wait_for
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
+    return subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
                           capture_output=True, text=True, timeout=60)
 
 

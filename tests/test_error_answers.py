@@ -20,7 +20,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, Client, db_rows, parse_logfmt, wait_for
+from conftest import TOKEN, Client, db_rows, parse_logfmt, wait_for
 
 RANGE = "from 1900-01-01 to 9998-12-31"
 
@@ -139,7 +139,7 @@ def test_rely_8_12_out_of_file_descriptors_the_log_stays_small_and_serve_recover
 
     with open(str(log_path), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
              "--listen", "127.0.0.1:0", "--token", TOKEN], stdout=subprocess.DEVNULL,
             stderr=log, preexec_fn=few_descriptors)
     try:

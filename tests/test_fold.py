@@ -30,6 +30,7 @@ import re
 import signal
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,8 @@ from conftest import Passes, db_rows, wait_for, without_source
 from fold_helpers import AUTOMATION, Journal
 
 
-pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+# One JSON mode (conftest's json_agnostic) but where the library is what the test is about.
+pytestmark = [pytest.mark.usefixtures("json_mode"), pytest.mark.json_agnostic]
 
 NO_AGGREGATION = {k: v for k, v in AUTOMATION.items() if k != "automation-aggregation"}
 DAY = "2024-03-08"
@@ -219,6 +221,7 @@ def test_fold_2_1_each_outcome_class_gets_its_status_and_the_pass_goes_on(journa
     assert journal.fold_order(ids.values()) == sorted(ids.values())  # one pass, in order
 
 
+@pytest.mark.json_both  # what each library refuses
 def test_ing_3_2_content_not_understood_fails_and_is_not_selected_again(journal, passes, logs):
     unreadable_times = journal.post(unreadable_times_body())
     not_json = journal.post(body_of(steps(MINUTES, 1)))
@@ -249,6 +252,18 @@ def test_fold_2_2_a_fold_over_its_deadline_fails_and_frees_the_queue(journal, pa
     assert journal.objects_touched_by(slow) == []
     assert journal.row(quick)["parse_status"] == "parsed"
     assert driver.run() == 0  # not a circumstance: it is not tried again
+
+
+def test_fold_2_5_a_larger_body_has_a_longer_deadline(journal, passes, monkeypatch):
+    """FOLD-2.2's body and deadline, with the deadline counted per 1 KiB of body instead of
+    per 16 MiB: the fold's budget is then 0.05 s times 8,192, and the body folds."""
+    monkeypatch.setattr(healthlog, "FOLD_DEADLINE_MIB", 1 / 1024)
+    slow = journal.post(hf.big_metrics_body(8 << 20, seed=4))
+    driver = passes(fold_deadline_s=0.05)
+    assert driver.run() == 1
+    assert journal.row(slow)["parse_status"] == "parsed"
+    assert healthlog.fold_budget_s(healthlog.Config(data_dir=Path(".")), 64 << 20) == (
+        healthlog.FOLD_DEADLINE_S * 64 * 1024)
 
 
 def crowded_on_one_minute(count: int) -> bytes:
@@ -960,6 +975,7 @@ def collect_values(body: bytes, numbers: set, names: set) -> None:
     walk(json.loads(body, parse_float=keep))
 
 
+@pytest.mark.json_both  # a parse error's words are the library's
 def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_service,
                                                                           logs):
     journal = Journal(start_service())
@@ -1041,6 +1057,7 @@ def test_a_point_with_an_overflowing_epoch_time_is_a_bad_point_not_a_failure(jou
     assert (row["parse_status"], row["bad_points"], row["points"]) == ("parsed", 1, 3)
 
 
+@pytest.mark.json_both
 def test_bug_a_deeply_nested_point_folds_the_same_with_or_without_orjson(journal, passes):
     metric = steps(MINUTES)
     metric["data"][0]["extra"] = json.loads("[" * 300 + "]" * 300)

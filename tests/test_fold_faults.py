@@ -77,7 +77,7 @@ def one_point_body() -> bytes:
 
 def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python3 healthlog.py ARGS``; its output must not leak health data or the token."""
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
+    result = subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=timeout)
     assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
     return result
@@ -184,7 +184,7 @@ class OomWatchdog(threading.Thread):
 
 
 def serve_command(data_dir: Path) -> list:
-    return [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+    return [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
             "--listen", "127.0.0.1:0", "--token", TOKEN]
 
 

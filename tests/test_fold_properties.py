@@ -23,7 +23,9 @@ import healthlog
 from fold_helpers import Store
 
 
-pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
+# One JSON mode (conftest's json_agnostic): these are properties of the merge and of a
+# rebuild, whose JSON library's part test_merge and REINDEX-10.3 check both ways.
+pytestmark = [pytest.mark.usefixtures("json_mode"), pytest.mark.json_agnostic]
 
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

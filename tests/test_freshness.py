@@ -27,7 +27,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, Client, db_rows, wait_for
+from conftest import TOKEN, Client, db_rows, wait_for
 
 PHONE = hf.Phone(zone=hf.BERLIN, sources="single")
 T0 = dt.datetime(2025, 6, 2, 6, 0, tzinfo=dt.timezone.utc).timestamp()  # a Monday, 08:00 CEST
@@ -687,7 +687,7 @@ def test_fresh_6_2_status_lists_what_is_late_or_stale(start_service, data_dir):
     assert "late: 'Minutes' has sent nothing since Mon 2025-06-02 06:10 UTC" in text
     assert "Manual Export" in text
     # The command itself, beside the running service, at the real clock (a year on).
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "status", "--data",
+    result = subprocess.run([sys.executable, "-m", "healthlog", "status", "--data",
                              str(data_dir), "--late-after", "2d"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr

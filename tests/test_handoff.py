@@ -15,7 +15,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, Client, db_rows, wait_for
+from conftest import Client, db_rows, wait_for
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -55,7 +55,7 @@ def fingerprint(data_dir) -> str:
 
 
 def reindexed(data_dir) -> str:
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "reindex", "--data",
+    result = subprocess.run([sys.executable, "-m", "healthlog", "reindex", "--data",
                              str(data_dir)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout.rsplit("fingerprint: ", 1)[1].strip()

@@ -714,7 +714,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
     buckets = read_csv(get(service.address, "/api/points", metric="step_count", bucket="day",
                            format="csv"))
     exported = subprocess.run(
-        [sys.executable, str(ROOT / "healthlog.py"), "export", "--data", str(data_dir),
+        [sys.executable, "-m", "healthlog", "export", "--data", str(data_dir),
          "--metric", "step_count", "--format", "csv"], capture_output=True, timeout=60)
     assert exported.returncode == 0, exported.stderr
     assert list(csv.reader(io.StringIO(exported.stdout.decode(), newline=""))) == raw
@@ -1299,7 +1299,7 @@ def test_read_7_11_static_assets_are_served_without_auth(store):
 # READ-8: healthlog export
 
 def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export"]
+    result = subprocess.run([sys.executable, "-m", "healthlog", "export"]
                             + [str(a) for a in args], capture_output=True, timeout=timeout)
     assert_no_leaks(result.stderr.decode(errors="replace").splitlines())
     return result
@@ -1491,7 +1491,7 @@ def test_read_8_5_a_date_only_to_includes_its_day_on_the_command_line_as_on_the_
     assert (reply["from"], reply["to"]) == (iso(low_us), iso(high_us))
     assert reply["runs"] == raw_runs(in_range(heart, low_us, high_us))
     # the help says it
-    helped = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--help"],
+    helped = subprocess.run([sys.executable, "-m", "healthlog", "export", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0
     assert ("--to TIME end of the range: a date alone (YYYY-MM-DD) includes that local day"

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, Client, Lazy, db_rows, wait_for
+from conftest import Client, Lazy, db_rows, wait_for
 from read_helpers import (Store, assert_error, get, get_json, instant_us, iso_local, raw_end,
                           raw_start, read_csv, serve_corpus, utc_iso, written)
 
@@ -426,7 +426,7 @@ SPREADSHEET_CELL_MAX = 32767  # characters a spreadsheet keeps in one cell
 
 
 def export_csv(data_dir, *args) -> bytes:
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--data",
+    result = subprocess.run([sys.executable, "-m", "healthlog", "export", "--data",
                              str(data_dir), "--metric", "ecg", "--format", "csv", *args],
                             capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr

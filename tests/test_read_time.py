@@ -43,7 +43,7 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, Lazy, assert_no_leaks, db_rows, wait_for
+from conftest import Lazy, assert_no_leaks, db_rows, wait_for
 from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_zone,
                           instant_us, iso_local, local_midnight_us, night_items, nights_by_date,
@@ -651,7 +651,7 @@ def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
 # READ-8: export in the phone's time
 
 def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export"]
+    result = subprocess.run([sys.executable, "-m", "healthlog", "export"]
                             + [str(a) for a in args], capture_output=True, timeout=timeout)
     assert_no_leaks(result.stderr.decode(errors="replace").splitlines(), extra=EXTRA_CANARIES)
     return result

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, Passes, archive_files, assert_no_leaks, db_rows, wait_for
+from conftest import Passes, archive_files, assert_no_leaks, db_rows, wait_for
 from fold_helpers import Journal, Store
 
 
@@ -249,7 +249,7 @@ WRITERS = ("delivery_id", "updated_by")
 
 def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python3 healthlog.py ARGS`` as a subprocess; its output must not leak either."""
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
+    result = subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
                             capture_output=True, text=True, timeout=timeout)
     assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
     assert "Traceback" not in result.stderr, result.stderr

@@ -55,7 +55,7 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # Running the CLI.
 
 def cli_args(*args) -> list:
-    return [sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args]
+    return [sys.executable, "-m", "healthlog"] + [str(a) for a in args]
 
 
 def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -977,7 +977,7 @@ def test_reindex_10_3_the_same_archive_gives_the_same_fingerprint_with_and_witho
     for mode, path in modes.items():
         data_dir = copy_store(week_store, tmp_path / mode)
         probe = "import healthlog; print(healthlog._orjson is not None)"
-        env = dict(os.environ, PYTHONPATH=path)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (path, str(ROOT)) if p))
         uses = subprocess.run([sys.executable, "-c", probe], cwd=str(ROOT), env=env,
                               capture_output=True, text=True, check=True).stdout.strip()
         assert uses == str(mode == "orjson")

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import hae_factory
 import healthlog
-from conftest import ROOT, TOKEN, Client, archive_files, db_rows, wait_for
+from conftest import TOKEN, Client, archive_files, db_rows, wait_for
 from test_ingest import HAE_HEADERS, hae_body, raw_post, read_response
 
 pytestmark = pytest.mark.json_agnostic
@@ -676,7 +676,7 @@ def test_rely_8_6_damaged_meta_json_is_adopted_with_a_warning(start_service, dat
 
 def _serve_cli(data_dir: Path, listen: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+        [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
          "--listen", listen], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, HEALTHLOG_LOG_LEVEL="INFO"))
 

@@ -28,7 +28,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, assert_no_leaks, read_to_end, wait_for
+from conftest import TOKEN, assert_no_leaks, read_to_end, wait_for
 
 DEVICE = "Quillon\u2019s Oura Ring"
 VALUE = 8.642097531
@@ -563,7 +563,7 @@ def test_rely_7_9_an_ended_session_stays_ended_across_a_restart(start_service):
 def test_rely_7_10_serve_refuses_a_token_shorter_than_16_characters(where, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    command = [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data),
+    command = [sys.executable, "-m", "healthlog", "serve", "--data", str(data),
                "--listen", "127.0.0.1:0"]
     env = dict(os.environ)
     if where == "flag":
