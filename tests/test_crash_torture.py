@@ -492,6 +492,7 @@ def crash_torture(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies,
              time.monotonic() - started))
 
 
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_rely_1_1_sigkill_under_concurrent_posts_loses_nothing(serve_process, data_dir,
                                                                 tmp_path, crash_bodies):
     """WHEN serve, receiving 1 KiB-20 MiB bodies from 4 clients, is SIGKILLed at 20 random

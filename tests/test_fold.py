@@ -639,6 +639,7 @@ def _assert_pending_and_untouched(data_dir, delivery_id: int) -> None:
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_ing_2_2_ing_6_1_sigkill_in_the_middle_of_a_fold_leaves_it_pending_without_objects(
         serve_process, data_dir):
     body = hf.big_metrics_body(48 << 20, seed=2)  # ~300k points, ~1.5 s of fold here

@@ -233,6 +233,7 @@ def idle_serve_figures(serve_process, tmp_path: Path, **kw) -> dict:
     return figures
 
 
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_fold_14_1_a_delivery_that_kills_the_process_three_times_is_failed_and_the_queue_moves(
         serve_process, data_dir, tmp_path):
     big_body = hf.big_metrics_body(32 * MIB, seed=14)
@@ -385,6 +386,7 @@ def address_space_limited(soft: int) -> list:
     return [sys.executable, "-c", code]
 
 
+@pytest.mark.torture  # exhausts a process's memory on purpose: with the torture runs
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_AS)[1] != resource.RLIM_INFINITY,
                     reason="RLIMIT_AS has a hard limit here: it could not be raised again")
 def test_fold_15_1_memory_running_out_during_a_fold_leaves_the_delivery_pending(

@@ -42,7 +42,9 @@ import healthlog
 from conftest import ROOT, TOKEN, assert_no_leaks, db_rows, parse_logfmt, wait_for
 from test_fold_faults import proc_status
 
-pytestmark = pytest.mark.json_agnostic  # memory of the large-body path: no JSON library in it
+# Memory of the large-body path: no JSON library in it; folds killed by a watchdog on purpose:
+# with the torture runs (pyproject.toml).
+pytestmark = [pytest.mark.json_agnostic, pytest.mark.torture]
 
 MIB = 1 << 20
 FIXED_MIB = 8

@@ -117,6 +117,7 @@ def test_reindex_1_2_serve_and_import_are_refused_while_reindex_runs(big_store, 
 # Requirement 5: a crash or Ctrl-C leaves the previous store intact.
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_completes(
         big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
@@ -237,6 +238,7 @@ def test_reindex_5_4_ctrl_c_after_the_swap_does_not_claim_the_old_store_was_kept
 # Requirement 7: a killed verify.
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_reindex_7_4_a_killed_verify_leaves_nothing_after_the_next_start(big_store, tmp_path,
                                                                         start_service):
     data_dir = copy_store(big_store, tmp_path)

@@ -307,6 +307,7 @@ def test_reindex_11_4_no_semaphore_and_no_shared_memory_is_needed(slow_store, tm
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_reindex_11_5_a_stopped_parallel_reindex_leaves_no_worker_behind(slow_store,
                                                                           tmp_path, how):
