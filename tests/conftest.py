@@ -187,14 +187,23 @@ def nothing_left_running():
         yield
 
 
+HEAVY_FIRST = ("test_fold.py", "test_reindex.py", "test_reindex_parallel.py",
+               "test_hostile_input.py", "test_reindex_crash.py", "test_dashboard.py",
+               "test_fold_stream.py", "test_fold_faults.py", "test_read.py", "test_merge.py",
+               "test_real_exports.py", "test_fold_properties.py")
+"""Test files that take the longest, run first: pytest-xdist hands whole files to its
+workers in collection order (``--dist loadfile``), so that a long file begun last would
+leave the other workers idle at the end."""
+
+
 def pytest_collection_modifyitems(config, items):
     """A test marked ``json_agnostic`` (or in a module so marked, unless it is marked
     ``json_both``) runs in the orjson mode only: crash, lock and interrupt tests, where no
     JSON library plays a part, and tests of what the fold and a rebuild do with a body,
     whose JSON library's part is tested where it plays one (the parse and the index,
     test_fold_stream; ingest's check, test_hostile_input; a body's canonical form,
-    test_merge and test_storage; the same store and fingerprint with and without orjson,
-    test_handoff and REINDEX-10.3)."""
+    test_merge and test_storage; the same fingerprint with and without orjson,
+    REINDEX-10.3).  Then the longest files are put first (:data:`HEAVY_FIRST`)."""
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -203,7 +212,9 @@ def pytest_collection_modifyitems(config, items):
         (dropped if agnostic and params.get("json_mode") == "stdlib" else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    rank = {name: n for n, name in enumerate(HEAVY_FIRST)}
+    kept.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+    items[:] = kept
 
 
 @pytest.fixture(scope="module", params=["orjson", "stdlib"])

@@ -976,7 +976,6 @@ def collect_values(body: bytes, numbers: set, names: set) -> None:
     walk(json.loads(body, parse_float=keep))
 
 
-@pytest.mark.json_both  # a parse error's words are the library's
 def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_service,
                                                                           logs):
     journal = Journal(start_service())

@@ -374,7 +374,7 @@ JSON_VALUES = st.recursive(
     max_leaves=30)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(JSON_VALUES, st.dictionaries(
     st.sampled_from(["route", "source", "date", "value", "heartRateData"]),
     st.one_of(JSON_VALUES, st.lists(JSON_VALUES, min_size=3, max_size=9)), max_size=4)),

@@ -262,6 +262,7 @@ def slow_store(tmp_path_factory, json_mode) -> Path:
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # kills a process on purpose: with the torture runs (pyproject.toml)
 def test_reindex_11_3_a_worker_that_ends_leaves_the_rebuild_to_one_process(slow_store,
                                                                             tmp_path):
     one, single = rebuilt(slow_store, tmp_path, "one", "--jobs", "1")
