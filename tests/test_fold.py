@@ -865,11 +865,11 @@ def coordinate_span(point: dict) -> tuple:
     return start, start if end is None else healthlog.parse_time(end), category
 
 
-def post_week(journal: Journal) -> dict:
-    """A week of HAE traffic (fast syncs, daily Previous-7-Days re-sends, raw samples,
-    workouts, journal sections) posted to a running service; {delivery id: Push}."""
+def post_week(journal: Journal, days: int = 7) -> dict:
+    """A week (or ``days``) of HAE traffic (fast syncs, daily Previous-7-Days re-sends, raw
+    samples, workouts, journal sections) posted to a running service; {delivery id: Push}."""
     pushes = {}
-    for push in hf.week_of_traffic(seed=3, small=True):
+    for push in hf.week_of_traffic(seed=3, days=days, small=True):
         pushes[journal.post(push.body, push.headers)] = push
     journal.settle(timeout=60)
     return pushes
@@ -979,7 +979,7 @@ def collect_values(body: bytes, numbers: set, names: set) -> None:
 def test_fold_12_1_no_fold_record_carries_a_point_value_or_a_device_name(start_service,
                                                                           logs):
     journal = Journal(start_service())
-    pushes = post_week(journal)
+    pushes = post_week(journal, days=2)  # every kind of delivery; the canaries follow
     sent = [push.body for push in pushes.values()]
 
     # Canary deliveries that drive every WARN the fold writes about points.

@@ -54,7 +54,7 @@ MAX_BODY = 12 << 20
 """The server's body limit in these tests: large enough for the megabyte strings, small
 enough that an oversized body costs little."""
 
-DEFAULT_MUTANTS = 150  # per JSON mode, with another seed in each: 300 distinct mutants
+DEFAULT_MUTANTS = 100  # per JSON mode, with another seed in each: 200 distinct mutants
 DEFAULT_EXAMPLES = 30  # hypothesis documents per JSON mode
 TORTURE_MUTANTS = 6000
 TORTURE_EXAMPLES = 400
