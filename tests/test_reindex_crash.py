@@ -91,6 +91,7 @@ def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # acts during a long reindex of big_store: with the torture runs
 def test_reindex_1_2_serve_and_import_are_refused_while_reindex_runs(big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
     export = tmp_path / "export.json"
@@ -148,6 +149,7 @@ def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_com
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # acts during a long reindex of big_store: with the torture runs
 def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
     before_journal, before_objects = journal(data_dir), objects(data_dir)
@@ -166,6 +168,7 @@ def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_p
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # acts during a long reindex of big_store: with the torture runs
 def test_reindex_5_3_delivery_journaled_while_reindex_runs_is_kept_pending(big_store, tmp_path,
                                                                            start_service):
     data_dir = copy_store(big_store, tmp_path)
@@ -203,6 +206,7 @@ def test_reindex_5_3_delivery_journaled_while_reindex_runs_is_kept_pending(big_s
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # acts during a long reindex of big_store: with the torture runs
 def test_reindex_5_4_ctrl_c_after_the_swap_does_not_claim_the_old_store_was_kept(big_store,
                                                                                  tmp_path):
     data_dir = copy_store(big_store, tmp_path)

@@ -417,6 +417,7 @@ def test_rely_3_4_a_body_bigger_than_the_space_left_is_a_500_and_the_server_stay
 
 
 @pytest.mark.json_agnostic
+@pytest.mark.torture  # fills the disk under a running serve on purpose: with the torture runs
 @pytest.mark.skipif(not fsize_limit_works(), reason="RLIMIT_FSIZE cannot be set here")
 def test_rely_3_4_a_full_disk_under_the_database_loses_no_acknowledged_delivery(
         serve_process, data_dir):
