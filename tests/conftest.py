@@ -187,13 +187,17 @@ def nothing_left_running():
         yield
 
 
-HEAVY_FIRST = ("test_fold.py", "test_reindex.py", "test_reindex_parallel.py",
-               "test_hostile_input.py", "test_reindex_crash.py", "test_dashboard.py",
-               "test_fold_stream.py", "test_fold_faults.py", "test_read.py", "test_merge.py",
-               "test_real_exports.py", "test_fold_properties.py")
-"""Test files that take the longest, run first: pytest-xdist hands whole files to its
-workers in collection order (``--dist loadfile``), so that a long file begun last would
-leave the other workers idle at the end."""
+HEAVY_FIRST = ("test_reindex.py", "test_fold.py", "test_reindex_parallel.py",
+               "test_dashboard.py", "test_fold_stream.py", "test_hostile_input.py",
+               "test_fold_properties.py", "test_read.py", "test_merge.py",
+               "test_real_exports.py", "test_fold_faults.py", "test_proxy.py",
+               "test_storage.py", "test_read_time.py", "test_security.py", "test_serve.py",
+               "test_summary_page.py")
+"""Test files that take the longest, longest first (``--durations``): pytest-xdist hands
+whole files to its workers in collection order (``--dist loadfile
+--no-loadscope-reorder``; its own order, by the number of tests in a file, put files of a
+few long tests last), so that a long file begun last would leave the other workers idle
+at the end."""
 
 
 def pytest_collection_modifyitems(config, items):
