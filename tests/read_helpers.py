@@ -347,8 +347,8 @@ STAGE_OF = {
 }
 #: The stages that are sleep: a second in any of them is a second asleep.
 ASLEEP = ("core", "deep", "rem", "asleep")
-#: The stage figures a summary record carries beside its totals.
-SUMMARY_STAGES = ("core", "deep", "rem", "awake")
+#: The stage figures a nightly record carries beside its totals.
+NIGHTLY_STAGES = ("core", "deep", "rem", "awake")
 #: The order a night's stages are listed and drawn in (READ-12, READ-13): deepest first, the
 #: unspecified sleep after the Watch's stages, awake last.
 STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
@@ -479,8 +479,8 @@ def record_sleeps(records: list, tz: str = "local") -> list:
     return out
 
 
-def summary_sleep(point: dict) -> dict:
-    """What one summary record says, in the rule's words: it ends at ``sleepEnd``, else
+def nightly_sleep(point: dict) -> dict:
+    """What one nightly record says, in the rule's words: it ends at ``sleepEnd``, else
     ``inBedEnd``, else ``date``, and starts at ``sleepStart``, else ``inBedStart`` (no start
     unless before its end); HAE's own total is ``totalSleep``, else ``asleep + core + deep +
     rem`` (HAE's ``asleep`` beside stages being only the unspecified part); the Watch's
@@ -492,7 +492,7 @@ def summary_sleep(point: dict) -> dict:
     start = None if start_text is None else second_of(start_text)
     if start is not None and start >= end:
         start = start_text = None
-    stages = {stage: _positive(point.get(stage)) for stage in SUMMARY_STAGES}
+    stages = {stage: _positive(point.get(stage)) for stage in NIGHTLY_STAGES}
     stages = {stage: hours for stage, hours in stages.items() if hours is not None}
     staged = math.fsum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
     unspecified = _positive(point.get("asleep")) or 0.0
@@ -511,7 +511,7 @@ def summary_sleep(point: dict) -> dict:
             "stages": stages}
 
 
-def summary_sleeps(points: list, tz: str = "local") -> list:
+def nightly_sleeps(points: list, tz: str = "local") -> list:
     """Summary records as sleeps, step by step:
 
     1. the same night summarised twice (one sleep start; a record without a start is known
@@ -533,7 +533,7 @@ def summary_sleeps(points: list, tz: str = "local") -> list:
        start, as written."""
     kept: dict = {}
     for point in points:
-        said = summary_sleep(point)
+        said = nightly_sleep(point)
         known_by = said["end"] if said["start"] is None else said["start"]
         rank = (said["end"], len(point))
         if known_by not in kept or rank >= kept[known_by][0]:
@@ -596,7 +596,7 @@ def nights_by_date(summaries: list, records: list, tz: str = "local") -> dict:
     3. the date's night is its longest sleep (the most hours asleep, then in bed, then the
        later end); every other sleep of the date is a nap, never added to the night."""
     by_date: dict = {}
-    for sleep in summary_sleeps(summaries, tz):
+    for sleep in nightly_sleeps(summaries, tz):
         by_date.setdefault(sleep.date, []).append(sleep)
     for sleep in record_sleeps(records, tz):
         if all(s.form == "records" for s in by_date.get(sleep.date, [])):
@@ -615,7 +615,7 @@ def sleep_dates(summaries: list, records: list, tz: str = "local") -> dict:
     is the date its sleep (its records' sleep, :func:`record_sleeps`) ended on."""
     out = {}
     for point in summaries:
-        said = summary_sleep(point)
+        said = nightly_sleep(point)
         out[coordinate(point)] = _on_date(said["end"], said["end_text"], tz)
     items = [(second_of(raw_start(p)), second_of(raw_end(p)), p) for p in records]
     for sleep in along_the_time_line([item for item in items if item[1] > item[0]]):
