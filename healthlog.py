@@ -4754,13 +4754,6 @@ def fold_budget_s(config: Config, body_bytes: Optional[int]) -> float:
     return config.fold_deadline_s * max(1.0, blocks)
 
 
-def _body_size(config: Config, relative: str) -> Optional[int]:
-    try:
-        return (config.data_dir / relative).stat().st_size
-    except OSError:  # read when the body is: its error is the fold's to report
-        return None
-
-
 class FoldEngine:
     """Folds deliveries into one object table and records outcomes in one journal table.
 
@@ -10932,8 +10925,8 @@ def _prepare(message: tuple, config: Config, shards: int, index: int, kept: dict
     (True); or ("prepared", id, outline or None, (kind, error, uncovered)) when it cannot
     be read, parsed or placed (the outline when only placing its hours failed: the
     decision comes first, as in one process)."""
-    _, delivery_id, relative, aggregation = message
-    deadline = time.monotonic() + fold_budget_s(config, _body_size(config, relative))
+    _, delivery_id, relative, aggregation, body_bytes = message
+    deadline = time.monotonic() + fold_budget_s(config, body_bytes)
 
     def check_deadline() -> None:
         if time.monotonic() > deadline:
@@ -11054,7 +11047,7 @@ class _ParallelRebuild:
             if row is not None and size < STREAM_FOLD_BYTES:
                 self.workers.send(self.asked % self.jobs, (
                     "prepare", delivery_id, row["archive_path"],
-                    row["automation_aggregation"]))
+                    row["automation_aggregation"], row["body_bytes"]))
                 self.prepared[delivery_id] = None  # asked
                 self.asked_bytes += size
             self.asked += 1

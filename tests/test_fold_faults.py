@@ -159,11 +159,12 @@ def sha256_of(path: Path) -> str:
 
 
 class OomWatchdog(threading.Thread):
-    """The OOM killer of one process: SIGKILL once its resident memory exceeds ``cap``."""
+    """The OOM killer of one process: SIGKILL once its resident memory exceeds ``cap``,
+    read every ``poll_s`` seconds."""
 
-    def __init__(self, pid: int, cap: int):
+    def __init__(self, pid: int, cap: int, poll_s: float = 0.002):
         super().__init__(name="test-oom-watchdog", daemon=True)
-        self.pid, self.cap = pid, cap
+        self.pid, self.cap, self.poll_s = pid, cap, poll_s
         self.killed_at = None  # the VmRSS that got the process killed
         self.done = threading.Event()
 
@@ -176,7 +177,7 @@ class OomWatchdog(threading.Thread):
                 os.kill(self.pid, signal.SIGKILL)
                 self.killed_at = rss
                 return
-            self.done.wait(0.002)
+            self.done.wait(self.poll_s)
 
     def finish(self) -> None:
         self.done.set()

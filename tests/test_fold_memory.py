@@ -32,7 +32,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,7 @@ import pytest
 import bench_memory
 import healthlog
 from conftest import ROOT, TOKEN, assert_no_leaks, db_rows, parse_logfmt, wait_for
-from test_fold_faults import proc_status
+from test_fold_faults import OomWatchdog, proc_status
 
 # Memory of the large-body path: no JSON library in it; folds killed by a watchdog on purpose:
 # with the torture runs (pyproject.toml).
@@ -51,6 +50,7 @@ FIXED_MIB = 8
 """What a fold holds whatever its body: SQLite's page cache, the memos of timestamps
 (``TimeMemo``, ``_HOUR_BASE``, ``_START_CODES``), a batch of encoded rows."""
 POLL_S = 0.02
+"""How often the watchdog reads VmRSS (VmHWM after the fold catches a spike between reads)."""
 
 FOLDED = {  # RELY-10.2, shape: body MiB
     "days-backfill": 2.0,
@@ -60,32 +60,6 @@ FOLDED = {  # RELY-10.2, shape: body MiB
 }
 LARGEST_MIB = 1
 """RELY-10.3's --max-body-mib: the largest body of each shape a serve with it accepts."""
-
-
-class Watchdog(threading.Thread):
-    """The OOM killer of one process: SIGKILL once its VmRSS exceeds ``cap`` bytes,
-    read every :data:`POLL_S` seconds."""
-
-    def __init__(self, pid: int, cap: int):
-        super().__init__(name="test-memory-watchdog", daemon=True)
-        self.pid, self.cap = pid, cap
-        self.killed_at = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            rss = proc_status(self.pid).get("VmRSS")
-            if rss is None:
-                return
-            if rss > self.cap:
-                os.kill(self.pid, signal.SIGKILL)
-                self.killed_at = rss
-                return
-            self.done.wait(POLL_S)
-
-    def finish(self) -> None:
-        self.done.set()
-        self.join(30)
 
 
 def journal(data_dir: Path, body: Path, aggregation) -> None:
@@ -159,7 +133,7 @@ def fold_watched(data_dir: Path, allowance: int, stream_bytes: int = 0) -> dict:
     try:
         assert proc.stdout.readline() == "ready\n", proc.stderr.read()
         base = proc_status(proc.pid)["VmRSS"]
-        watchdog = Watchdog(proc.pid, base + allowance)
+        watchdog = OomWatchdog(proc.pid, base + allowance, POLL_S)
         watchdog.start()
         proc.stdin.write("\n")
         proc.stdin.flush()
@@ -248,7 +222,7 @@ def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_
             [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
              "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib",
              str(max_body_mib)], stdout=subprocess.DEVNULL, stderr=log)
-    watchdog = Watchdog(proc.pid, limit)
+    watchdog = OomWatchdog(proc.pid, limit, POLL_S)
     watchdog.start()
     try:
         wait_for(lambda: proc.poll() is not None or all(

@@ -11,6 +11,7 @@ real shapes and random bodies from hypothesis. The memory it saves is measured b
 ``tests/bench_memory.py``, not asserted here.
 """
 
+import contextlib
 import datetime as dt
 import json
 import random
@@ -165,29 +166,47 @@ def test_fold_13_1_real_shapes_are_indexed_to_what_their_documents_hold(tmp_path
 # -- the store two ways --------------------------------------------------------------------
 
 
-def fold_both_ways(deliveries: list, root: Path, monkeypatch) -> list:
+def fold_each(deliveries: list, root: Path, monkeypatch, variants: tuple) -> list:
+    """One store per (name, {constant: value}) of ``variants``, each folded with healthlog's
+    constants set so."""
     stores = []
-    for name, threshold in (("whole", WHOLE), ("indexed", INDEXED)):
-        monkeypatch.setattr(healthlog, "STREAM_FOLD_BYTES", threshold)
-        store = Store(root / name, T0)
-        for seconds, (body, headers) in enumerate(deliveries):
-            store.journal(body, seconds, headers)
-        store.fold_all()
-        stores.append(store)
+    for name, constants in variants:
+        with monkeypatch.context() as patch:
+            for constant, value in constants.items():
+                patch.setattr(healthlog, constant, value)
+            store = Store(root / name, T0)
+            for seconds, (body, headers) in enumerate(deliveries):
+                store.journal(body, seconds, headers)
+            store.fold_all()
+            stores.append(store)
     return stores
+
+
+def fold_both_ways(deliveries: list, root: Path, monkeypatch) -> list:
+    return fold_each(deliveries, root, monkeypatch,
+                     (("whole", {"STREAM_FOLD_BYTES": WHOLE}),
+                      ("indexed", {"STREAM_FOLD_BYTES": INDEXED})))
+
+
+@contextlib.contextmanager
+def the_same_store(first: Store, second: Store):
+    """Asserts that the two stores hold the same objects, every column and blob included,
+    and the same journal; closes both at the end of the block."""
+    try:
+        assert first.objects("*") == second.objects("*")
+        assert first.journal_rows() == second.journal_rows()
+        yield
+    finally:
+        first.conn.close()
+        second.conn.close()
 
 
 def test_fold_13_2_a_week_folded_hour_by_hour_is_the_week_folded_whole(tmp_path, monkeypatch):
     pushes = list(hf.week_of_traffic(seed=11, days=2))
     whole, indexed = fold_both_ways([(p.body, p.headers) for p in pushes], tmp_path,
                                     monkeypatch)
-    try:
-        assert whole.objects("*") == indexed.objects("*")  # every column, blobs included
-        assert whole.journal_rows() == indexed.journal_rows()
+    with the_same_store(whole, indexed):
         assert {row[1] for row in whole.journal_rows()} >= {"parsed"}
-    finally:
-        whole.conn.close()
-        indexed.conn.close()
 
 
 STAGES = ("Core", "Deep", "REM", "Awake", "InBed")
@@ -243,13 +262,8 @@ def hae_bodies(draw):
 @given(st.lists(hae_bodies(), min_size=1, max_size=5))
 def test_fold_13_2_random_deliveries_fold_alike_hour_by_hour_and_whole(deliveries):
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
-        whole, indexed = fold_both_ways(deliveries, Path(tmp), monkeypatch)
-        try:
-            assert whole.objects("*") == indexed.objects("*")
-            assert whole.journal_rows() == indexed.journal_rows()
-        finally:
-            whole.conn.close()
-            indexed.conn.close()
+        with the_same_store(*fold_both_ways(deliveries, Path(tmp), monkeypatch)):
+            pass
 
 
 # -- a bounded fold: rows in batches, records' long arrays left in the text -----------------
@@ -265,17 +279,7 @@ indexed, and read 97 bytes at a time."""
 def fold_bounded_and_not(deliveries: list, root: Path, monkeypatch) -> list:
     """A store folded with the defaults (small bodies parsed whole), and one with every
     bound of :data:`BOUNDED`."""
-    stores = []
-    for name, bounds in (("defaults", {}), ("bounded", BOUNDED)):
-        with monkeypatch.context() as patch:
-            for constant, value in bounds.items():
-                patch.setattr(healthlog, constant, value)
-            store = Store(root / name, T0)
-            for seconds, (body, headers) in enumerate(deliveries):
-                store.journal(body, seconds, headers)
-            store.fold_all()
-            stores.append(store)
-    return stores
+    return fold_each(deliveries, root, monkeypatch, (("defaults", {}), ("bounded", BOUNDED)))
 
 
 def wide_and_long_bodies(seed: int) -> list:
@@ -306,16 +310,11 @@ def test_fold_13_3_a_fold_that_holds_a_bounded_batch_leaves_the_store_it_always_
     deliveries = [(p.body, p.headers) for p in hf.week_of_traffic(seed=13, days=2)]
     deliveries += wide_and_long_bodies(13)
     defaults, bounded = fold_bounded_and_not(deliveries, tmp_path, monkeypatch)
-    try:
-        assert bounded.objects("*") == defaults.objects("*")  # every column, blobs included
-        assert bounded.journal_rows() == defaults.journal_rows()
+    with the_same_store(defaults, bounded):
         rows = defaults.journal_rows()
         assert {row[1] for row in rows} == {"parsed"}
         assert sum(row[8] for row in rows[-4:]) >= 3  # the re-sends changed what they carry
         assert len(defaults.objects()) > 1000
-    finally:
-        defaults.conn.close()
-        bounded.conn.close()
 
 
 @st.composite
@@ -353,13 +352,8 @@ def record_bodies(draw):
 def test_fold_13_3_random_deliveries_fold_alike_bounded_and_not(groups):
     deliveries = [delivery for group in groups for delivery in group]
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
-        defaults, bounded = fold_bounded_and_not(deliveries, Path(tmp), monkeypatch)
-        try:
-            assert bounded.objects("*") == defaults.objects("*")
-            assert bounded.journal_rows() == defaults.journal_rows()
-        finally:
-            defaults.conn.close()
-            bounded.conn.close()
+        with the_same_store(*fold_bounded_and_not(deliveries, Path(tmp), monkeypatch)):
+            pass
 
 
 JSON_VALUES = st.recursive(
