@@ -355,7 +355,7 @@ def test_link_checking_can_fail():
     document = ROOT / "openspec" / "example.md"  # never written: only its folder is used
     assert link_problem(document, "../README.md#quick-start") is None
     assert link_problem(document, "../README.md#no-such-section") is not None
-    assert link_problem(document, "../../shared/notes.md") == "points outside the repository"
+    assert link_problem(document, "../../elsewhere/notes.md") == "points outside the repository"
     assert link_problem(document, "reference/no-such-file.md") == "no such file"
 
 
