@@ -586,7 +586,10 @@ def test_ing_6_1_a_stop_during_a_fold_lets_it_finish_whole_and_leaves_the_rest_p
         start_service, logs, monkeypatch):
     service = start_service(paused=True, stop_budget_s=30.0)
     journal = Journal(service)
-    big = journal.post(hf.big_metrics_body(32 << 20, seed=6))  # ~1 s of fold here
+    # 16 MiB: over STREAM_FOLD_BYTES (the hour-by-hour fold) and about 2.5 s of fold alone,
+    # so that the stop lands mid-fold and the fold still ends within the budget when the
+    # heaviest test files run beside it (32 MiB took over 30 s there once).
+    big = journal.post(hf.big_metrics_body(16 << 20, seed=6))
     small = journal.post(body_of(steps(MINUTES)))
     planning = []  # the ids whose fold has begun: the real plan, watched on its way in
     plan = healthlog.FoldEngine.plan
