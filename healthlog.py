@@ -194,6 +194,18 @@ HANDOFF_CONTAINER_COST = 200
 HAE's pretty-printed 2.8 MB body (tracemalloc), so 6 with room; but a body of tiny
 objects takes more (``[{},{},…]`` 24 bytes per byte), so each object or array counts at
 least 200 bytes (a small dict with its key and value)."""
+SCRATCH_GRACE_S = 600.0
+"""A scratch folder without its lock file yet is being created, and an archived file of an
+``import`` running beside may be about to be journaled: left alone this long."""
+
+MISSING_BODY_WAIT_S = 3600.0
+"""``--missing-body-wait``'s default: how long an archived body may be absent from a
+readable day folder before its delivery is ``failed`` with ``body_missing``.  An absent
+body is almost always a disk mounted late, a permission or a folder being moved; an hour
+outlasts any of those, and the one case it cannot heal (the file really gone) loses
+nothing by waiting: only the deliveries after it wait with it.  A missing archive or
+day folder never fails anything (FOLD-15.3)."""
+
 FOLD_DEADLINE_S = 300.0
 FOLD_DEADLINE_MIB = 16
 """A fold that takes longer than 300 s, and as much again for every 16 MiB of its body
@@ -526,7 +538,9 @@ class LayerNotInferable(FoldFailure):
 
 
 class BodyMissing(FoldFailure):
-    """The archived body is missing."""
+    """The archived body is gone from its readable day folder, and stayed gone for
+    :attr:`Config.missing_body_wait_s` (the fold worker decides: FOLD-15.3); ``healthlog
+    refold`` folds it again should it come back."""
 
     error_class = "body_missing"
 
@@ -551,6 +565,27 @@ class ArchiveFault(HealthlogError):
     def __init__(self, cause: OSError):
         self.reason = errno.errorcode.get(cause.errno or 0, type(cause).__name__)
         super().__init__("an archived body cannot be read (%s)" % self.reason)
+
+
+class BodyAbsent(ArchiveFault):
+    """An archived body is not where the journal says it is: its disk not mounted yet
+    (``archive_missing``), its day folder gone or in flight (``folder_missing``), or the
+    file alone (``body_missing``).  Far more often a mount, a permission or a folder in
+    flight than a lost file, so the delivery waits like any fault of the machine; only
+    the fold worker fails it, after :attr:`Config.missing_body_wait_s` with its folders
+    readable (FOLD-15.3)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        HealthlogError.__init__(self, "an archived body is not there (%s)" % reason)
+
+
+class ArchiveUnavailable(HTTPFailure):
+    """The archive folder is missing or empty while the journal lists deliveries (its disk
+    is not mounted yet): nothing is written; send the body again after Retry-After."""
+
+    status, code = 503, "archive_unavailable"
+    headers = (("Retry-After", str(RETRY_AFTER_S)),)
 
 
 class UnknownMetric(NotFound):
@@ -805,6 +840,7 @@ class Config:
     notify_timeout_s: float = NOTIFY_TIMEOUT_S
     notify_retry_s: tuple = NOTIFY_RETRY_S
     freshness_check_s: float = FRESHNESS_CHECK_S
+    missing_body_wait_s: float = MISSING_BODY_WAIT_S
     clock: Callable[[], float] = time.time
     """Epoch seconds now: what freshness is judged against and the time a delivery is
     received at.  Tests give their own and move it instead of waiting."""
@@ -911,6 +947,8 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
             ("trusted_proxies", "--trusted-proxy", "HEALTHLOG_TRUSTED_PROXY",
              parse_trusted_proxies),
             ("late_after_s", "--late-after", "HEALTHLOG_LATE_AFTER", parse_duration),
+            ("missing_body_wait_s", "--missing-body-wait", "HEALTHLOG_MISSING_BODY_WAIT",
+             parse_duration),
             ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url)):
         given = getattr(args, flag[2:].replace("-", "_"), None)
         if given is not None:  # the flag wins; an empty variable counts as unset
@@ -1775,6 +1813,11 @@ class Archive:
         self.root = data_dir / ARCHIVE_DIR
         self.tmp = tmp or data_dir / TMP_DIR
 
+    def unavailable(self) -> bool:
+        """Is the archive missing or empty while the journal lists deliveries (a disk not
+        mounted yet)?  Writing then would put bodies beside, not among, the others."""
+        return archive_absent(self.data_dir) and journal_has_rows(self.data_dir / DB_NAME)
+
     def clear_tmp(self) -> int:
         """Remove what dead processes left in ``DATA/tmp``: half uploads (none was
         acknowledged) and scratch folders of a killed ``verify`` (a running one keeps its
@@ -1859,6 +1902,12 @@ class Archive:
 
         Returns the body's path relative to the data directory.
         """
+        if self.unavailable():  # never create it: the bodies are on a disk not there yet
+            log_event(logging.WARNING, "delivery refused: the archive folder is missing or"
+                      " empty (is its disk mounted?); the phone sends it again",
+                      archive=str(self.root))
+            raise ArchiveUnavailable("the archive is not available; send the body again after"
+                                     " %d s" % RETRY_AFTER_S)
         folder, stem = self.names(received_at)
         target_dir = self.data_dir / folder
         makedirs_durable(target_dir)
@@ -1877,10 +1926,10 @@ class Archive:
 
 
 SCRATCH_LOCK = "in-use.lock"
+IMPORT_SCRATCH = "import-"
+"""The prefix of an ``import``'s scratch folder under ``DATA/tmp``."""
 
 
-SCRATCH_GRACE_S = 600.0
-"""A scratch folder without its lock file yet is being created: left alone this long."""
 
 
 @contextlib.contextmanager
@@ -1929,6 +1978,51 @@ def archive_bodies(data_dir: Path) -> list:
                     not name.startswith("."):
                 found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
     return sorted(found)
+
+
+def archive_absent(data_dir: Path) -> bool:
+    """Does ``DATA/archive`` hold no year folder (missing, or an empty mount point)?
+
+    A freshly made archive is such a folder too: what the journal says decides whether
+    that is a new store or a disk that is not mounted yet (:func:`data_dir_state`).  An
+    archive that cannot be listed is there (its permissions are a fault of their own)."""
+    try:
+        with os.scandir(str(data_dir / ARCHIVE_DIR)) as entries:
+            return not any(entry.name.isdigit() and len(entry.name) == 4 for entry in entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+
+
+def journal_has_rows(db_path: Path) -> bool:
+    """Does the database at ``db_path`` exist and list a delivery?  Read-only: it creates
+    nothing, and a database that cannot be read counts as listing one (the safe answer
+    for :meth:`Archive.unavailable`; opening it properly says what is wrong)."""
+    if not db_path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(str(db_path)), uri=True)
+    except sqlite3.Error:
+        return True
+    try:
+        return conn.execute("SELECT 1 FROM delivery LIMIT 1").fetchone() is not None
+    except sqlite3.Error as exc:
+        return "no such table" not in str(exc)
+    finally:
+        conn.close()
+
+
+def body_lost(data_dir: Path, relative: str) -> bool:
+    """Is an archived body provably gone: the archive mounted, its day folder readable,
+    and the file not in it?  False whenever the answer might be a mount or a permission."""
+    if archive_absent(data_dir):
+        return False
+    try:
+        os.listdir(str((data_dir / relative).parent))
+    except OSError:
+        return False
+    return not (data_dir / relative).is_file()
 
 
 def received_at_from_name(name: str) -> Optional[str]:
@@ -2616,18 +2710,20 @@ def wide_document(doc: Any) -> bool:
                if type(data.get(key)) is list) > WHOLE_PARSE_NAMES_MAX
 
 
-def body_error(exc: OSError, path: Path) -> HealthlogError:
-    """What an ``OSError`` on an archived body says: its own loss, when its file is gone or
-    is no file while the archive around it is there (``body_missing``: the delivery fails),
-    else a fault of the machine (permissions, I/O, a folder, an archive not mounted:
-    :class:`ArchiveFault`, the delivery waits)."""
-    if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
-        for parent in path.parents:
-            if parent.name == ARCHIVE_DIR:
-                if parent.is_dir():
-                    return BodyMissing()
-                break
-    return ArchiveFault(exc)
+def body_error(exc: OSError, path: Path) -> ArchiveFault:
+    """What an ``OSError`` on an archived body says.  Never the body's own failure: a
+    body that is not there (:class:`BodyAbsent`) says where the absence starts (the
+    archive, the day folder or the file), and any other error is a fault of the machine
+    (permissions, I/O, too many files: :class:`ArchiveFault`).  The delivery waits
+    either way; the fold worker alone may decide, much later, that a file is lost."""
+    if not isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return ArchiveFault(exc)
+    archive = next((parent for parent in path.parents if parent.name == ARCHIVE_DIR), None)
+    if archive is not None and archive_absent(archive.parent):
+        return BodyAbsent("archive_missing")
+    if not path.parent.is_dir():
+        return BodyAbsent("folder_missing")
+    return BodyAbsent("body_missing")
 
 
 def body_size(path: Path) -> int:
@@ -2707,10 +2803,8 @@ def read_ascii_text(path: Path) -> tuple:
     character, an unpaired surrogate) is ContentNotParsed, as is text that is not UTF-8."""
     try:
         handle = open(str(path), "rb")
-    except FileNotFoundError:
-        raise BodyMissing() from None
     except OSError as exc:
-        raise ArchiveFault(exc) from None
+        raise body_error(exc, path) from None
     out = bytearray()
     carry, before, plain = b"", b"", True
     with handle:
@@ -4054,10 +4148,25 @@ class DataDirLock:
             self._fd = None
 
 
-def ensure_data_dir(path: Path) -> None:
-    """Create the data directory (mode 0700: it holds health data) and its folders."""
+def ensure_data_dir(path: Path, wait_for_archive: bool = False) -> bool:
+    """Create the data directory (mode 0700: it holds health data) and its folders, but
+    never one half of a store whose other half is elsewhere (RELY-11): an archive of
+    deliveries beside no database is refused, and so is a journal of deliveries beside no
+    archive (or an empty one: a disk not mounted yet), unless ``wait_for_archive``, when
+    nothing is created for it and True is returned (``serve`` then waits for it)."""
+    has_rows = journal_has_rows(path / DB_NAME)
+    absent = archive_absent(path)
+    if not has_rows and not absent and not (path / DB_NAME).exists():
+        raise ConfigError(
+            "%s holds an archive of deliveries but no database (%s): if the database's disk"
+            " is not mounted yet, start healthlog once it is; to build the database from"
+            " the archive, run `healthlog reindex --data %s`" % (path, DB_NAME, path))
+    waiting = has_rows and absent
+    if waiting and not wait_for_archive:
+        raise ConfigError(archive_missing_message(path))
     try:
-        makedirs_durable(path / ARCHIVE_DIR)
+        if not waiting:
+            makedirs_durable(path / ARCHIVE_DIR)
         makedirs_durable(path / TMP_DIR)
     except OSError as exc:  # name what failed: the folder itself, or a path inside it
         failed = Path(exc.filename) if exc.filename else path
@@ -4072,6 +4181,13 @@ def ensure_data_dir(path: Path) -> None:
         raise ConfigError(message) from None
     if not os.access(str(path), os.W_OK):
         raise ConfigError("data directory %s is not writable" % path)
+    return waiting
+
+
+def archive_missing_message(path: Path) -> str:
+    """The one sentence for a journal of deliveries whose archive is missing or empty."""
+    return ("the journal in %s lists deliveries but %s is missing or empty: is the disk that"
+            " holds it mounted? Nothing was changed" % (path, path / ARCHIVE_DIR))
 
 
 def resolve_token(config: Config) -> tuple:
@@ -4178,6 +4294,116 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                   archive_path=archive_path, busy=is_busy(exc), error=type(exc).__name__)
         raise InternalError() from None
     return delivery_id
+
+
+def adopt_orphans(conn: sqlite3.Connection, data_dir: Path,
+                  settled_before: Optional[float] = None) -> int:
+    """Journal archived bodies that have no delivery row, in journal order.
+
+    received_at and HAE's headers come from the body's ``.meta.json``; without one,
+    received_at comes from the file name.  An unreadable body is left for later, and so
+    is one written at or after ``settled_before`` (epoch seconds: an ``import`` beside
+    may be about to journal it).
+    """
+    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
+    rows = []
+    for relative in archive_bodies(data_dir):
+        if relative in known:
+            continue
+        body = data_dir / relative
+        if settled_before is not None and _modified_at(body) >= settled_before:
+            continue
+        meta = _read_meta(body, relative)
+        received_at = meta.get("received_at")
+        try:
+            parse_received_at(received_at)
+        except (TypeError, ValueError):
+            if meta:
+                log_event(logging.WARNING, "damaged .meta.json: no usable receive time; the"
+                          " file name gives it", archive_path=relative)
+            received_at = received_at_from_name(body.name)
+        if received_at is None:
+            log_event(logging.WARNING, "archived file without a receive time was not adopted",
+                      archive_path=relative)
+            continue
+        try:
+            size, sha256 = _hash_file(body)
+        except OSError as exc:
+            log_event(logging.WARNING, "archived body unreadable, not adopted",
+                      archive_path=relative, error=type(exc).__name__)
+            continue
+        headers = meta.get("headers") if type(meta.get("headers")) is dict else {}
+        name = meta.get("path_name") if type(meta.get("path_name")) is str else None
+        rows.append((received_at, None, relative, size, sha256, headers.get("automation-id"),
+                     headers.get("automation-name"), headers.get("automation-aggregation"),
+                     headers.get("automation-period"), headers.get("session-id"), name))
+    rows.sort()
+    if rows:
+        with write_txn(conn):
+            conn.executemany(_INSERT_DELIVERY, rows)
+    return len(rows)
+
+def _modified_at(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return math.inf  # gone or unreadable: nothing to adopt or remove now
+
+
+def remove_stray_meta(conn: sqlite3.Connection, data_dir: Path,
+                      settled_before: Optional[float] = None) -> int:
+    """Remove the ``.meta.json`` files whose body never arrived: their request was cut
+    before the body's rename, the commit point, so it was never acknowledged and holds
+    nothing but headers.  A meta whose body the journal lists stays (that body may come
+    back with its disk), and so does one written at or after ``settled_before``."""
+    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
+    removed = 0
+    for folder, dirs, files in os.walk(str(data_dir / ARCHIVE_DIR)):
+        dirs.sort()
+        for name in files:
+            if not name.endswith(".meta.json") or name.startswith("."):
+                continue
+            body = name[:-len(".meta.json")] + ".json"
+            relative = os.path.relpath(os.path.join(folder, body), str(data_dir))
+            meta = Path(folder) / name
+            if (body in files or relative in known
+                    or (settled_before is not None and _modified_at(meta) >= settled_before)):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                meta.unlink()
+                fsync_dir(meta.parent)
+                removed += 1
+    return removed
+
+
+def import_running(data_dir: Path) -> bool:
+    """Is an ``import`` writing beside (its scratch folder under ``DATA/tmp`` locked)?"""
+    tmp = data_dir / TMP_DIR
+    try:
+        entries = list(tmp.iterdir())
+    except OSError:
+        return False
+    return any(entry.name.startswith(IMPORT_SCRATCH) and entry.is_dir()
+               and _scratch_in_use(entry) for entry in entries)
+
+
+def settle_archive(conn: sqlite3.Connection, data_dir: Path) -> tuple:
+    """(adopted, removed) at ``serve``'s start, as ``reindex`` does (RELY-11.4): the
+    bodies a killed process archived without their row are journaled (never
+    acknowledged, but the phone's own data, which folds like its resend would), and the
+    metadata of bodies that never arrived is removed.  While an ``import`` runs, files of
+    the last :data:`SCRATCH_GRACE_S` are its own and left alone.  An empty journal
+    beside an archive is left to ``reindex`` (:func:`warn_if_journal_lost` says so)."""
+    if conn.execute("SELECT 1 FROM delivery LIMIT 1").fetchone() is None:
+        return 0, 0
+    settled_before = time.time() - SCRATCH_GRACE_S if import_running(data_dir) else None
+    adopted = adopt_orphans(conn, data_dir, settled_before)
+    removed = remove_stray_meta(conn, data_dir, settled_before)
+    if adopted or removed:
+        log_event(logging.INFO, "archive settled at start: bodies without a journal row"
+                  " adopted, metadata without a body removed (none was acknowledged)",
+                  adopted=adopted, meta_removed=removed)
+    return adopted, removed
 
 
 class Handoff:
@@ -4580,6 +4806,16 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
                          stored.created_by, delivery_id, stored.sealed,
                          plain and stored.plain)
     return HourMerge(written, counters, warnings)
+
+
+_FAULT_WORDS = {
+    "memory": "memory ran out",
+    "archive:archive_missing": "the archive folder is missing or empty (is its disk mounted?)",
+    "archive:folder_missing": "the archived body's day folder is not there",
+    "archive:body_missing": "the archived body is not in its folder",
+    None: "the archived body cannot be read",
+}
+"""What the ERROR of a deferred fold says of each fault of the machine."""
 
 
 @dataclass(frozen=True)
@@ -5176,8 +5412,7 @@ class FoldEngine:
                       delivery_id=delivery_id)
         elif outcome.machine_fault:
             log_event(logging.ERROR, "fold deferred: %s; the delivery stays pending and is"
-                      " tried again" % ("memory ran out" if outcome.error == "memory" else
-                                        "the archived body cannot be read"),
+                      " tried again" % _FAULT_WORDS.get(outcome.error, _FAULT_WORDS[None]),
                       delivery_id=delivery_id, fault=outcome.error)
         elif outcome.kind == "deferred":
             log_event(logging.INFO, "fold deferred: the database is busy; the delivery stays"
@@ -5218,15 +5453,26 @@ instead of draining (ING-7)."""
 
 PASS_BATCH = 64
 
+ABSENT_BODY = "archive:body_missing"
+"""The deferred outcome of a body absent from a day folder that is there (:func:`classify`
+of :class:`BodyAbsent`): the one machine fault that may, after a wait, fail a delivery."""
+
 FOLD_RESTART_PAUSES_S = (1.0, 5.0, 15.0, 60.0)
 """Pauses before the fold loop starts again after consecutive failures or machine faults
 (the last one repeats): a broken database is retried every minute, never given up on."""
 
 ATTEMPTS_EXHAUSTED = "fold_attempts_exhausted"
-RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable")
+RETRY_WORTHY = (ATTEMPTS_EXHAUSTED, "fold_deadline_exceeded", "body_unreadable",
+                BodyMissing.error_class)
 """Error classes the machine, not the body, may have caused (``body_unreadable`` was
-written by older versions; ``unexpected:…`` too is worth a retry after an upgrade):
-``status`` says so, and ``healthlog refold --failed`` sets them back to pending."""
+written by older versions; a ``body_missing`` file may come back with its disk or its
+copy; ``unexpected:…`` too is worth a retry after an upgrade): ``status`` says so, and
+``healthlog refold --failed`` sets them back to pending."""
+
+
+def worth_retrying(error: Optional[str]) -> bool:
+    """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
+    return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
 
 
 class FoldWorker:
@@ -5254,6 +5500,7 @@ class FoldWorker:
         self.current: Optional[int] = None  # the delivery being folded
         self.fault: Optional[str] = None  # the machine fault the loop is paused for
         self._owed: dict = {}  # delivery id -> attempts to take back at its next one
+        self._absent_since: dict = {}  # delivery id -> clock when its body was first absent
         self.handoff = Handoff(config.handoff_budget) if config.handoff_budget > 0 else None
 
     def start(self) -> None:
@@ -5363,6 +5610,10 @@ class FoldWorker:
                         return folded
                     cursor = (received_at, delivery_id)
                     outcome = self.fold_one(engine, delivery_id)
+                    if outcome.error == ABSENT_BODY:
+                        outcome = self._absent_body(engine, delivery_id, outcome)
+                    else:
+                        self._absent_since.pop(delivery_id, None)
                     if outcome.machine_fault:  # the loop pauses; /healthz says failing
                         self.fault = outcome.error
                         raise FoldPaused(outcome.error)
@@ -5378,6 +5629,32 @@ class FoldWorker:
                           worst_delivery_id=worst_id)
             if completed:
                 self._first_pass_done = True
+
+    def _absent_body(self, engine: FoldEngine, delivery_id: int, absent: Outcome) -> Outcome:
+        """A body absent from its readable day folder waits like any fault of the machine;
+        after ``missing_body_wait_s`` of this process's clock, and only if the archive and
+        the folder can still be read and the file is still not there, the delivery is
+        failed (``body_missing``) so that the deliveries after it are folded (FOLD-15.3)."""
+        now = self._config.clock()
+        since = self._absent_since.setdefault(delivery_id, now)
+        if now - since < self._config.missing_body_wait_s:
+            return absent
+        row = engine.row(delivery_id)
+        if row is None or not body_lost(self._config.data_dir, row["archive_path"]):
+            return absent
+        try:
+            engine.record_failed(delivery_id, BodyMissing.error_class, None)
+        except sqlite3.Error as exc:
+            outcome = classify(exc)
+            if not outcome.deferred:
+                raise
+            return outcome
+        del self._absent_since[delivery_id]
+        log_event(logging.ERROR, "an archived body stayed missing from its readable folder;"
+                  " the delivery is failed so that the deliveries after it are folded."
+                  " Should the file come back, `healthlog refold %d` folds it" % delivery_id,
+                  delivery_id=delivery_id, missing_s=round(now - since))
+        return Outcome("failed", "failed", BodyMissing.error_class)
 
     def _give_up(self, engine: FoldEngine, row: Mapping[str, Any]) -> Outcome:
         """Fail a delivery whose attempts ran out, and say so loudly, with the way back."""
@@ -7679,6 +7956,10 @@ def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> d
         item = dict(zip(DELIVERY_FIELDS, row))
         item["status"] = item.pop("parse_status")
         item["uncovered_keys"] = json.loads(item["uncovered_keys"] or "[]")
+        if item["status"] == "failed" and worth_retrying(item["error"]):
+            item["remedy"] = ("the machine, not the body, may have caused this (a disk not"
+                              " mounted, memory): `healthlog refold %d` folds it again"
+                              % item["id"])
         for name in ("received_at", "folded_at"):
             if item[name]:
                 item[name] = format_instant(parse_time(item[name]))
@@ -9133,9 +9414,10 @@ class App:
             log_event(logging.DEBUG, "health check cannot read the journal",
                       error=type(exc).__name__)
             backlog = None
+        missing = self.archive.unavailable()
         if self.stopping.is_set():
             status = "stopping"
-        elif not self.worker.running or backlog is None:
+        elif not self.worker.running or backlog is None or missing:
             status = "failing"
         else:
             status = "degraded" if exhausted else "ok"
@@ -9143,6 +9425,9 @@ class App:
                   "worker": self.worker.state, "failed_after_attempts": exhausted}
         if self.worker.fault is not None:
             health["fault"] = self.worker.fault
+        if missing:  # a disk not mounted yet: say which folder (RELY-11.1)
+            health["fault"] = "archive:archive_missing"
+            health["missing"] = ARCHIVE_DIR
         answer = self._ok(health)
         if status == "failing":
             return ("503 Service Unavailable",) + answer[1:]
@@ -9988,7 +10273,7 @@ class Service:
     def start(self) -> None:
         if self.config.token is not None:
             check_token_length(self.config.token, "--token (or HEALTHLOG_TOKEN)")
-        ensure_data_dir(self.config.data_dir)
+        archive_waits = ensure_data_dir(self.config.data_dir, wait_for_archive=True)
         self.lock.acquire("serve")
         try:
             conn = open_database(self.config)
@@ -9996,6 +10281,13 @@ class Service:
                 requeue_covered(conn)
                 warn_if_folded_by_older_parser(conn)
                 warn_if_journal_lost(conn, self.config.data_dir)
+                if archive_waits:
+                    log_event(logging.WARNING, archive_missing_message(self.config.data_dir)
+                              + "; serve waits for it: ingest answers 503 (the phone sends"
+                              " again), the fold waits, /healthz answers 503",
+                              archive=str(self.archive.root))
+                else:
+                    settle_archive(conn, self.config.data_dir)
             except sqlite3.DatabaseError as exc:
                 if is_corruption(exc):
                     raise damaged_database(self.config.db_path, exc) from None
@@ -10576,61 +10868,57 @@ REBUILD_AHEAD_BYTES = 32 << 20
 the one being decided, and at most 32 MiB of bodies."""
 
 
-def adopt_orphans(conn: sqlite3.Connection, data_dir: Path) -> int:
-    """Journal archived bodies that have no delivery row, in journal order.
+def absent_bodies(data_dir: Path, rows: Iterator[tuple]) -> tuple:
+    """([ids of bodies provably gone], [relative folders that cannot be read]) for
+    ``(id, archive_path)`` rows: a body absent from a readable folder is gone; one whose
+    folder is missing or unreadable may be on a disk not mounted yet (:func:`body_lost`'s
+    rule, one listing per folder)."""
+    readable: dict = {}
+    gone, unreachable = [], []
+    for row_id, relative in rows:
+        folder = relative.rpartition("/")[0]
+        if folder not in readable:
+            try:
+                readable[folder] = set(os.listdir(str(data_dir / folder)))
+            except OSError:
+                readable[folder] = None
+                unreachable.append(folder)
+        names = readable[folder]
+        if names is not None and not (relative.rpartition("/")[2] in names
+                                      and (data_dir / relative).is_file()):
+            gone.append(row_id)
+    return gone, unreachable
 
-    received_at and HAE's headers come from the body's ``.meta.json``; without one,
-    received_at comes from the file name.  An unreadable body is left for later.
-    """
-    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
-    rows = []
-    for relative in archive_bodies(data_dir):
-        if relative in known:
-            continue
-        body = data_dir / relative
-        meta = _read_meta(body, relative)
-        received_at = meta.get("received_at")
-        try:
-            parse_received_at(received_at)
-        except (TypeError, ValueError):
-            if meta:
-                log_event(logging.WARNING, "damaged .meta.json: no usable receive time; the"
-                          " file name gives it", archive_path=relative)
-            received_at = received_at_from_name(body.name)
-        if received_at is None:
-            log_event(logging.WARNING, "archived file without a receive time was not adopted",
-                      archive_path=relative)
-            continue
-        try:
-            size, sha256 = _hash_file(body)
-        except OSError as exc:
-            log_event(logging.WARNING, "archived body unreadable, not adopted",
-                      archive_path=relative, error=type(exc).__name__)
-            continue
-        headers = meta.get("headers") if type(meta.get("headers")) is dict else {}
-        name = meta.get("path_name") if type(meta.get("path_name")) is str else None
-        rows.append((received_at, None, relative, size, sha256, headers.get("automation-id"),
-                     headers.get("automation-name"), headers.get("automation-aggregation"),
-                     headers.get("automation-period"), headers.get("session-id"), name))
-    rows.sort()
-    if rows:
-        with write_txn(conn):
-            conn.executemany(_INSERT_DELIVERY, rows)
-    return len(rows)
+
+def refuse_unreachable(data_dir: Path, paths: Iterator[tuple], command: str) -> None:
+    """Refuse ``command`` (reindex, verify) while the archive, or a day folder of a
+    journaled body, is missing or unreadable: it would rebuild the store without those
+    bodies and call them lost (RELY-11.3)."""
+    paths = list(paths)
+    if paths and archive_absent(data_dir):
+        raise ConfigError(archive_missing_message(data_dir))
+    unreachable = absent_bodies(data_dir, paths)[1]
+    if unreachable:
+        raise ConfigError(
+            "%s of the journal's bodies cannot be read (%s%s): is the disk mounted and"
+            " readable by this user? %s changed nothing" % (
+                _plural(len(unreachable), "folder", "folders"), unreachable[0],
+                " …" if len(unreachable) > 1 else "", command))
 
 
 def mark_missing(conn: sqlite3.Connection, data_dir: Path, journal: str) -> int:
-    """Rows whose body file is gone become ``failed`` with error ``body_missing``."""
-    missing = [(row_id,) for row_id, path in conn.execute(
-        "SELECT id, archive_path FROM %s" % journal) if not (data_dir / path).is_file()]
+    """Rows whose body file is gone from its readable folder become ``failed`` with
+    error ``body_missing`` (:func:`refuse_unreachable` has made sure the folders are)."""
+    gone = absent_bodies(data_dir, conn.execute("SELECT id, archive_path FROM %s" % journal))[0]
+    missing = [(row_id,) for row_id in gone]
     if missing:
         with write_txn(conn):
             conn.executemany(
-                "UPDATE %s SET parse_status = 'failed', error = 'body_missing', folded_at = ?,"
+                "UPDATE %s SET parse_status = 'failed', error = ?, folded_at = ?,"
                 " parser_version = ?, layer = NULL, %s WHERE id = ?"
                 % (journal, ", ".join("%s = NULL" % c for c in _COUNTERS)),
-                [(format_received_at(utc_now()), PARSER_VERSION, row_id)
-                 for (row_id,) in missing])
+                [(BodyMissing.error_class, format_received_at(utc_now()), PARSER_VERSION,
+                  row_id) for (row_id,) in missing])
     return len(missing)
 
 
@@ -11361,7 +11649,7 @@ def run_reindex(config: Config, out: Any = None, force: bool = False, jobs: int 
     merge beside this one (:func:`rebuild`); the store is the same.
     """
     out = out or sys.stdout
-    if not (config.data_dir / ARCHIVE_DIR).is_dir():
+    if not (config.data_dir / ARCHIVE_DIR).is_dir() and not journal_has_rows(config.db_path):
         raise ConfigError("no healthlog archive in %s" % config.data_dir)
     lock = DataDirLock(config.data_dir)
     try:
@@ -11373,6 +11661,8 @@ def run_reindex(config: Config, out: Any = None, force: bool = False, jobs: int 
     swapped = False
     try:
         _drop_rebuild_tables(conn)  # left by an interrupted run
+        refuse_unreachable(config.data_dir, conn.execute(
+            "SELECT id, archive_path FROM delivery"), "reindex")
         Archive(config.data_dir).clear_scratch()
         adopted = adopt_orphans(conn, config.data_dir)
         cols = ", ".join(JOURNAL_COLUMNS)
@@ -11511,7 +11801,7 @@ def run_verify(config: Config, out: Any = None, jobs: int = 1) -> int:
     live = open_database(config, create=False, synchronous="NORMAL")
     try:
         live.execute("BEGIN")
-        journal = live.execute("SELECT %s, parse_status, folded_at FROM delivery"
+        journal = live.execute("SELECT %s, error, parse_status, folded_at FROM delivery"
                                % ", ".join(JOURNAL_COLUMNS)).fetchall()
         live_objects = {(metric, layer, hour): digest
                         for metric, layer, hour, digest in live.execute(
@@ -11520,7 +11810,11 @@ def run_verify(config: Config, out: Any = None, jobs: int = 1) -> int:
     finally:
         live.close()
     path_at = JOURNAL_COLUMNS.index("archive_path")
+    refuse_unreachable(config.data_dir, ((row[0], row[path_at]) for row in journal), "verify")
     orphans = len(set(archive_bodies(config.data_dir)) - {row[path_at] for row in journal})
+    returned = sum(1 for row in journal if row[-2] == "failed"
+                   and worth_retrying(row[len(JOURNAL_COLUMNS)])
+                   and (config.data_dir / row[path_at]).is_file())
     # Never folded yet: not in the live store either.  (A row requeued at start has been
     # folded before; its objects are live, so it is rebuilt too.)
     live_pending = {row[0] for row in journal if row[-2] == "pending" and not row[-1]}
@@ -11542,6 +11836,11 @@ def run_verify(config: Config, out: Any = None, jobs: int = 1) -> int:
     if orphans:
         out.write("orphans: %s without a journal row (reindex adopts them)\n"
                   % _plural(orphans, "archived body", "archived bodies"))
+    if returned:
+        out.write("failed: %s failed for a reason of the machine, and %s body is there;"
+                  " `healthlog refold --failed` folds them again\n"
+                  % (_plural(returned, "delivery", "deliveries"),
+                     "its" if returned == 1 else "each"))
     for metric, layer, hour in differing[:20]:
         out.write("differs: metric=%s layer=%s hour=%s live=%s rebuilt=%s\n" % (
             loggable_metric(metric), layer, format_instant(hour * HOUR_US),
@@ -11566,7 +11865,7 @@ def _verify_rebuild(config: Config, journal: list, live_pending: set, jobs: int)
             with write_txn(scratch):
                 scratch.executemany("INSERT INTO delivery (%s) VALUES (%s)" % (
                     ", ".join(JOURNAL_COLUMNS), ", ".join("?" * len(JOURNAL_COLUMNS))),
-                    [row[:-2] for row in journal])
+                    [row[:len(JOURNAL_COLUMNS)] for row in journal])
             mark_missing(scratch, config.data_dir, "delivery")
             ids = [i for (i,) in scratch.execute(
                 "SELECT id FROM delivery WHERE parse_status = 'pending' ORDER BY received_at, id")
@@ -11600,7 +11899,7 @@ def run_import(config: Config, files: Sequence[str], aggregation: Optional[str],
     headers = {"automation-aggregation": aggregation} if aggregation else {}
     rejected = 0
     try:
-        with scratch_folder(config.data_dir, "import-") as spool:
+        with scratch_folder(config.data_dir, IMPORT_SCRATCH) as spool:
             archive = Archive(config.data_dir, tmp=spool)  # a starting serve leaves it alone
             for path in files:
                 try:
@@ -11805,6 +12104,7 @@ def collect_status(config: Config) -> dict:
         "points": points,
         "archive_files": archive_files,
         "archive_bytes": archive_bytes,
+        "archive_missing": sum(counts.values()) > 0 and archive_absent(config.data_dir),
         "database_bytes": db_bytes,
         "folded_by_older_parser": older,
         "failed_by_error": failed,
@@ -11836,11 +12136,6 @@ def fold_line(counts: dict, oldest_age_s: Optional[float]) -> str:
         ", {:,} of them failed".format(failed) if failed else "")
 
 
-def worth_retrying(error: Optional[str]) -> bool:
-    """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
-    return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
-
-
 def _recent_problems(conn: sqlite3.Connection) -> list:
     """The latest failed and partial deliveries: what went wrong, never values."""
     rows = conn.execute(
@@ -11866,7 +12161,9 @@ def format_status(status: dict) -> str:
         "last delivery: %s" % (status["last_delivery"] or "none"),
         "objects: %d" % status["objects"],
         "points: %d" % status["points"],
-        "archive: %d bodies, %s" % (status["archive_files"], _size(status["archive_bytes"])),
+        ("archive: missing or empty while the journal lists deliveries; is its disk mounted?"
+         if status["archive_missing"] else
+         "archive: %d bodies, %s" % (status["archive_files"], _size(status["archive_bytes"]))),
         "database: %s" % _size(status["database_bytes"]),
     ]
     if status["failed_by_error"]:
@@ -11958,6 +12255,11 @@ def build_parser() -> argparse.ArgumentParser:
                        " three of its usual intervals are longer: 90s, 45m, 6h, 2d (env"
                        " HEALTHLOG_LATE_AFTER; default 6h)")
     serve.add_argument("--late-after", metavar="DURATION", help=late_after_help)
+    serve.add_argument("--missing-body-wait", metavar="DURATION",
+                       help="how long an archived body may be absent from its readable day"
+                            " folder before its delivery is failed (a missing archive or day"
+                            " folder never fails anything): 90s, 45m, 6h, 2d (env"
+                            " HEALTHLOG_MISSING_BODY_WAIT; default 1h)")
     serve.add_argument("--notify", metavar="URL",
                        help="post a notice there when an automation turns late or a metric"
                             " stale, and when it is back (env HEALTHLOG_NOTIFY; default: no"
@@ -15332,7 +15634,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     ['Overwrites', function (d) { return formatCount(d.overwrites); }, 'num'],
     ['Unit conflicts', function (d) { return formatCount(d.unit_conflicts); }, 'num'],
     ['Size', function (d) { return formatBytes(d.body_bytes); }, 'num'],
-    ['Error', function (d) { return d.error || ''; }, 'error'],
+    ['Error', function (d) { return (d.error || '') + (d.remedy ? ' — ' + d.remedy : ''); },
+      'error'],
   ];
 
   function formatBytes(n) {

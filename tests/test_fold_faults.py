@@ -627,17 +627,6 @@ def post_small(service: healthlog.Service, count: int) -> list:
     return ids
 
 
-def break_body(data_dir: Path, delivery_id: int, how: str = "folder") -> bytes:
-    """Take a delivery's archived body away: deleted, or a directory put where its file
-    was (reading it gives EISDIR), while the archive gives the other bodies; its bytes."""
-    path = data_dir / row(data_dir, delivery_id)["archive_path"]
-    body = path.read_bytes()
-    path.unlink()
-    if how == "folder":
-        path.mkdir()
-    return body
-
-
 def exhaust_one_body(service: healthlog.Service) -> tuple:
     """(first, exhausted, after): four deliveries posted, the second one left with the
     attempts three deaths during its fold leave (FOLD-14.1 kills real processes for
@@ -654,52 +643,6 @@ def exhaust_one_body(service: healthlog.Service) -> tuple:
              timeout=60, what="the exhausted delivery is failed and the others are folded")
     wait_for(lambda: service.worker.state == "idle")
     return first, exhausted, after
-
-
-@pytest.mark.parametrize("how", ["deleted", "folder"])
-@pytest.mark.parametrize("where", ["first", "second"])
-def test_fold_15_3_one_body_whose_file_is_gone_fails_alone_at_once(quick_service, logs, how,
-                                                                     where):
-    """WHEN one delivery's body is gone (deleted, or a folder in its place) while the
-    archive gives the others, first in a new data directory or after a folded one, THEN
-    its first try fails it with body_missing, no try is retried, and the others are
-    folded."""
-    data_dir = quick_service.config.data_dir
-    ids = post_small(quick_service, 3)
-    broken = ids[0 if where == "first" else 1]
-    break_body(data_dir, broken, how)
-    quick_service.worker.gate.set()
-    wait_for(lambda: "pending" not in statuses(data_dir, ids), timeout=60,
-             what="every delivery has an outcome")
-    assert statuses(data_dir, ids) == ["failed" if i == broken else "parsed" for i in ids]
-    found = row(data_dir, broken)
-    assert (found["error"], found["attempts"]) == ("body_missing", 1)
-    assert objects_of(data_dir, broken) == 0
-    assert logs.find(DEFERRED_ARCHIVE) == [] and logs.find(GAVE_UP) == []
-    assert all(row(data_dir, i)["attempts"] == 1 for i in ids)
-
-
-def test_fold_15_5_the_archive_folder_itself_missing_is_a_fault_of_the_machine(
-        quick_service, logs):
-    """WHEN the archive folder is gone (its disk not mounted), THEN the delivery waits
-    with archive:ENOENT and no attempt kept, and folds once the folder is back."""
-    data_dir = quick_service.config.data_dir
-    ids = post_small(quick_service, 2)
-    archive = data_dir / healthlog.ARCHIVE_DIR
-    archive.rename(data_dir / "archive-unmounted")
-    try:
-        quick_service.worker.gate.set()
-        wait_for(lambda: len(logs.find(DEFERRED_ARCHIVE, level="ERROR")) >= 4, timeout=60,
-                 what="four tries meet the missing archive")
-        wait_for(lambda: [(r["parse_status"], r["attempts"], r["error"]) for r in
-                          (row(data_dir, i) for i in ids)]
-                 == [("pending", 0, "retrying:archive:ENOENT"), ("pending", 0, None)],
-                 timeout=30, what="pending, no attempt kept")
-    finally:
-        (data_dir / "archive-unmounted").rename(archive)
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed", "parsed"], timeout=60)
-    assert [row(data_dir, i)["attempts"] for i in ids] == [1, 1]
-    assert logs.find(GAVE_UP) == []
 
 
 def test_fold_14_1_an_exhausted_delivery_is_failed_loudly_and_the_queue_moves(quick_service,

@@ -580,8 +580,9 @@ def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_
                                                                                   tmp_path):
     data_dir = copy_store(week_store, tmp_path)
     before_journal, before = journal(data_dir), live_fingerprint(data_dir)
-    shutil.move(str(data_dir / "archive"), str(tmp_path / "unmounted"))
-    (data_dir / "archive").mkdir()  # the mount point of a disk that is not mounted
+    shutil.copytree(str(data_dir / "archive"), str(tmp_path / "intact"))
+    for body in healthlog.archive_bodies(data_dir):  # a disk that gives back damaged files
+        (data_dir / body).write_bytes(b"\0" * 64)
 
     refused = run_cli("reindex", "--data", data_dir)
 
@@ -596,9 +597,25 @@ def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_
     assert forced.returncode == 0
     assert status_counts(data_dir)["failed"] == len(before_journal)
     shutil.rmtree(str(data_dir / "archive"))
-    shutil.move(str(tmp_path / "unmounted"), str(data_dir / "archive"))
+    shutil.move(str(tmp_path / "intact"), str(data_dir / "archive"))
     healed = run_cli("reindex", "--data", data_dir)
     assert healed.returncode == 0 and printed_fingerprint(healed.stdout) == before
+
+
+def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(week_store,
+                                                                           tmp_path):
+    data_dir = copy_store(week_store, tmp_path)
+    before_journal, before = journal(data_dir), live_fingerprint(data_dir)
+    shutil.move(str(data_dir / "archive"), str(tmp_path / "unmounted"))
+    (data_dir / "archive").mkdir()  # the mount point of a disk that is not mounted
+
+    for args in ((), ("--force",)):
+        refused = run_cli("reindex", "--data", data_dir, *args)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "is missing or empty: is the disk that holds it mounted?" in refused.stderr
+        assert live_fingerprint(data_dir) == before and journal(data_dir) == before_journal
+        assert not {"delivery_rebuild", "object_rebuild"} & tables(data_dir)
+        assert list((data_dir / "archive").iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------
