@@ -1967,17 +1967,26 @@ def _scratch_in_use(folder: Path) -> bool:
 _NAME_STAMP = re.compile(r"(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]+\.json", re.ASCII)
 
 
-def archive_bodies(data_dir: Path) -> list:
-    """Every archived body (relative path), sorted; metadata and temp files excluded."""
-    root = data_dir / ARCHIVE_DIR
+def archive_bodies(data_dir: Path, since: str = "") -> list:
+    """Every archived body (relative path), sorted; metadata and temp files excluded.
+    ``since`` (``archive/YYYY/MM/DD``): only the day folders from that one on."""
     found = []
-    for folder, dirs, files in os.walk(str(root)):
-        dirs.sort()
+    for folder, files in archive_walk(data_dir, since):
         for name in files:
             if name.endswith(".json") and not name.endswith(".meta.json") and \
                     not name.startswith("."):
                 found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
     return sorted(found)
+
+
+def archive_walk(data_dir: Path, since: str = "") -> Iterator[tuple]:
+    """(folder, its file names) of the archive in name order, skipping the year, month and
+    day folders before ``since`` (``archive/YYYY/MM/DD``, compared as text: the names are
+    zero-padded)."""
+    for folder, dirs, files in os.walk(str(data_dir / ARCHIVE_DIR)):
+        relative = os.path.relpath(folder, str(data_dir)) + "/"
+        dirs[:] = sorted(d for d in dirs if relative + d >= since[:len(relative + d)])
+        yield folder, files
 
 
 def archive_absent(data_dir: Path) -> bool:
@@ -4296,18 +4305,25 @@ def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
     return delivery_id
 
 
+def journaled_paths(conn: sqlite3.Connection, since: str = "") -> set:
+    """The archive paths the journal lists, in the day folders from ``since`` on."""
+    return {path for (path,) in conn.execute(
+        "SELECT archive_path FROM delivery WHERE archive_path >= ?", (since,))}
+
+
 def adopt_orphans(conn: sqlite3.Connection, data_dir: Path,
-                  settled_before: Optional[float] = None) -> int:
+                  settled_before: Optional[float] = None, since: str = "") -> int:
     """Journal archived bodies that have no delivery row, in journal order.
 
     received_at and HAE's headers come from the body's ``.meta.json``; without one,
     received_at comes from the file name.  An unreadable body is left for later, and so
     is one written at or after ``settled_before`` (epoch seconds: an ``import`` beside
-    may be about to journal it).
+    may be about to journal it).  ``since`` limits the search to the day folders from
+    that one on (``archive/YYYY/MM/DD``).
     """
-    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
+    known = journaled_paths(conn, since)
     rows = []
-    for relative in archive_bodies(data_dir):
+    for relative in archive_bodies(data_dir, since):
         if relative in known:
             continue
         body = data_dir / relative
@@ -4351,15 +4367,15 @@ def _modified_at(path: Path) -> float:
 
 
 def remove_stray_meta(conn: sqlite3.Connection, data_dir: Path,
-                      settled_before: Optional[float] = None) -> int:
+                      settled_before: Optional[float] = None, since: str = "") -> int:
     """Remove the ``.meta.json`` files whose body never arrived: their request was cut
     before the body's rename, the commit point, so it was never acknowledged and holds
     nothing but headers.  A meta whose body the journal lists stays (that body may come
-    back with its disk), and so does one written at or after ``settled_before``."""
-    known = {path for (path,) in conn.execute("SELECT archive_path FROM delivery")}
+    back with its disk), and so does one written at or after ``settled_before``.  ``since``
+    as for :func:`adopt_orphans`."""
+    known = journaled_paths(conn, since)
     removed = 0
-    for folder, dirs, files in os.walk(str(data_dir / ARCHIVE_DIR)):
-        dirs.sort()
+    for folder, files in archive_walk(data_dir, since):
         for name in files:
             if not name.endswith(".meta.json") or name.startswith("."):
                 continue
@@ -4374,6 +4390,16 @@ def remove_stray_meta(conn: sqlite3.Connection, data_dir: Path,
                 fsync_dir(meta.parent)
                 removed += 1
     return removed
+
+
+def archive_day_before(relative: str) -> str:
+    """``archive/YYYY/MM/DD`` of the day before an archived body's folder (the whole
+    archive, ``""``, for a path not in that form)."""
+    try:
+        day = _dt.datetime.strptime(relative[len(ARCHIVE_DIR) + 1:][:10], "%Y/%m/%d").date()
+    except ValueError:
+        return ""
+    return "%s/%s" % (ARCHIVE_DIR, (day - _dt.timedelta(days=1)).strftime("%Y/%m/%d"))
 
 
 def import_running(data_dir: Path) -> bool:
@@ -4393,12 +4419,20 @@ def settle_archive(conn: sqlite3.Connection, data_dir: Path) -> tuple:
     acknowledged, but the phone's own data, which folds like its resend would), and the
     metadata of bodies that never arrived is removed.  While an ``import`` runs, files of
     the last :data:`SCRATCH_GRACE_S` are its own and left alone.  An empty journal
-    beside an archive is left to ``reindex`` (:func:`warn_if_journal_lost` says so)."""
-    if conn.execute("SELECT 1 FROM delivery LIMIT 1").fetchone() is None:
+    beside an archive is left to ``reindex`` (:func:`warn_if_journal_lost` says so).
+
+    Only the day folders from the newest journaled body's, a day before it, are searched:
+    what a killed process leaves lies there (an upload takes at most its route's
+    deadline), and a start then costs a few folders, not the archive of years.  Older
+    orphans (a row not written for a busy database, which its ERROR names) are
+    ``reindex``'s."""
+    newest = conn.execute("SELECT max(archive_path) FROM delivery").fetchone()[0]
+    if newest is None:
         return 0, 0
+    since = archive_day_before(newest)
     settled_before = time.time() - SCRATCH_GRACE_S if import_running(data_dir) else None
-    adopted = adopt_orphans(conn, data_dir, settled_before)
-    removed = remove_stray_meta(conn, data_dir, settled_before)
+    adopted = adopt_orphans(conn, data_dir, settled_before, since)
+    removed = remove_stray_meta(conn, data_dir, settled_before, since)
     if adopted or removed:
         log_event(logging.INFO, "archive settled at start: bodies without a journal row"
                   " adopted, metadata without a body removed (none was acknowledged)",

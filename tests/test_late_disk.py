@@ -389,6 +389,10 @@ def test_rely_11_4_serve_adopts_orphan_bodies_and_removes_metadata_without_a_bod
     stray.write_text(orphan.with_name(orphan.name[:-5] + ".meta.json").read_text())
     kept_meta = (data_dir / row(data_dir, pending[1])["archive_path"])
     kept_meta = kept_meta.with_name(kept_meta.name[:-5] + ".meta.json")
+    # An orphan years older than the newest journaled body: reindex's, not a start's.
+    old_orphan = data_dir / "archive/2020/01/01" / "20200101T000000.000000Z-00000001.json"
+    old_orphan.parent.mkdir(parents=True)
+    old_orphan.write_bytes(small_body(11))
 
     proc = serve_process(data_dir)
     adopted = wait_for(lambda: find(proc.log_lines(), "archive settled at start"), timeout=30)
@@ -401,4 +405,7 @@ def test_rely_11_4_serve_adopts_orphan_bodies_and_removes_metadata_without_a_bod
     wait_for(lambda: statuses(data_dir, [again["id"]]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     verified = run_cli("verify", "--data", data_dir)
-    assert verified.returncode == 0 and "orphans" not in verified.stdout, verified.stdout
+    assert verified.returncode == 0, verified.stdout
+    assert "orphans: 1 archived body without a journal row" in verified.stdout
+    assert "orphans adopted: 1\n" in run_cli("reindex", "--data", data_dir).stdout
+    assert "orphans" not in run_cli("verify", "--data", data_dir).stdout
