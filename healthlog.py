@@ -52,17 +52,20 @@ Sections, top-down (each banner says what it owns)::
     14. Export — the SQLite file of every point with its local time, and every night.
     15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
     16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
-    17. Web app — the routes, one JSON error shape, an access log without bodies.
-    18. HTTP transport — the head gate and the Cheroot adapter.
-    19. Service — the lock, database, worker, notifier and server of `serve`; its memory.
-    20. Maintenance — reindex, verify, import, refold, export: the store from the archive.
-    21. Status — what the journal and the vitrine hold, readable while serve runs.
-    22. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
-    23. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
+    17. MCP — read-only tools for AI assistants (Model Context Protocol): JSON-RPC, the
+        protocol's versions, each tool calling the read functions of 13; ``healthlog mcp``
+        over stdio.
+    18. Web app — the routes, one JSON error shape, an access log without bodies; ``/mcp``.
+    19. HTTP transport — the head gate and the Cheroot adapter.
+    20. Service — the lock, database, worker, notifier and server of `serve`; its memory.
+    21. Maintenance — reindex, verify, import, refold, export: the store from the archive.
+    22. Status — what the journal and the vitrine hold, readable while serve runs.
+    23. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
+    24. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
 
 One delivery's path, one home per step (section numbers as above)::
 
-    App.ingest (17)             token, slots, size; the body streams into DATA/tmp
+    App.ingest (18)             token, slots, size; the body streams into DATA/tmp
       Archive.receive (7)         hashed, fsynced
       accept_delivery (10)        check_delivery_shape (8); .meta.json and the body durably
                                   into the archive; the ``pending`` row; then 200
@@ -71,9 +74,11 @@ One delivery's path, one home per step (section numbers as above)::
                                   outline_of (9) and decide: status and layer;
                                   merge_items and merge_hour (by 6's rule) per hour
                                   object; apply: one transaction with the outcome
-    App.points / App.plan (17)  point_query, plan_view, bucket_runs (13: whole hours
+    App.points / App.plan (18)  point_query, plan_view, bucket_runs (13: whole hours
                                   from their tallies, the rest from their points)
-    APP_JS (23)                 draws what /api/plan and /api/points send
+    APP_JS (24)                 draws what /api/plan and /api/points send
+    McpSession (17)             the same functions for an assistant: /mcp (18), or
+                                  ``healthlog mcp`` on stdin and stdout
 
 The archive is the truth; the database is an index that ``reindex`` can rebuild.
 Requirements live in ``openspec/specs/*/spec.md``; decisions in
@@ -360,6 +365,9 @@ client still reading after that gets the rest from a file under ``DATA/tmp``, wr
 once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
 SESSION_MAX_AGE_S = 30 * 86400
 """A signed-in browser stays signed in for 30 days; changing the token signs all out."""
+MCP_MESSAGE_MAX = 1 << 20
+"""The largest MCP message taken, a line on stdio or the body of a ``POST /mcp``: a tool
+call is a few hundred bytes; a mebibyte leaves room for any client's envelope."""
 
 STATUSES = ("pending", "parsed", "partial", "failed")
 
@@ -603,6 +611,21 @@ class UnknownLayer(NotFound):
     """The metric has no data in that layer."""
 
     code = "unknown_layer"
+
+
+class NotAcceptable(HTTPFailure):
+    """The client accepts no answer this route gives."""
+
+    status, code = 406, "not_acceptable"
+
+
+class McpError(HealthlogError):
+    """A JSON-RPC error of the MCP server (section MCP): its code, its message and its
+    ``data``, which never holds health data."""
+
+    def __init__(self, code: int, message: str, data: Any = None):
+        super().__init__(message)
+        self.code, self.data = code, data
 
 
 class PoolBroken(HealthlogError):
@@ -4076,6 +4099,41 @@ def open_database(config: Config, *, create: bool = True,
     except BaseException:
         conn.close()
         raise
+    return conn
+
+
+def open_read_only(config: Config) -> sqlite3.Connection:
+    """A connection that can only read the database of a data directory (SQLite's
+    ``mode=ro``, and ``query_only``): it creates, migrates and writes nothing, and as a WAL
+    reader never keeps the fold from committing.  The schema must be this version's (an
+    older one is upgraded by ``serve`` or ``status``, which may write)."""
+    path = config.db_path
+    if not path.exists():
+        raise ConfigError("no healthlog database at %s (has `healthlog serve` run there?)"
+                          % config.data_dir)
+    try:
+        conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(str(path)), uri=True,
+                               timeout=config.busy_timeout_s, isolation_level=None,
+                               check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise ConfigError("cannot open %s: %s" % (path, exc)) from None
+    try:
+        conn.execute("PRAGMA query_only=ON")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for table in ("delivery", "object"):  # reads each table's root page
+            conn.execute("SELECT 1 FROM %s LIMIT 1" % table).fetchall()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        if is_corruption(exc):
+            raise damaged_database(path, exc) from None
+        raise ConfigError("cannot read %s: %s" % (path, exc)) from None
+    if version != SCHEMA_VERSION:
+        conn.close()
+        raise ConfigError("%s has schema version %d, this healthlog %s reads version %d: %s"
+                          % (path, version, __version__, SCHEMA_VERSION,
+                             "run a newer healthlog" if version > SCHEMA_VERSION else
+                             "start `healthlog serve` (or run `healthlog status`) once to"
+                             " upgrade it"))
     return conn
 
 
@@ -9136,6 +9194,1093 @@ def client_address(environ: Mapping[str, Any], trusted: Sequence) -> tuple:
 
 
 # ==============================================================================
+# MCP: read-only tools for AI assistants, over stdio and POST /mcp (Model Context Protocol).
+# ==============================================================================
+# JSON-RPC 2.0 written here (no runtime dependency): the handshake versions, negotiated by
+# ``initialize``, and the stateless 2026-07-28 version, whose every request carries its
+# version and capabilities in ``params._meta`` (``server/discover`` instead of the
+# handshake).  Every tool answers from the functions the read routes call, in one snapshot,
+# so that no figure an assistant quotes can differ from the page's; a tool fails with the
+# words the route would answer.  The stdio command (:func:`run_mcp`, section CLI) and the
+# ``/mcp`` route (:class:`App`) only carry messages to and from :class:`McpSession`.
+
+MCP_HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+"""The versions ``initialize`` negotiates, oldest first; an unknown one asked for is
+answered with the latest (the specification's rule)."""
+MCP_MODERN_VERSIONS = ("2026-07-28",)
+"""The versions of the per-request envelope: no handshake, ``server/discover``, every result
+with its ``resultType``."""
+MCP_HTTP_ASSUMED_VERSION = "2025-03-26"
+"""The version of a request over HTTP without ``MCP-Protocol-Version`` (the specification:
+a server that has no other way to know assumes 2025-03-26)."""
+MCP_META_VERSION = "io.modelcontextprotocol/protocolVersion"
+MCP_META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+MCP_META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+MCP_CACHE_TTL_MS = 300_000
+"""How long a modern client may keep ``server/discover``'s and ``tools/list``'s answers: the
+tools change only with a new version of healthlog."""
+MCP_SERIES_MAX = 400
+"""Buckets (or nights) one ``get_series`` or ``get_sleep`` reply holds at most, the latest
+kept: eight years of weeks; a longer range is told how to narrow."""
+MCP_COMPARE_METRICS_MAX = 10
+MCP_PERIOD_MAX_DAYS = 3660
+"""``compare_periods``: metrics per call, and the longest period (ten years of days)."""
+
+RPC_PARSE_ERROR, RPC_INVALID_REQUEST, RPC_METHOD_NOT_FOUND = -32700, -32600, -32601
+RPC_INVALID_PARAMS, RPC_INTERNAL_ERROR = -32602, -32603
+RPC_HEADER_MISMATCH, RPC_UNSUPPORTED_VERSION = -32020, -32022
+"""JSON-RPC's codes, and the two of the 2026-07-28 envelope: its headers disagree with the
+body, its version is not served (``data``: ``{supported, requested}``)."""
+
+MCP_INSTRUCTIONS = (
+    "healthlog is a person's own, self-hosted store of their Apple Health data, pushed by"
+    " the iPhone app Health Auto Export. Every value these tools return is that person's own"
+    " health data: private, and theirs. Dates are local ISO dates (YYYY-MM-DD) as the phone"
+    " lived them: with tz local (the default) each point counts on the date written in it,"
+    " and a night belongs to the morning it ended. The figures are the ones healthlog's own"
+    " page shows: quote them as they are, in the units given. Missing data is not a trend"
+    " and not a zero: a day without data may be a day not delivered yet (a late automation,"
+    " a watch not worn). Before you read a drop or a gap as a change, call get_data_health:"
+    " it names late automations, stale metrics, missing or thin days, and the Health Auto"
+    " Export action that fills them. Replies are bounded; one that was cut says how to"
+    " narrow it (from and to). list_metrics names what the store holds.")
+
+
+def _mcp_reply(message_id: Any, result: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": message_id, "result": result}
+
+
+def _mcp_error_reply(message_id: Any, exc: McpError) -> dict:
+    error: dict = {"code": exc.code, "message": exc.message}
+    if exc.data is not None:
+        error["data"] = exc.data
+    return {"jsonrpc": "2.0", "id": message_id, "error": error}
+
+
+def _unsupported_version(requested: Any) -> McpError:
+    """-32022, naming every version served: a client that knows only the handshake learns
+    that ``initialize`` will do."""
+    return McpError(RPC_UNSUPPORTED_VERSION, "unsupported protocol version", {
+        "supported": list(MCP_HANDSHAKE_VERSIONS + MCP_MODERN_VERSIONS),
+        "requested": requested if isinstance(requested, str) else repr(requested)[:40]})
+
+
+def mcp_http_status(reply: Any, modern: bool) -> int:
+    """The HTTP status of a reply to a POST: an error of the message itself (not JSON, no
+    request, an unsupported version, headers that disagree) is 400; in the 2026-07-28 era
+    its table also makes an unknown method 404 and bad params 400; every other answer,
+    errors of the handshake era included, is 200 (that era's rule)."""
+    if not isinstance(reply, dict) or "error" not in reply:
+        return 200
+    code = reply["error"]["code"]
+    if code in (RPC_PARSE_ERROR, RPC_INVALID_REQUEST, RPC_HEADER_MISMATCH,
+                RPC_UNSUPPORTED_VERSION):
+        return 400
+    if modern:
+        return {RPC_INVALID_PARAMS: 400, RPC_METHOD_NOT_FOUND: 404}.get(code, 200)
+    return 200
+
+
+# -- the tools: each a name, its schemas and the read functions it calls ---------------
+
+@dataclass(frozen=True)
+class McpTool:
+    """One tool: what ``tools/list`` shows of it, what it runs (``run(reader, arguments)``
+    → the structured answer) and its short text for clients that read text (``text``).
+    Every tool only reads; :data:`MCP_TOOLS` lists them."""
+
+    name: str
+    title: str
+    description: str
+    input_schema: dict
+    output_schema: dict
+    run: Callable[["McpReader", dict], dict]
+    text: Callable[[dict], str]
+
+    def listing(self, version: str) -> dict:
+        """The tool as ``tools/list`` shows it at ``version``: annotations from 2025-03-26,
+        the title and the output schema from 2025-06-18 (before, the text is the JSON)."""
+        tool: dict = {"name": self.name, "description": self.description,
+                      "inputSchema": self.input_schema}
+        if version >= "2025-03-26":
+            tool["annotations"] = {"title": self.title, "readOnlyHint": True,
+                                   "destructiveHint": False, "idempotentHint": True,
+                                   "openWorldHint": False}
+        if version >= "2025-06-18":
+            tool["title"] = self.title
+            tool["outputSchema"] = self.output_schema
+        return tool
+
+
+class McpReader:
+    """What a tool reads from: ``connection()`` (the caller's, on which a tool opens its one
+    snapshot) and ``freshness()`` (freshness judged now)."""
+
+    def __init__(self, connection: Callable[[], sqlite3.Connection],
+                 freshness: Callable[[], Freshness]):
+        self.connection = connection
+        self.freshness = freshness
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside one read transaction: every figure of a reply agrees."""
+        conn = self.connection()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+
+_MCP_DATE = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+             "description": "a local date, YYYY-MM-DD"}
+_MCP_TZ = {"type": "string", "description": (
+    "local (the default: each point on the date and at the time the phone wrote it), a time"
+    " zone such as Europe/Berlin, or an offset such as +02:00")}
+_MCP_RANGE = {"type": "string", "enum": ["24h", "7d", "30d", "1y", "all"], "description": (
+    "the page's ranges, ending with the newest data (default 7d); from and to instead give"
+    " a range of dates")}
+_MCP_NUMBER = {"type": ["number", "null"]}
+
+
+def _mcp_object(properties: dict, required: Sequence[str] = (), closed: bool = True) -> dict:
+    schema: dict = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _mcp_list(items: dict) -> dict:
+    return {"type": "array", "items": items}
+
+
+def _mcp_check(schema: dict, value: Any, where: str = "arguments") -> None:
+    """``value`` against the part of JSON Schema the input schemas use (type, properties,
+    required, additionalProperties false, enum, pattern, items, minItems, maxItems);
+    BadRequest naming what is wrong, which the tool answers as its error."""
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else (kinds or [])
+    checks = {"object": lambda v: isinstance(v, dict), "string": lambda v: isinstance(v, str),
+              "array": lambda v: isinstance(v, list), "null": lambda v: v is None,
+              "integer": lambda v: type(v) is int,
+              "number": lambda v: type(v) in (int, float)}
+    if kinds and not any(checks[kind](value) for kind in kinds):
+        raise BadRequest("%s must be %s" % (where, " or ".join(
+            "an object" if kind == "object" else "an array" if kind == "array" else
+            "a " + kind for kind in kinds)))
+    if "enum" in schema and value not in schema["enum"]:
+        raise BadRequest("%s must be one of %s" % (where, ", ".join(map(str, schema["enum"]))))
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"],
+                                                                         value):
+        raise BadRequest("%s must be %s" % (where, schema.get("description", "as described")))
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems",
+                                                                             len(value)):
+            raise BadRequest("%s must have %d to %d items" % (
+                where, schema.get("minItems", 0), schema.get("maxItems", len(value))))
+        for number, item in enumerate(value):
+            _mcp_check(schema.get("items", {}), item, "%s[%d]" % (where, number))
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        for name in schema.get("required", ()):
+            if name not in value:
+                raise BadRequest("%s: %s is required" % (where, name))
+        for name, item in value.items():
+            if name in properties:
+                _mcp_check(properties[name], item, name if where == "arguments"
+                           else "%s.%s" % (where, name))
+            elif schema.get("additionalProperties") is False:
+                raise BadRequest("%s: unknown argument %s (it takes %s)" % (
+                    where, str(name)[:40], ", ".join(properties) or "none"))
+
+
+def _mcp_number(value: Any, digits: Optional[int] = None) -> str:
+    """A number as the page writes it (its ``formatNumber``): at most ``digits`` decimals,
+    else 0 from 100 on, 1 from 10 on, 2 below; grouped by thousands; ``–`` for none."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        return "–"
+    if digits is None:
+        digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    text = "{:,.{}f}".format(value, digits)
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def _mcp_amount(value: Any, label: Optional[str], digits: Optional[int] = None) -> str:
+    """A number with its unit as the page shows it; ``no data`` for none (never 0)."""
+    number = _mcp_number(value, digits)
+    if number == "–":
+        return "no data"
+    return number if not label else "%s %s" % (number, label)
+
+
+def _mcp_count(count: int, word: str) -> str:
+    return "%d %s%s" % (count, word, "" if count == 1 else "s")
+
+
+def _mcp_args(arguments: dict, **names: str) -> dict:
+    """The read routes' parameters from a tool's arguments: ``names`` maps each route
+    parameter to its argument; an argument not given is left out."""
+    return {param: arguments[arg] for param, arg in names.items() if arguments.get(arg)
+            is not None}
+
+
+def _mcp_cut(items: list, what: str, plural: str) -> tuple:
+    """(the latest :data:`MCP_SERIES_MAX` items, the note that says what was left out)."""
+    if len(items) <= MCP_SERIES_MAX:
+        return items, None
+    kept = items[-MCP_SERIES_MAX:]
+    return kept, ("%d %s of %d shown, the latest (from %s); ask from and to for the"
+                  " earlier ones" % (len(kept), plural, len(items), kept[0][what]))
+
+
+def _api_json(conn: sqlite3.Connection, query: PointQuery) -> dict:
+    """What ``GET /api/points`` answers for ``query``, as JSON (the same rendering)."""
+    return json.loads(b"".join(render_points(conn, _replace(query, fmt="json"))))
+
+
+# list_metrics ------------------------------------------------------------------------
+
+def mcp_list_metrics(reader: McpReader, arguments: dict) -> dict:
+    """``/api/catalog``, each entry with how its units are read and its first and last
+    point's local dates (as ``healthlog catalog`` shows them)."""
+    with reader.snapshot() as conn:
+        items = catalog(conn)
+        local = [catalog_local(conn, item) for item in items]
+    metrics = []
+    for item, (first, last) in zip(items, local):
+        meaning = item["meaning"]
+        metrics.append({
+            "metric": item["metric"], "name": meaning["name"], "group": item["group"],
+            "kind": meaning["kind"], "combine": meaning["combine"], "better": meaning["better"],
+            "layer": item["layer"], "units": item["units"],
+            "unit_labels": [unit_label(item["metric"], units) for units in item["units"]],
+            "first": item["first"], "last": item["last"], "first_local": first,
+            "last_local": last, "first_date": first and first[:10],
+            "last_date": last and last[:10], "points": item["points"]})
+    return {"metrics": metrics, "groups": groups_json()}
+
+
+def _text_metrics(answer: dict) -> str:
+    if not answer["metrics"]:
+        return "The store is empty: nothing has been folded yet."
+    lines = ["%d metrics and layers (metric, layer: name, kind, units, first to last date):"
+             % len(answer["metrics"])]
+    for item in answer["metrics"]:
+        labels = ", ".join(label or units for label, units in zip(item["unit_labels"],
+                                                                 item["units"]))
+        lines.append("%s, %s: %s, %s%s, %s to %s" % (
+            item["metric"], item["layer"], item["name"], item["kind"],
+            ", " + labels if labels else "", item["first_date"], item["last_date"]))
+    return "\n".join(lines)
+
+
+_MCP_METRICS_OUT = _mcp_object({
+    "metrics": _mcp_list(_mcp_object({
+        "metric": {"type": "string"}, "name": {"type": "string"}, "group": {"type": "string"},
+        "kind": {"type": "string"}, "combine": {"type": ["string", "null"]},
+        "better": {"type": ["string", "null"]}, "layer": {"type": "string"},
+        "units": _mcp_list({"type": "string"}),
+        "unit_labels": _mcp_list({"type": ["string", "null"]}),
+        "first": {"type": "string"}, "last": {"type": "string"},
+        "first_local": {"type": ["string", "null"]}, "last_local": {"type": ["string", "null"]},
+        "first_date": {"type": ["string", "null"]}, "last_date": {"type": ["string", "null"]},
+        "points": {"type": "integer"}}, closed=False)),
+    "groups": _mcp_list(_mcp_object({"group": {"type": "string"},
+                                     "title": {"type": "string"}}))},
+    ("metrics", "groups"), closed=False)
+
+
+# get_series --------------------------------------------------------------------------
+
+def _series_plan(conn: sqlite3.Connection, arguments: dict) -> dict:
+    """The view's plan of a metric for the range asked (``plan_view``, as the page asks it):
+    ``from`` and ``to`` make a custom range; either alone is refused in the route's words."""
+    args = _mcp_args(arguments, metric="metric", tz="tz", layer="layer")
+    if arguments.get("from") or arguments.get("to"):
+        args.update(range="custom", **_mcp_args(arguments, **{"from": "from", "to": "to"}))
+    else:
+        args["range"] = arguments.get("range") or "7d"
+    return plan_view(conn, args)
+
+
+def _planned_query(conn: sqlite3.Connection, arguments: dict, plan: dict) -> PointQuery:
+    """The query the page sends for a plan (its ``from``, ``to`` and bucket; the layer only
+    when one was picked, so that days the layer lacks are filled from the others)."""
+    return point_query(conn, dict(_mcp_args(arguments, metric="metric", tz="tz",
+                                            layer="layer"),
+                                  bucket=plan["bucket"], **{"from": plan["from"],
+                                                           "to": plan["to"]}))
+
+
+def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
+    """A total or average metric bucketed by the view's plan (per hour up to two days, never
+    for day data; per day up to half a year; per week beyond): ``/api/plan``, then
+    ``/api/points`` with its bounds and bucket; each bucket's ``value`` is its main field
+    combined as the meaning says (sum or average), as the page draws it."""
+    with reader.snapshot() as conn:
+        plan = _series_plan(conn, arguments)
+        meaning = meaning_of(plan["metric"])
+        if plan["kind"] == "sleep":
+            raise BadRequest("sleep is counted per night: ask get_sleep")
+        if plan["kind"] not in ("total", "average"):
+            raise BadRequest("%s is a list of records, not a series"
+                             % loggable_metric(plan["metric"]))
+        answer = _api_json(conn, _planned_query(conn, arguments, plan))
+    field_name = meaning.fields[0]
+    buckets = []
+    for run in answer["runs"]:
+        for bucket in run["buckets"]:
+            stats = bucket.get("fields", {}).get(field_name) or {}
+            buckets.append({"date": bucket["date"], "local": bucket["local"],
+                            "start": bucket["start"], "units": run["units"],
+                            "unit_label": run["unit_label"], "count": bucket["count"],
+                            "value": stats.get(meaning.combine), "fields": bucket.get(
+                                "fields", {})})
+    shown, note = _mcp_cut(buckets, "date", plan["bucket"] + "s")
+    out = {"metric": plan["metric"], "name": meaning.name, "kind": meaning.kind,
+           "combine": meaning.combine, "field": field_name, "digits": meaning.digits,
+           "tz": plan["tz"], "range": plan["range"], "from": answer["from"],
+           "to": answer["to"], "bucket": answer["bucket"], "layer": answer["layer"],
+           "layers": answer.get("layers", [answer["layer"]]), "words": plan["words"],
+           "buckets": shown, "total_buckets": len(buckets), "truncated": note is not None,
+           "notes": [text for text in (answer.get("note"), note) if text]}
+    return out
+
+
+def _text_series(answer: dict) -> str:
+    lines = ["%s (%s), %s, %s:" % (answer["name"], answer["metric"], answer["words"],
+                                  "tz " + answer["tz"])]
+    hourly = answer["bucket"] == "hour"
+    for bucket in answer["buckets"]:
+        when = bucket["local"][:16].replace("T", " ") if hourly else bucket["date"]
+        line = "%s  %s" % (when, _mcp_amount(bucket["value"], bucket["unit_label"],
+                                              answer["digits"]))
+        stats = bucket["fields"].get(answer["field"])
+        if answer["combine"] == "avg" and stats:
+            line += " (%s to %s)" % (_mcp_number(stats["min"], answer["digits"]),
+                                     _mcp_number(stats["max"], answer["digits"]))
+        lines.append(line)
+    if not answer["buckets"]:
+        lines.append("no data in this range")
+    lines += answer["notes"]
+    return "\n".join(lines)
+
+
+_MCP_SERIES_IN = _mcp_object({
+    "metric": {"type": "string", "description": "a metric as list_metrics names it"},
+    "range": _MCP_RANGE, "from": _MCP_DATE, "to": _MCP_DATE, "tz": _MCP_TZ,
+    "layer": {"type": "string", "description": (
+        "a layer list_metrics names (default: the one that answers the range best, with"
+        " days it lacks filled from the others)")}}, ("metric",))
+_MCP_STATS = _mcp_object({"count": {"type": "integer"}, "min": _MCP_NUMBER,
+                          "max": _MCP_NUMBER, "avg": _MCP_NUMBER, "sum": _MCP_NUMBER})
+_MCP_SERIES_OUT = _mcp_object({
+    "metric": {"type": "string"}, "name": {"type": "string"}, "kind": {"type": "string"},
+    "combine": {"type": "string"}, "field": {"type": "string"},
+    "digits": {"type": ["integer", "null"]}, "tz": {"type": "string"},
+    "range": {"type": "string"}, "from": {"type": ["string", "null"]},
+    "to": {"type": ["string", "null"]}, "bucket": {"type": "string"},
+    "layer": {"type": "string"}, "layers": _mcp_list({"type": "string"}),
+    "words": {"type": "string"},
+    "buckets": _mcp_list(_mcp_object({
+        "date": {"type": "string"}, "local": {"type": "string"}, "start": {"type": "string"},
+        "units": {"type": ["string", "null"]}, "unit_label": {"type": ["string", "null"]},
+        "count": {"type": "integer"}, "value": _MCP_NUMBER,
+        "fields": {"type": "object", "additionalProperties": _MCP_STATS}})),
+    "total_buckets": {"type": "integer"}, "truncated": {"type": "boolean"},
+    "notes": _mcp_list({"type": "string"})},
+    ("metric", "tz", "bucket", "buckets", "truncated"), closed=False)
+
+
+# get_day_summary ---------------------------------------------------------------------
+
+def mcp_get_day_summary(reader: McpReader, arguments: dict) -> dict:
+    """The summary page's data for a date (``/api/summary``): its cards against the usual,
+    the trends, and what needs attention now."""
+    fresh = reader.freshness()
+    with reader.snapshot() as conn:
+        return summary(conn, _mcp_args(arguments, date="date", tz="tz"), fresh)
+
+
+def _text_card(card: dict) -> str:
+    digits = card.get("digits")
+    if card.get("render") == "range":
+        return "%s: %s to %s, average %s" % (
+            card["name"], _mcp_number(card["min"], digits),
+            _mcp_amount(card["max"], card["unit_label"], digits),
+            _mcp_amount(card["avg"], card["unit_label"], digits))
+    if card.get("render") == "latest":
+        values = ", ".join("%s %s" % (name, _mcp_number(value, digits))
+                           for name, value in card["values"].items())
+        return "%s: %s %s, measured %s" % (card["name"], values, card["unit_label"] or "",
+                                          card["measured"][:16].replace("T", " "))
+    usual = card.get("usual")
+    return "%s: %s%s" % (card["name"], _mcp_amount(card["value"], card.get("unit_label"),
+                                                    digits),
+                         "" if usual is None and "usual" not in card else
+                         " (usual %s)" % _mcp_amount(usual, card.get("unit_label"), digits)
+                         if usual is not None else " (no usual yet)")
+
+
+def _text_summary(answer: dict) -> str:
+    lines = ["Summary of %s (tz %s):" % (answer["date"], answer["tz"])]
+    for group in answer["card_order"]:
+        cards = answer["cards"].get(group["group"])
+        if group["render"] == "night":
+            if cards and cards.get("asleep") is not None:
+                lines.append("%s: asleep %s, in bed %s (usual %s)%s" % (
+                    group["title"], _mcp_amount(cards["asleep"], "h"),
+                    _mcp_amount(cards["in_bed"], "h"), _mcp_amount(cards["usual"], "h"),
+                    ", sources overlap" if cards["overlapping"] else ""))
+            continue
+        if group["render"] == "week":
+            if cards:
+                lines.append("%s, last 7 days: %s" % (group["title"], "; ".join(
+                    "%s %s" % (item["date"], item.get("name") or "workout") for item in cards)))
+            continue
+        for card in cards or []:
+            lines.append(_text_card(card))
+    for trend in answer["trends"]:
+        if trend["flagged"]:
+            lines.append("Trend: %s %s, last 90 days %s against %s the year before" % (
+                trend["name"], trend["direction"], _mcp_amount(
+                    trend["recent"], trend["unit_label"], trend["digits"]),
+                _mcp_amount(trend["baseline"], trend["unit_label"], trend["digits"])))
+    for notice in answer["attention"]:
+        lines.append("Attention: " + notice["text"])
+    return "\n".join(lines)
+
+
+_MCP_SUMMARY_IN = _mcp_object({
+    "date": dict(_MCP_DATE, description="the local date (default: the day of the newest"
+                                        " data)"), "tz": _MCP_TZ})
+_MCP_SUMMARY_OUT = _mcp_object({
+    "date": {"type": "string"}, "tz": {"type": "string"},
+    "attention": _mcp_list({"type": "object"}), "usual": {"type": "object"},
+    "card_order": _mcp_list({"type": "object"}), "cards": {"type": "object"},
+    "trends": _mcp_list({"type": "object"}), "trend_rule": {"type": "object"}},
+    ("date", "tz", "cards", "card_order", "trends", "attention"), closed=False)
+
+
+# get_sleep ---------------------------------------------------------------------------
+
+def mcp_get_sleep(reader: McpReader, arguments: dict) -> dict:
+    """Nights and naps for a range, as the sleep view reads them: ``/api/plan`` for
+    ``sleep_analysis``, then ``/api/points`` with its bounds and bucket (a night per day up
+    to half a year, the average night per week beyond), each night with its counted
+    figures, its stages and ``overlapping``."""
+    with reader.snapshot() as conn:
+        plan = _series_plan(conn, dict(arguments, metric=SLEEP_METRIC))
+        answer = _api_json(conn, _planned_query(conn, dict(arguments, metric=SLEEP_METRIC),
+                                                plan))
+    nights, note = _mcp_cut(answer["nights"], "date", "nights" if plan["bucket"] == "day"
+                            else "weeks")
+    return {"tz": answer["tz"], "from": answer["from"], "to": answer["to"],
+            "bucket": answer["bucket"], "words": plan["words"], "units": answer["units"],
+            "stage_order": answer["stage_order"], "nights": nights,
+            "total_nights": len(answer["nights"]), "truncated": note is not None,
+            "notes": [note] if note else []}
+
+
+def _text_sleep(answer: dict) -> str:
+    lines = ["Sleep, %s, tz %s (hours; a night is on the morning it ended):"
+             % (answer["words"], answer["tz"])]
+    for night in answer["nights"]:
+        stages = ", ".join("%s %s" % (stage, _mcp_number(hours))
+                           for stage, hours in night["stages"].items())
+        line = "%s  asleep %s, in bed %s%s" % (
+            night["date"], _mcp_number(night["asleep"]), _mcp_number(night["in_bed"]),
+            " (%s)" % stages if stages else "")
+        if answer["bucket"] == "day" and night.get("sleep_start"):
+            line += ", %s to %s" % (night["sleep_start"][11:16], night["sleep_end"][11:16])
+        if answer["bucket"] == "week":
+            line += ", the average of %d nights" % night["nights"]
+        if night["overlapping"]:
+            line += ", sources overlap (capped)"
+        naps = [nap for nap in night["naps"] if nap["asleep"] is not None]
+        if naps:
+            line += ", naps %s" % " + ".join(_mcp_number(nap["asleep"]) for nap in naps)
+        lines.append(line)
+    if not answer["nights"]:
+        lines.append("no nights in this range")
+    lines += answer["notes"]
+    return "\n".join(lines)
+
+
+_MCP_SLEEP_IN = _mcp_object({"range": _MCP_RANGE, "from": _MCP_DATE, "to": _MCP_DATE,
+                             "tz": _MCP_TZ})
+_MCP_SLEEP_OUT = _mcp_object({
+    "tz": {"type": "string"}, "from": {"type": ["string", "null"]},
+    "to": {"type": ["string", "null"]}, "bucket": {"type": "string"},
+    "words": {"type": "string"}, "units": {"type": "string"},
+    "stage_order": _mcp_list({"type": "object"}),
+    "nights": _mcp_list(_mcp_object({
+        "date": {"type": "string"}, "asleep": _MCP_NUMBER, "in_bed": _MCP_NUMBER,
+        "stages": {"type": "object", "additionalProperties": {"type": "number"}},
+        "overlapping": {"type": ["boolean", "integer"]}, "naps": _mcp_list({"type": "object"}),
+        "nights": {"type": "integer"}, "count": {"type": "integer"}}, closed=False)),
+    "total_nights": {"type": "integer"}, "truncated": {"type": "boolean"},
+    "notes": _mcp_list({"type": "string"})},
+    ("tz", "bucket", "nights", "truncated"), closed=False)
+
+
+# compare_periods ---------------------------------------------------------------------
+
+def _period_days(arguments: dict, which: str) -> tuple:
+    """(first, last) ordinals of a period, its dates checked as the routes check them."""
+    bounds = []
+    for end in ("from", "to"):
+        text = arguments[which][end]
+        try:
+            bounds.append(_dt.date.fromisoformat(text).toordinal())
+        except ValueError:
+            raise BadRequest("%s.%s is not a date" % (which, end)) from None
+    if bounds[0] > bounds[1]:
+        raise BadRequest("%s: from must be on or before to" % which)
+    if bounds[1] - bounds[0] + 1 > MCP_PERIOD_MAX_DAYS:
+        raise BadRequest("%s: a period is %d days at most" % (which, MCP_PERIOD_MAX_DAYS))
+    return bounds[0], bounds[1]
+
+
+def _day_buckets(conn: sqlite3.Connection, metric: str, tz: Optional[str], first: int,
+                 last: int) -> list:
+    """[(units, value)] per day of ``/api/points?bucket=day`` over the dates (the page's
+    query: no layer, so that each day comes from the layer that holds it); for sleep, each
+    night's hours asleep."""
+    args = {"metric": metric, "bucket": "day", "from": _dt.date.fromordinal(first).isoformat(),
+            "to": _dt.date.fromordinal(last).isoformat()}
+    if tz:
+        args["tz"] = tz
+    answer = _api_json(conn, point_query(conn, args))
+    if metric == SLEEP_METRIC:
+        return [("hr", night["asleep"]) for night in answer["nights"]
+                if night["asleep"] is not None]
+    meaning = meaning_of(metric)
+    out = []
+    for run in answer["runs"]:
+        for bucket in run["buckets"]:
+            stats = bucket.get("fields", {}).get(meaning.fields[0])
+            if stats and stats.get(meaning.combine) is not None:
+                out.append((run["units"], stats[meaning.combine]))
+    return out
+
+
+def _compared(metric: str, periods: list) -> dict:
+    """The periods' figures of one metric from its day values: the mean per day with data
+    (per night, for sleep) and, for a total, the total; then the change from the first to
+    the second.  Days in other units than the latest are left out, and said so."""
+    meaning = meaning_of(metric)
+    seen = [units for values in periods for units, _ in values]
+    units = seen[-1] if seen else None
+    out: dict = {"metric": metric, "name": meaning.name, "kind": meaning.kind,
+                 "units": units, "unit_label": "h" if meaning.kind == "sleep"
+                 else unit_label(metric, units), "digits": meaning.digits, "notes": []}
+    figures = []
+    for which, values in zip(("first", "second"), periods):
+        kept = [value for unit, value in values if unit == units]
+        if len(kept) < len(values):
+            out["notes"].append("%s: %d days in other units left out" % (
+                which, len(values) - len(kept)))
+        figure = {"days_with_data": len(kept),
+                  "mean": sum(kept) / len(kept) if kept else None}
+        if meaning.kind == "total":
+            figure["total"] = sum(kept) if kept else None
+        figures.append(figure)
+        out[which] = figure
+    change: dict = {}
+    for name in ("mean", "total"):
+        a, b = figures[0].get(name), figures[1].get(name)
+        if name in figures[0]:
+            change[name] = None if a is None or b is None else b - a
+            change[name + "_percent"] = (None if a is None or b is None or a == 0
+                                         else (b - a) / abs(a) * 100)
+    out["change"] = change
+    return out
+
+
+def mcp_compare_periods(reader: McpReader, arguments: dict) -> dict:
+    """One or more metrics over two date ranges: from the day buckets ``/api/points``
+    gives (a night per day for sleep), each period's mean per day with data (per night),
+    the total for a total, and the change from the first period to the second."""
+    spans = [_period_days(arguments, which) for which in ("first", "second")]
+    metrics = list(dict.fromkeys(arguments["metrics"]))
+    out = []
+    with reader.snapshot() as conn:
+        for metric in metrics:
+            kind = meaning_of(metric).kind
+            if kind not in ("total", "average", "sleep"):
+                raise BadRequest("%s is a list of records: it has no day values to compare"
+                                 % loggable_metric(metric))
+            out.append(_compared(metric, [_day_buckets(conn, metric, arguments.get("tz"),
+                                                       first, last)
+                                          for first, last in spans]))
+    return {"tz": parse_zone(arguments.get("tz")).name,
+            **{which: {"from": _dt.date.fromordinal(first).isoformat(),
+                       "to": _dt.date.fromordinal(last).isoformat(), "days": last - first + 1}
+               for which, (first, last) in zip(("first", "second"), spans)},
+            "metrics": out}
+
+
+def _text_compare(answer: dict) -> str:
+    lines = ["First %s to %s (%d days) against second %s to %s (%d days), tz %s:" % (
+        answer["first"]["from"], answer["first"]["to"], answer["first"]["days"],
+        answer["second"]["from"], answer["second"]["to"], answer["second"]["days"],
+        answer["tz"])]
+    for item in answer["metrics"]:
+        label, digits = item["unit_label"], item["digits"]
+        per = "night" if item["kind"] == "sleep" else "day"
+        line = "%s: mean per %s %s (%s) -> %s (%s)" % (
+            item["name"], per, _mcp_amount(item["first"]["mean"], label, digits),
+            _mcp_count(item["first"]["days_with_data"], per),
+            _mcp_amount(item["second"]["mean"], label, digits),
+            _mcp_count(item["second"]["days_with_data"], per))
+        change = item["change"]
+        if change["mean"] is not None:
+            line += ", change %s%s" % (_mcp_amount(change["mean"], label, digits),
+                                       "" if change["mean_percent"] is None else
+                                       " (%s%%)" % _mcp_number(change["mean_percent"], 1))
+        if "total" in item["first"]:
+            line += "; totals %s -> %s" % (_mcp_amount(item["first"]["total"], label, digits),
+                                           _mcp_amount(item["second"]["total"], label, digits))
+        lines.append(line)
+        lines += ["  " + note for note in item["notes"]]
+    return "\n".join(lines)
+
+
+_MCP_PERIOD = _mcp_object({"from": _MCP_DATE, "to": _MCP_DATE}, ("from", "to"))
+_MCP_COMPARE_IN = _mcp_object({
+    "metrics": dict(_mcp_list({"type": "string"}), minItems=1,
+                    maxItems=MCP_COMPARE_METRICS_MAX, description=(
+                        "metrics as list_metrics names them: totals, averages, or"
+                        " sleep_analysis")),
+    "first": dict(_MCP_PERIOD, description="the first period, both dates included"),
+    "second": dict(_MCP_PERIOD, description="the second period, both dates included"),
+    "tz": _MCP_TZ}, ("metrics", "first", "second"))
+_MCP_FIGURES = _mcp_object({"days_with_data": {"type": "integer"}, "mean": _MCP_NUMBER,
+                            "total": _MCP_NUMBER})
+_MCP_COMPARE_OUT = _mcp_object({
+    "tz": {"type": "string"},
+    "first": _mcp_object({"from": {"type": "string"}, "to": {"type": "string"},
+                          "days": {"type": "integer"}}),
+    "second": _mcp_object({"from": {"type": "string"}, "to": {"type": "string"},
+                           "days": {"type": "integer"}}),
+    "metrics": _mcp_list(_mcp_object({
+        "metric": {"type": "string"}, "name": {"type": "string"}, "kind": {"type": "string"},
+        "units": {"type": ["string", "null"]}, "unit_label": {"type": ["string", "null"]},
+        "digits": {"type": ["integer", "null"]}, "first": _MCP_FIGURES,
+        "second": _MCP_FIGURES, "change": {"type": "object"},
+        "notes": _mcp_list({"type": "string"})}))},
+    ("tz", "first", "second", "metrics"))
+
+
+# get_data_health ---------------------------------------------------------------------
+
+def mcp_get_data_health(reader: McpReader, arguments: dict) -> dict:
+    """Freshness now (``/api/freshness``: each automation and metric with its state), the
+    notices of what is late or stale (the summary's ``attention``), and the coverage of the
+    days asked (``/api/coverage``: each metric's days ``ok``, ``thin``, ``missing``…, its
+    gaps, and the Health Auto Export action that fills each run of them)."""
+    fresh = reader.freshness()
+    with reader.snapshot() as conn:
+        cover = coverage(conn, _mcp_args(arguments, **{"from": "from", "to": "to",
+                                                       "tz": "tz"}), fresh)
+    states = fresh.as_json()
+    rows = [{key: value for key, value in row.items() if key != "values"}
+            for row in cover["rows"]]
+    return {"judged_at": format_instant(int(fresh.now_s * US)),
+            "late_after_s": fresh.late_after_s,
+            "automations": states["automations"], "metrics": states["metrics"],
+            "attention": [notice.as_json() for notice in attention(fresh)],
+            "coverage": dict(cover, rows=rows)}
+
+
+def _text_health(answer: dict) -> str:
+    cover = answer["coverage"]
+    late = [a for a in answer["automations"] if a["state"] == "late"]
+    stale = [m for m in answer["metrics"] if m["state"] == "stale"]
+    lines = ["Data health now: %d automations (%d late), %d metrics and layers (%d stale);"
+             " coverage %s to %s (today %s, tz %s):" % (
+                 len(answer["automations"]), len(late), len(answer["metrics"]), len(stale),
+                 cover["from"], cover["to"], cover["today"], cover["tz"])]
+    for notice in answer["attention"]:
+        lines.append("%s: %s %s" % (notice["state"], notice["text"], notice["action"]))
+    for row in cover["rows"]:
+        for gap in row["gaps"]:
+            lines.append("%s (%s): %s %s to %s (%d days)" % (
+                row["name"], row["layer"], "/".join(gap["states"]), gap["from"], gap["to"],
+                gap["days"]))
+    for item in cover["fill"]:
+        lines.append("Fill %s to %s (%s): %s" % (item["from"], item["to"],
+                                                 ", ".join(item["metrics"]), item["action"]))
+    if len(lines) == 1:
+        lines.append("nothing late, stale, missing or thin")
+    return "\n".join(lines)
+
+
+_MCP_HEALTH_IN = _mcp_object({
+    "from": dict(_MCP_DATE, description="the first day of the coverage (default: four weeks"
+                                        " ending today)"),
+    "to": dict(_MCP_DATE, description="its last day, included"), "tz": _MCP_TZ})
+_MCP_HEALTH_OUT = _mcp_object({
+    "judged_at": {"type": "string"}, "late_after_s": {"type": "number"},
+    "automations": _mcp_list({"type": "object"}), "metrics": _mcp_list({"type": "object"}),
+    "attention": _mcp_list({"type": "object"}),
+    "coverage": _mcp_object({
+        "from": {"type": "string"}, "to": {"type": "string"}, "today": {"type": "string"},
+        "tz": {"type": "string"}, "days": _mcp_list({"type": "string"}),
+        "rows": _mcp_list({"type": "object"}), "fill": _mcp_list({"type": "object"})},
+        ("from", "to", "rows", "fill"), closed=False)},
+    ("automations", "metrics", "attention", "coverage"), closed=False)
+
+
+MCP_TOOLS = (
+    McpTool("list_metrics", "What the store holds", (
+        "Every metric and layer stored: its name, what it is (a total, an average, sleep,"
+        " workouts, events), its units as a person reads them, and the local dates of its"
+        " first and last point."), _mcp_object({}), _MCP_METRICS_OUT, mcp_list_metrics,
+        _text_metrics),
+    McpTool("get_series", "A metric over time", (
+        "A total or average metric (steps, heart rate, weight…) over a range, bucketed as"
+        " healthlog's page draws it: per hour for two days or less (never for data that"
+        " arrives once a day), per day up to half a year, per week beyond. Each bucket's"
+        " value is the day's (hour's, week's) total or average."), _MCP_SERIES_IN,
+        _MCP_SERIES_OUT, mcp_get_series, _text_series),
+    McpTool("get_day_summary", "A day at a glance", (
+        "The summary page of a date: activity, last night's sleep, heart, body, the week's"
+        " workouts and what else was recorded, each against the person's usual (the median"
+        " of the 30 days before); the trends of the last 90 days against the year before;"
+        " and what needs attention."), _MCP_SUMMARY_IN, _MCP_SUMMARY_OUT,
+        mcp_get_day_summary, _text_summary),
+    McpTool("get_sleep", "Nights and naps", (
+        "Each night of a range (on the morning it ended): hours asleep and in bed by"
+        " healthlog's one sleep rule, the stages, bed and wake time, naps apart, and"
+        " whether sources overlapped (counted once, capped). Beyond half a year, the"
+        " average night per week."), _MCP_SLEEP_IN, _MCP_SLEEP_OUT, mcp_get_sleep,
+        _text_sleep),
+    McpTool("compare_periods", "Two periods compared", (
+        "One or more metrics over two date ranges: the mean per day with data (per night"
+        " for sleep_analysis) and, for totals, the total of each period, and the change from"
+        " the first to the second."), _MCP_COMPARE_IN, _MCP_COMPARE_OUT,
+        mcp_compare_periods, _text_compare),
+    McpTool("get_data_health", "What is missing", (
+        "Which Health Auto Export automations are late, which metrics stale, which days"
+        " missing or thin, and the action in Health Auto Export that fills each gap. Ask"
+        " it before reading a gap or a drop as a change."), _MCP_HEALTH_IN,
+        _MCP_HEALTH_OUT, mcp_get_data_health, _text_health),
+)
+"""The tools, in the order ``tools/list`` gives them.  A new read view becomes a tool by
+one entry here: its schemas, the function that calls the view, and its text."""
+
+
+# -- the protocol: one conversation, whatever carries it ------------------------------
+
+def mcp_call_tool(tool: McpTool, reader: McpReader, arguments: dict) -> tuple:
+    """(structured answer, None) or (None, the error's words): the route's message for a
+    refusal (HTTPFailure), :data:`READ_FAILED` for a failure of the machine (logged by its
+    class only)."""
+    try:
+        _mcp_check(tool.input_schema, arguments)
+        return tool.run(reader, arguments), None
+    except UnknownMetric as exc:
+        return None, "%s (list_metrics names them: %s)" % (
+            exc.message, ", ".join(exc.extra["metrics"]) or "the store is empty")
+    except HTTPFailure as exc:
+        return None, exc.message
+    except Exception as exc:  # the boundary of a tool: the class in the log, never values
+        log_event(logging.ERROR, "mcp tool failed", tool=tool.name, error=type(exc).__name__)
+        log_event(logging.DEBUG, "mcp tool failure detail", detail=repr(exc))
+        return None, READ_FAILED
+
+
+class McpSession:
+    """One MCP conversation: stdio's whole connection, or one HTTP request (``headers``:
+    its headers, lower-case names).  :meth:`receive` takes a message's bytes and gives the
+    reply to send, or None (a notification, a response)."""
+
+    def __init__(self, reader: McpReader, headers: Optional[Mapping[str, str]] = None,
+                 tools: Sequence[McpTool] = MCP_TOOLS):
+        self.reader, self.headers, self.tools = reader, headers, tuple(tools)
+        self.era: Optional[str] = None  # stdio: "handshake" or "modern", once one answered
+        self.version: Optional[str] = None  # the handshake's version, once negotiated
+        self.modern = False  # the last request was one of the 2026-07-28 envelope
+
+    # -- messages ----------------------------------------------------------------
+
+    def receive(self, raw: bytes) -> Any:
+        """The reply to one message (or batch) as received."""
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+            return _mcp_error_reply(None, McpError(RPC_PARSE_ERROR, "parse error: the message"
+                                                   " is not JSON"))
+        if isinstance(message, list):
+            if not message or self._version_now() != "2025-03-26":
+                return _mcp_error_reply(None, McpError(
+                    RPC_INVALID_REQUEST, "a batch is answered only at protocol version"
+                    " 2025-03-26, and never empty"))
+            replies = [reply for reply in map(self.handle, message) if reply is not None]
+            return replies or None
+        return self.handle(message)
+
+    def handle(self, message: Any) -> Optional[dict]:
+        """The reply to one JSON-RPC message, or None for a notification or a response."""
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return _mcp_error_reply(_rpc_id(message), McpError(
+                RPC_INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 message"))
+        if "method" not in message and ("result" in message or "error" in message):
+            return None  # a response: this server sends no requests, so none is awaited
+        method, params = message.get("method"), message.get("params")
+        if not isinstance(method, str):
+            return _mcp_error_reply(_rpc_id(message), McpError(
+                RPC_INVALID_REQUEST, "invalid request: method must be a string"))
+        if "id" not in message:
+            self._notified(method, params)
+            return None
+        message_id = message["id"]
+        if not (isinstance(message_id, str) or type(message_id) is int):
+            return _mcp_error_reply(None, McpError(
+                RPC_INVALID_REQUEST, "invalid request: id must be a string or an integer"))
+        started = time.monotonic()
+        try:
+            if params is not None and not isinstance(params, dict):
+                raise McpError(RPC_INVALID_PARAMS, "params must be an object")
+            reply = _mcp_reply(message_id, self._answer(method, params or {}))
+        except McpError as exc:
+            reply = _mcp_error_reply(message_id, exc)
+        except Exception as exc:  # the boundary: the class in the log, one generic answer
+            log_event(logging.ERROR, "mcp request failed", method=method[:40],
+                      error=type(exc).__name__)
+            log_event(logging.DEBUG, "mcp request failure detail", detail=repr(exc))
+            reply = _mcp_error_reply(message_id, McpError(RPC_INTERNAL_ERROR, REQUEST_FAILED))
+        log_event(logging.INFO if method == "tools/call" else logging.DEBUG, "mcp request",
+                  method=method if method in _MCP_METHODS else "other",
+                  tool=self._tool_name(method, params),
+                  error=reply["error"]["code"] if "error" in reply else None,
+                  tool_error=reply.get("result", {}).get("isError") or None,
+                  ms=round((time.monotonic() - started) * 1000, 1))
+        return reply
+
+    def _notified(self, method: str, params: Any) -> None:
+        """Notifications change nothing here: ``notifications/initialized`` ends a
+        handshake that needs no more; ``notifications/cancelled`` names a request whose
+        answer is already on its way (one at a time); others are ignored."""
+        log_event(logging.DEBUG, "mcp notification",
+                  method=method if method in _MCP_METHODS else "other")
+
+    def _tool_name(self, method: str, params: Any) -> Optional[str]:
+        if method != "tools/call" or not isinstance(params, dict):
+            return None
+        name = params.get("name")
+        return name if any(tool.name == name for tool in self.tools) else None
+
+    def _version_now(self) -> str:
+        header = (self.headers or {}).get("mcp-protocol-version")
+        return self.version or header or (MCP_HTTP_ASSUMED_VERSION if self.headers is not None
+                                          else MCP_HANDSHAKE_VERSIONS[-1])
+
+    # -- eras --------------------------------------------------------------------
+
+    def _answer(self, method: str, params: dict) -> dict:
+        meta = params.get("_meta")
+        header = (self.headers or {}).get("mcp-protocol-version")
+        enveloped = isinstance(meta, dict) and MCP_META_VERSION in meta
+        self.modern = method != "initialize" and (
+            enveloped or method == "server/discover" or self.era == "modern"
+            or header in MCP_MODERN_VERSIONS)
+        if method == "initialize":
+            return self._initialize(params)
+        if not self.modern:
+            return self._handshake_request(method, params)
+        if self.era == "handshake":
+            raise McpError(RPC_INVALID_REQUEST, "this connection negotiated protocol version"
+                           " %s by initialize; a request in the 2026-07-28 envelope is not"
+                           " taken on it" % self.version)
+        version = self._modern_version(method, params)
+        result = self._modern_request(method, params, version)
+        if self.headers is None:
+            self.era = "modern"  # stdio: the first answered request settles the era
+        result["resultType"] = "complete"
+        result["_meta"] = {MCP_META_SERVER_INFO: {"name": "healthlog", "version": __version__}}
+        return result
+
+    def _initialize(self, params: dict) -> dict:
+        if self.era == "modern":
+            raise _unsupported_version(params.get("protocolVersion"))
+        asked = params.get("protocolVersion")
+        if not isinstance(asked, str):
+            raise McpError(RPC_INVALID_PARAMS, "initialize: protocolVersion is required")
+        version = asked if asked in MCP_HANDSHAKE_VERSIONS else MCP_HANDSHAKE_VERSIONS[-1]
+        if self.headers is None:
+            self.era, self.version = "handshake", version
+        return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": "healthlog", "title": "healthlog",
+                               "version": __version__},
+                "instructions": MCP_INSTRUCTIONS}
+
+    def _handshake_request(self, method: str, params: dict) -> dict:
+        version = self._version_now()
+        if version not in MCP_HANDSHAKE_VERSIONS:
+            raise _unsupported_version(version)
+        if method == "ping":
+            return {}
+        if method == "tools/list":
+            return self._tools_list(params, version)
+        if method == "tools/call":
+            return self._tools_call(params, version)
+        raise McpError(RPC_METHOD_NOT_FOUND, "method not found", method[:80])
+
+    def _modern_version(self, method: str, params: dict) -> str:
+        """The version of an enveloped request, checked as 2026-07-28 asks: the envelope
+        complete (else -32602), over HTTP its headers the body's (else -32020), and the
+        version one served (else -32022)."""
+        meta = params.get("_meta")
+        if not isinstance(meta, dict) or MCP_META_VERSION not in meta or \
+                MCP_META_CAPABILITIES not in meta:
+            raise McpError(RPC_INVALID_PARAMS, "params._meta must carry %s and %s"
+                           % (MCP_META_VERSION, MCP_META_CAPABILITIES))
+        version = meta[MCP_META_VERSION]
+        if self.headers is not None:
+            headers = self.headers
+            if headers.get("mcp-protocol-version") != version:
+                raise McpError(RPC_HEADER_MISMATCH, "the MCP-Protocol-Version header is not"
+                               " the request's protocol version")
+            if headers.get("mcp-method") != method:
+                raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Method header is not the"
+                               " request's method")
+            if method == "tools/call" and params.get("name") is not None and \
+                    _decoded_header(headers.get("mcp-name")) != params.get("name"):
+                raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Name header is not the tool"
+                               " called")
+        if not isinstance(version, str):
+            raise McpError(RPC_INVALID_PARAMS, "the protocol version must be a string")
+        if version not in MCP_MODERN_VERSIONS:
+            raise _unsupported_version(version)
+        return version
+
+    def _modern_request(self, method: str, params: dict, version: str) -> dict:
+        if method == "server/discover":
+            return {"supportedVersions": list(MCP_MODERN_VERSIONS),
+                    "capabilities": {"tools": {"listChanged": False}},
+                    "instructions": MCP_INSTRUCTIONS, "ttlMs": MCP_CACHE_TTL_MS,
+                    "cacheScope": "private"}
+        if method == "tools/list":
+            return dict(self._tools_list(params, version), ttlMs=MCP_CACHE_TTL_MS,
+                        cacheScope="private")
+        if method == "tools/call":
+            return self._tools_call(params, version)
+        raise McpError(RPC_METHOD_NOT_FOUND, "method not found", method[:80])
+
+    # -- tools -------------------------------------------------------------------
+
+    def _tools_list(self, params: dict, version: str) -> dict:
+        """Every tool in one page: a cursor names no later page."""
+        if params.get("cursor") is not None:
+            raise McpError(RPC_INVALID_PARAMS, "unknown cursor: every tool is on the first"
+                           " page")
+        return {"tools": [tool.listing(version) for tool in self.tools]}
+
+    def _tools_call(self, params: dict, version: str) -> dict:
+        """A tool's answer: ``structuredContent`` and a short text from 2025-06-18 on, the
+        JSON as text before; a refusal as a result with ``isError`` (the model reads it and
+        can ask again), an unknown tool as -32602."""
+        name, arguments = params.get("name"), params.get("arguments")
+        if not isinstance(name, str):
+            raise McpError(RPC_INVALID_PARAMS, "tools/call: name is required")
+        found = [tool for tool in self.tools if tool.name == name]
+        if not found:
+            raise McpError(RPC_INVALID_PARAMS, "unknown tool; tools/list names them",
+                           name[:80])
+        if arguments is not None and not isinstance(arguments, dict):
+            return {"content": [{"type": "text", "text": "arguments must be an object"}],
+                    "isError": True}
+        [tool] = found
+        answer, error = mcp_call_tool(tool, self.reader, arguments or {})
+        if error is not None:
+            return {"content": [{"type": "text", "text": error}], "isError": True}
+        if version < "2025-06-18":
+            return {"content": [{"type": "text", "text": json.dumps(answer, ensure_ascii=False)}],
+                    "isError": False}
+        return {"content": [{"type": "text", "text": tool.text(answer)}],
+                "structuredContent": answer, "isError": False}
+
+
+_MCP_METHODS = ("initialize", "ping", "tools/list", "tools/call", "server/discover",
+                "notifications/initialized", "notifications/cancelled")
+"""Methods logged by name (any other is logged as ``other``: a name a client chose)."""
+
+
+def _rpc_id(message: Any) -> Any:
+    """The id of an invalid message, when it has a valid one, else null."""
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if isinstance(found, str) or type(found) is int else None
+
+
+def _decoded_header(value: Optional[str]) -> Optional[str]:
+    """A header value as 2026-07-28 writes one that is not plain ASCII: ``=?base64?…?=``."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"=\?base64\?(.*)\?=", value)
+    if match is None:
+        return value
+    try:
+        return codecs.decode(match.group(1).encode("ascii"), "base64").decode("utf-8")
+    except (ValueError, UnicodeError):
+        return None
+
+
+def mcp_read_only_reader(config: Config, conn: sqlite3.Connection) -> McpReader:
+    """The reader of ``healthlog mcp``: its one read-only connection, freshness judged on
+    it at each call (:func:`freshness_of`)."""
+    return McpReader(lambda: conn, lambda: freshness_of(conn, config.data_dir, config.clock(),
+                                                        config.late_after_s))
+
+
+def serve_mcp_stdio(session: McpSession, source: Any, sink: Any) -> None:
+    """Newline-delimited JSON-RPC until ``source`` ends: one message a line (UTF-8), one
+    reply a line, each flushed; a line over :data:`MCP_MESSAGE_MAX` bytes is refused and
+    skipped to its end."""
+    while True:
+        line = source.readline(MCP_MESSAGE_MAX + 1)
+        if not line:
+            return
+        if len(line) > MCP_MESSAGE_MAX and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):
+                line = source.readline(MCP_MESSAGE_MAX)
+            reply: Any = _mcp_error_reply(None, McpError(
+                RPC_INVALID_REQUEST, "a message is %d bytes at most" % MCP_MESSAGE_MAX))
+        elif not line.strip():
+            continue
+        else:
+            reply = session.receive(line)
+        if reply is not None:
+            sink.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
+            sink.flush()
+
+
+def run_mcp(config: Config, source: Any = None, sink: Any = None) -> int:
+    """``healthlog mcp``: the tools over stdio for an assistant's desktop client, which
+    starts it as a command.  Beside ``serve`` or without it: it opens the store read-only
+    (:func:`open_read_only`) and never writes; stdout carries only the protocol (anything
+    else printed goes to stderr, with the log)."""
+    source = source or sys.stdin.buffer
+    sink = sink or sys.stdout.buffer
+    conn = open_read_only(config)
+    try:
+        log_event(logging.INFO, "mcp serving on stdio", data=str(config.data_dir),
+                  tools=len(MCP_TOOLS))
+        with contextlib.redirect_stdout(sys.stderr):
+            serve_mcp_stdio(McpSession(mcp_read_only_reader(config, conn)), source, sink)
+    finally:
+        conn.close()
+    log_event(logging.INFO, "mcp stopped: its client closed stdin")
+    return 0
+
+
+# ==============================================================================
 # Web app: the routes, one JSON error shape, an access log without bodies.
 # ==============================================================================
 
@@ -9278,12 +10423,16 @@ class App:
                 ("/api/plan", "GET", self.plan),
                 ("/api/freshness", "GET", self.freshness),
                 ("/api/coverage", "GET", self.coverage),
+                ("/mcp", "POST", self.mcp),
+                ("/mcp", "GET", self.mcp_other),
+                ("/mcp", "DELETE", self.mcp_other),
                 ("/metrics", "GET", self.metrics),
                 ("/", "GET", self.page),
                 ("/login", "POST", self.login),
                 ("/logout", "POST", self.logout),
                 ("/static/<name>", "GET", self.static)):
             self.bottle.route(rule, method, callback)
+        self.mcp_reader = McpReader(self.pool.get, self._judge)
 
     def set_token(self, token: str) -> None:
         self._token = token.encode()
@@ -9338,7 +10487,7 @@ class App:
                 raise MethodNotAllowed() from None
             raise NotFound() from None
         if _has_body(environ) and route.rule not in ("/api/ingest", "/api/ingest/<name>",
-                                                     "/login"):
+                                                     "/login", "/mcp"):
             _close_connection(environ)  # only these read a body
         return route.callback(environ, **args)
 
@@ -9663,6 +10812,50 @@ class App:
                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")],
                 body)
 
+    # -- routes: MCP (the Streamable HTTP transport) ---------------------------------
+
+    def mcp(self, environ: dict) -> tuple:
+        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) of the Model Context
+        Protocol, answered as JSON (this server sends no stream), behind the token or the
+        cookie of every read; a page of another site is refused (403); a notification or
+        a response is taken with 202."""
+        _refuse_foreign_origin(environ)
+        self.authenticate(environ, cookie=True)
+        kind = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            raise UnsupportedMediaType("an MCP message is JSON: Content-Type must be"
+                                       " application/json")
+        accept = environ.get("HTTP_ACCEPT")
+        if accept and not any(part.split(";", 1)[0].strip().lower() in (
+                "application/json", "application/*", "*/*") for part in accept.split(",")):
+            raise NotAcceptable("the answer is JSON: Accept must allow application/json")
+        length = environ.get("CONTENT_LENGTH") or ""
+        if not re.fullmatch(r"[0-9]{1,12}", length):
+            raise BadRequest("an MCP message needs a Content-Length")
+        if int(length) > MCP_MESSAGE_MAX:
+            raise PayloadTooLarge("an MCP message is %d bytes at most" % MCP_MESSAGE_MAX)
+        raw = environ["wsgi.input"].read(int(length))
+        headers = {name.lower(): value for name, value in (
+            (name, _header(environ, name)) for name in ("MCP-Protocol-Version", "Mcp-Method",
+                                                        "Mcp-Name")) if value is not None}
+        session = McpSession(self.mcp_reader, headers)
+        reply = session.receive(raw)
+        if reply is None:
+            return "202 Accepted", [("Content-Length", "0")], b""
+        status = mcp_http_status(reply, session.modern)
+        ok = self._ok(reply)
+        return ("%d %s" % (status, _REASONS.get(status, "Error")),) + ok[1:]
+
+    def mcp_other(self, environ: dict) -> tuple:
+        """GET and DELETE /mcp: 405, as the transport says for a server that opens no
+        stream (GET) and keeps no session to end (DELETE)."""
+        _refuse_foreign_origin(environ)
+        self.authenticate(environ, cookie=True)
+        refusal = MethodNotAllowed(
+            "this MCP server sends no stream and keeps no session: POST each message to /mcp")
+        refusal.headers = (("Allow", "POST"),)
+        raise refusal
+
     # -- routes: the page and its session -----------------------------------------
 
     def page(self, environ: dict) -> tuple:
@@ -9820,14 +11013,32 @@ def _refuse_cross_site(environ: Mapping[str, Any]) -> None:
             raise Forbidden("cross-site requests are refused")
 
 
+def _refuse_foreign_origin(environ: Mapping[str, Any]) -> None:
+    """MCP over HTTP from a browser page: only this server's own page may post (the
+    transport's rule against DNS rebinding and cross-site requests): refused when the
+    browser says cross-site, when the Origin is ``null`` (a sandboxed or local page) or
+    names another host than the one asked (``X-Forwarded-Host`` behind a proxy).  A client
+    that is no browser sends no Origin."""
+    origin = environ.get("HTTP_ORIGIN")
+    if environ.get("HTTP_SEC_FETCH_SITE", "").lower() in ("cross-site", "same-site"):
+        raise Forbidden("cross-site requests are refused")
+    if origin is None:
+        return
+    host = urllib.parse.urlsplit(origin.strip()).netloc.lower()
+    asked = (environ.get("HTTP_X_FORWARDED_HOST") or environ.get("HTTP_HOST", ""))
+    if origin.strip() == "null" or host != asked.split(",")[0].strip().lower():
+        raise Forbidden("cross-site requests are refused")
+
+
 def _html(status: str, text: str) -> tuple:
     body = text.encode()
     return (status, [("Content-Type", "text/html; charset=utf-8"),
                      ("Content-Length", str(len(body))), ("Cache-Control", "no-store")], body)
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-            404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+            406: "Not Acceptable", 408: "Request Timeout",
             413: "Payload Too Large", 415: "Unsupported Media Type", 429: "Too Many Requests",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -12342,6 +13553,11 @@ def build_parser() -> argparse.ArgumentParser:
     refold.add_argument("ids", nargs="*", type=int, metavar="ID", help="delivery ids")
     refold.add_argument("--failed", action="store_true", help="every failed delivery")
 
+    mcp = commands.add_parser("mcp", help="the read-only MCP server for an AI assistant,"
+                              " over stdin and stdout (beside serve or without it)")
+    data_option(mcp)
+    mcp.add_argument("--late-after", metavar="DURATION", help=late_after_help)
+
     export = commands.add_parser("export", help="points of one metric as CSV or JSON on"
                                  " stdout, or every point into a new SQLite file")
     data_option(export)
@@ -12392,6 +13608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_catalog(config, args.json)
         if args.command == "export":
             return run_export(config, args)
+        if args.command == "mcp":
+            return run_mcp(config)
     except ConfigError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 2
