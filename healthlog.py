@@ -9614,7 +9614,8 @@ def _text_card(card: dict) -> str:
             _mcp_amount(card["max"], card["unit_label"], digits),
             _mcp_amount(card["avg"], card["unit_label"], digits))
     if card.get("render") == "latest":
-        values = ", ".join("%s %s" % (name, _mcp_number(value, digits))
+        values = ", ".join(_mcp_number(value, digits) if name == "qty" else
+                           "%s %s" % (name, _mcp_number(value, digits))
                            for name, value in card["values"].items())
         return "%s: %s %s, measured %s" % (card["name"], values, card["unit_label"] or "",
                                           card["measured"][:16].replace("T", " "))
@@ -9632,9 +9633,10 @@ def _text_summary(answer: dict) -> str:
         cards = answer["cards"].get(group["group"])
         if group["render"] == "night":
             if cards and cards.get("asleep") is not None:
-                lines.append("%s: asleep %s, in bed %s (usual %s)%s" % (
+                lines.append("%s: asleep %s, in bed %s (%s)%s" % (
                     group["title"], _mcp_amount(cards["asleep"], "h"),
-                    _mcp_amount(cards["in_bed"], "h"), _mcp_amount(cards["usual"], "h"),
+                    _mcp_amount(cards["in_bed"], "h"), "no usual yet"
+                    if cards["usual"] is None else "usual " + _mcp_amount(cards["usual"], "h"),
                     ", sources overlap" if cards["overlapping"] else ""))
             continue
         if group["render"] == "week":
