@@ -192,7 +192,7 @@ HEAVY_FIRST = ("test_reindex.py", "test_fold.py", "test_reindex_parallel.py",
                "test_fold_properties.py", "test_read.py", "test_merge.py",
                "test_real_exports.py", "test_fold_faults.py", "test_proxy.py",
                "test_storage.py", "test_read_time.py", "test_security.py", "test_serve.py",
-               "test_summary_page.py")
+               "test_summary_page.py", "test_mcp.py")
 """Test files that take the longest, longest first (``--durations``): pytest-xdist hands
 whole files to its workers in collection order (``--dist loadfile
 --no-loadscope-reorder``; its own order, by the number of tests in a file, put files of a
