@@ -9201,8 +9201,9 @@ def client_address(environ: Mapping[str, Any], trusted: Sequence) -> tuple:
 # version and capabilities in ``params._meta`` (``server/discover`` instead of the
 # handshake).  Every tool answers from the functions the read routes call, in one snapshot,
 # so that no figure an assistant quotes can differ from the page's; a tool fails with the
-# words the route would answer.  The stdio command (:func:`run_mcp`, section CLI) and the
-# ``/mcp`` route (:class:`App`) only carry messages to and from :class:`McpSession`.
+# words the route would answer.  The stdio command (:func:`run_mcp`, last here, which the CLI
+# calls) and the ``/mcp`` route (:class:`App`) only carry messages to and from
+# :class:`McpSession`.
 
 MCP_HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 """The versions ``initialize`` negotiates, oldest first; an unknown one asked for is

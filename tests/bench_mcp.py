@@ -106,11 +106,12 @@ def http_call(port: int, method: str, path: str, body: bytes = None) -> tuple:
     return elapsed, len(data)
 
 
-def median_s(run) -> tuple:
-    """(median seconds, bytes of the last answer) of :data:`REPEATS` runs of ``run``."""
+def median_s(run, *args) -> tuple:
+    """(median seconds, bytes of the last answer) of :data:`REPEATS` runs of
+    ``run(*args)``."""
     times, size = [], 0
     for _ in range(REPEATS):
-        elapsed, size = run()
+        elapsed, size = run(*args)
         times.append(elapsed)
     return statistics.median(times), size
 
@@ -133,12 +134,13 @@ def main(argv=None) -> int:
     stdio = Stdio(data_dir)
     rows = []
     try:
+        def call_stdio(name: str, arguments: dict) -> tuple:
+            started = time.perf_counter()
+            reply = stdio.ask("tools/call", {"name": name, "arguments": arguments})
+            return time.perf_counter() - started, len(json.dumps(reply))
+
         for name, arguments in CALLS:
-            def call_stdio():
-                started = time.perf_counter()
-                reply = stdio.ask("tools/call", {"name": name, "arguments": arguments})
-                return time.perf_counter() - started, len(json.dumps(reply))
-            rows.append([label(name, arguments), *median_s(call_stdio)])
+            rows.append([label(name, arguments), *median_s(call_stdio, name, arguments)])
     finally:
         peak = stdio.rss_mib()
         stdio.stop()
@@ -147,10 +149,10 @@ def main(argv=None) -> int:
         for row, (name, arguments) in zip(rows, CALLS):
             body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                "params": {"name": name, "arguments": arguments}}).encode()
-            row.append(median_s(lambda: http_call(serve.port, "POST", "/mcp", body))[0])
-        routes = [(path, median_s(lambda: http_call(
-            serve.port, "GET", path + "?" + urllib.parse.urlencode(query)))) for path, query in
-            ROUTES]
+            row.append(median_s(http_call, serve.port, "POST", "/mcp", body)[0])
+        routes = [(path, median_s(http_call, serve.port, "GET",
+                                  path + "?" + urllib.parse.urlencode(query)))
+                  for path, query in ROUTES]
     finally:
         serve.stop()
     print("\n%-44s %9s %9s %11s" % ("tool (median of %d)" % REPEATS, "stdio", "POST /mcp",
