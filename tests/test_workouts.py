@@ -173,6 +173,15 @@ def test_wkt_2_2_a_ride_in_km_per_hour_a_walk_in_miles_and_a_swim_per_100_m(stor
     # the real fragment's yoga: distance 0 km is no distance, energy in kJ as sent
     f = figures(workout(store, "yoga"))
     assert "distance" not in f and "pace" not in f and f["active_energy"]["units"] == "kJ"
+    # a Chinese phone's run: its activity from its translated name, heart rate as amounts
+    localised = sent["localised"]
+    answer = workout(store, "localised")
+    f = figures(answer)
+    assert answer["workout"]["activity"] == "running" and f["pace"]["unit_label"] == "/km"
+    assert f["pace"]["value"] == approx(localised["duration"] / localised["distance"]["qty"])
+    assert (f["average_heart_rate"]["value"], f["max_heart_rate"]["value"]) == (
+        localised["avgHeartRate"]["qty"], localised["maxHeartRate"]["qty"])
+    assert f["average_heart_rate"]["unit_label"] == "bpm"
 
 
 # -- WKT-3: the route, thinned for drawing ---------------------------------------------------------

@@ -8,7 +8,8 @@ The corpus: a 10 km run of version 2 with a route of one point a second, heart r
 recovery (HAE's bug: instantaneous samples after ``end``); a walk whose automation excluded
 routes, sent with its route all the same (HAE's bug); the run again from another app (no
 route, no heart rate, its start and end a little off); a yoga session and a walk of another
-app overlapping the run by less than the rule's share; version 1 workouts in the shape of a
+app overlapping the run by less than the rule's share; a run from a phone set to Chinese;
+version 1 workouts in the shape of a
 real HAE 8.1.2 body (heart rate at irregular seconds with a gap of minutes, recovery, the
 climb as ``elevation.ascent`` in feet, distance in miles) and with a route; and a year of a
 Days heart-rate export before them, whose highest ``Max`` the zones are drawn from when the
@@ -215,6 +216,22 @@ def yoga(rng: random.Random) -> dict:
     return workout
 
 
+def localised_run(rng: random.Random) -> dict:
+    """Version 2 from a phone set to Chinese (the shape of a real zh-CN body): the name and
+    location translated, the step series in ``步``, heart rate as ``avgHeartRate`` and
+    ``maxHeartRate`` amounts (no ``heartRate`` object), ``avgSpeed``, a route."""
+    workout = hf.workout_v2(SEED + 4, dt.datetime(2025, 6, 9, 6, 15), name="Running",
+                            minutes=18, phone=BERLIN, route_points=180, rng=rng)
+    summary = workout.pop("heartRate")
+    workout.update(name="户外跑步", location="户外",
+                   avgHeartRate={"qty": summary["avg"]["qty"], "units": "bpm"},
+                   maxHeartRate={"qty": summary["max"]["qty"], "units": "bpm"},
+                   avgSpeed={"qty": 9.8, "units": "kmph"},
+                   stepCount=[{"date": h["date"], "qty": 160, "units": "步"}
+                              for h in workout["heartRateData"]])
+    return workout
+
+
 def heart_days() -> list:
     """A Days export of heart rate over the year before the workouts: its highest ``Max``
     is :data:`YEAR_MAX`."""
@@ -242,7 +259,8 @@ class Corpus:
                         "bug": recovery_only(rng), "yoga": yoga(rng)}),
             (NO_ROUTES, {"excluded": excluded_route_walk(rng)}),
             (OTHER_APP, {"again": run_again(run, rng), "walk_over": walk, "part_run": part}),
-            (WORKOUTS, {"v1_walk": real_v1_walk(rng), "v1_run": v1_run(rng)}),
+            (WORKOUTS, {"v1_walk": real_v1_walk(rng), "v1_run": v1_run(rng),
+                        "localised": localised_run(rng)}),
         ]
         self.deliveries.append((DAYS, hf.dumps_hae(hf.envelope(metrics=heart_days()), rng)))
         for automation, named in batches:
