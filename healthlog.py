@@ -7225,7 +7225,7 @@ _ACTIVITY_SERIES = {"running": "walkingAndRunningDistance", "walking": "walkingA
 @dataclass
 class StoredWorkout:
     """One stored workout: its id, coordinate, verbatim point (long arrays of a large one
-    left in a scratch file, :class:`Deferred`), units and hour."""
+    left in a scratch file, :class:`Deferred`) and the hour of its object."""
 
     id: str
     coord: tuple
