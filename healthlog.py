@@ -46,10 +46,11 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights (the one sleep rule), the view's plan,
-        records, summary, deliveries (read spec); freshness, notices' words, coverage
-        (freshness spec).
-    14. Export — the SQLite file of every point with its local time, and every night.
+    13. Queries — catalog, points, buckets, nights (the one sleep rule), records, workouts
+        (a list, one workout whole: workouts spec), the view's plan, summary, deliveries
+        (read spec); freshness, notices' words, coverage (freshness spec).
+    14. Export — the SQLite file of every point with its local time, every night and every
+        workout with its route; a workout's GPX.
     15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
     16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
     17. Web app — the routes, one JSON error shape, an access log without bodies.
@@ -354,6 +355,10 @@ then fails it, so that no single delivery stops the fold.  Three: one death may 
 luck, a third is the delivery."""
 STREAM_CHUNK = 64 << 10
 """Streamed replies are written in pieces of about this size."""
+HEART_NEAREST_S = 5.0
+"""A route point's heart rate is the workout's sample nearest to it in time, when one is
+within this many seconds (the page's colours, the GPX's ``gpxtpx:hr``): HAE's Seconds
+grouping sends one every few seconds; nothing is interpolated across a gap."""
 SNAPSHOT_HOLD_S = 5.0
 """How long a streamed reply may keep its read snapshot open while the client reads.  A
 client still reading after that gets the rest from a file under ``DATA/tmp``, written at
@@ -605,6 +610,18 @@ class UnknownLayer(NotFound):
     code = "unknown_layer"
 
 
+class UnknownWorkout(NotFound):
+    """No stored workout has that id."""
+
+    code = "unknown_workout"
+
+
+class NoRoute(NotFound):
+    """This workout has no route: there is nothing to draw or to write as GPX."""
+
+    code = "no_route"
+
+
 class PoolBroken(HealthlogError):
     """A rebuild worker ended, or could not merge what it was sent: the parallel rebuild
     is abandoned and started again in one process."""
@@ -841,6 +858,9 @@ class Config:
     notify_retry_s: tuple = NOTIFY_RETRY_S
     freshness_check_s: float = FRESHNESS_CHECK_S
     missing_body_wait_s: float = MISSING_BODY_WAIT_S
+    map_tiles: Optional[str] = None  # a tile server's URL template: its host joins the CSP
+    max_heart_rate: Optional[float] = None  # the owner's own, for heart-rate zones
+    distance_units: Optional[str] = None  # km or mi for splits and pace; None: the workout's
     clock: Callable[[], float] = time.time
     """Epoch seconds now: what freshness is judged against and the time a delivery is
     received at.  Tests give their own and move it instead of waiting."""
@@ -925,6 +945,40 @@ def parse_notify_url(text: str, origin: str) -> str:
     return text.strip()
 
 
+_TILE_FIELDS = re.compile(r"\{([a-z]+)\}")
+
+
+def parse_map_tiles(text: str, origin: str) -> str:
+    """A tile server's URL template: ``https://tile.openstreetmap.org/{z}/{x}/{y}.png``.
+    ``http://`` or ``https://``, one host (no ``{s}`` of several), ``{z}``, ``{x}`` and
+    ``{y}`` each once and no other field: only that host joins the page's
+    Content-Security-Policy."""
+    text = (text or "").strip()
+    parts = urllib.parse.urlsplit(text)
+    fields = _TILE_FIELDS.findall(text)
+    if (parts.scheme not in ("http", "https") or not parts.hostname or "{" in parts.netloc
+            or sorted(fields) != ["x", "y", "z"] or any(c in text for c in "\"'\\ <>")):
+        raise ConfigError("%s wants a tile URL template on one host with {z}, {x} and {y},"
+                          " such as https://tile.openstreetmap.org/{z}/{x}/{y}.png" % origin)
+    return text
+
+
+def parse_heart_rate(text: str, origin: str) -> float:
+    """A maximum heart rate in beats per minute: a whole number from 100 to 250."""
+    if not re.fullmatch(r"[0-9]{2,3}", (text or "").strip()) or not (
+            100 <= int(text) <= 250):
+        raise ConfigError("%s wants beats per minute, a whole number from 100 to 250" % origin)
+    return float(int(text))
+
+
+def parse_distance_units(text: str, origin: str) -> str:
+    """``km`` or ``mi``: how splits, pace and speed are counted."""
+    value = (text or "").strip().lower()
+    if value not in ("km", "mi"):
+        raise ConfigError("%s must be km or mi" % origin)
+    return value
+
+
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Merge defaults, ``HEALTHLOG_*`` environment variables and flags (flags win)."""
     values: dict = {}
@@ -949,7 +1003,12 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
             ("late_after_s", "--late-after", "HEALTHLOG_LATE_AFTER", parse_duration),
             ("missing_body_wait_s", "--missing-body-wait", "HEALTHLOG_MISSING_BODY_WAIT",
              parse_duration),
-            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url)):
+            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url),
+            ("map_tiles", "--map-tiles", "HEALTHLOG_MAP_TILES", parse_map_tiles),
+            ("max_heart_rate", "--max-heart-rate", "HEALTHLOG_MAX_HEART_RATE",
+             parse_heart_rate),
+            ("distance_units", "--distance-units", "HEALTHLOG_DISTANCE_UNITS",
+             parse_distance_units)):
         given = getattr(args, flag[2:].replace("-", "_"), None)
         if given is not None:  # the flag wins; an empty variable counts as unset
             values[key] = parse(given, flag)
@@ -7390,6 +7449,956 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
         yield from reversed(found)  # stored in time order
 
 
+# -- workouts: one workout as people look at it (figures, route, heart rate, splits) ---
+# The functions below take a connection and plain parameters and return plain dicts: the
+# routes (/api/workouts, /api/workouts/<id>), the GPX and SQLite exports and any other
+# reader answer from them alone (workouts spec).
+
+WORKOUT_METRIC = "workouts"
+HEART_RATE_METRIC = "heart_rate"
+ROUTE_DRAW_MAX = 2000
+"""Route points a workout's answer carries for drawing, at most: a longer route is thinned on
+the server (every n-th point, the first and the last kept), so that a two-day route of
+193,000 points answers in the size of an hour's run; the whole route stays in the store, the
+GPX and the SQLite export, and the bounds and figures are the whole route's."""
+HEART_DRAW_MAX = 1000
+"""Heart-rate samples drawn, at most: a longer series is drawn in runs of consecutive samples
+(the first's time, their mean, lowest and highest)."""
+HEART_HOLD_S = 60.0
+"""A heart-rate sample stands for the time until the next one, at most this long: HAE's
+Minutes grouping sends one a minute; a longer gap is time without heart rate, never filled
+(zones; the GPX takes the nearest sample within :data:`GPX_HR_WINDOW_S`)."""
+ELEVATION_STEP_M = 3.0
+"""A route's altitude counts as a climb or a descent once it has moved this far from the last
+turning point: GPS altitude wanders a metre or two between seconds, and adding every rise of
+a flat run's route counted hundreds of metres."""
+SPEED_WINDOW_S = 10.0
+"""A drawn route point's speed is that of the last 10 seconds at least (of the stretch since
+the point drawn before it, when longer): GPS positions a second apart make a speed that
+jumps by a third from one second to the next."""
+SPLIT_MIN_M = 10.0
+"""A last, partial split shorter than this is left out: a pace over a few metres means
+nothing."""
+DUPLICATE_OVERLAP = 0.8
+"""Two workouts of one activity are one, recorded twice, when their times overlap by at least
+this share of the longer one (openspec/decisions.md: the same workout from the Watch and
+another app)."""
+DUPLICATE_MARGIN_S = 6 * 3600
+"""Workouts this far outside a range are read too, to find the duplicates of those inside it
+(a workout overlapping 80 % of another starts within a fifth of its length)."""
+WORKOUTS_LIST_MAX = 1000
+"""Workouts one list answers, newest first; a longer range says ``truncated``."""
+EARTH_RADIUS_M = 6371008.8
+"""The mean Earth radius (IUGG): distances along a route by the haversine formula."""
+HEART_YEAR_S = 365 * 86400
+"""Zones without the owner's maximum take the highest heart rate of this long before the
+workout's end."""
+HEART_ZONES = ((1, 0.5), (2, 0.6), (3, 0.7), (4, 0.8), (5, 0.9))
+"""Heart-rate zones: each from this share of the maximum up to the next zone's share."""
+
+DISTANCE_METERS = {"m": 1.0, "km": 1000.0, "mi": 1609.344, "yd": 0.9144, "ft": 0.3048,
+                   "cm": 0.01}
+"""Meters in each distance unit HAE sends (``distance``, ``elevationUp``, series)."""
+
+UNIT_SYSTEMS = {
+    "km": {"distance": ("km", 1000.0), "short": ("m", 1.0), "elevation": ("m", 1.0),
+           "speed": ("km/h", 1000.0 / 3600), "swim": ("100 m", 100.0)},
+    "mi": {"distance": ("mi", 1609.344), "short": ("ft", 0.3048), "elevation": ("ft", 0.3048),
+           "speed": ("mph", 1609.344 / 3600), "swim": ("100 yd", 91.44)},
+}
+"""How distances are counted and written, by the owner's units (:func:`owner_units`): each
+unit's label and its size in meters (speed: in meters per second)."""
+
+ACTIVITIES = (
+    # (activity, how its pace is read, whole words of its names, parts of its names)
+    ("running", "pace", ("run", "running", "jog", "jogging", "course", "laufen", "lauf",
+                         "carrera", "corsa", "corrida", "hardlopen"), ("跑",)),
+    ("walking", "pace", ("walk", "walking", "marche", "gehen", "spaziergang", "caminata",
+                         "camminata", "wandelen"), ("步行", "散步", "走路")),
+    ("hiking", "pace", ("hike", "hiking", "randonnée", "wandern", "senderismo",
+                        "escursionismo"), ("徒步", "远足")),
+    ("cycling", "speed", ("cycling", "cycle", "bike", "biking", "ride", "vélo", "cyclisme",
+                          "radfahren", "ciclismo", "fietsen"), ("骑行", "自行车", "单车")),
+    ("swimming", "swim", ("swim", "swimming", "natation", "schwimmen", "natación", "nuoto",
+                          "zwemmen"), ("游泳",)),
+)
+"""Activities whose pace or speed is read their own way, by the words of a workout's name as
+HAE sends it (localised: Apple's English names and some of their translations); a workout at
+a ``Pool`` or in ``Open Water``, or with swimming or cycling fields, is known by those.  Any
+other activity shows its speed."""
+
+_ACTIVITY_SERIES = {"running": "walkingAndRunningDistance", "walking": "walkingAndRunningDistance",
+                    "hiking": "walkingAndRunningDistance", "cycling": "cyclingDistance",
+                    "swimming": "swimDistance"}
+"""The distance series (``Include Workout Metrics``) that splits use where there is no route."""
+
+
+@dataclass
+class StoredWorkout:
+    """One stored workout: its id, coordinate, verbatim point (long arrays of a large one
+    left in a scratch file, :class:`Deferred`) and the hour of its object."""
+
+    id: str
+    coord: tuple
+    point: dict
+    hour: int
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def _compact_instant(instant_us: int) -> str:
+    """``20250503T051000Z`` (a fraction when there is one): an instant inside an id."""
+    return format_instant(instant_us).replace("-", "").replace(":", "")
+
+
+_COORD_ID = re.compile(r"([0-9]{8}T[0-9]{6}(?:\.[0-9]{1,6})?Z)_([0-9]{8}T[0-9]{6}"
+                       r"(?:\.[0-9]{1,6})?Z)")
+_HAE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def workout_id(point: dict, coord: tuple) -> str:
+    """A workout's id: HAE's ``id`` (version 2's HealthKit UUID) where it is URL-safe, else
+    its start and end in UTC (``20250503T051000Z_20250503T054130Z``): stable, URL-safe, and
+    the coordinate it is stored at."""
+    sent = point.get("id")
+    if type(sent) is str and _HAE_ID.fullmatch(sent) and not _COORD_ID.fullmatch(sent):
+        return sent
+    return "%s_%s" % (_compact_instant(coord[0]), _compact_instant(coord[1]))
+
+
+def _id_instants(workout_id: str) -> Optional[tuple]:
+    """(start, end) of an id made of a coordinate, else None."""
+    match = _COORD_ID.fullmatch(workout_id)
+    if not match:
+        return None
+    out = []
+    for text in match.groups():
+        whole, _, fraction = text[:-1].partition(".")
+        moment = _dt.datetime.strptime(whole, "%Y%m%dT%H%M%S").replace(
+            tzinfo=_dt.timezone.utc)
+        seconds = (moment - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+                   ) // _dt.timedelta(seconds=1)
+        out.append(seconds * US + int((fraction or "0").ljust(6, "0")))
+    return tuple(out)
+
+
+def _series(point: dict, key: str) -> Any:
+    """A member holding a series (a list, or a large record's :class:`Deferred`), else ()."""
+    value = point.get(key)
+    return value if type(value) is list or type(value) is Deferred else ()
+
+
+def workout_activity(point: dict) -> str:
+    """What the workout is (:data:`ACTIVITIES`): by the words of its name, else where it took
+    place (``Pool``, ``Open Water``), else its swimming or cycling fields; ``other`` else."""
+    name = point.get("name") if type(point.get("name")) is str else ""
+    lowered = name.lower()
+    words = set(re.findall(r"[^\W\d_]+", lowered))
+    for activity, _, whole, parts in ACTIVITIES:
+        if words & set(whole) or any(part in lowered for part in parts):
+            return activity
+    if point.get("location") in ("Pool", "Open Water"):
+        return "swimming"
+    if _series(point, "swimDistance") or _series(point, "swimStroke") or point.get(
+            "lapLength") or (_quantity(point.get("totalSwimmingStrokeCount")) or {}).get("qty"):
+        return "swimming"
+    if _series(point, "cyclingDistance") or _series(point, "cyclingSpeed"):
+        return "cycling"
+    return "other"
+
+
+def _pace_kind(activity: str) -> str:
+    for name, kind, _, _ in ACTIVITIES:
+        if name == activity:
+            return kind
+    return "speed"
+
+
+def owner_units(point: dict, setting: Optional[str] = None) -> str:
+    """``km`` or ``mi``: the setting (``--distance-units``), else the units the workout's
+    distance was sent in (miles, yards and feet: ``mi``), else ``km``."""
+    if setting in UNIT_SYSTEMS:
+        return setting
+    distance = _quantity(point.get("distance"))
+    return "mi" if distance is not None and distance["units"] in ("mi", "yd", "ft") else "km"
+
+
+def _meters(amount: Optional[dict]) -> Optional[float]:
+    """An amount of distance in meters, when its units are known."""
+    if amount is None or amount.get("units") not in DISTANCE_METERS:
+        return None
+    return amount["qty"] * DISTANCE_METERS[amount["units"]]
+
+
+# -- a workout's heart rate ---------------------------------------------------------
+
+
+def heart_samples(items: Any) -> list:
+    """[(instant, value, lowest, highest)] of a heart-rate series as HAE sends it, in time
+    order: version 2's ``{date, Min, Avg, Max}`` (the value is ``Avg``), version 1's
+    ``{date, qty}``; a sample without a time or a value is left out."""
+    out = []
+    for item in items:
+        if type(item) is not dict:
+            continue
+        instant = parse_time(item.get("date", item.get("start")))
+        value = _number(item.get("Avg"))
+        if value is None:
+            value = _number(item.get("qty"))
+        if instant is None or value is None:
+            continue
+        low, high = _number(item.get("Min")), _number(item.get("Max"))
+        out.append((instant, value, value if low is None else low,
+                    value if high is None else high))
+    out.sort(key=operator.itemgetter(0))
+    return out
+
+
+@dataclass
+class WorkoutHeart:
+    """A workout's heart rate, kept apart: the ``session`` (samples of ``heartRateData``
+    from start to end) and the ``recovery`` (``heartRateRecovery``, and samples of
+    ``heartRateData`` after the end); ``state``: ``sent``, ``recovery_only`` (HAE's bug:
+    ``heartRateData`` holds only instantaneous samples after the end), ``after_end`` (only
+    samples after the end) or ``none``."""
+
+    session: list
+    recovery: list
+    state: str
+
+
+def workout_heart(point: dict, coord: tuple) -> WorkoutHeart:
+    start, end = coord[0], coord[1]
+    data = heart_samples(_series(point, "heartRateData"))
+    session = [s for s in data if start <= s[0] <= end]
+    after = [s for s in data if s[0] > end]
+    seen = {s[0] for s in after}
+    recovery = sorted(after + [s for s in heart_samples(_series(point, "heartRateRecovery"))
+                               if s[0] not in seen], key=operator.itemgetter(0))
+    if session:
+        state = "sent"
+    elif after and len(after) == len(data):
+        state = ("recovery_only" if all(s[1] == s[2] == s[3] for s in after)
+                 else "after_end")
+    else:
+        state = "none"
+    return WorkoutHeart(session, recovery, state)
+
+
+HEART_WORDS = {
+    "recovery_only": "The heart rate during this workout was not sent: Health Auto Export"
+                     " sent the recovery after it in its place (drawn after the end, as"
+                     " recovery).",
+    "after_end": "The heart rate during this workout was not sent: every sample sent is"
+                 " after its end (drawn after the end).",
+    "none": "No heart rate was sent with this workout.",
+}
+
+
+def _has_session_heart(point: dict, coord: tuple) -> bool:
+    """Is there a heart-rate sample from start to end (read until the first one)?"""
+    for item in _series(point, "heartRateData"):
+        if type(item) is dict:
+            instant = parse_time(item.get("date", item.get("start")))
+            if instant is not None and coord[0] <= instant <= coord[1]:
+                return True
+    return False
+
+
+def highest_heart_rate(conn: sqlite3.Connection, end_us: int) -> Optional[float]:
+    """The highest heart rate stored in the :data:`HEART_YEAR_S` before ``end_us``, from the
+    hours' tallies of the heart-rate metric (its ``Max``, else ``Avg``, else ``qty``)."""
+    best = None
+    for (tally,) in conn.execute(
+            "SELECT summary FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
+            (HEART_RATE_METRIC, (end_us - HEART_YEAR_S * US) // HOUR_US, end_us // HOUR_US)):
+        try:
+            fields = json.loads(tally)["f"] if tally else {}
+        except (ValueError, KeyError, TypeError):
+            continue
+        for name in ("Max", "Avg", "qty"):
+            found = fields.get(name) if type(fields) is dict else None
+            if type(found) is list and len(found) > 2 and _number(found[2]) is not None:
+                best = found[2] if best is None else max(best, found[2])
+                break
+    return best
+
+
+def heart_zones(session: list, end_us: int, maximum: float) -> list:
+    """Time in each zone (:data:`HEART_ZONES`) and below the first: each session sample
+    stands for the time until the next (the last: until the end), at most
+    :data:`HEART_HOLD_S`; its value (``Avg``) decides its zone."""
+    zones = [{"zone": 0, "label": "Below zone 1", "low": None,
+              "high": HEART_ZONES[0][1] * maximum, "seconds": 0.0}]
+    for k, (number, share) in enumerate(HEART_ZONES):
+        high = HEART_ZONES[k + 1][1] * maximum if k + 1 < len(HEART_ZONES) else None
+        zones.append({"zone": number, "label": "Zone %d" % number, "low": share * maximum,
+                      "high": high, "seconds": 0.0})
+    for k, (instant, value, _, _) in enumerate(session):
+        following = session[k + 1][0] if k + 1 < len(session) else end_us
+        held = min(max(following - instant, 0), HEART_HOLD_S * US) / US
+        index = 0
+        for number, share in HEART_ZONES:
+            if value >= share * maximum:
+                index = number
+        zones[index]["seconds"] += held
+    return zones
+
+
+def _thin_heart(samples: list, origin: int, limit: int) -> list:
+    """[[seconds from ``origin``, value, lowest, highest]], in runs of consecutive samples
+    when there are more than ``limit``."""
+    size = max(1, -(-len(samples) // limit))
+    out = []
+    for first in range(0, len(samples), size):
+        run = samples[first:first + size]
+        out.append([(run[0][0] - origin) / US, math.fsum(s[1] for s in run) / len(run),
+                    min(s[2] for s in run), max(s[3] for s in run)])
+    return out
+
+
+# -- a workout's route: one pass, whatever its length ---------------------------------
+
+
+def route_positions(items: Any) -> Iterator[tuple]:
+    """(latitude, longitude, altitude or None, instant or None, point) of each route point
+    with a position, in the order sent: version 2's ``latitude``/``longitude``, version 1's
+    ``lat``/``lon``; ``timestamp`` in any of HAE's time forms."""
+    for item in items:
+        if type(item) is not dict:
+            continue
+        lat = _number(item.get("latitude", item.get("lat")))
+        lon = _number(item.get("longitude", item.get("lon")))
+        if lat is None or lon is None or not (-90 <= lat <= 90 and -180 <= lon <= 180):
+            continue
+        yield (lat, lon, _number(item.get("altitude")),
+               parse_time(item.get("timestamp", item.get("date"))), item)
+
+
+def haversine_m(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Meters along the Earth's surface between two positions (a sphere of
+    :data:`EARTH_RADIUS_M`)."""
+    phi1, phi2 = math.radians(lat1), math.radians(lat2)
+    half = (math.sin((phi2 - phi1) / 2) ** 2 + math.cos(phi1) * math.cos(phi2)
+            * math.sin(math.radians(lon2 - lon1) / 2) ** 2)
+    return 2 * EARTH_RADIUS_M * math.asin(min(1.0, math.sqrt(half)))
+
+
+@dataclass
+class RouteWalk:
+    """What one pass over a route found: ``count`` points with a position, the bounds
+    (south, west, north, east), the meters along it, the climb and descent
+    (:data:`ELEVATION_STEP_M`), the split boundaries passed ([(meters, instant or None,
+    altitude or None)], the end included), and the points kept for drawing ([instant or
+    None, latitude, longitude, altitude, meters so far, meters per second (:func:`_keep`)
+    or None])."""
+
+    count: int = 0
+    bounds: Optional[list] = None
+    meters: float = 0.0
+    gain: Optional[float] = None
+    loss: Optional[float] = None
+    boundaries: list = field(default_factory=list)
+    drawn: list = field(default_factory=list)
+
+
+def walk_route(items: Any, split_m: float, draw_max: int = ROUTE_DRAW_MAX) -> RouteWalk:
+    """One pass over a route (a list, or a :class:`Deferred` read an element at a time):
+    memory bounded by ``draw_max`` and the number of splits, whatever its length."""
+    walk = RouteWalk()
+    stride = max(1, -(-len(items) // draw_max))
+    previous = kept = None
+    reference = None  # the altitude of the last turning point (ELEVATION_STEP_M)
+    recent: collections.deque = collections.deque()  # (instant, meters) of SPEED_WINDOW_S
+    next_split = split_m
+    for lat, lon, alt, instant, _ in route_positions(items):
+        bounds = walk.bounds
+        if bounds is None:
+            walk.bounds = [lat, lon, lat, lon]
+        else:
+            bounds[0], bounds[1] = min(bounds[0], lat), min(bounds[1], lon)
+            bounds[2], bounds[3] = max(bounds[2], lat), max(bounds[3], lon)
+        if previous is not None:
+            step = haversine_m(previous[0], previous[1], lat, lon)
+            before = walk.meters
+            walk.meters += step
+            while step > 0 and walk.meters >= next_split:
+                share = (next_split - before) / step
+                walk.boundaries.append((next_split, _between(previous[3], instant, share),
+                                        _between(previous[2], alt, share)))
+                next_split += split_m
+        if alt is not None:
+            if reference is None:
+                reference, walk.gain, walk.loss = alt, 0.0, 0.0
+            elif alt - reference >= ELEVATION_STEP_M:
+                walk.gain += alt - reference
+                reference = alt
+            elif reference - alt >= ELEVATION_STEP_M:
+                walk.loss += reference - alt
+                reference = alt
+        previous = (lat, lon, alt, instant)
+        walk.count += 1
+        if instant is not None:
+            recent.append((instant, walk.meters))
+            while len(recent) > 1 and recent[1][0] <= instant - SPEED_WINDOW_S * US:
+                recent.popleft()
+        if (walk.count - 1) % stride == 0:
+            kept = _keep(walk, kept, previous, walk.count, recent)
+    if previous is not None:
+        if kept[6] != walk.count:  # the finish is always drawn
+            _keep(walk, kept, previous, walk.count, recent)
+        if not walk.boundaries or walk.boundaries[-1][0] < walk.meters:
+            walk.boundaries.append((walk.meters, previous[3], previous[2]))
+    for point in walk.drawn:
+        del point[6:]
+    return walk
+
+
+def _between(a: Optional[float], b: Optional[float], share: float) -> Optional[float]:
+    """The value ``share`` of the way from ``a`` to ``b`` along one segment (None when either
+    end lacks it: nothing is filled across a gap)."""
+    if a is None or b is None:
+        return None
+    return a + (b - a) * share
+
+
+def _keep(walk: RouteWalk, kept: Optional[list], here: tuple, number: int,
+          recent: collections.deque) -> list:
+    """Keep a point for drawing, with its speed over the stretch since the point kept before
+    it or :data:`SPEED_WINDOW_S`, whichever is longer (``recent``: the points of that
+    window, oldest first)."""
+    lat, lon, alt, instant = here
+    speed = None
+    since = recent[0] if recent else None
+    if kept is not None and kept[0] is not None and (since is None or kept[0] < since[0]):
+        since = (kept[0], kept[4])
+    if since is not None and instant is not None and instant > since[0]:
+        speed = (walk.meters - since[1]) / ((instant - since[0]) / US)
+    point = [instant, lat, lon, alt, walk.meters, speed, number]
+    walk.drawn.append(point)
+    return point
+
+
+def _series_boundaries(items: Any, end_us: int, split_m: float) -> Optional[tuple]:
+    """(boundaries, meters) of a distance series (``walkingAndRunningDistance``, …) as
+    :func:`walk_route` gives them for a route: each sample's distance is reached at the next
+    sample's date (the last: at the workout's end), in between in proportion to time."""
+    samples = []
+    for item in items:
+        if type(item) is dict:
+            instant = parse_time(item.get("date", item.get("start")))
+            meters = _meters(_quantity(item))
+            if instant is not None and meters is not None:
+                samples.append((instant, meters))
+    if not samples:
+        return None
+    samples.sort(key=operator.itemgetter(0))
+    boundaries, total, next_split = [], 0.0, split_m
+    for k, (instant, meters) in enumerate(samples):
+        reached = samples[k + 1][0] if k + 1 < len(samples) else max(end_us, instant)
+        before = total
+        total += meters
+        while meters > 0 and total >= next_split:
+            share = (next_split - before) / meters
+            boundaries.append((next_split, instant + (reached - instant) * share, None))
+            next_split += split_m
+    if total <= 0:
+        return None
+    if not boundaries or boundaries[-1][0] < total:
+        boundaries.append((total, max(end_us, samples[-1][0]), None))
+    return boundaries, total
+
+
+def workout_splits(boundaries: list, start_us: int, split_m: float, heart: list) -> list:
+    """The splits between boundaries ([(meters, instant, altitude)]), from the start: each
+    with its meters, seconds, pace (seconds per ``split_m``), mean heart rate of the session
+    samples inside it and change of altitude; a last split shorter than
+    :data:`SPLIT_MIN_M` is left out."""
+    times = [s[0] for s in heart]
+    rows = []
+    meters, instant, altitude = 0.0, start_us, None
+    for number, (reach, reached, alt) in enumerate(boundaries, 1):
+        length = reach - meters
+        if length < SPLIT_MIN_M and number == len(boundaries) and number > 1:
+            break
+        seconds = None if reached is None or instant is None else (reached - instant) / US
+        inside = heart[bisect.bisect_left(times, instant):bisect.bisect_left(
+            times, reached)] if instant is not None and reached is not None else []
+        rows.append({
+            "split": number, "meters": length, "seconds": seconds,
+            "pace_s": None if not seconds or length <= 0 else seconds * split_m / length,
+            "average_heart_rate": math.fsum(s[1] for s in inside) / len(inside)
+            if inside else None,
+            "altitude_change_m": None if alt is None or altitude is None else alt - altitude})
+        meters, instant, altitude = reach, reached, alt
+    return rows
+
+
+# -- reading workouts -----------------------------------------------------------------
+
+
+def _workout_rows(conn: sqlite3.Connection, low_hour: int, high_hour: int,
+                  newest_first: bool = False) -> sqlite3.Cursor:
+    """(hour, units, blob, spans) of the stored workouts objects of those hours, a row at a
+    time (close the cursor when leaving it early: an open statement holds its snapshot)."""
+    return conn.execute(
+        "SELECT hour, units, blob, spans FROM object WHERE metric = ? AND layer = ? AND hour"
+        " BETWEEN ? AND ? ORDER BY hour" + (" DESC" if newest_first else ""),
+        (WORKOUT_METRIC, RECORD_LAYER, low_hour, high_hour))
+
+
+def _workouts_of(row: tuple, scratch: Optional[Path]) -> list:
+    """[StoredWorkout] of a stored workouts object, in stored order.  With ``scratch`` (the
+    data directory's ``tmp``), an object whose JSON takes :data:`STREAM_FOLD_BYTES` or more
+    keeps its long arrays (a route, a heart-rate series) in a scratch file, read an element
+    at a time (:class:`Deferred`), as the fold reads it."""
+    hour, _, blob, spans = row
+    if scratch is not None and _stored_size(blob) >= STREAM_FOLD_BYTES:
+        points = _stored_points(_TextFile(scratch, blob))
+    else:
+        points = loads_body(decompress_blob(blob))
+    known = decode_spans(spans, len(points))
+    out = []
+    for k, point in enumerate(points):
+        if type(point) is not dict:
+            continue
+        if known is not None and known[0][k] != -1:
+            coord = (known[0][k], known[1][k], _category(point))
+        else:
+            coord = point_coordinate(point)
+        if coord is not None:
+            out.append(StoredWorkout(workout_id(point, coord), coord, point, hour))
+    return out
+
+
+WORKOUT_SEARCH_CHUNK = 1 << 20
+"""An id is looked for in a stored object's JSON this many bytes at a time."""
+
+
+def _blob_holds(blob: bytes, needle: bytes) -> bool:
+    """Does a stored object's JSON hold ``needle``?  Inflated a piece at a time: memory stays
+    small however large the object."""
+    inflate = zlib.decompressobj(31)
+    data, carry = blob, b""
+    while True:
+        piece = inflate.decompress(data, WORKOUT_SEARCH_CHUNK)
+        data = inflate.unconsumed_tail
+        if needle in carry + piece:
+            return True
+        carry = (carry + piece)[-len(needle):]
+        if inflate.eof or (not piece and not data):
+            return False
+
+
+def _find(conn: sqlite3.Connection, ident: str, scratch: Optional[Path]) -> tuple:
+    """(the stored workout of an id, every workout of its object) (:func:`workout_id`): an
+    id of start and end is read from the hour it names; HAE's id is looked for in the
+    stored objects, newest first, without decoding them (the first that names it).
+    :class:`UnknownWorkout` else."""
+    instants = _id_instants(ident)
+    if instants is not None:
+        hour, needle = instants[0] // HOUR_US, None
+        rows = _workout_rows(conn, hour, hour)
+    elif _HAE_ID.fullmatch(ident):
+        needle = b'"id":"%s"' % ident.encode("ascii")
+        rows = _workout_rows(conn, -(1 << 62), 1 << 62, newest_first=True)
+    else:
+        raise UnknownWorkout("no stored workout has that id; /api/workouts lists them")
+    with contextlib.closing(rows):
+        for row in rows:
+            if needle is not None and not _blob_holds(row[2], needle):
+                continue
+            workouts = _workouts_of(row, scratch)
+            for workout in workouts:
+                if workout.id == ident or workout.coord[:2] == instants:
+                    return workout, workouts
+    raise UnknownWorkout("no stored workout has that id; /api/workouts lists them")
+
+
+def find_workout(conn: sqlite3.Connection, ident: str,
+                 scratch: Optional[Path] = None) -> StoredWorkout:
+    """The stored workout of an id (:func:`workout_id`, either form)."""
+    return _find(conn, ident, scratch)[0]
+
+
+def _workout_source(point: dict) -> Optional[str]:
+    """Where the workout came from, as HAE names it: its ``source`` (version 2 has none),
+    else that of its first heart-rate or energy sample."""
+    if type(point.get("source")) is str and point["source"]:
+        return point["source"]
+    for key in ("heartRateData", "activeEnergy", "heartRateRecovery"):
+        for item in _series(point, key):
+            if type(item) is dict and type(item.get("source")) is str and item["source"]:
+                return item["source"]
+            break
+    return None
+
+
+def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
+    """A workout as a list shows it: its id, times (UTC, local in ``zone``, the local date),
+    :func:`workout_item`'s figures as sent, its activity, whether a route and the session's
+    heart rate were sent, and its source."""
+    point, coord = workout.point, workout.coord
+    raw_end = point.get("end", point.get("endDate"))
+    start_offset = zone.point_offset(raw_start(point), coord[0])
+    end_offset = zone.point_offset(raw_end if raw_end is not None else raw_start(point),
+                                   coord[1])
+    item = {"id": workout.id, "start": format_instant(coord[0]),
+            "end": format_instant(coord[1]), "local_start": local_iso(coord[0], start_offset),
+            "local_end": local_iso(coord[1], end_offset),
+            "date": _dt.date.fromordinal(local_ordinal(coord[0], start_offset)).isoformat()}
+    item.update(workout_item(point, coord))
+    route = _series(point, "route")
+    total = _quantity(point.get("totalEnergy"))
+    if total is not None:
+        total["unit_label"] = unit_label(WORKOUT_METRIC, total["units"])
+    item.update(activity=workout_activity(point), route_points=len(route),
+                has_route=len(route) > 0, has_heart_rate=_has_session_heart(point, coord),
+                total_energy=total, source=_workout_source(point),
+                duplicate_of=None, shown_first=None, duplicates=[])
+    return item
+
+
+def mark_duplicates(entries: list) -> None:
+    """Mark the workouts recorded twice among ``entries`` ([(summary, coordinate)]): same
+    activity (by its name's words; the same name when neither is known) and times
+    overlapping by at least :data:`DUPLICATE_OVERLAP` of the longer.  Of each group the one
+    shown first has a route, then the session's heart rate, then more route points, then
+    the longer duration, then the earlier start; the others name it in ``duplicate_of``,
+    and it names them in ``duplicates`` (each names the first in ``shown_first``)."""
+    keys = [item["activity"] if item["activity"] != "other" else
+            "name:" + (item["name"] or "").strip().lower() for item, _ in entries]
+    parent = list(range(len(entries)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    order = sorted(range(len(entries)), key=lambda k: entries[k][1][:2])
+    for position, a in enumerate(order):
+        start_a, end_a = entries[a][1][:2]
+        for b in order[position + 1:]:
+            start_b, end_b = entries[b][1][:2]
+            if start_b >= end_a:
+                break
+            longer = max(end_a - start_a, end_b - start_b)
+            overlap = min(end_a, end_b) - start_b
+            if keys[a] == keys[b] and longer > 0 and overlap >= DUPLICATE_OVERLAP * longer:
+                parent[root(b)] = root(a)
+    groups: dict = {}
+    for k in range(len(entries)):
+        groups.setdefault(root(k), []).append(k)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        best = max(members, key=lambda k: (
+            entries[k][0]["has_route"], entries[k][0]["has_heart_rate"],
+            entries[k][0]["route_points"], entries[k][0]["duration_s"] or 0,
+            -entries[k][1][0]))
+        first = entries[best][0]
+        for k in members:
+            item = entries[k][0]
+            if k != best:
+                item["duplicate_of"] = first["id"]
+                item["shown_first"] = _named(first)
+                first["duplicates"].append(_named(item))
+
+
+def _named(item: dict) -> dict:
+    """A workout as another names it beside itself."""
+    return {"id": item["id"], "name": item["name"], "local_start": item["local_start"],
+            "source": item["source"]}
+
+
+def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Optional[int],
+                    zone: Zone, scratch: Optional[Path], limit: Optional[int] = None,
+                    wanted: Callable[[StoredWorkout], bool] = lambda w: True,
+                    decoded: Optional[dict] = None) -> tuple:
+    """([(summary, coordinate)] of the workouts ``wanted``, newest first, at most
+    ``limit``; whether more were left out), duplicates marked among them and the workouts
+    of :data:`DUPLICATE_MARGIN_S` around them.  ``decoded``: hour -> the workouts of an
+    object already decoded (not decoded again)."""
+    margin = DUPLICATE_MARGIN_S * US
+    low = -(1 << 62) if low_us is None else (low_us - margin) // HOUR_US
+    high = (1 << 62) if high_us is None else (high_us + margin) // HOUR_US
+    inside, around, more, oldest = [], [], False, None
+    with contextlib.closing(_workout_rows(conn, low, high, newest_first=True)) as rows:
+        for row in rows:
+            if limit is not None and len(inside) > limit and (
+                    row[0] + 1) * HOUR_US <= oldest - margin:
+                break  # older than every duplicate of the workouts kept could be
+            workouts = (decoded or {}).get(row[0])
+            for workout in reversed(workouts if workouts is not None
+                                    else _workouts_of(row, scratch)):
+                entry = (workout_summary(workout, zone), workout.coord)  # not the point
+                if wanted(workout):
+                    inside.append(entry)
+                    oldest = workout.coord[0] if oldest is None else min(oldest,
+                                                                         workout.coord[0])
+                else:
+                    around.append(entry)
+    inside.sort(key=operator.itemgetter(1), reverse=True)
+    if limit is not None and len(inside) > limit:
+        inside, more = inside[:limit], True
+    mark_duplicates(inside + around)
+    return inside, more
+
+
+def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+                  scratch: Optional[Path] = None,
+                  limit: Optional[int] = WORKOUTS_LIST_MAX) -> dict:
+    """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
+    ``/api/points`` reads it), newest first, at most ``limit``; each as
+    :func:`workout_summary` gives it, duplicates marked (:func:`mark_duplicates`); and the
+    count and seconds of the workouts shown first (a duplicate is counted once)."""
+    zone = parse_zone(args.get("tz"))
+    start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
+    end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
+    if (start is not None and end is not None and start >= end) or (
+            day_from is not None and day_to is not None and day_from >= day_to):
+        raise BadRequest("from must be before to")
+    query = PointQuery(WORKOUT_METRIC, RECORD_LAYER, start, end, zone=zone,
+                       day_from=day_from, day_to=day_to)
+    entries, more = _range_workouts(
+        conn, start, end, zone, scratch, limit,
+        lambda w: _coord_in_range(w.coord, query, w.point))
+    items = [item for item, _ in entries]
+    shown = [item for item in items if item["duplicate_of"] is None]
+    return {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
+            "workouts": items, "count": len(shown),
+            "seconds": math.fsum(item["duration_s"] or 0 for item in shown),
+            "truncated": more}
+
+
+# -- one workout, whole ---------------------------------------------------------------
+
+
+FIGURE_DIGITS = {"distance": 2, "active_energy": 0, "total_energy": 0, "speed": 1,
+                 "elevation_gain": 0, "average_heart_rate": 0, "max_heart_rate": 0}
+"""The decimals a workout's figure is written with: 10.02 km, 2,812 kJ, 24.3 km/h, 147 bpm."""
+
+
+def _figure(key: str, label: str, value: Optional[float], shown: str,
+            units: Optional[str] = None, label_units: Optional[str] = None,
+            note: Optional[str] = None) -> Optional[dict]:
+    """A figure of the workout page: ``shown`` says how the page writes the value
+    (``duration``: h:mm:ss, ``pace``: m:ss per unit, ``number``: with ``digits``
+    decimals)."""
+    if value is None:
+        return None
+    return {"key": key, "label": label, "value": value, "shown": shown, "units": units,
+            "unit_label": label_units if label_units is not None else unit_label(
+                WORKOUT_METRIC, units), "digits": FIGURE_DIGITS.get(key), "note": note}
+
+
+def _sent_figure(key: str, label: str, amount: Optional[dict],
+                 note: Optional[str] = None) -> Optional[dict]:
+    if amount is None:
+        return None
+    return _figure(key, label, amount["qty"], "number", amount["units"], note=note)
+
+
+def _elevation_sent(point: dict) -> Optional[dict]:
+    """The climb as sent: version 2's ``elevationUp``, version 1's ``elevation.ascent``."""
+    up = _quantity(point.get("elevationUp"))
+    if up is not None:
+        return up
+    elevation = point.get("elevation")
+    if type(elevation) is dict and _number(elevation.get("ascent")) is not None:
+        return {"qty": elevation["ascent"], "units": elevation.get("units")}
+    return None
+
+
+def workout_figures(point: dict, duration: Optional[float], activity: str, system: str,
+                    walk: Optional[RouteWalk], heart: WorkoutHeart) -> list:
+    """The figures of a workout, each in the units a person reads: duration; distance, active
+    and total energy as sent (never added across units); pace or speed as the activity reads
+    it, in the owner's units; the climb (as sent, else the route's); average and highest heart
+    rate (as sent, else from the session's samples)."""
+    units = UNIT_SYSTEMS[system]
+    figures = [_figure("duration", "Duration", duration, "duration")]
+    distance = _quantity(point.get("distance"))
+    if distance is not None and distance["qty"] > 0:
+        figures.append(_sent_figure("distance", "Distance", distance))
+        meters = _meters(distance)
+    elif walk is not None and walk.meters > 0:
+        label, size = units["distance"]
+        meters = walk.meters
+        figures.append(_figure("distance", "Distance", meters / size, "number", label,
+                               note="from the route"))
+    else:
+        meters = None
+    figures.append(_sent_figure("active_energy", "Active energy", _quantity(
+        point.get("activeEnergyBurned")) or _quantity(point.get("activeEnergy"))))
+    figures.append(_sent_figure("total_energy", "Total energy",
+                                _quantity(point.get("totalEnergy"))))
+    if meters and duration:
+        kind = _pace_kind(activity)
+        if kind == "speed":
+            label, size = units["speed"]
+            figures.append(_figure("speed", "Average speed", meters / duration / size,
+                                   "number", label))
+        else:
+            label, size = units["swim" if kind == "swim" else "distance"]
+            figures.append(_figure("pace", "Average pace", duration / (meters / size), "pace",
+                                   label_units="/" + label))
+    climb = _elevation_sent(point)
+    if climb is not None:
+        figures.append(_sent_figure("elevation_gain", "Elevation gain", climb))
+    elif walk is not None and walk.gain is not None:
+        label, size = units["elevation"]
+        figures.append(_figure("elevation_gain", "Elevation gain", walk.gain / size, "number",
+                               label, note="from the route"))
+    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    for key, label, sent, pick in (
+            ("average_heart_rate", "Average heart rate", "avg", None),
+            ("max_heart_rate", "Highest heart rate", "max", max)):
+        amount = _quantity(summary.get(sent)) or _quantity(point.get(
+            "avgHeartRate" if sent == "avg" else "maxHeartRate"))
+        if amount is not None:
+            figures.append(_sent_figure(key, label, amount))
+        elif heart.session:
+            values = [s[1] for s in heart.session]
+            value = pick(values) if pick else math.fsum(values) / len(values)
+            figures.append(_figure(key, label, value, "number", label_units="bpm",
+                                   note="from the samples"))
+    return [f for f in figures if f is not None]
+
+
+def _zones_answer(conn: sqlite3.Connection, heart: WorkoutHeart, end_us: int,
+                  setting: Optional[float]) -> Optional[dict]:
+    """The zones of the session's heart rate, from the owner's maximum, else the highest of
+    the year before the workout, else the workout's own; the answer says which."""
+    if not heart.session:
+        return None
+    own = max(s[3] for s in heart.session)
+    if setting:
+        maximum, source = setting, "setting"
+        words = "Zones from your maximum heart rate, %d bpm (--max-heart-rate)." % setting
+    else:
+        year = highest_heart_rate(conn, end_us)
+        if year is not None and year >= own:
+            maximum, source = year, "year"
+            words = ("Zones from the highest heart rate stored in the year before this"
+                     " workout, %d bpm; set your own with --max-heart-rate." % round(year))
+        else:
+            maximum, source = own, "workout"
+            words = ("Zones from this workout's highest heart rate, %d bpm: none higher is"
+                     " stored from the year before it; set your own with --max-heart-rate."
+                     % round(own))
+    return {"max": maximum, "source": source, "words": words,
+            "zones": heart_zones(heart.session, end_us, maximum)}
+
+
+def _route_answer(walk: RouteWalk, start_us: int, heart: WorkoutHeart, ident: str) -> dict:
+    """The route as the page draws it: the whole route's bounds and meters, the points kept
+    ([seconds from the start or None, latitude, longitude, altitude, meters so far, speed in
+    m/s since the last kept point, heart rate then]), and where its GPX is."""
+    times = [s[0] for s in heart.session]
+    drawn = []
+    for instant, lat, lon, alt, meters, speed in walk.drawn:
+        drawn.append([None if instant is None else (instant - start_us) / US, lat, lon, alt,
+                      meters, speed, nearest_heart(times, heart.session, instant)])
+    south, west, north, east = walk.bounds
+    return {"points": walk.count, "drawn": drawn, "meters": walk.meters,
+            "bounds": {"south": south, "west": west, "north": north, "east": east},
+            "has_altitude": walk.gain is not None,
+            "gpx": "/api/workouts/%s.gpx" % ident}
+
+
+def nearest_heart(times: list, samples: list, instant: Optional[int]) -> Optional[float]:
+    """The value of the session sample nearest to ``instant``, when one is within
+    :data:`HEART_NEAREST_S` (never interpolated, never across a gap)."""
+    if instant is None or not times:
+        return None
+    k = bisect.bisect_left(times, instant)
+    best = None
+    for j in (k - 1, k):
+        if 0 <= j < len(times) and abs(times[j] - instant) <= HEART_NEAREST_S * US and (
+                best is None or abs(times[j] - instant) < abs(times[best] - instant)):
+            best = j
+    return None if best is None else samples[best][1]
+
+
+def get_workout(conn: sqlite3.Connection, ident: str,
+                args: Optional[Mapping[str, Optional[str]]] = None,
+                scratch: Optional[Path] = None, max_heart_rate: Optional[float] = None,
+                distance_units: Optional[str] = None) -> dict:
+    """``GET /api/workouts/<id>``: one workout whole: its summary (:func:`workout_summary`,
+    duplicates marked among the workouts around it), its figures (:func:`workout_figures`),
+    the route thinned for drawing (:data:`ROUTE_DRAW_MAX`) with its bounds, the session's
+    heart rate and the recovery apart, with zones, the splits per km or mile (100 m or yards
+    swimming) from the route (else the distance series) and the altitude along the route.
+    ``args``: ``tz``.  Time and memory are bounded whatever the route's length (one pass,
+    :func:`walk_route`)."""
+    zone = parse_zone((args or {}).get("tz"))
+    found, siblings = _find(conn, ident, scratch)
+    [(summary, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
+                                     wanted=lambda w: w is found,
+                                     decoded={found.hour: siblings})[0]
+    point, (start, end, _) = found.point, found.coord
+    activity = summary["activity"]
+    system = owner_units(point, distance_units)
+    units = UNIT_SYSTEMS[system]
+    split_label, split_m = units["swim" if activity == "swimming" else "distance"]
+    heart = workout_heart(point, found.coord)
+    route = _series(point, "route")
+    walk = walk_route(route, split_m) if len(route) else None
+    if walk is not None and walk.count == 0:
+        walk = None
+    boundaries, source = (walk.boundaries, "route") if walk is not None else (None, None)
+    if boundaries is None:
+        series = _series_boundaries(_series(point, _ACTIVITY_SERIES.get(
+            activity, "walkingAndRunningDistance")), end, split_m)
+        if series is not None:
+            boundaries, source = series[0], "distance series"
+    duration = summary["duration_s"]
+    notes = [] if heart.state == "sent" else [HEART_WORDS[heart.state]]
+    if walk is None:
+        notes.append("No route was sent with this workout.")
+    return {
+        "workout": summary,
+        "figures": workout_figures(point, duration, activity, system, walk, heart),
+        "units": {"system": system, **{key: {"label": label, "meters": size}
+                                       for key, (label, size) in units.items()}},
+        "route": None if walk is None else _route_answer(walk, start, heart, found.id),
+        "heart_rate": {
+            "state": heart.state, "units_label": "bpm",
+            "session": _thin_heart(heart.session, start, HEART_DRAW_MAX),
+            "recovery": _thin_heart(heart.recovery, start, HEART_DRAW_MAX),
+            "end_s": (end - start) / US,
+            "zones": _zones_answer(conn, heart, end, max_heart_rate)},
+        "splits": None if not boundaries else _splits_answer(
+            workout_splits(boundaries, start, split_m, heart.session), activity, units,
+            split_label, split_m, source),
+        "elevation": None if walk is None or walk.gain is None else {
+            "label": units["elevation"][0], "meters": units["elevation"][1],
+            "gain_m": walk.gain, "loss_m": walk.loss,
+            "profile": [[p[4], p[3]] for p in walk.drawn if p[3] is not None]},
+        "notes": notes,
+        "link": {"metric": WORKOUT_METRIC, "from": _dt.date.fromordinal(
+            _dt.date.fromisoformat(summary["date"]).toordinal() - 6).isoformat(),
+            "to": summary["date"]},
+    }
+
+
+def _splits_answer(rows: list, activity: str, units: dict, label: str, size: float,
+                   source: str) -> dict:
+    """The splits as the page shows them: pace, or speed for an activity read by its speed
+    (each row's ``speed`` in the owner's units)."""
+    speed_label, speed_size = units["speed"]
+    for row in rows:
+        row["speed"] = None if not row["seconds"] else row["meters"] / row["seconds"] / (
+            speed_size)
+    return {"unit": {"label": label, "meters": size}, "source": source, "rows": rows,
+            "shown": "speed" if _pace_kind(activity) == "speed" else "pace",
+            "pace_label": "/" + label, "speed_label": speed_label}
+
+
 # -- the view's plan: which layer and bucket answer a range, decided once -------------
 
 VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
@@ -7866,14 +8875,17 @@ WEEK_DAYS = 7
 
 
 def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> list:
-    """The records (workouts) of the :data:`WEEK_DAYS` ending on the day, newest first (as
-    /api/records)."""
+    """The records of the :data:`WEEK_DAYS` ending on the day, newest first: workouts as
+    /api/workouts lists them (a workout recorded twice marked, :func:`mark_duplicates`),
+    others as /api/records."""
     if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
                     (metric,)).fetchone() is None:
         return []
-    return records(conn, {"metric": metric, "tz": zone.name, "limit": "100",
-                          "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
-                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
+    bounds = {"tz": zone.name, "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
+              "to": _dt.date.fromordinal(day).isoformat()}
+    if metric == WORKOUT_METRIC:  # with ids, and a workout recorded twice marked
+        return list_workouts(conn, bounds, limit=100)["workouts"]
+    return records(conn, dict(bounds, metric=metric, limit="100"))["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -8811,15 +9823,167 @@ def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, poi
             + (json.dumps(extra, ensure_ascii=False) if extra else None,))
 
 
-def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
+_WORKOUT_SCHEMA = """
+CREATE TABLE workouts (id TEXT NOT NULL, name TEXT, activity TEXT NOT NULL, start TEXT NOT NULL,
+                       "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_end TEXT NOT NULL,
+                       local_date TEXT NOT NULL, duration_s REAL, distance REAL,
+                       distance_units TEXT, active_energy REAL, active_energy_units TEXT,
+                       total_energy REAL, total_energy_units TEXT, average_heart_rate REAL,
+                       max_heart_rate REAL, heart_rate_units TEXT, elevation_gain REAL,
+                       elevation_units TEXT, route_points INTEGER NOT NULL,
+                       has_heart_rate INTEGER NOT NULL, source TEXT, duplicate_of TEXT,
+                       version INTEGER NOT NULL);
+CREATE TABLE workout_route (workout_id TEXT NOT NULL, seq INTEGER NOT NULL, time TEXT,
+                            local_time TEXT, latitude REAL NOT NULL, longitude REAL NOT NULL,
+                            altitude REAL, speed REAL, course REAL, horizontal_accuracy REAL,
+                            vertical_accuracy REAL, heart_rate REAL);
+"""
+"""``workouts``: one row a workout (:func:`workout_summary`), its figures as sent, its UTC and
+local times (as the phone wrote them) and ``duplicate_of`` (the id of the one shown first,
+for a workout recorded twice); ``workout_route``: one row a route point with a position, in
+the order sent (``seq`` from 0), its time in UTC and as the phone wrote it, and the heart
+rate of the nearest session sample within :data:`HEART_NEAREST_S`."""
+
+_WORKOUT_INDEXES = """
+CREATE INDEX workouts_id ON workouts (id);
+CREATE INDEX workouts_start ON workouts (start);
+CREATE INDEX workout_route_workout ON workout_route (workout_id, seq);
+"""
+
+
+def _route_rows(workout: StoredWorkout) -> Iterator[tuple]:
+    session = workout_heart(workout.point, workout.coord).session
+    times = [s[0] for s in session]
+    for seq, (lat, lon, alt, instant, item) in enumerate(
+            route_positions(_series(workout.point, "route"))):
+        raw = item.get("timestamp", item.get("date"))
+        yield (workout.id, seq, None if instant is None else format_instant(instant),
+               None if instant is None else local_iso(instant, text_offset(raw, instant)),
+               lat, lon, alt, _number(item.get("speed")), _number(item.get("course")),
+               _number(item.get("horizontalAccuracy")), _number(item.get("verticalAccuracy")),
+               nearest_heart(times, session, instant))
+
+
+def _amount(found: Optional[dict]) -> tuple:
+    return (found["qty"], found["units"]) if found else (None, None)
+
+
+def _workout_row(item: dict, sent: tuple) -> tuple:
+    """A row of ``workouts``; ``sent``: the active energy and the climb as sent."""
+    average, highest = _amount(item["average_heart_rate"]), _amount(item["max_heart_rate"])
+    return ((item["id"], item["name"], item["activity"], item["start"], item["end"],
+             item["local_start"], item["local_end"], item["date"], item["duration_s"])
+            + _amount(item["distance"]) + _amount(sent[0]) + _amount(item["total_energy"])
+            + (average[0], highest[0], average[1] or highest[1]) + _amount(sent[1])
+            + (item["route_points"], int(item["has_heart_rate"]), item["source"],
+               item["duplicate_of"], item["version"]))
+
+
+def export_workouts(conn: sqlite3.Connection, target: sqlite3.Connection,
+                    scratch: Optional[Path] = None) -> int:
+    """Every stored workout into ``workouts`` and its whole route into ``workout_route``
+    (:data:`_WORKOUT_SCHEMA`), an object at a time (a large one's arrays read from a
+    scratch file under ``scratch``); duplicates are marked once all are read.  Returns
+    the number of workouts."""
+    entries, sent = [], []
+    with contextlib.closing(_workout_rows(conn, -(1 << 62), 1 << 62)) as rows:
+        for row in rows:
+            for workout in _workouts_of(row, scratch):
+                point = workout.point
+                entries.append((workout_summary(workout, LOCAL_ZONE), workout.coord))
+                sent.append((_quantity(point.get("activeEnergyBurned"))
+                             or _quantity(point.get("activeEnergy")), _elevation_sent(point)))
+                target.executemany("INSERT INTO workout_route VALUES (%s)" % ",".join(
+                    "?" * 12), _route_rows(workout))
+    mark_duplicates(entries)
+    target.executemany("INSERT INTO workouts VALUES (%s)" % ",".join("?" * 25), (
+        _workout_row(item, figures) for (item, _), figures in zip(entries, sent)))
+    return len(entries)
+
+
+# -- GPX: a workout's route as Strava, Garmin and others take it --------------------
+
+GPX_NAMESPACES = (
+    'xmlns="http://www.topografix.com/GPX/1/1"'
+    ' xmlns:gpxtpx="http://www.garmin.com/xmlschemas/TrackPointExtension/v1"'
+    ' xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"'
+    ' xsi:schemaLocation="http://www.topografix.com/GPX/1/1'
+    ' http://www.topografix.com/GPX/1/1/gpx.xsd'
+    ' http://www.garmin.com/xmlschemas/TrackPointExtension/v1'
+    ' http://www8.garmin.com/xmlschemas/TrackPointExtensionv1.xsd"')
+_XML_NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """Text as XML character data (the characters XML 1.0 cannot hold left out)."""
+    return _XML_NOT_TEXT.sub("", text).replace("&", "&amp;").replace("<", "&lt;").replace(
+        ">", "&gt;")
+
+
+def gpx_pieces(workout: StoredWorkout) -> Iterator[bytes]:
+    """A workout's GPX 1.1, in pieces of about :data:`STREAM_CHUNK`: one ``trk`` named by the
+    workout, its activity in ``type``, one ``trkseg`` of every route point with a position,
+    each with ``ele`` (its altitude), ``time`` (UTC) and, in Garmin's
+    ``TrackPointExtension``, ``gpxtpx:hr``: the session sample nearest in time within
+    :data:`HEART_NEAREST_S`, rounded (never interpolated).  :class:`NoRoute` at once,
+    before any piece, when there is no route point with a position."""
+    route = _series(workout.point, "route")
+    if next(route_positions(route), None) is None:
+        raise NoRoute("this workout has no route: there is nothing to write as GPX")
+    return _gpx_stream(workout, route)
+
+
+def _gpx_stream(workout: StoredWorkout, route: Any) -> Iterator[bytes]:
+    point = workout.point
+    name = _xml_text(point["name"]) if type(point.get("name")) is str else "Workout"
+    activity = workout_activity(point)
+    session = workout_heart(point, workout.coord).session
+    times = [s[0] for s in session]
+    parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<gpx version="1.1" creator="healthlog'
+             ' %s" %s>\n<metadata><name>%s</name><time>%s</time></metadata>\n<trk><name>%s'
+             '</name><type>%s</type><trkseg>\n' % (
+                 __version__, GPX_NAMESPACES, name, format_instant(workout.coord[0]), name,
+                 activity if activity != "other" else name)]
+    size = len(parts[0])
+    for lat, lon, alt, instant, _ in route_positions(route):
+        text = '<trkpt lat="%r" lon="%r">' % (lat, lon)
+        if alt is not None:
+            text += "<ele>%r</ele>" % alt
+        if instant is not None:
+            text += "<time>%s</time>" % format_instant(instant)
+        bpm = nearest_heart(times, session, instant)
+        if bpm is not None:
+            text += ("<extensions><gpxtpx:TrackPointExtension><gpxtpx:hr>%d</gpxtpx:hr>"
+                     "</gpxtpx:TrackPointExtension></extensions>" % round(bpm))
+        parts.append(text + "</trkpt>\n")
+        size += len(text) + 9
+        if size >= STREAM_CHUNK:
+            yield "".join(parts).encode("utf-8")
+            parts, size = [], 0
+    parts.append("</trkseg></trk>\n</gpx>\n")
+    yield "".join(parts).encode("utf-8")
+
+
+def gpx_file_name(item: dict) -> str:
+    """``2025-05-03-0710-running.gpx``: a workout's local start as the phone wrote it and its
+    activity (else its name in letters and digits, else ``workout``)."""
+    local = item["local_start"]
+    what = item["activity"] if item["activity"] != "other" else re.sub(
+        r"[^a-z0-9]+", "-", (item["name"] or "").lower()).strip("-") or "workout"
+    return "%s-%s%s-%s.gpx" % (local[:10], local[11:13], local[14:16], what[:40])
+
+
+def export_sqlite(conn: sqlite3.Connection, out: Path, scratch: Optional[Path] = None) -> int:
     """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
-    shape Datasette and sqlite-utils open directly, and every sleep as a row of ``nights``
-    (a sleep point's ``local_date`` is the day its sleep ended); returns the number of
-    points."""
+    shape Datasette and sqlite-utils open directly, every sleep as a row of ``nights`` (a
+    sleep point's ``local_date`` is the day its sleep ended), and every workout as a row of
+    ``workouts`` with its route in ``workout_route`` (:func:`export_workouts`); returns the
+    number of points."""
     target = sqlite3.connect(str(out), isolation_level=None)
     written = 0
     try:
         target.executescript(_EXPORT_SCHEMA)
+        target.executescript(_WORKOUT_SCHEMA)
         target.execute("BEGIN")
         for metric, layer in conn.execute(
                 "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
@@ -8840,8 +10004,10 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
             target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
                            (item["metric"], item["layer"], ",".join(item["units"]) or None,
                             item["points"], item["first"], item["last"]))
+        export_workouts(conn, target, scratch)
         target.execute("COMMIT")
         target.executescript(_EXPORT_INDEXES)
+        target.executescript(_WORKOUT_INDEXES)
     finally:
         target.close()
     return written
@@ -9184,15 +10350,26 @@ def _valid_name(name: str) -> bool:
         c.isascii() and (c.isalnum() or c in "._-") for c in name)
 
 
-SECURITY_HEADERS = (
-    ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self';"
-     " img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
-     " base-uri 'none'"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
-    ("X-Frame-Options", "DENY"),
-)
-"""On every answer: the page runs only its own script and style, in no frame."""
+def security_headers(map_tiles: Optional[str] = None) -> tuple:
+    """The headers on every answer: the page runs only its own script and style, in no
+    frame; images come from the page itself, and from the tile server's origin alone when
+    ``serve --map-tiles`` names one (nothing else ever leaves the server)."""
+    images = "'self' data:"
+    if map_tiles:
+        parts = urllib.parse.urlsplit(map_tiles)
+        images += " %s://%s" % (parts.scheme, parts.netloc.rpartition("@")[2])
+    return (
+        ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self';"
+         " img-src %s; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
+         " base-uri 'none'" % images),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Referrer-Policy", "no-referrer"),
+        ("X-Frame-Options", "DENY"),
+    )
+
+
+SECURITY_HEADERS = security_headers()
+"""On every answer of a ``serve`` without map tiles."""
 
 LOGIN_FORM_MAX = 4096
 """A sign-in form is one field: a body larger than this is no sign-in."""
@@ -9253,6 +10430,7 @@ class App:
         self.config, self.archive, self.pool = config, archive, pool
         self.worker, self.stopping = worker, stopping
         self.judge = judge  # freshness now (the service's, which also tells the notifier)
+        self.security = security_headers(config.map_tiles)
         self.notices = notices  # the notifier's counts, when it runs
         self.ingest_seconds = Histogram(TIMING_BOUNDS)
         # Uploads never take the last threads; bodies under validation share a ceiling.
@@ -9273,6 +10451,8 @@ class App:
                 ("/api/points", "GET", self.points),
                 ("/api/deliveries", "GET", self.deliveries),
                 ("/api/records", "GET", self.records),
+                ("/api/workouts", "GET", self.workouts),
+                ("/api/workouts/<ident>", "GET", self.workout),
                 ("/api/ecg", "GET", self.ecg),
                 ("/api/summary", "GET", self.summary),
                 ("/api/plan", "GET", self.plan),
@@ -9311,7 +10491,7 @@ class App:
             status, headers, body = self._failure(environ, InternalError(
                 None if path.startswith("/api/ingest") else READ_FAILED
                 if environ.get("REQUEST_METHOD") in ("GET", "HEAD") else REQUEST_FAILED))
-        start_response(status, list(headers) + list(SECURITY_HEADERS))
+        start_response(status, list(headers) + list(self.security))
         code = int(status.split(" ", 1)[0])
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
             self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
@@ -9603,6 +10783,39 @@ class App:
         """GET /api/records: workouts, ECG recordings and events, newest first."""
         self.authenticate(environ, cookie=True)
         return self._ok(records(self.pool.get(), _query_args(environ)))
+
+    def workouts(self, environ: dict) -> tuple:
+        """GET /api/workouts: the workouts of a range, newest first, duplicates marked."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(list_workouts(conn, _query_args(environ), self.archive.tmp))
+        finally:
+            conn.execute("COMMIT")
+
+    def workout(self, environ: dict, ident: str) -> tuple:
+        """GET /api/workouts/<id>: one workout whole (its route thinned for drawing, the
+        map tiles' template when ``--map-tiles`` names one); ``<id>.gpx``: its GPX,
+        streamed."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            if ident.endswith(".gpx"):
+                found = find_workout(conn, ident[:-4], self.archive.tmp)
+                pieces = gpx_pieces(found)  # NoRoute here, before the answer starts
+                name = gpx_file_name(workout_summary(found, LOCAL_ZONE))
+            else:
+                answer = get_workout(conn, ident, _query_args(environ), self.archive.tmp,
+                                     self.config.max_heart_rate, self.config.distance_units)
+                answer["map_tiles"] = self.config.map_tiles
+                return self._ok(answer)
+        finally:
+            conn.execute("COMMIT")
+        return ("200 OK", [("Content-Type", "application/gpx+xml"),
+                           ("Content-Disposition", 'attachment; filename="%s"' % name),
+                           ("Cache-Control", "no-store")], pieces)
 
     def summary(self, environ: dict) -> tuple:
         """GET /api/summary: a day at a glance (the summary page's data)."""
@@ -12010,10 +13223,15 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
         conn.execute("BEGIN")  # one snapshot of the store
+        scratch = config.data_dir / TMP_DIR
         if args.format == "sqlite":
-            return _export_to_file(conn, args.output)
+            return _export_to_file(conn, args.output, scratch)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
+        if args.format == "gpx":
+            return _export_gpx(conn, args, scratch, out)
+        if args.workout or args.out_dir:
+            raise ConfigError("--workout and --out go with --format gpx")
         if not args.metric:  # the route's message names /api/catalog; here, the command
             raise ConfigError("--metric is required; `healthlog catalog` lists the metrics"
                               " there are (or --format sqlite OUT.db exports them all)")
@@ -12073,7 +13291,73 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     return 0
 
 
-def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
+def _export_gpx(conn: sqlite3.Connection, args: argparse.Namespace, scratch: Path,
+                out: Any) -> int:
+    """``export --format gpx``: one workout's GPX (``--workout ID``) on standard output or
+    into ``--out DIR``; or, with ``--out DIR``, one file per workout with a route whose start
+    is in ``--from``/``--to`` (a workout recorded twice: the one shown first), named by its
+    local date, time and activity (:func:`gpx_file_name`).  No file is overwritten: when
+    one of the names exists, nothing is written."""
+    try:
+        if args.workout:
+            chosen = [find_workout(conn, args.workout, scratch)]
+            skipped = ""
+        else:
+            if not args.out_dir:
+                raise ConfigError("--format gpx writes one file per workout into a folder:"
+                                  " give --out DIR (or --workout ID for one on standard"
+                                  " output)")
+            items = list_workouts(conn, {"from": args.start, "to": args.end, "tz": args.tz},
+                                  scratch, limit=None)["workouts"]
+            shown = [item for item in items if item["duplicate_of"] is None]
+            chosen = [find_workout(conn, item["id"], scratch) for item in reversed(shown)
+                      if item["has_route"]]
+            skipped = "%d without a route, %d recorded twice" % (
+                len(shown) - len(chosen), len(items) - len(shown))
+        if args.workout and not args.out_dir:
+            for piece in gpx_pieces(chosen[0]):
+                out.write(piece)
+            out.flush()
+            return 0
+    except (UnknownWorkout, NoRoute) as exc:
+        raise ConfigError(exc.message.replace("/api/workouts lists them",
+                                              "the page's workouts list names them")) from None
+    except HTTPFailure as exc:
+        raise ConfigError(exc.message) from None
+    folder = Path(args.out_dir)
+    names: list = []
+    for workout in chosen:
+        name = gpx_file_name(workout_summary(workout, LOCAL_ZONE))
+        stem, number = name[:-4], 2
+        while name in names:
+            name, number = "%s-%d.gpx" % (stem, number), number + 1
+        names.append(name)
+    taken = [name for name in names if (folder / name).exists()]
+    if taken:
+        raise ConfigError("%s exists; export writes new files only" % (folder / taken[0]))
+    folder.mkdir(parents=True, exist_ok=True)
+    for workout, name in zip(chosen, names):
+        _write_new(folder / name, gpx_pieces(workout))
+        sys.stdout.write("wrote %s\n" % (folder / name))
+    if not args.workout:
+        sys.stdout.write("%d GPX files in %s (left out: %s)\n" % (len(names), folder, skipped))
+    return 0
+
+
+def _write_new(path: Path, pieces: Iterator[bytes]) -> None:
+    """A new file of ``pieces``; a partial one is removed if writing fails."""
+    with open(str(path), "xb") as handle:
+        try:
+            for piece in pieces:
+                handle.write(piece)
+        except BaseException:
+            handle.close()
+            path.unlink()
+            raise
+
+
+def _export_to_file(conn: sqlite3.Connection, output: Optional[str],
+                    scratch: Optional[Path] = None) -> int:
     if not output:
         raise ConfigError("--format sqlite needs the file to create: healthlog export"
                           " --format sqlite OUT.db")
@@ -12081,7 +13365,7 @@ def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
     if target.exists():
         raise ConfigError("%s exists; export writes a new file" % target)
     try:
-        count = export_sqlite(conn, target)
+        count = export_sqlite(conn, target, scratch)
     except BaseException:
         with contextlib.suppress(OSError):
             target.unlink()  # never leave half an export behind
@@ -12301,6 +13585,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--notify-format", choices=("text", "json"),
                        help="text: a plain-text body with a Title header, as ntfy takes it"
                             " (default); json: one JSON object")
+    serve.add_argument("--map-tiles", metavar="URL-TEMPLATE",
+                       help="draw workout routes over map tiles from this server, such as"
+                            " https://tile.openstreetmap.org/{z}/{x}/{y}.png; only its host"
+                            " is added to the page's Content-Security-Policy (env"
+                            " HEALTHLOG_MAP_TILES; default: no tiles, nothing leaves the"
+                            " server)")
+    serve.add_argument("--max-heart-rate", metavar="BPM",
+                       help="your maximum heart rate, for heart-rate zones (env"
+                            " HEALTHLOG_MAX_HEART_RATE; default: the highest stored in the"
+                            " year before each workout)")
+    serve.add_argument("--distance-units", metavar="km|mi",
+                       help="splits, pace and speed per km or per mile (env"
+                            " HEALTHLOG_DISTANCE_UNITS; default: the units each workout's"
+                            " distance was sent in)")
 
     status = commands.add_parser("status", help="what the journal and the store hold, and what is"
                                  " late or stale")
@@ -12360,8 +13658,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tz", metavar="ZONE",
                         help="local time of days and hours: local (default: as the phone wrote"
                              " each point), a time zone such as Europe/Berlin, or an offset")
-    export.add_argument("--format", choices=("csv", "json", "sqlite"), default="json",
-                        help="json (default), csv, or sqlite (every metric, into OUT.db)")
+    export.add_argument("--format", choices=("csv", "json", "sqlite", "gpx"), default="json",
+                        help="json (default), csv, sqlite (every metric, into OUT.db), or gpx"
+                             " (workouts' routes: --workout ID, or --from/--to with --out"
+                             " DIR)")
+    export.add_argument("--workout", metavar="ID",
+                        help="with --format gpx: the workout, by the id its page and"
+                             " /api/workouts give")
+    export.add_argument("--out", dest="out_dir", metavar="DIR",
+                        help="with --format gpx: the folder to write one .gpx per workout"
+                             " into, named by local date, time and activity")
     return parser
 
 
@@ -12543,6 +13849,37 @@ DASHBOARD_HTML = r"""<!doctype html>
       <button id="records-more" type="button" hidden>More</button>
       <a id="csv" class="button">Download CSV</a>
     </p>
+  </section>
+
+  <section id="workout-view" class="panel workout-view" aria-labelledby="workout-title"
+           data-state="idle" hidden>
+    <p class="back"><a id="workout-back" href="#view=metric">&#8249; Workouts</a></p>
+    <h2 id="workout-title">Workout</h2>
+    <p id="workout-meta" class="meta"></p>
+    <ul id="workout-notes" class="workout-notes"></ul>
+    <dl id="workout-figures" class="workout-figures"></dl>
+    <section id="part-route" class="workout-part" aria-labelledby="route-title" hidden>
+      <div class="panel-head">
+        <h3 id="route-title">Route</h3>
+        <a id="workout-gpx" class="button" download hidden>Download GPX</a>
+      </div>
+      <div id="workout-map" class="workout-map"></div>
+      <p id="route-legend" class="legend route-legend"></p>
+    </section>
+    <section id="part-heart" class="workout-part" aria-labelledby="heart-title" hidden>
+      <h3 id="heart-title">Heart rate</h3>
+      <div id="workout-heart" class="workout-chart"></div>
+      <p id="zone-rule" class="meta"></p>
+      <table id="workout-zones" class="list zones"></table>
+    </section>
+    <section id="part-splits" class="workout-part" aria-labelledby="splits-title" hidden>
+      <h3 id="splits-title">Splits</h3>
+      <table id="workout-splits" class="list splits"></table>
+    </section>
+    <section id="part-elevation" class="workout-part" aria-labelledby="elevation-title" hidden>
+      <h3 id="elevation-title">Elevation</h3>
+      <div id="workout-elevation" class="workout-chart"></div>
+    </section>
   </section>
 
   <section id="journal-panel" class="panel" aria-labelledby="journal-title" hidden>
@@ -12858,6 +14195,11 @@ main {
   display: block; width: 100%; text-align: left; border: 0; padding: 0; min-height: 0;
   background: none;
 }
+a.rec-pick { color: inherit; text-decoration: none; }
+a.rec-pick:hover .rec-name, a.rec-pick:focus-visible .rec-name { color: var(--accent);
+  text-decoration: underline; }
+.rec-also { margin: 0.3rem 0 0; font-size: 0.85rem; color: var(--muted); }
+.item-also { color: var(--muted); font-size: 0.85rem; }
 .timeline .day h3 { font-size: 0.95rem; margin: 0.9rem 0 0.2rem; }
 .timeline .record-list { grid-template-columns: 1fr; margin-top: 0.3rem; }
 .timeline .record { display: flex; gap: 0.8rem; align-items: baseline; }
@@ -13029,6 +14371,62 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
   color: var(--muted); }
 .trend-figures .num { color: var(--text); font-variant-numeric: tabular-nums; }
 
+/* ---- one workout ------------------------------------------------------------ */
+
+:root {
+  --r0: #2b6cb0; --r1: #2f9e8f; --r2: #8bb32b; --r3: #e0a020; --r4: #d9480f;
+  --zone: rgba(217, 72, 15, 0.06);
+}
+.back { margin: 0 0 0.3rem; font-size: 0.9rem; }
+.back a { text-decoration: none; }
+.workout-view h3 { font-size: 1rem; margin: 0; }
+.workout-part { margin-top: 1.1rem; min-width: 0; }
+.workout-notes { list-style: none; margin: 0.3rem 0; padding: 0; display: grid; gap: 0.3rem;
+  overflow-wrap: anywhere; }
+.workout-notes li { border-left: 3px solid var(--warn); padding: 0.2rem 0.6rem; }
+.workout-notes li.duplicate { border-left-color: var(--accent); }
+.workout-figures { display: grid; gap: 0.5rem 1rem; margin: 0.6rem 0 0;
+  grid-template-columns: repeat(auto-fill, minmax(9.5rem, 1fr)); }
+.figure { min-width: 0; }
+.figure dt { color: var(--muted); font-size: 0.82rem; }
+.figure dd { margin: 0; font-size: 1.25rem; font-weight: 600; font-variant-numeric: tabular-nums;
+  overflow-wrap: anywhere; }
+.figure-note { font-size: 0.75rem; font-weight: 400; color: var(--muted); }
+.workout-map { margin-top: 0.4rem; border: 1px solid var(--line); border-radius: 8px;
+  overflow: hidden; background: var(--bg); }
+.route-map { display: block; width: 100%; height: auto; }
+.route-line { fill: none; stroke-width: 3.5; stroke-linejoin: round; stroke-linecap: round; }
+.route-0 { stroke: var(--r0); } .swatch.route-0 { background: var(--r0); }
+.route-1 { stroke: var(--r1); } .swatch.route-1 { background: var(--r1); }
+.route-2 { stroke: var(--r2); } .swatch.route-2 { background: var(--r2); }
+.route-3 { stroke: var(--r3); } .swatch.route-3 { background: var(--r3); }
+.route-4 { stroke: var(--r4); } .swatch.route-4 { background: var(--r4); }
+.route-none { stroke: var(--muted); }
+.route-start { fill: var(--ok); stroke: var(--panel); stroke-width: 2; }
+.route-finish { fill: var(--text); stroke: var(--panel); stroke-width: 2; }
+.scale-bar line { stroke: var(--text); stroke-width: 2; }
+.scale-bar text, .tile-credit { fill: var(--text); font-size: 11px; }
+.tile-credit { text-anchor: end; }
+.route-legend { margin-top: 0.4rem; font-size: 0.85rem; align-items: center; }
+.route-colour { display: inline-flex; }
+.route-colour button { border-radius: 0; min-height: 1.9rem; padding: 0.15rem 0.5rem;
+  font-size: 0.85rem; }
+.route-colour button:first-child { border-radius: 8px 0 0 8px; }
+.route-colour button:last-child { border-radius: 0 8px 8px 0; margin-left: -1px; }
+.route-colour button.active { background: var(--accent); color: var(--accent-text);
+  border-color: var(--accent); }
+.workout-chart svg { display: block; width: 100%; height: auto; }
+.zone-band { fill: var(--zone); }
+.zone-band.zone-2, .zone-band.zone-4 { fill: transparent; }
+.series.recovery { stroke: var(--muted); stroke-dasharray: 4 3; }
+.swatch.recovery-swatch { background: var(--muted); }
+.end-mark { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 2 3; }
+.end-label { fill: var(--muted); font-size: 11px; }
+.elevation-area { fill: var(--band); stroke: none; }
+table.zones, table.splits { margin-top: 0.4rem; table-layout: fixed; }
+.zones th, .zones td, .splits th, .splits td { white-space: normal; overflow-wrap: anywhere;
+  padding: 0.3rem 0.35rem; }
+
 /* ---- sign-in page --------------------------------------------------------- */
 
 body.login { display: flex; min-height: 100vh; align-items: center; justify-content: center; }
@@ -13115,8 +14513,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
-  const RECORDS_MAX_PAGES = 50;
   const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
   const JOURNAL_PAGE = 20;
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
@@ -13536,11 +14932,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   /** Workout minutes per slot of a date axis, from the items' own duration and date:
-   *  {date: {minutes, count}}; weeks add up on their Monday. */
+   *  {date: {minutes, count}}; weeks add up on their Monday; a workout recorded twice
+   *  (``duplicate_of``, the server's mark) counts once. */
   function workoutMinutes(items, bucket) {
     const out = {};
     items.forEach(function (w) {
-      if (!isDate(w.date) || typeof w.duration_s !== 'number') return;
+      if (w.duplicate_of || !isDate(w.date) || typeof w.duration_s !== 'number') return;
       const key = bucket === 'week' ? mondayOf(w.date) : w.date;
       const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
       slot.minutes += w.duration_s / 60;
@@ -13700,6 +15097,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     custom: null, // {from, to}: dates, both shown
     tz: 'local',
     ecg: null, // the start of the chosen ECG recording
+    workout: { token: 0, controller: null, data: null, colour: 'speed' }, // #view=workout
     token: 0, // every view load takes a number; a reply to an older one is dropped
     controller: null,
     shown: null, // what the chart shows, for redrawing on resize
@@ -13717,7 +15115,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
     const out = {};
     const keys = ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to',
-      'recording']; // recording: the ECG recording shown, by its start
+      'recording', 'id']; // recording: the ECG recording shown, by its start; id: a workout
     keys.forEach(function (k) {
       const v = params.get(k);
       if (v) out[k] = v;
@@ -13987,9 +15385,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         state.layerRead = data.layer || null;
         fillLayers();
       } else if (kind === 'workouts') {
-        const items = await allRecords(params, controller.signal);
+        const data = await getJSON(query('/api/workouts', {
+          from: plan.from, to: plan.to, tz: state.tz,
+        }), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: items };
+        view = { kind: kind, metric: metric, plan: plan, items: data.workouts || [],
+          truncated: data.truncated };
       } else {
         const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
           params)), controller.signal);
@@ -14021,20 +15422,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     csv.href = query('/api/points', csvParams);
     csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
-  }
-
-  async function allRecords(params, signal) {
-    const items = [];
-    let before = null;
-    for (let page = 0; page < RECORDS_MAX_PAGES; page++) {
-      const data = await getJSON(query('/api/records', Object.assign({
-        limit: RECORDS_PAGE, before: before,
-      }, params)), signal);
-      (data.items || []).forEach(function (item) { items.push(item); });
-      before = data.next_before;
-      if (!before) break;
-    }
-    return items;
   }
 
   function draw(view) {
@@ -14687,8 +16074,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     root.appendChild(data);
     panel.appendChild(root);
     let minutes = 0;
-    buckets.forEach(function (b) { minutes += b.minutes; });
-    wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
+    let count = 0;
+    buckets.forEach(function (b) { minutes += b.minutes; count += b.count; });
+    wireReadout(root, g, marks, count + (count === 1 ? ' workout' : ' workouts') +
       ' · ' + formatSeconds(minutes * 60) + ' in all');
   }
 
@@ -14703,30 +16091,50 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     list.appendChild(item);
   }
 
+  /** The workouts of the range, each opening its own page; one recorded twice is listed
+   *  once, as the one the server shows first, the other named on it. */
   function drawWorkoutList(box, items) {
     if (!items.length) return;
     const list = el('ol', 'record-list workouts');
     items.forEach(function (w) {
+      if (w.duplicate_of) return;
       const li = el('li', 'record workout');
       setData(li, {
-        date: w.date, local: w.local_start, start: w.start, durationS: w.duration_s,
+        id: w.id, date: w.date, local: w.local_start, start: w.start, durationS: w.duration_s,
         energy: w.energy ? w.energy.qty : null, energyUnits: w.energy ? w.energy.units : null,
         distance: w.distance ? w.distance.qty : null,
         distanceUnits: w.distance ? w.distance.units : null, version: w.version,
+        route: w.has_route ? w.route_points : null, duplicates: w.duplicates.length || null,
       });
-      const head = el('div', 'rec-head');
+      const pick = el('a', 'rec-pick');
+      pick.href = workoutHash(w.id);
+      const head = el('span', 'rec-head');
       head.appendChild(el('span', 'rec-name', w.name || 'Workout'));
       head.appendChild(el('span', 'rec-when', formatLocal(w.local_start)));
-      li.appendChild(head);
+      pick.appendChild(head);
       const dl = el('dl', 'rec-fields');
       addField(dl, 'Duration', formatSeconds(w.duration_s));
       addField(dl, 'Energy', quantityText(w.energy));
       addField(dl, 'Distance', quantityText(w.distance));
       if (w.average_heart_rate) addField(dl, 'Heart rate', quantityText(w.average_heart_rate));
       if (w.location) addField(dl, 'Where', w.location);
-      li.appendChild(dl);
+      if (w.has_route) addField(dl, 'Route', formatCount(w.route_points) + ' points');
+      pick.appendChild(dl);
+      li.appendChild(pick);
+      w.duplicates.forEach(function (d) {
+        const also = el('p', 'rec-also');
+        also.appendChild(document.createTextNode('Also recorded: '));
+        const a = el('a', null, (d.name || 'Workout') + (d.source ? ' (' + d.source + ')' : ''));
+        a.href = workoutHash(d.id);
+        also.appendChild(a);
+        li.appendChild(also);
+      });
       list.appendChild(li);
     });
+    if (state.shown && state.shown.truncated) {
+      box.appendChild(el('p', 'meta', 'The newest workouts of the range; choose a shorter' +
+        ' range for the others.'));
+    }
     box.appendChild(list);
   }
 
@@ -15262,31 +16670,42 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
    *  the link to their view, {metric, from, to}, that the server made). */
   function workoutsCard(items, day, group) {
     const link = group.link;
-    const node = cardShell('workouts-card wide', link, group.title + ', ' +
-      formatDate(link.from, 'short') + ' – ' + formatDate(link.to, 'short'));
+    // a card of links (each workout opens its page): the title links to the list
+    const node = el('div', 'card workouts-card wide');
+    const title = el('a', 'card-name', group.title + ', ' + formatDate(link.from, 'short') +
+      ' – ' + formatDate(link.to, 'short'));
+    title.href = linkHash(link, state.tz);
+    node.appendChild(title);
+    const shown = items.filter(function (w) { return !w.duplicate_of; });
     let seconds = 0;
-    items.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
+    shown.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
     setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
     const value = el('span', 'card-value');
-    value.appendChild(el('span', 'num', formatCount(items.length)));
+    value.appendChild(el('span', 'num', formatCount(shown.length)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', 'workout' + (items.length === 1 ? '' : 's') +
+    value.appendChild(el('span', 'card-units', 'workout' + (shown.length === 1 ? '' : 's') +
       ', ' + formatSeconds(seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
-    items.forEach(function (w) {
+    shown.forEach(function (w) {
       const li = el('li', 'workout-item');
       setData(li, {
-        start: w.start, local: w.local_start, date: w.date, name: w.name,
+        id: w.id, start: w.start, local: w.local_start, date: w.date, name: w.name,
         durationS: w.duration_s, energy: w.energy ? w.energy.qty : null,
         energyUnits: w.energy ? w.energy.units : null,
       });
       const p = splitLocal(w.local_start);
-      li.appendChild(el('span', 'item-name', w.name || 'Workout'));
+      const a = el('a', 'item-name', w.name || 'Workout');
+      a.href = workoutHash(w.id);
+      li.appendChild(a);
       li.appendChild(el('span', 'item-when', p ? formatDate(p.date, 'weekday') + ' ' +
         formatDate(p.date, 'short') + ', ' + p.time : w.local_start));
       li.appendChild(el('span', 'item-figure num', formatSeconds(w.duration_s)));
       li.appendChild(el('span', 'item-figure num', quantityText(w.energy)));
+      if ((w.duplicates || []).length) {
+        li.appendChild(el('span', 'item-also', 'also recorded by ' + w.duplicates.map(
+          function (d) { return d.source || d.name || 'another app'; }).join(', ')));
+      }
       list.appendChild(li);
     });
     node.appendChild(list);
@@ -15612,6 +17031,515 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   // ---------------------------------------------------------------------------------
+  // One workout: its figures, route, heart rate, splits and elevation (#view=workout)
+  // ---------------------------------------------------------------------------------
+  // Everything it shows is in /api/workouts/<id>'s answer: the figures with their labels
+  // and units, the route already thinned with its bounds, the zones and their rule, the
+  // splits and their unit. The page projects, scales and colours; it decides no figure.
+
+  const ROUTE_STEPS = 5; // colours of the route, slow to fast (or low to high heart rate)
+  const MAP_WORLD_M = 40075016.686; // the equator's length on Web Mercator's sphere
+  const TILE_PX = 256;
+  const TILES_MAX = 64;
+
+  /** Seconds as a clock: "32:05", or "1:02:05" from an hour on. */
+  function formatClock(seconds) {
+    if (!isNumber(seconds) || seconds < 0) return '–';
+    const whole = Math.round(seconds);
+    const h = Math.floor(whole / 3600);
+    const m = Math.floor(whole % 3600 / 60);
+    const s = whole % 60;
+    return (h ? h + ':' + pad(m) : String(m)) + ':' + pad(s);
+  }
+
+  /** A figure of the workout page as the server describes it: a clock, a pace (m:ss per
+   *  unit) or a number, with its units as the server shows them. */
+  function figureText(f) {
+    if (!f || !isNumber(f.value)) return '–';
+    if (f.shown === 'duration') return formatClock(f.value);
+    if (f.shown === 'pace') return formatClock(f.value) + ' ' + (f.unit_label || '');
+    return formatNumber(f.value, isNumber(f.digits) ? f.digits : undefined) +
+      unitText(f.unit_label, f.units);
+  }
+
+  /** Web Mercator of a position, the world being 1 × 1 (x east from 180° W, y south from
+   *  85.05° N). Pure. */
+  function mercator(lat, lon) {
+    const phi = Math.max(-85.05112878, Math.min(85.05112878, lat)) * Math.PI / 180;
+    return [(lon + 180) / 360,
+      (1 - Math.log(Math.tan(phi) + 1 / Math.cos(phi)) / Math.PI) / 2];
+  }
+
+  /** How a route's bounds fit a width × height box with ``inset`` pixels all round: the
+   *  pixels per world unit and the world position of the box's top left corner. Pure. */
+  function routeFit(bounds, width, height, inset) {
+    const nw = mercator(bounds.north, bounds.west);
+    const se = mercator(bounds.south, bounds.east);
+    const spanX = Math.max(se[0] - nw[0], 1e-9);
+    const spanY = Math.max(se[1] - nw[1], 1e-9);
+    const scale = Math.min((width - 2 * inset) / spanX, (height - 2 * inset) / spanY, 2e8);
+    return {
+      scale: scale,
+      x0: (nw[0] + se[0]) / 2 - width / 2 / scale,
+      y0: (nw[1] + se[1]) / 2 - height / 2 / scale,
+      width: width, height: height,
+    };
+  }
+
+  function project(fit, lat, lon) {
+    const m = mercator(lat, lon);
+    return [(m[0] - fit.x0) * fit.scale, (m[1] - fit.y0) * fit.scale];
+  }
+
+  /** A scale bar of at most ``room`` pixels at the latitude shown: the longest round
+   *  length (1, 2 or 5 times a power of ten) of the owner's distance unit, or of the short
+   *  unit under one of those. Pure. */
+  function scaleBar(fit, lat, room, units) {
+    const metersPerPx = MAP_WORLD_M * Math.cos(lat * Math.PI / 180) / fit.scale;
+    const most = metersPerPx * room;
+    const unit = most >= units.distance.meters ? units.distance : units.short;
+    const inUnits = most / unit.meters;
+    const mag = Math.pow(10, Math.floor(Math.log10(inUnits)));
+    const step = [5, 2, 1].map(function (k) { return k * mag; })
+      .filter(function (v) { return v <= inUnits; })[0] || mag;
+    return { px: step * unit.meters / metersPerPx, label: formatNumber(step) + ' ' + unit.label,
+      meters: step * unit.meters };
+  }
+
+  /** The class (0 … ROUTE_STEPS-1) of each value by the quantiles of those present, and
+   *  the bounds of each class; null values stay null. Pure. */
+  function routeSteps(values) {
+    const present = values.filter(isNumber).sort(function (a, b) { return a - b; });
+    if (!present.length) return { classes: values.map(function () { return null; }), cuts: [] };
+    const cuts = [];
+    for (let k = 1; k < ROUTE_STEPS; k++) {
+      const at = Math.floor(present.length * k / ROUTE_STEPS);
+      cuts.push(present[Math.min(present.length - 1, at)]);
+    }
+    const classes = values.map(function (v) {
+      if (!isNumber(v)) return null;
+      let c = 0;
+      while (c < cuts.length && v >= cuts[c]) c += 1;
+      return c;
+    });
+    return { classes: classes, cuts: [present[0]].concat(cuts, [present[present.length - 1]]) };
+  }
+
+  /** The tiles under a fitted map at the zoom whose tiles are 256 to 512 pixels wide:
+   *  [{z, x, y, px, py, size}]; none above TILES_MAX. Pure. */
+  function mapTiles(fit) {
+    const z = Math.max(0, Math.min(19, Math.floor(Math.log2(fit.scale / TILE_PX))));
+    const n = Math.pow(2, z);
+    const size = fit.scale / n;
+    const x1 = Math.floor(fit.x0 * n);
+    const y1 = Math.floor(fit.y0 * n);
+    const x2 = Math.floor((fit.x0 + fit.width / fit.scale) * n);
+    const y2 = Math.floor((fit.y0 + fit.height / fit.scale) * n);
+    const out = [];
+    for (let x = x1; x <= x2; x++) {
+      for (let y = Math.max(0, y1); y <= Math.min(n - 1, y2); y++) {
+        out.push({ z: z, x: ((x % n) + n) % n, y: y, px: (x / n - fit.x0) * fit.scale,
+          py: (y / n - fit.y0) * fit.scale, size: size });
+      }
+    }
+    return out.length > TILES_MAX ? [] : out;
+  }
+
+  async function showWorkout(id) {
+    const box = $('workout-view');
+    const w = state.workout;
+    if (w.controller) w.controller.abort();
+    const controller = new AbortController();
+    w.controller = controller;
+    const token = ++w.token;
+    box.dataset.state = 'loading';
+    box.dataset.id = id;
+    let data;
+    try {
+      data = await getJSON(query('/api/workouts/' + encodeURIComponent(id), { tz: state.tz }),
+        controller.signal);
+    } catch (err) {
+      if (token !== w.token || (err && err.name === 'AbortError')) return;
+      clearWorkout();
+      $('workout-title').textContent = 'Workout';
+      $('workout-meta').textContent = 'Could not load this workout: ' + err.message;
+      box.dataset.state = 'error';
+      return;
+    }
+    if (token !== w.token) return;
+    w.data = data;
+    drawWorkout(data);
+    box.dataset.state = 'ready';
+  }
+
+  function clearWorkout() {
+    ['workout-notes', 'workout-figures', 'workout-map', 'workout-heart', 'workout-zones',
+      'workout-splits', 'workout-elevation', 'route-legend'].forEach(function (k) {
+      clear($(k));
+    });
+    ['part-route', 'part-heart', 'part-splits', 'part-elevation'].forEach(function (k) {
+      $(k).hidden = true;
+    });
+    $('workout-gpx').hidden = true;
+  }
+
+  function drawWorkout(data) {
+    clearWorkout();
+    const wk = data.workout;
+    $('workout-title').textContent = wk.name || 'Workout';
+    $('workout-meta').textContent = formatLocal(wk.local_start) + ' – ' +
+      (splitLocal(wk.local_end) || {}).time + ' · ' + zoneText();
+    $('workout-back').href = linkHash(data.link, state.tz);
+    drawWorkoutNotes(data);
+    drawFigures($('workout-figures'), data.figures);
+    if (data.route) {
+      $('part-route').hidden = false;
+      const gpx = $('workout-gpx');
+      gpx.href = data.route.gpx;
+      gpx.hidden = false;
+      drawRouteMap(data);
+    }
+    const heart = data.heart_rate;
+    if (heart.session.length || heart.recovery.length) {
+      $('part-heart').hidden = false;
+      drawHeart($('workout-heart'), heart);
+      drawZones(heart.zones);
+    }
+    if (data.splits && data.splits.rows.length) {
+      $('part-splits').hidden = false;
+      drawSplits($('workout-splits'), data.splits);
+    }
+    if (data.elevation && data.elevation.profile.length > 1) {
+      $('part-elevation').hidden = false;
+      drawElevation($('workout-elevation'), data.elevation, data.units);
+    }
+  }
+
+  function drawWorkoutNotes(data) {
+    const list = $('workout-notes');
+    const wk = data.workout;
+    (data.notes || []).forEach(function (text) { list.appendChild(el('li', 'note', text)); });
+    const other = function (d, lead) {
+      const li = el('li', 'duplicate');
+      li.appendChild(document.createTextNode(lead));
+      const a = el('a', null, (d.name || 'Workout') + ', ' + formatLocal(d.local_start) +
+        (d.source ? ' (' + d.source + ')' : ''));
+      a.href = workoutHash(d.id);
+      li.appendChild(a);
+      list.appendChild(li);
+    };
+    (wk.duplicates || []).forEach(function (d) { other(d, 'Also recorded: '); });
+    if (wk.shown_first) other(wk.shown_first, 'Recorded twice, counted once as ');
+  }
+
+  function workoutHash(id) {
+    const params = new URLSearchParams();
+    params.set('view', 'workout');
+    params.set('id', id);
+    if (state.tz !== 'local') params.set('tz', state.tz);
+    return '#' + params.toString();
+  }
+
+  function drawFigures(box, figures) {
+    figures.forEach(function (f) {
+      const item = el('div', 'figure');
+      setData(item, { key: f.key, value: f.value, units: f.units, shown: f.shown });
+      item.appendChild(el('dt', null, f.label));
+      const dd = el('dd', 'num', figureText(f));
+      if (f.note) dd.appendChild(el('span', 'figure-note', ' ' + f.note));
+      item.appendChild(dd);
+      box.appendChild(item);
+    });
+  }
+
+  function routeColourValues(track, by) {
+    return track.drawn.map(function (p) { return by === 'hr' ? p[6] : p[5]; });
+  }
+
+  function drawRouteMap(data) {
+    const track = data.route;
+    const box = $('workout-map');
+    clear(box);
+    const width = Math.max(260, box.clientWidth || 600);
+    const height = Math.round(Math.max(220, Math.min(520, width * 0.62)));
+    const fit = routeFit(track.bounds, width, height, 16);
+    const root = svg('svg', {
+      viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img',
+      class: 'route-map', 'aria-label': 'The route on a map, ' + formatNumber(track.points,
+        0) + ' points',
+    });
+    setData(root, { scale: fit.scale, x0: fit.x0, y0: fit.y0, width: width, height: height,
+      points: track.points, drawn: track.drawn.length });
+    if (data.map_tiles) {
+      const layer = svg('g', { class: 'tiles' });
+      mapTiles(fit).forEach(function (t) {
+        layer.appendChild(svg('image', {
+          href: data.map_tiles.replace('{z}', t.z).replace('{x}', t.x).replace('{y}', t.y),
+          x: t.px.toFixed(1), y: t.py.toFixed(1), width: t.size.toFixed(1),
+          height: t.size.toFixed(1), preserveAspectRatio: 'none',
+        }));
+      });
+      root.appendChild(layer);
+    }
+    const hasHeart = track.drawn.some(function (p) { return isNumber(p[6]); });
+    const by = state.workout.colour === 'hr' && hasHeart ? 'hr' : 'speed';
+    const steps = routeSteps(routeColourValues(track, by));
+    const points = track.drawn.map(function (p) { return project(fit, p[1], p[2]); });
+    const lines = svg('g', { class: 'route-lines' });
+    let current = null;
+    for (let k = 1; k < points.length; k++) {
+      const c = steps.classes[k];
+      const cls = 'route-line ' + (c === null ? 'route-none' : 'route-' + c);
+      if (!current || current.cls !== cls) {
+        current = { cls: cls, pts: [points[k - 1]] };
+        lines.appendChild(current.node = svg('polyline', { class: cls }));
+      }
+      current.pts.push(points[k]);
+      current.node.setAttribute('points', current.pts.map(function (q) {
+        return q[0].toFixed(1) + ',' + q[1].toFixed(1);
+      }).join(' '));
+    }
+    root.appendChild(lines);
+    const first = points[0];
+    const last = points[points.length - 1];
+    root.appendChild(svg('circle', { class: 'route-start', cx: first[0].toFixed(1),
+      cy: first[1].toFixed(1), r: 6 }, undefined));
+    root.appendChild(svg('rect', { class: 'route-finish', x: (last[0] - 5).toFixed(1),
+      y: (last[1] - 5).toFixed(1), width: 10, height: 10 }));
+    const bar = scaleBar(fit, (track.bounds.north + track.bounds.south) / 2, width / 4,
+      data.units);
+    const g = svg('g', { class: 'scale-bar' });
+    setData(g, { meters: bar.meters, px: bar.px });
+    g.appendChild(svg('line', { x1: 12, x2: (12 + bar.px).toFixed(1), y1: height - 12,
+      y2: height - 12 }));
+    g.appendChild(svg('text', { x: 12, y: height - 18 }, bar.label));
+    root.appendChild(g);
+    if (data.map_tiles) {
+      root.appendChild(svg('text', { class: 'tile-credit', x: width - 6, y: height - 6 },
+        'Tiles: ' + tileHost(data.map_tiles)));
+    }
+    box.appendChild(root);
+    drawRouteLegend(track, by, steps, hasHeart, data.units);
+  }
+
+  /** A workout page drawn again when the window's width changes (its map and charts are
+   *  drawn for the width they have). */
+  function wireWorkoutResize() {
+    let timer = null;
+    let lastWidth = document.documentElement.clientWidth;
+    window.addEventListener('resize', function () {
+      clearTimeout(timer);
+      timer = setTimeout(function () {
+        const width = document.documentElement.clientWidth;
+        if (width === lastWidth || state.view !== 'workout' || !state.workout.data) return;
+        lastWidth = width;
+        drawWorkout(state.workout.data);
+      }, 150);
+    });
+  }
+
+  function tileHost(template) {
+    const m = /^[a-z]+:\/\/([^/]+)/.exec(template);
+    return m ? m[1] : template;
+  }
+
+  function drawRouteLegend(track, by, steps, hasHeart, units) {
+    const legend = $('route-legend');
+    clear(legend);
+    const pick = el('span', 'route-colour');
+    [['speed', 'Speed'], ['hr', 'Heart rate']].forEach(function (choice) {
+      const b = el('button', by === choice[0] ? 'active' : null, choice[1]);
+      b.type = 'button';
+      b.dataset.colour = choice[0];
+      b.setAttribute('aria-pressed', by === choice[0] ? 'true' : 'false');
+      b.disabled = choice[0] === 'hr' && !hasHeart;
+      b.addEventListener('click', function () {
+        state.workout.colour = choice[0];
+        if (state.workout.data) drawRouteMap(state.workout.data);
+      });
+      pick.appendChild(b);
+    });
+    legend.appendChild(pick);
+    const cuts = steps.cuts;
+    const text = function (v) {
+      return by === 'hr' ? formatCount(v) : formatNumber(v * 3600 / units.distance.meters);
+    };
+    for (let c = 0; c + 1 < cuts.length; c++) {
+      const item = el('span', 'legend-item');
+      item.appendChild(el('span', 'swatch route-' + c));
+      item.appendChild(document.createTextNode(text(cuts[c]) + '–' + text(cuts[c + 1])));
+      legend.appendChild(item);
+    }
+    if (cuts.length) {
+      legend.appendChild(el('span', 'units', by === 'hr' ? 'bpm' : units.speed.label));
+    }
+    legend.appendChild(el('span', 'meta', ' · ' + formatNumber(track.points, 0) +
+      ' points, ' + formatNumber(track.drawn.length, 0) + ' drawn'));
+  }
+
+  /** A small chart frame of its own: x in seconds, y in values. */
+  function plainFrame(box, xLo, xHi, yLo, yHi, label) {
+    const width = Math.max(260, box.clientWidth || 600);
+    const height = 200;
+    const margin = { top: 10, right: 10, bottom: 26, left: 40 };
+    const plotW = width - margin.left - margin.right;
+    const plotH = height - margin.top - margin.bottom;
+    const yTicks = niceTicks(yLo, yHi, 4);
+    const lo = Math.min(yLo, yTicks[0]);
+    const hi = Math.max(yHi, yTicks[yTicks.length - 1]);
+    const g = {
+      width: width, height: height, margin: margin, plotW: plotW, plotH: plotH,
+      x: function (v) { return margin.left + (xHi > xLo ? (v - xLo) / (xHi - xLo) : 0) * plotW; },
+      y: function (v) { return margin.top + (hi > lo ? (hi - v) / (hi - lo) : 0.5) * plotH; },
+    };
+    const root = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, width: '100%',
+      role: 'img', 'aria-label': label });
+    const grid = svg('g', { class: 'grid' });
+    yTicks.forEach(function (t) {
+      if (t < lo || t > hi) return;
+      grid.appendChild(svg('line', { x1: margin.left, x2: width - margin.right,
+        y1: g.y(t).toFixed(1), y2: g.y(t).toFixed(1) }));
+      grid.appendChild(svg('text', { class: 'ylabel', x: margin.left - 4,
+        y: (g.y(t) + 4).toFixed(1) }, formatTick(t, yTicks[1] - yTicks[0])));
+    });
+    root.appendChild(grid);
+    box.appendChild(root);
+    return { g: g, root: root, grid: grid };
+  }
+
+  function timeTicks(grid, g, xLo, xHi) {
+    const ticks = niceTicks(xLo / 60, xHi / 60, 5);
+    ticks.forEach(function (t) {
+      if (t * 60 < xLo || t * 60 > xHi) return;
+      grid.appendChild(svg('text', { class: 'xlabel', x: g.x(t * 60).toFixed(1),
+        y: g.height - 8 }, formatClock(t * 60)));
+    });
+  }
+
+  function drawHeart(box, heart) {
+    const all = heart.session.concat(heart.recovery);
+    const end = heart.end_s;
+    let yLo = Infinity;
+    let yHi = -Infinity;
+    all.forEach(function (s) { yLo = Math.min(yLo, s[2]); yHi = Math.max(yHi, s[3]); });
+    const xHi = Math.max(end, all.length ? all[all.length - 1][0] : end);
+    const f = plainFrame(box, 0, xHi, yLo, yHi, 'Heart rate during the workout and after it');
+    const g = f.g;
+    const zones = heart.zones ? heart.zones.zones : [];
+    zones.forEach(function (z) {
+      if (!z.zone) return;
+      const top = g.y(isNumber(z.high) ? Math.min(z.high, yHi) : yHi);
+      const bottom = g.y(Math.max(z.low, yLo));
+      if (!(bottom > top)) return;
+      f.root.insertBefore(svg('rect', { class: 'zone-band zone-' + z.zone, x: g.margin.left,
+        y: top.toFixed(1), width: g.plotW, height: (bottom - top).toFixed(1) }), f.grid);
+    });
+    timeTicks(f.grid, g, 0, xHi);
+    const line = function (samples, cls) {
+      if (!samples.length) return;
+      f.root.appendChild(svg('polyline', { class: cls, points: samples.map(function (s) {
+        return g.x(s[0]).toFixed(1) + ',' + g.y(s[1]).toFixed(1);
+      }).join(' ') }));
+    };
+    line(heart.session, 'series s1 heart-session');
+    line(heart.recovery, 'series recovery');
+    f.root.appendChild(svg('line', { class: 'end-mark', x1: g.x(end).toFixed(1),
+      x2: g.x(end).toFixed(1), y1: g.margin.top, y2: g.margin.top + g.plotH }));
+    f.root.appendChild(svg('text', { class: 'end-label', x: (g.x(end) + 3).toFixed(1),
+      y: g.margin.top + 10 }, 'end'));
+    setData(f.root, { session: heart.session.length, recovery: heart.recovery.length,
+      state: heart.state });
+    const legend = el('p', 'legend');
+    [['s1', 'during the workout', heart.session.length],
+      ['recovery-swatch', 'recovery, after the end', heart.recovery.length]]
+      .forEach(function (l) {
+        if (!l[2]) return;
+        const item = el('span', 'legend-item');
+        item.appendChild(el('span', 'swatch ' + l[0]));
+        item.appendChild(document.createTextNode(l[1]));
+        legend.appendChild(item);
+      });
+    box.appendChild(legend);
+  }
+
+  function drawZones(zones) {
+    const table = $('workout-zones');
+    const rule = $('zone-rule');
+    rule.textContent = zones ? zones.words : '';
+    if (!zones) return;
+    let total = 0;
+    zones.zones.forEach(function (z) { total += z.seconds; });
+    const head = el('tr');
+    ['Zone', 'Heart rate', 'Time', 'Share'].forEach(function (t) {
+      head.appendChild(el('th', null, t));
+    });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = table.appendChild(el('tbody'));
+    zones.zones.forEach(function (z) {
+      const tr = el('tr', 'zone-row');
+      setData(tr, { zone: z.zone, seconds: z.seconds, low: z.low, high: z.high });
+      tr.appendChild(el('td', null, z.label));
+      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' bpm'
+        : z.high === null ? formatCount(z.low) + ' bpm and over'
+          : formatCount(z.low) + '–' + formatCount(z.high) + ' bpm'));
+      tr.appendChild(el('td', 'num', formatClock(z.seconds)));
+      tr.appendChild(el('td', 'num', total ? formatNumber(100 * z.seconds / total, 0) + ' %'
+        : '–'));
+      body.appendChild(tr);
+    });
+  }
+
+  function drawSplits(table, splits) {
+    const speed = splits.shown === 'speed';
+    const head = el('tr');
+    [splits.unit.label, 'Time', speed ? 'Speed' : 'Pace', 'Heart rate']
+      .forEach(function (t) { head.appendChild(el('th', null, t)); });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = table.appendChild(el('tbody'));
+    splits.rows.forEach(function (r) {
+      const tr = el('tr', 'split-row');
+      setData(tr, { split: r.split, meters: r.meters, seconds: r.seconds, pace: r.pace_s,
+        speed: r.speed, heart: r.average_heart_rate });
+      const whole = Math.abs(r.meters - splits.unit.meters) < 1e-6;
+      tr.appendChild(el('td', null, whole ? String(r.split)
+        : formatNumber(r.meters / splits.unit.meters) + ' ' + splits.unit.label));
+      tr.appendChild(el('td', 'num', formatClock(r.seconds)));
+      tr.appendChild(el('td', 'num', speed ? formatNumber(r.speed) + ' ' + splits.speed_label
+        : formatClock(r.pace_s) + ' ' + splits.pace_label));
+      tr.appendChild(el('td', 'num', isNumber(r.average_heart_rate)
+        ? formatCount(r.average_heart_rate) + ' bpm' : '–'));
+      body.appendChild(tr);
+    });
+  }
+
+  function drawElevation(box, elevation, units) {
+    const profile = elevation.profile;
+    let lo = Infinity;
+    let hi = -Infinity;
+    profile.forEach(function (p) { lo = Math.min(lo, p[1]); hi = Math.max(hi, p[1]); });
+    const size = elevation.meters;
+    const xHi = profile[profile.length - 1][0];
+    const f = plainFrame(box, 0, xHi, lo / size, hi / size, 'Altitude along the route');
+    const g = f.g;
+    const ticks = niceTicks(0, xHi / units.distance.meters, 5);
+    ticks.forEach(function (t) {
+      if (t * units.distance.meters > xHi) return;
+      f.grid.appendChild(svg('text', { class: 'xlabel', x: g.x(t * units.distance.meters)
+        .toFixed(1), y: g.height - 8 }, formatNumber(t) + ' ' + units.distance.label));
+    });
+    const bottom = g.margin.top + g.plotH;
+    const pts = profile.map(function (p) {
+      return g.x(p[0]).toFixed(1) + ',' + g.y(p[1] / size).toFixed(1);
+    });
+    f.root.appendChild(svg('polygon', { class: 'elevation-area', points: g.x(0).toFixed(1) +
+      ',' + bottom + ' ' + pts.join(' ') + ' ' + g.x(xHi).toFixed(1) + ',' + bottom }));
+    f.root.appendChild(svg('polyline', { class: 'series s2', points: pts.join(' ') }));
+    box.appendChild(el('p', 'meta', 'Climbed ' + formatNumber(elevation.gain_m / size) + ' ' +
+      elevation.label + ', descended ' + formatNumber(elevation.loss_m / size) + ' ' +
+      elevation.label + ' (from the route\u2019s altitude)'));
+  }
+
+  // ---------------------------------------------------------------------------------
   // Views: the address says which
   // ---------------------------------------------------------------------------------
 
@@ -15621,8 +17549,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('summary').hidden = view !== 'summary';
     $('metric-view').hidden = view !== 'metric';
     $('journal-panel').hidden = view !== 'metric';
+    $('workout-view').hidden = view !== 'workout';
     [['nav-summary', 'summary'], ['nav-metrics', 'metric']].forEach(function (n) {
-      const on = n[1] === view;
+      const on = n[1] === (view === 'workout' ? 'metric' : view);
       $(n[0]).classList.toggle('active', on);
       if (on) $(n[0]).setAttribute('aria-current', 'page');
       else $(n[0]).removeAttribute('aria-current');
@@ -15633,6 +17562,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
    *  metric view. */
   function route() {
     const wanted = readHash();
+    if (wanted.view === 'workout' && wanted.id) {
+      if (wanted.tz && wanted.tz !== state.tz) {
+        state.tz = wanted.tz;
+        ensureZoneOption(wanted.tz);
+      }
+      setView('workout');
+      showWorkout(wanted.id);
+      return;
+    }
     const view = wanted.metric || wanted.view === 'metric' ? 'metric' : 'summary';
     setView(view);
     if (view === 'summary') {
@@ -15826,6 +17764,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('day-prev').addEventListener('click', function () { stepDay(-1); });
     $('day-next').addEventListener('click', function () { stepDay(1); });
     window.addEventListener('hashchange', route);
+    wireWorkoutResize();
     let resizeTimer = null;
     let lastWidth = $('chart').clientWidth;
     window.addEventListener('resize', function () {
