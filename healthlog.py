@@ -6741,7 +6741,7 @@ def _nightly_night(sleep: _NightlySleep, date: int) -> Night:
       stages as their shares of it (``scaled``), and an overlapping night's awake time
       never fills more than the limit leaves;
     * in bed is ``inBed``, never more than its in-bed window (else its window) nor a day;
-      more than that is overlapping too."""
+      more than that is overlapping too (and awake then fits in the limit as well)."""
     window = None if sleep.start is None else (sleep.end - sleep.start) / HOUR_US
     limit, limit_by = _limit(window, sleep.in_bed)
     staged = sum(sleep.staged.values())
@@ -6765,14 +6765,6 @@ def _nightly_night(sleep: _NightlySleep, date: int) -> Night:
         scaled = bool(shown) and figure > limit + SLEEP_TOLERANCE_H
     if counted is not None:
         asleep = min(figure, limit)
-    share = asleep / figure if shown and figure > asleep else 1.0
-    stages = {stage: hours * share for stage, hours in shown.items()}
-    if shown and sleep.awake:
-        awake = sleep.awake * share
-        if overlapping:
-            awake = min(awake, max(0.0, limit - asleep))
-        if awake > 0:
-            stages[AWAKE] = awake
     in_bed = sleep.in_bed
     if in_bed is not None:
         bed_window = sleep.in_bed_window or (None if sleep.start is None
@@ -6781,6 +6773,14 @@ def _nightly_night(sleep: _NightlySleep, date: int) -> Night:
             (bed_window[1] - bed_window[0]) / HOUR_US, SLEEP_MAX_H)
         overlapping = overlapping or in_bed > cap + SLEEP_TOLERANCE_H
         in_bed = min(in_bed, cap)
+    share = asleep / figure if shown and figure > asleep else 1.0
+    stages = {stage: hours * share for stage, hours in shown.items()}
+    if shown and sleep.awake:
+        awake = sleep.awake * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
+        if awake > 0:
+            stages[AWAKE] = awake
     return Night(date, sleep.end, sleep.end_offset, sleep.start, sleep.start_offset, asleep,
                  in_bed, in_stage_order(stages), "nightly", overlapping, window, sleep.start,
                  sleep.start_offset, counted, said, limit, limit_by, scaled, sleep.sources)
@@ -6832,8 +6832,9 @@ def _record_night(group: list, zone: Zone) -> Night:
     recording one night, count once: asleep is the time any asleep record covers, each
     stage the time it holds, in bed that of ``in_bed``; none more than a day (the stages
     then shares of it, ``scaled``).  The sleep is ``overlapping`` when its asleep records
-    add up to more than the time they cover, or to more than a day; its stages are shown
-    only when a device told some apart (asleep alone shows no stage hours)."""
+    add up to more than the time they cover, or to more than a day (its awake time then
+    fits in what its limit leaves); its stages are shown only when a device told some
+    apart (asleep alone shows no stage hours)."""
     last = max(group, key=lambda r: r[1])
     first = min(group, key=lambda r: r[0])
     end_offset = zone.point_offset(last[3], last[1])
@@ -6844,14 +6845,15 @@ def _record_night(group: list, zone: Zone) -> Night:
     union = covered / HOUR_US
     asleep = min(union, SLEEP_MAX_H) if covered else None
     overlapping = covered > 0 and (said_us > covered or union > SLEEP_MAX_H)
+    limit, limit_by = (SLEEP_MAX_H, "day") if span > SLEEP_MAX_H else (span, "window")
     stages: dict = {}
     if any(seconds.get(stage) for stage in STAGED):
         share = asleep / union if union > asleep else 1.0
         stages = {stage: us / HOUR_US * share for stage, us in seconds.items()
                   if stage != AWAKE}
-        awake = seconds.get(AWAKE, 0) / HOUR_US
-        if share < 1.0:
-            awake = min(awake * share, max(0.0, SLEEP_MAX_H - asleep))
+        awake = seconds.get(AWAKE, 0) / HOUR_US * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
         if awake > 0:
             stages[AWAKE] = awake
     seen: dict = {}  # source name -> its first record's start: named in that order
@@ -6859,7 +6861,6 @@ def _record_night(group: list, zone: Zone) -> Night:
         for name in record[5]:
             seen[name] = min(seen.get(name, record[0]), record[0])
     sources = sorted(seen, key=lambda name: (seen[name], name))
-    limit, limit_by = (SLEEP_MAX_H, "day") if span > SLEEP_MAX_H else (span, "window")
     return Night(local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
                  start_offset, asleep, None if not bed else min(bed / HOUR_US, SLEEP_MAX_H),
                  in_stage_order(stages), "records", overlapping, span, first[0], start_offset,
@@ -15448,7 +15449,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
    *  hyphen ("2025-04-" / "25"). */
   function wholeWords(node, text) {
     String(text || '').split(/(\s+)/).forEach(function (word) {
-      if (word.indexOf('-') > 0 && /\S/.test(word)) node.appendChild(el('span', 'whole', word));
+      if (word.indexOf('-') >= 0 && /\S/.test(word)) node.appendChild(el('span', 'whole', word));
       else if (word) node.appendChild(document.createTextNode(word));
     });
     return node;

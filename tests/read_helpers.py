@@ -463,7 +463,8 @@ def record_sleeps(records: list, tz: str = "local") -> list:
        in-bed record covers;
     4. the sleep is overlapping when its asleep records' lengths, added up, come to more
        than the seconds asleep, or when those come to more than a day (a record kept
-       running); it shows at most a day asleep, its stages then their shares of the day;
+       running); it shows at most a day asleep, its stages then their shares of the day,
+       and an overlapping sleep's awake time at most what its span (or a day) leaves;
     5. stage hours are shown only when a device told some apart; a sleep of unspecified
        records alone shows none;
     6. it ended at its last record's end, on that moment's local date; it started at its
@@ -500,23 +501,24 @@ def record_sleeps(records: list, tz: str = "local") -> list:
         asleep_s = len(told) + seconds["asleep"]
         asleep = min(asleep_s, DAY_S) / 3600 if asleep_s else None
         share = min(1.0, DAY_S / asleep_s) if asleep_s else 1.0
+        first = min(sleep, key=lambda item: item[0])
+        last = max(sleep, key=lambda item: item[1])
+        end_text = raw_end(last[2])
+        span_s = last[1] - first[0]
+        overlapping = added_up > asleep_s or asleep_s > DAY_S
         stages = {}
         if told:
             stages = {stage: seconds[stage] / 3600 * share for stage in ASLEEP
                       if seconds[stage]}
             awake_h = seconds["awake"] / 3600 * share
-            if share < 1:
-                awake_h = min(awake_h, 24 - asleep)
+            if overlapping:  # awake fits in what the most it holds leaves beside sleep
+                awake_h = min(awake_h, min(span_s, DAY_S) / 3600 - asleep)
             if awake_h > 0:
                 stages["awake"] = awake_h
-        first = min(sleep, key=lambda item: item[0])
-        last = max(sleep, key=lambda item: item[1])
-        end_text = raw_end(last[2])
-        span_s = last[1] - first[0]
         out.append(Sleep(_on_date(last[1], end_text, tz), last[1], first[0], end_text,
                          raw_start(first[2]), asleep,
                          min(len(in_bed), DAY_S) / 3600 if in_bed else None, stages,
-                         "records", added_up > asleep_s or asleep_s > DAY_S,
+                         "records", overlapping,
                          (first[0], raw_start(first[2])), "union" if asleep_s else None,
                          added_up / 3600 if asleep_s else None, min(span_s, DAY_S) / 3600,
                          "day" if span_s > DAY_S else "window", asleep_s > DAY_S,
@@ -576,7 +578,7 @@ def nightly_sleeps(points: list, tz: str = "local", records: list = ()) -> list:
        counted (scaled). Awake follows the same share, and on an overlapping night takes at
        most what the limit leaves beside the hours asleep;
     6. in bed: ``inBed``, never more than the seconds of its in-bed window nor a day; more
-       than that (by a second) is overlapping too;
+       than that (by a second) is overlapping too, and awake is then held to its limit;
     7. its bedtime is its start, except where its start is another record's end: then the
        first start of the last sleep of the stage ``records`` inside its window, else not
        known;
@@ -618,6 +620,13 @@ def nightly_sleeps(points: list, tz: str = "local", records: list = ()) -> list:
                 else:
                     counted, figure = "unspecified", s["unspecified"] or s["said"]
             asleep = min(figure, limit)
+        in_bed = s["in_bed"]
+        if in_bed is not None:
+            bed_most = min(len(seconds_in([s["bed_window"]])), DAY_S) \
+                if s["bed_window"] else DAY_S
+            if in_bed * 3600 > bed_most + SLACK_S:
+                overlapping = True
+            in_bed = min(in_bed, bed_most / 3600)
         share = asleep / figure if shown and figure > asleep else 1.0
         stages = {stage: hours * share for stage, hours in shown.items()}
         if shown and s["awake"]:
@@ -626,13 +635,6 @@ def nightly_sleeps(points: list, tz: str = "local", records: list = ()) -> list:
                 awake = min(awake, max(0.0, limit - asleep))
             if awake > 0:
                 stages["awake"] = awake
-        in_bed = s["in_bed"]
-        if in_bed is not None:
-            bed_most = min(len(seconds_in([s["bed_window"]])), DAY_S) \
-                if s["bed_window"] else DAY_S
-            if in_bed * 3600 > bed_most + SLACK_S:
-                overlapping = True
-            in_bed = min(in_bed, bed_most / 3600)
         start, start_text = s["start"], s["start_text"]
         if start is not None and start in ends:  # HAE's boundary: no bedtime
             inside = [item for item in timed if start <= item[0] and item[1] <= s["end"]
