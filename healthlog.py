@@ -6574,15 +6574,24 @@ AWAKE = next(stage.stage for stage in SLEEP_STAGES if not stage.asleep)
 """The stage that is not sleep."""
 
 
+_STAGE_SPELLED: dict = {}
+"""``value`` text -> its stage (or None): a year of records repeats a few spellings."""
+
+
 def sleep_stage(value: Any) -> Optional[str]:
     """The stage a record's ``value`` names (``core``, ``deep``, ``rem``, ``asleep``,
     ``awake``, ``in_bed``), or None."""
     if type(value) is not str:
         return None
+    if value in _STAGE_SPELLED:
+        return _STAGE_SPELLED[value]
     key = re.sub(r"[\s_-]+", "", value.lower())
     if key.startswith("hkcategoryvaluesleepanalysis"):
         key = key[len("hkcategoryvaluesleepanalysis"):]
-    return _STAGE_OF.get(key)
+    if len(_STAGE_SPELLED) >= 4096:
+        _STAGE_SPELLED.clear()
+    stage = _STAGE_SPELLED[value] = _STAGE_OF.get(key)
+    return stage
 
 
 def _hours(value: Any) -> Optional[float]:
@@ -6671,16 +6680,25 @@ class _NightlySleep:
     sources: tuple
 
 
+_SOURCE_NAMES: dict = {}
+"""``source`` text -> its names: a year of sleep records repeats a few of them."""
+
+
 def _sources(text: Any) -> tuple:
     """The names a ``source`` gives (HAE joins a night's with ``|``), each once, in order."""
     if type(text) is not str:
         return ()
-    names: list = []
-    for name in text.split("|"):
-        name = name.strip()
-        if name and name not in names:
-            names.append(name)
-    return tuple(names)
+    found = _SOURCE_NAMES.get(text)
+    if found is None:
+        names: list = []
+        for name in text.split("|"):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+        if len(_SOURCE_NAMES) >= 4096:
+            _SOURCE_NAMES.clear()
+        found = _SOURCE_NAMES[text] = tuple(names)
+    return found
 
 
 def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
@@ -6790,39 +6808,52 @@ def _record_seconds(group: list) -> tuple:
     """({stage: µs}, µs asleep, µs in bed) of stage records ((start, end, stage, …)), each
     instant counted once, in one stage: a stage a device told apart (of two, the record
     that began last, which describes that moment), else the unspecified stage, else awake;
-    in bed wherever an in-bed record is."""
-    cuts = sorted({t for record in group for t in (record[0], record[1])})
-    ordered = sorted(group, key=lambda record: record[0])
-    rank = {stage: n for n, stage in enumerate(STAGE_ORDER)}
+    in bed wherever an in-bed record is.  Records that do not overlap (one device, the
+    usual night) are added up; the others are walked instant by instant of change."""
+    spans = sorted((record[0], record[1], record[2]) for record in group
+                   if record[2] != "in_bed")
+    in_bed = _union_us([(record[0], record[1]) for record in group if record[2] == "in_bed"])
     seconds: dict = {}
-    asleep = in_bed = 0
+    asleep = 0
+    if all(spans[k][0] >= spans[k - 1][1] for k in range(1, len(spans))):
+        for start, end, stage in spans:
+            seconds[stage] = seconds.get(stage, 0) + end - start
+            if stage != AWAKE:
+                asleep += end - start
+        return seconds, asleep, in_bed
+    cuts = sorted({t for span in spans for t in (span[0], span[1])})
+    rank = {stage: n for n, stage in enumerate(STAGE_ORDER)}
     active: list = []
     k = 0
     for first, last in zip(cuts, cuts[1:]):
-        while k < len(ordered) and ordered[k][0] <= first:
-            active.append(ordered[k])
+        while k < len(spans) and spans[k][0] <= first:
+            active.append(spans[k])
             k += 1
-        active = [record for record in active if record[1] > first]
+        active = [span for span in active if span[1] > first]
         if not active:
             continue
-        length = last - first
-        stages = {record[2] for record in active}
-        told = [record for record in active if record[2] in STAGED]
+        told = [span for span in active if span[2] in STAGED]
         if told:
-            stage = max(told, key=lambda record: (record[0], -rank[record[2]]))[2]
-        elif UNSPECIFIED in stages:
+            stage = max(told, key=lambda span: (span[0], -rank[span[2]]))[2]
+        elif any(span[2] == UNSPECIFIED for span in active):
             stage = UNSPECIFIED
-        elif AWAKE in stages:
-            stage = AWAKE
         else:
-            stage = None
-        if stage is not None:
-            seconds[stage] = seconds.get(stage, 0) + length
-            if stage != AWAKE:
-                asleep += length
-        if "in_bed" in stages:
-            in_bed += length
+            stage = AWAKE
+        seconds[stage] = seconds.get(stage, 0) + last - first
+        if stage != AWAKE:
+            asleep += last - first
     return seconds, asleep, in_bed
+
+
+def _union_us(spans: list) -> int:
+    """The µs that (start, end) spans cover, each once."""
+    total, reach = 0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
 
 def _record_night(group: list, zone: Zone) -> Night:
@@ -6915,6 +6946,12 @@ def _sleep_length(night: Night) -> tuple:
 
 
 def nights_of_points(points: Iterable, zone: Zone) -> list:
+    """Every date's sleeps from sleep points (:func:`nights_of_spans`, each point's span
+    read from its timestamps)."""
+    return nights_of_spans(((point_span(point), point) for point in points), zone)
+
+
+def nights_of_spans(items: Iterable, zone: Zone) -> list:
     """Every date's sleeps (:class:`SleepDay`, by date) from sleep points, by the one
     sleep rule:
 
@@ -6929,10 +6966,10 @@ def nights_of_points(points: Iterable, zone: Zone) -> list:
       other sleep, every other sleep is a nap beside it; a date of naps only has no night."""
     nightly: dict = {}
     records = []
-    for point in points:
+    for span, point in items:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
-            start, end = point_span(point) or (None, None)
+            start, end = span or (None, None)
             if start is None or end is None or end <= start:
                 continue
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
@@ -6974,20 +7011,21 @@ def nights_of_points(points: Iterable, zone: Zone) -> list:
     return days
 
 
-def _sleep_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[dict]:
-    """The sleep points a range's nights are made of: from three days before its start (a
-    night's window and the record it starts at may begin that long before it ends)."""
+def _sleep_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """((start, end), point) of the sleep points a range's nights are made of: from three
+    days before its start (a night's window and the record it starts at may begin that
+    long before it ends); the spans the store keeps, never parsed again."""
     widened = _replace(query, start=None if query.start is None
                                   else query.start - 3 * 86400 * US, day_from=None,
                                   day_to=None)
-    for _, _, point in iter_points(conn, widened):
-        yield point
+    for _, coord, point in iter_points(conn, widened):
+        yield (coord[0], coord[1]), point
 
 
 def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
     """The sleep days (:class:`SleepDay`) whose sleeps end in the range, one per local
-    date, by the one sleep rule (:func:`nights_of_points`)."""
-    return [day for day in nights_of_points(_sleep_points(conn, query), query.zone)
+    date, by the one sleep rule (:func:`nights_of_spans`)."""
+    return [day for day in nights_of_spans(_sleep_points(conn, query), query.zone)
             if _day_in_range(day, query)]
 
 
