@@ -15574,9 +15574,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
     if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
     $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
-      'data) or whether there is data (day data), by the date written in each point. A day ' +
-      'is thin under half the median hours of its row, missing without data where the ' +
-      'metric comes daily.';
+      'data) or whether there is data (day data), by the date written in each point; for ' +
+      'sleep, whether a night ended that day. A day is thin under half the median hours ' +
+      'of its row, missing without data where the metric comes daily.';
     const legend = $('coverage-legend');
     clear(legend);
     COVERAGE_STATES.forEach(function (entry) {

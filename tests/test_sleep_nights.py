@@ -639,6 +639,23 @@ def test_read_12_8_the_summary_page_says_a_day_of_naps_has_no_night(page):
     assert notes[2][1].startswith("Nap until 18:26 %s" % shown(0.9))
 
 
+def test_fresh_5_3_the_calendar_shows_a_night_on_its_wake_day(page):
+    """The summary page's calendar (the 28 days to the server's day, 2026-01-09): the sleep
+    row has a night on each day this file ends one on, and says so in words."""
+    summary_card(page.page, dt.date(2025, 12, 31))
+    page.page.wait_for_selector('#coverage[data-state="ready"]')
+    cells = page.page.evaluate("""() => Array.from(document.querySelectorAll(
+        '.cov-row[data-metric="sleep_analysis"] .cov-cell')).map(c => [c.dataset.date,
+        c.dataset.value, c.title])""")
+    assert len(cells) == 28
+    for date, value, title in cells:
+        day = dt.date.fromisoformat(date)
+        night = day in NIGHTS and NIGHTS[day]["night"] is not None
+        assert value == str(night).lower(), (date, value)
+        assert title.endswith(": a night ended" if night else ": no night ended (missing)"
+                              if day < dt.date(2026, 1, 9) else ""), (date, title)
+
+
 BARS = """() => Array.from(document.querySelectorAll('#chart .night')).map(n => ({
   date: n.dataset.date, asleep: n.dataset.asleep,
   parts: Array.from(n.querySelectorAll('rect[data-stage]')).map(
