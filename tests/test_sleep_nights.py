@@ -667,42 +667,76 @@ def readout(page, day: dt.date) -> str:
     return page.inner_text("#readout")
 
 
+STAGE_LABELS = {"asleep": "asleep, no stage"}
+"""How the page names a stage that is no word of its own."""
+
+
+def assert_readout(view, day: dt.date) -> None:
+    """What a person reads pointing at a night: its hours asleep, each stage's hours by its
+    label, bed and wake (or that the bedtime is not known; its date when it is days
+    earlier), the words of an overlap naming its sources alone, each nap; a day of naps
+    only says it has no night."""
+    text = readout(view, day)
+    night = NIGHTS[day]["night"]
+    for nap in NIGHTS[day]["naps"]:
+        times = ("%s–%s" % (written(nap["start"]).strftime("%H:%M"),
+                            written(nap["end"]).strftime("%H:%M")) if nap["start"]
+                 else "until " + written(nap["end"]).strftime("%H:%M"))
+        assert "nap %s %s, not counted" % (times, shown(nap["asleep"])) in text, (day, text)
+    if night is None:
+        assert "no night, naps only" in text and "asleep " not in text, (day, text)
+        return
+    assert "asleep %s" % shown(night["asleep"]) in text, (day, text)
+    for stage, hours in night["stages"].items():
+        assert "%s %s" % (STAGE_LABELS.get(stage, stage), shown(hours)) in text, (day, text)
+    bed, wake = (written(night["start"]) if night["start"] else None), written(night["end"])
+    assert "%s, wake %s" % ("bedtime not known" if bed is None else "bed " + (
+        bed.strftime("%b %-d %H:%M") if (wake.date() - bed.date()).days > 1
+        else bed.strftime("%H:%M")), wake.strftime("%H:%M")) in text, (day, text)
+    assert ("Sources overlap: " in text) == night["overlapping"], (day, text)
+    if night["overlapping"]:
+        assert "Sources overlap: %s wrote %s" % (
+            " and ".join([", ".join(night["sources"][:-1]), night["sources"][-1]]
+                         if len(night["sources"]) > 1 else night["sources"]),
+            shown(night["said"])) in text, (day, text)
+        if not any("Watch" in source for source in night["sources"]):
+            assert "Watch" not in text, (day, text)
+
+
+RANGES = (("2025-01-10", "2025-01-16"), ("2025-02-08", "2025-02-26"),
+          ("2025-03-13", "2025-03-17"), ("2025-04-10", "2025-04-14"),
+          ("2025-10-03", "2025-10-06"), ("2025-12-01", "2025-12-10"))
+"""The metric view's ranges that hold the evidence's nights, by day."""
+
+
 def test_read_12_6_to_12_8_the_metric_view_stacks_each_night_as_counted(page):
-    view = page.open(metric="sleep_analysis", range="custom", tz="local",
-                     **{"from": "2025-02-08", "to": "2025-02-26"})
-    bars = {dt.date.fromisoformat(b["date"]): b for b in view.evaluate(BARS)}
-    assert sorted(bars) == sorted(d for d in NIGHTS if dt.date(2025, 2, 8) <= d
-                                  <= dt.date(2025, 2, 26))
-    for day, bar in bars.items():
-        night = NIGHTS[day]["night"]
-        if night is None:
-            assert bar["parts"] == [], day
-            continue
-        drawn = dict(bar["parts"])
-        if night["stages"]:
-            assert drawn == pytest.approx(night["stages"], abs=1e-6), day
-        else:  # no stage hours: the hours asleep, drawn as asleep without a stage
-            assert drawn == pytest.approx({"unstaged": night["asleep"]}, abs=1e-6), day
-        assert sum(h for k, h in bar["parts"] if k != "awake") <= night["asleep"] + 1e-6
-    text = readout(view, TOUCH[1])
-    assert "asleep %s" % shown(7.35) in text and "asleep, no stage %s" % shown(1.48) in text
-    assert "bed 22:40, wake 05:29" in text, text
-    text = readout(view, NAPS_ONLY)
-    assert "no night, naps only" in text and "nap until 18:26" in text, text
-    # the legend tells the hours asleep without a stage from the stage "asleep, no stage"
-    swatches = dict(view.evaluate("""() => Array.from(document.querySelectorAll(
-        '#chart .legend-item')).map(i => [i.textContent, getComputedStyle(
-        i.querySelector('.swatch')).backgroundColor])"""))
-    far = [int(v) for v in swatches["asleep"][4:-1].split(",")[:3]]
-    near = [int(v) for v in swatches["asleep, no stage"][4:-1].split(",")[:3]]
-    assert math.dist(far, near) > 60, swatches
-    view = page.open(metric="sleep_analysis", range="custom", tz="local",
-                     **{"from": "2025-12-01", "to": "2025-12-10"})
-    text = readout(view, EIGHT)
-    assert "Sources overlap: Eight Sleep wrote" in text and "Watch" not in text, text
-    view = page.open(metric="sleep_analysis", range="custom", tz="local",
-                     **{"from": "2025-04-10", "to": "2025-04-14"})
-    assert "bed Apr 11 22:00, wake 07:00" in readout(view, LONG_WINDOW)
+    for first, last in RANGES:
+        view = page.open(metric="sleep_analysis", range="custom", tz="local",
+                         **{"from": first, "to": last})
+        bars = {dt.date.fromisoformat(b["date"]): b for b in view.evaluate(BARS)}
+        assert sorted(bars) == sorted(d for d in NIGHTS if dt.date.fromisoformat(first) <= d
+                                      <= dt.date.fromisoformat(last))
+        for day, bar in bars.items():
+            night = NIGHTS[day]["night"]
+            if night is None:
+                assert bar["parts"] == [], day
+            elif night["stages"]:
+                assert dict(bar["parts"]) == pytest.approx(night["stages"], abs=1e-6), day
+            else:  # no stage hours: the hours asleep, drawn as asleep without a stage
+                assert dict(bar["parts"]) == pytest.approx({"unstaged": night["asleep"]},
+                                                           abs=1e-6), day
+            if night is not None:
+                assert sum(h for k, h in bar["parts"] if k != "awake") <= night["asleep"] + 1e-6
+            assert_readout(view, day)
+        if first == "2025-02-08":
+            # the legend tells the hours asleep without stage hours (02-20) from the stage
+            # "asleep, no stage" (02-24)
+            swatches = dict(view.evaluate("""() => Array.from(document.querySelectorAll(
+                '#chart .legend-item')).map(i => [i.textContent, getComputedStyle(
+                i.querySelector('.swatch')).backgroundColor])"""))
+            far = [int(v) for v in swatches["asleep"][4:-1].split(",")[:3]]
+            near = [int(v) for v in swatches["asleep, no stage"][4:-1].split(",")[:3]]
+            assert math.dist(far, near) > 60, swatches
 
 
 def test_read_12_9_the_metric_view_reads_the_mean_of_the_nights(page, store):
