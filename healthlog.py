@@ -122,7 +122,7 @@ import zlib
 import zoneinfo
 from dataclasses import dataclass, field, replace as _replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 try:  # optional speed-up: a .pyz cannot carry compiled code, the host may have it
     import orjson as _orjson
@@ -5929,7 +5929,8 @@ class SleepStage:
 
 
 SLEEP_STAGES = (SleepStage("deep", "deep"), SleepStage("core", "core"),
-                SleepStage("rem", "rem"), SleepStage("asleep", "asleep", unspecified=True),
+                SleepStage("rem", "rem"),
+                SleepStage("asleep", "asleep, no stage", unspecified=True),
                 SleepStage("awake", "awake", asleep=False))
 """The stages of sleep in the order they are listed and drawn: deepest first, awake last
 (on top of a night's bar).  Part of the sleep meaning (:class:`Meaning`'s ``stages``): the
@@ -6927,7 +6928,9 @@ phones' exports; compared lower-case without spaces, ``_`` or ``-``."""
 _STAGE_OF = {spelling: stage for stage, spellings in SLEEP_STAGE_NAMES.items()
              for spelling in spellings}
 NIGHT_GAP_US = 3 * HOUR_US
-"""Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
+"""Stage records this far apart or more are two sleeps (a night and an afternoon nap).
+Nightly records are never joined: each is HAE's own sleep, and HAE bounds a record's
+window by the previous record's end, so records that touch are two sleeps."""
 STAGE_ORDER = tuple(stage.stage for stage in SLEEP_STAGES)
 """The order stages are listed and drawn in, deepest first, awake last: the sleep
 meaning's (:data:`SLEEP_STAGES`)."""
@@ -6935,10 +6938,14 @@ ASLEEP_STAGES = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep)
 """The stages whose hours are sleep: all but awake."""
 STAGED = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep and not stage.unspecified)
 """The stages of sleep a device told apart (the Watch's core, deep and REM)."""
-NIGHTLY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
-                       if not stage.unspecified)
-"""(stage, field) of HAE's nightly records: each stage's hours under the stage's own name;
-their ``asleep`` (the unspecified stage) is read apart, as the part no stage holds."""
+UNSPECIFIED = next(stage.stage for stage in SLEEP_STAGES if stage.unspecified)
+"""The stage of sleep no stage was given for (HAE's and HealthKit's plain ``asleep``)."""
+AWAKE = next(stage.stage for stage in SLEEP_STAGES if not stage.asleep)
+"""The stage that is not sleep."""
+
+
+_STAGE_SPELLED: dict = {}
+"""``value`` text -> its stage (or None): a year of records repeats a few spellings."""
 
 
 def sleep_stage(value: Any) -> Optional[str]:
@@ -6946,29 +6953,47 @@ def sleep_stage(value: Any) -> Optional[str]:
     ``awake``, ``in_bed``), or None."""
     if type(value) is not str:
         return None
+    if value in _STAGE_SPELLED:
+        return _STAGE_SPELLED[value]
     key = re.sub(r"[\s_-]+", "", value.lower())
     if key.startswith("hkcategoryvaluesleepanalysis"):
         key = key[len("hkcategoryvaluesleepanalysis"):]
-    return _STAGE_OF.get(key)
+    if len(_STAGE_SPELLED) >= 4096:
+        _STAGE_SPELLED.clear()
+    stage = _STAGE_SPELLED[value] = _STAGE_OF.get(key)
+    return stage
 
 
 def _hours(value: Any) -> Optional[float]:
     return float(value) if type(value) in (int, float) and value > 0 else None
 
 
-SLEEP_SLACK_H = 1 / 60
-"""HAE's hours are sums of floats and its sleep window is written to the second: a total
-within a minute of its window is not an overlap."""
+SLEEP_TOLERANCE_H = 1 / 3600
+"""One second: HAE writes a sleep's start and end to the second and adds its hours up as
+floats, so a figure within a second of a bound is that bound, not an overlap.  No figure
+is ever shown above its bound: within the second it is cut to it."""
 SLEEP_MAX_H = 24.0
 """No sleep is longer than a day, whatever its figures say."""
+NAP_MAX_H = 3.0
+"""A sleep of less than this many hours asleep that lies wholly in the day is a nap."""
+NAP_DAY_S = (10 * 3600, 20 * 3600)
+"""The day of a nap, in local clock seconds from midnight: 10:00 to 20:00."""
 
 
 @dataclass
 class Night:
-    """One sleep (records less than :data:`NIGHT_GAP_US` apart), placed on the local date
-    of its end.  ``asleep`` is its hours asleep by the one sleep rule (:func:`settle_sleep`),
-    never more than its window or a day; ``overlapping`` when its own figures said more
-    (two sources describing the same hours, or one written twice)."""
+    """One sleep, placed on the local date of its end: a nightly record, or stage records
+    less than :data:`NIGHT_GAP_US` apart.  ``asleep`` is its hours asleep by the one sleep
+    rule (:func:`_nightly_night`, :func:`_record_night`), never more than its ``limit``
+    (the smallest of its window, its own hours in bed and a day); ``overlapping`` when its
+    own figures said more (``said``: two sources describing the same hours, or one written
+    twice); ``counted`` which figure gives ``asleep`` (``total``: HAE's own, ``staged``:
+    core + deep + rem, ``unspecified``: HAE's ``asleep``, the sleep no stage holds,
+    ``union``: the time its stage records cover); ``stages`` the stage hours shown, never
+    adding up to more than ``asleep`` (awake beside them), ``scaled`` when they are shares
+    of a figure cut to its limit.  ``start`` is the bedtime shown (None when not known: a
+    record that starts where the one before it ended); ``begins`` where its window starts,
+    known or not."""
 
     date: int  # local date ordinal
     end: int  # UTC µs
@@ -6980,24 +7005,70 @@ class Night:
     stages: dict
     form: str  # "nightly" (one record per night) or "records" (one per stage segment)
     overlapping: bool = False
-    window: Optional[float] = None  # hours from its start to its end, gaps left out
-    naps: list = field(default_factory=list)  # the day's other sleeps (its night only)
+    window: Optional[float] = None  # hours from ``begins`` to its end
+    begins: Optional[int] = None
+    begins_offset: int = 0
+    counted: Optional[str] = None
+    said: Optional[float] = None
+    limit: Optional[float] = None
+    limit_by: Optional[str] = None  # "window", "in_bed" or "day"
+    scaled: bool = False
+    sources: tuple = ()
+
+
+@dataclass
+class SleepDay:
+    """The sleeps that ended on one local date: its ``night`` (its longest sleep that is no
+    nap; None on a day of naps only) and its ``naps`` (every other sleep, never counted),
+    and ``clusters``, the sleeps its stage records make (the night or naps, unless the
+    date's nightly records gave them), by which those records are dated."""
+
+    date: int
+    night: Optional[Night]
+    naps: list
+    clusters: list = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return max(sleep.end for sleep in ([self.night] if self.night else []) + self.naps)
 
 
 @dataclass
 class _NightlySleep:
-    """One nightly record's figures, before a sleep is made of it and its neighbours."""
+    """One nightly record's figures, before the rule settles what it shows."""
 
     start: Optional[int]
     start_offset: int
     end: int
     end_offset: int
     total: Optional[float]  # HAE's own total: totalSleep, else asleep + core + deep + rem
-    staged: float  # core + deep + rem (the Watch's stages)
+    staged: dict  # core, deep, rem: the stages a device told apart
     unspecified: float  # HAE's ``asleep``: only the unspecified part where stages exist
+    awake: float
     in_bed: Optional[float]
     in_bed_window: Optional[tuple]
-    stages: dict
+    sources: tuple
+
+
+_SOURCE_NAMES: dict = {}
+"""``source`` text -> its names: a year of sleep records repeats a few of them."""
+
+
+def _sources(text: Any) -> tuple:
+    """The names a ``source`` gives (HAE joins a night's with ``|``), each once, in order."""
+    if type(text) is not str:
+        return ()
+    found = _SOURCE_NAMES.get(text)
+    if found is None:
+        names: list = []
+        for name in text.split("|"):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+        if len(_SOURCE_NAMES) >= 4096:
+            _SOURCE_NAMES.clear()
+        found = _SOURCE_NAMES[text] = tuple(names)
+    return found
 
 
 def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
@@ -7017,134 +7088,225 @@ def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
     start = parse_time(start_raw)
     if start is not None and start >= end:
         start = None
-    stages = {stage: _hours(point.get(name)) for stage, name in NIGHTLY_STAGES}
-    stages = {stage: hours for stage, hours in stages.items() if hours}
-    staged = sum(stages.get(stage, 0.0) for stage in STAGED)
+    staged = {stage: _hours(point.get(stage)) for stage in STAGED}
+    staged = {stage: hours for stage, hours in staged.items() if hours}
     unspecified = _hours(point.get("asleep")) or 0.0
     total = _hours(point.get("totalSleep"))
     if total is None and (staged or unspecified):
-        total = unspecified + staged
+        total = unspecified + sum(staged.values())
     bed_start, bed_end = parse_time(point.get("inBedStart")), parse_time(point.get("inBedEnd"))
     return _NightlySleep(start, end_offset if start is None else
                          zone.point_offset(start_raw, start), end, end_offset, total, staged,
-                         unspecified, _hours(point.get("inBed")),
+                         unspecified, _hours(point.get("awake")) or 0.0,
+                         _hours(point.get("inBed")),
                          (bed_start, bed_end) if bed_start is not None and bed_end is not None
-                         and bed_end > bed_start else None, stages)
+                         and bed_end > bed_start else None, _sources(point.get("source")))
 
 
-def settle_sleep(total: Optional[float], staged: float, unspecified: float,
-                 window: Optional[float]) -> tuple:
-    """(hours asleep, overlapping) of one sleep from its nightly figures: HAE's total,
-    unless it says more than the sleep's window (or a day): then the sources overlap
-    (AutoSleep beside the Watch on 87 of 90 real nights of one person; Eight Sleep
-    writing its samples twice, 27 h between 21:52 and 10:16), and the figure is the
-    staged one (the Watch's, which Apple's own source order puts first), else the
-    unspecified ``asleep``, capped at the window."""
-    if total is None:
-        return None, False
-    cap = SLEEP_MAX_H if window is None else min(window, SLEEP_MAX_H)
-    if total <= cap + SLEEP_SLACK_H:
-        return total, False
-    figure = staged or unspecified or total
-    return min(figure, cap), True
+def _limit(window: Optional[float], in_bed: Optional[float]) -> tuple:
+    """(hours, what bounds them) of the most sleep a record can hold: the smallest of its
+    window, its own hours in bed (when it gives them) and a day."""
+    bounds = [(SLEEP_MAX_H, "day")]
+    if in_bed is not None:
+        bounds.append((in_bed, "in_bed"))
+    if window is not None:
+        bounds.append((window, "window"))
+    return min(bounds, key=lambda bound: bound[0])
 
 
-def _nightly_sleeps(sleeps: list) -> list:
-    """Sleeps from nightly records: records whose windows are less than
-    :data:`NIGHT_GAP_US` apart are one sleep (HAE splits a night in two at times, and
-    two short naps in a row are one); each sleep is settled by :func:`settle_sleep`."""
-    nights, group, reach = [], [], None
-    ordered = sorted(sleeps, key=lambda s: (s.start if s.start is not None else s.end, s.end))
-    for sleep in ordered + [None]:
-        begins = None if sleep is None else (sleep.start if sleep.start is not None
-                                             else sleep.end)
-        if group and (sleep is None or reach is None or sleep.start is None
-                      or begins - reach >= NIGHT_GAP_US):
-            nights.append(_settled_nightly(group))
-            group, reach = [], None
-        if sleep is not None:
-            group.append(sleep)
-            reach = None if sleep.start is None else max(reach or sleep.end, sleep.end)
-    return nights
+def _nightly_night(sleep: _NightlySleep, date: int) -> Night:
+    """The night one nightly record gives, by the one sleep rule:
+
+    * its figures overlap when HAE's total is more than its limit (:func:`_limit`: its
+      window, its own ``inBed``, a day) by more than :data:`SLEEP_TOLERANCE_H`: two sources
+      describe the same hours (AutoSleep's 8.0 h beside the Watch's 6.1 h in 8.25 h in bed)
+      or one wrote its samples twice (Eight Sleep: 27 h between 21:52 and 10:16);
+    * the hours counted are HAE's total, else (overlapping) the staged figure (core + deep +
+      rem) if there is one, else ``asleep``, never more than the limit;
+    * the stages shown are those counted: the total's stages and its unspecified part
+      (the stage ``asleep``); the staged figure's stages, another source's unspecified part
+      left out; none when ``asleep`` alone counts.  A figure cut to its limit shows its
+      stages as their shares of it (``scaled``), and an overlapping night's awake time
+      never fills more than the limit leaves;
+    * in bed is ``inBed``, never more than its in-bed window (else its window) nor a day;
+      more than that is overlapping too (and awake then fits in the limit as well)."""
+    window = None if sleep.start is None else (sleep.end - sleep.start) / HOUR_US
+    limit, limit_by = _limit(window, sleep.in_bed)
+    staged = sum(sleep.staged.values())
+    said = sleep.total
+    asleep = counted = None
+    overlapping = scaled = False
+    shown: dict = {}
+    figure = 0.0
+    if said is not None and said <= limit + SLEEP_TOLERANCE_H:
+        counted, figure = "total", said
+        if staged:
+            shown = dict(sleep.staged)
+            if sleep.unspecified:
+                shown[UNSPECIFIED] = sleep.unspecified
+    elif said is not None:
+        overlapping = True
+        if staged:
+            counted, figure, shown = "staged", staged, dict(sleep.staged)
+        else:
+            counted, figure = "unspecified", sleep.unspecified or said
+        scaled = bool(shown) and figure > limit + SLEEP_TOLERANCE_H
+    if counted is not None:
+        asleep = min(figure, limit)
+    in_bed = sleep.in_bed
+    if in_bed is not None:
+        bed_window = sleep.in_bed_window or (None if sleep.start is None
+                                             else (sleep.start, sleep.end))
+        cap = SLEEP_MAX_H if bed_window is None else min(
+            (bed_window[1] - bed_window[0]) / HOUR_US, SLEEP_MAX_H)
+        overlapping = overlapping or in_bed > cap + SLEEP_TOLERANCE_H
+        in_bed = min(in_bed, cap)
+    share = asleep / figure if shown and figure > asleep else 1.0
+    stages = {stage: hours * share for stage, hours in shown.items()}
+    if shown and sleep.awake:
+        awake = sleep.awake * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
+        if awake > 0:
+            stages[AWAKE] = awake
+    return Night(date, sleep.end, sleep.end_offset, sleep.start, sleep.start_offset, asleep,
+                 in_bed, in_stage_order(stages), "nightly", overlapping, window, sleep.start,
+                 sleep.start_offset, counted, said, limit, limit_by, scaled, sleep.sources)
 
 
-def _settled_nightly(group: list) -> Night:
-    last = max(group, key=lambda s: s.end)
-    starts = [s for s in group if s.start is not None]
-    first = min(starts, key=lambda s: s.start) if starts else None
-    totals = [s.total for s in group if s.total is not None]
-    windows = [(s.start, s.end) for s in starts]
-    window = _union_hours(windows) if windows and len(windows) == len(group) else None
-    asleep, overlapping = settle_sleep(sum(totals) if totals else None,
-                                       sum(s.staged for s in group),
-                                       sum(s.unspecified for s in group), window)
-    beds = [s.in_bed for s in group if s.in_bed is not None]
-    in_bed = None
-    if beds:  # in bed, likewise, within the windows in bed (else asleep) or a day
-        bed_windows = [s.in_bed_window or (s.start, s.end) for s in group
-                       if s.in_bed_window or s.start is not None]
-        cap = SLEEP_MAX_H
-        if len(bed_windows) == len(group):
-            cap = min(_union_hours(bed_windows), SLEEP_MAX_H)
-        in_bed = min(sum(beds), cap)
-        overlapping = overlapping or sum(beds) > cap + SLEEP_SLACK_H
-    stages: dict = {}
-    for sleep in group:
-        for stage, hours in sleep.stages.items():
-            stages[stage] = stages.get(stage, 0.0) + hours
-    return Night(local_ordinal(last.end, last.end_offset), last.end, last.end_offset,
-                 first.start if first else None,
-                 first.start_offset if first else last.end_offset, asleep, in_bed, stages,
-                 "nightly", overlapping, window)
+def _record_seconds(group: list) -> tuple:
+    """({stage: µs}, µs asleep, µs in bed) of stage records ((start, end, stage, …)), each
+    instant counted once, in one stage: a stage a device told apart (of two, the record
+    that began last, which describes that moment), else the unspecified stage, else awake;
+    in bed wherever an in-bed record is.  Records that do not overlap (one device, the
+    usual night) are added up; the others are walked instant by instant of change."""
+    spans = sorted((record[0], record[1], record[2]) for record in group
+                   if record[2] != "in_bed")
+    in_bed = _union_us([(record[0], record[1]) for record in group if record[2] == "in_bed"])
+    seconds: dict = {}
+    asleep = 0
+    if all(spans[k][0] >= spans[k - 1][1] for k in range(1, len(spans))):
+        for start, end, stage in spans:
+            seconds[stage] = seconds.get(stage, 0) + end - start
+            if stage != AWAKE:
+                asleep += end - start
+        return seconds, asleep, in_bed
+    cuts = sorted({t for span in spans for t in (span[0], span[1])})
+    rank = {stage: n for n, stage in enumerate(STAGE_ORDER)}
+    active: list = []
+    k = 0
+    for first, last in zip(cuts, cuts[1:]):
+        while k < len(spans) and spans[k][0] <= first:
+            active.append(spans[k])
+            k += 1
+        active = [span for span in active if span[1] > first]
+        if not active:
+            continue
+        told = [span for span in active if span[2] in STAGED]
+        if told:
+            stage = max(told, key=lambda span: (span[0], -rank[span[2]]))[2]
+        elif any(span[2] == UNSPECIFIED for span in active):
+            stage = UNSPECIFIED
+        else:
+            stage = AWAKE
+        seconds[stage] = seconds.get(stage, 0) + last - first
+        if stage != AWAKE:
+            asleep += last - first
+    return seconds, asleep, in_bed
 
 
-def _union_hours(spans: list) -> float:
+def _union_us(spans: list) -> int:
+    """The µs that (start, end) spans cover, each once."""
     total, reach = 0, None
     for start, end in sorted(spans):
         if reach is None or start > reach:
             total, reach = total + end - start, end
         elif end > reach:
             total, reach = total + end - reach, end
-    return total / HOUR_US
+    return total
 
 
-def _record_nights(records: list, zone: Zone) -> list:
-    """Nights from stage records ((start, end, stage, end text, start text)): records
-    less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its
-    last end.  Every figure is the length of a union of intervals, so a record written
-    twice, or two devices recording one night, count once: asleep is the union of the
-    asleep stages' records, in bed that of ``in_bed``, each stage that of its own, none of
-    them more than a day; the sleep is ``overlapping`` when its asleep records add up to
-    more than their union (a record written twice, two devices) or the union to more than
-    a day."""
-    nights, group = [], []
-    for record in sorted(records) + [None]:
-        if group and (record is None or record[0] - max(r[1] for r in group) >= NIGHT_GAP_US):
-            last = max(group, key=lambda r: r[1])
-            first = min(group, key=lambda r: r[0])
-            end_offset = zone.point_offset(last[3], last[1])
-            spans: dict = {}
-            for start, end, stage, _, _ in group:
-                spans.setdefault(stage, []).append((start, end))
-            stages = {stage: _union_hours(found) for stage, found in spans.items()
-                      if stage != "in_bed"}
-            asleep_spans = [span for stage in ASLEEP_STAGES for span in spans.get(stage, ())]
-            asleep = _union_hours(asleep_spans) if asleep_spans else None
-            said = sum(end - start for start, end in asleep_spans) / HOUR_US
-            in_bed = _union_hours(spans["in_bed"]) if "in_bed" in spans else None
-            overlapping = asleep is not None and (said > asleep + SLEEP_SLACK_H
-                                                  or asleep > SLEEP_MAX_H)
-            nights.append(Night(
-                local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
-                zone.point_offset(first[4], first[0]),
-                None if asleep is None else min(asleep, SLEEP_MAX_H),
-                None if in_bed is None else min(in_bed, SLEEP_MAX_H),
-                {stage: min(hours, SLEEP_MAX_H) for stage, hours in stages.items()},
-                "records", overlapping, _union_hours([(r[0], r[1]) for r in group])))
-            group = []
-        if record is not None:
-            group.append(record)
-    return nights
+def _record_night(group: list, zone: Zone) -> Night:
+    """The sleep of stage records ((start, end, stage, end text, start text, sources)) less
+    than :data:`NIGHT_GAP_US` apart, placed on the local date of its last end.  Every
+    instant counts once (:func:`_record_seconds`), so a record written twice, or two devices
+    recording one night, count once: asleep is the time any asleep record covers, each
+    stage the time it holds, in bed that of ``in_bed``; none more than a day (the stages
+    then shares of it, ``scaled``).  The sleep is ``overlapping`` when its asleep records
+    add up to more than the time they cover, or to more than a day (its awake time then
+    fits in what its limit leaves); its stages are shown only when a device told some
+    apart (asleep alone shows no stage hours)."""
+    last = max(group, key=lambda r: r[1])
+    first = min(group, key=lambda r: r[0])
+    end_offset = zone.point_offset(last[3], last[1])
+    start_offset = zone.point_offset(first[4], first[0])
+    seconds, covered, bed = _record_seconds(group)
+    said_us = sum(r[1] - r[0] for r in group if r[2] in ASLEEP_STAGES)
+    span = (last[1] - first[0]) / HOUR_US
+    union = covered / HOUR_US
+    asleep = min(union, SLEEP_MAX_H) if covered else None
+    overlapping = covered > 0 and (said_us > covered or union > SLEEP_MAX_H)
+    limit, limit_by = (SLEEP_MAX_H, "day") if span > SLEEP_MAX_H else (span, "window")
+    stages: dict = {}
+    if any(seconds.get(stage) for stage in STAGED):
+        share = asleep / union if union > asleep else 1.0
+        stages = {stage: us / HOUR_US * share for stage, us in seconds.items()
+                  if stage != AWAKE}
+        awake = seconds.get(AWAKE, 0) / HOUR_US * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
+        if awake > 0:
+            stages[AWAKE] = awake
+    seen: dict = {}  # source name -> its first record's start: named in that order
+    for record in group:
+        for name in record[5]:
+            seen[name] = min(seen.get(name, record[0]), record[0])
+    sources = sorted(seen, key=lambda name: (seen[name], name))
+    return Night(local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
+                 start_offset, asleep, None if not bed else min(bed / HOUR_US, SLEEP_MAX_H),
+                 in_stage_order(stages), "records", overlapping, span, first[0], start_offset,
+                 "union" if covered else None, said_us / HOUR_US if covered else None,
+                 limit, limit_by, union > SLEEP_MAX_H, tuple(sources))
+
+
+def _record_clusters(records: list) -> list:
+    """Stage records in sleeps: sorted, each group's records less than
+    :data:`NIGHT_GAP_US` after the latest end before them."""
+    groups: list = []
+    reach = None
+    for record in sorted(records):
+        if not groups or record[0] - reach >= NIGHT_GAP_US:
+            groups.append([])
+            reach = record[1]
+        groups[-1].append(record)
+        reach = max(reach, record[1])
+    return groups
+
+
+def _stages_span(records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
+    """(start, raw start) of the stage records inside a nightly record's window that end
+    its last sleep (the records less than :data:`NIGHT_GAP_US` apart that lie last in
+    it), or None when it holds none."""
+    inside = [record for record in records[bisect.bisect_left(starts, sleep.start):]
+              if record[0] < sleep.end]
+    inside = [record for record in inside if record[1] <= sleep.end]
+    groups = _record_clusters(inside)
+    return (groups[-1][0][0], groups[-1][0][4]) if groups else None
+
+
+def is_nap(night: Night) -> bool:
+    """A nap: less than :data:`NAP_MAX_H` asleep, lying wholly between 10:00 and 20:00 local
+    time of one day (:data:`NAP_DAY_S`), by its window (known even where its bedtime is
+    not).  A shift worker's day sleep is a night by its length; a short night that begins
+    at 06:30 is still a night."""
+    if night.begins is None or (night.asleep or 0.0) >= NAP_MAX_H:
+        return False
+    begins = night.begins // US + night.begins_offset
+    ends = night.end // US + night.end_offset
+    if begins // 86400 != ends // 86400:
+        return False
+    return NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1] \
+        and ends > begins
 
 
 def _sleep_length(night: Night) -> tuple:
@@ -7153,65 +7315,127 @@ def _sleep_length(night: Night) -> tuple:
     return (night.asleep or 0.0, night.in_bed or 0.0, night.window or 0.0, night.end)
 
 
-def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
-    """The nights whose end lies in the range, one per local date: the day's longest
-    sleep, with the day's other sleeps as its ``naps`` (never added to it).  A date with
-    nightly records takes the sleeps they make (HAE's own aggregate, what Apple Health
-    shows), else the sleeps its stage records make.  The same night sent twice
-    (HAE re-sends a night with ``date`` once the sleep start, once the wake time; or sends
-    it while it runs, and again in the morning) counts once: the nightly record of the
-    latest end of a sleep start."""
-    widened = _replace(query, start=None if query.start is None
-                                  else query.start - 2 * 86400 * US, day_from=None,
-                                  day_to=None)
+def nights_of_points(points: Iterable, zone: Zone) -> list:
+    """Every date's sleeps from sleep points (:func:`nights_of_spans`, each point's span
+    read from its timestamps)."""
+    return nights_of_spans(((point_span(point), point) for point in points), zone)
+
+
+def nights_of_spans(items: Iterable, zone: Zone) -> list:
+    """Every date's sleeps (:class:`SleepDay`, by date) from sleep points, by the one
+    sleep rule:
+
+    * each nightly record is one sleep (:func:`_nightly_night`), never joined to another;
+      the same night sent twice (HAE re-sends a night with ``date`` once the sleep start,
+      once the wake time; or sends it while it runs, and again in the morning) counts
+      once: the record of the latest end of a sleep start.  A record that starts where
+      another ended has no known bedtime: its stage records' span, else none;
+    * stage records less than :data:`NIGHT_GAP_US` apart are one sleep (:func:`_record_night`);
+    * a date with nightly records takes the sleeps they make, else those of its stage
+      records; of them, naps (:func:`is_nap`) are never its night; its night is its longest
+      other sleep, every other sleep is a nap beside it; a date of naps only has no night."""
     nightly: dict = {}
     records = []
-    for _, _, point in iter_points(conn, widened):
+    for span, point in items:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
-            start, end = point_span(point) or (None, None)
+            start, end = span or (None, None)
             if start is None or end is None or end <= start:
                 continue
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
-            records.append((start, end, stage, raw_end, raw_start(point)))
+            records.append((start, end, stage, raw_end, raw_start(point),
+                            _sources(point.get("source"))))
             continue
-        sleep = _nightly_sleep(point, query.zone)
+        sleep = _nightly_sleep(point, zone)
         if sleep is not None:  # one night, however often sent: the latest end wins
             key = sleep.end if sleep.start is None else sleep.start
             rank = (sleep.end, len(content_keys(point)))
             known = nightly.get(key)
             if known is None or rank >= known[1]:
                 nightly[key] = (sleep, rank)
+    records.sort()
+    starts = [record[0] for record in records]
+    ends = {sleep.end for sleep, _ in nightly.values()}
     by_date: dict = {}
-    for night in _nightly_sleeps([sleep for sleep, _ in nightly.values()]):
-        by_date.setdefault(night.date, []).append(night)
-    for night in _record_nights(records, query.zone):
-        if night.date not in by_date or by_date[night.date][0].form == "records":
-            by_date.setdefault(night.date, []).append(night)
-    nights = []
+    for sleep, _ in nightly.values():
+        night = _nightly_night(sleep, local_ordinal(sleep.end, sleep.end_offset))
+        if sleep.start is not None and sleep.start in ends:  # HAE's boundary, no bedtime
+            span = _stages_span(records, starts, sleep)
+            night.start = None if span is None else span[0]
+            night.start_offset = (night.start_offset if span is None
+                                  else zone.point_offset(span[1], span[0]))
+        by_date.setdefault(night.date, ([], [], []))[0].append(night)
+    for group in _record_clusters(records):
+        night = _record_night(group, zone)
+        by_date.setdefault(night.date, ([], [], []))[1].append(night)
+    days = []
     for date in sorted(by_date):
-        sleeps = sorted(by_date[date], key=_sleep_length)
-        night = sleeps.pop()
-        night.naps = sorted(sleeps, key=lambda n: n.end)
-        if _night_in_range(night, query):
-            nights.append(night)
-    return nights
+        from_nightly, from_records, _ = by_date[date]
+        sleeps = from_nightly or from_records
+        others = [sleep for sleep in sleeps if not is_nap(sleep)]
+        night = max(others, key=_sleep_length) if others else None
+        days.append(SleepDay(date, night, sorted((sleep for sleep in sleeps
+                                                 if sleep is not night),
+                                                key=lambda sleep: sleep.end),
+                             from_records))
+    return days
 
 
-def _night_in_range(night: Night, query: PointQuery) -> bool:
-    if query.start is not None and query.day_from is None and night.end < query.start:
+def _sleep_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """((start, end), point) of the sleep points a range's nights are made of: from three
+    days before its start (a night's window and the record it starts at may begin that
+    long before it ends); the spans the store keeps, never parsed again."""
+    widened = _replace(query, start=None if query.start is None
+                                  else query.start - 3 * 86400 * US, day_from=None,
+                                  day_to=None)
+    for _, coord, point in iter_points(conn, widened):
+        yield (coord[0], coord[1]), point
+
+
+def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
+    """The sleep days (:class:`SleepDay`) whose sleeps end in the range, one per local
+    date, by the one sleep rule (:func:`nights_of_spans`)."""
+    return [day for day in nights_of_spans(_sleep_points(conn, query), query.zone)
+            if _day_in_range(day, query)]
+
+
+def _day_in_range(day: SleepDay, query: PointQuery) -> bool:
+    end = day.end
+    if query.start is not None and query.day_from is None and end < query.start:
         return False
-    if query.end is not None and query.day_to is None and night.end >= query.end:
+    if query.end is not None and query.day_to is None and end >= query.end:
         return False
-    return ((query.day_from is None or night.date >= query.day_from)
-            and (query.day_to is None or night.date < query.day_to))
+    return ((query.day_from is None or day.date >= query.day_from)
+            and (query.day_to is None or day.date < query.day_to))
+
+
+def sleep_wake_days(conn: sqlite3.Connection, zone: Zone, low_us: int, high_us: int) -> set:
+    """The local date ordinals between two instants on which a night ended (a date of naps
+    only has none): the coverage calendar's sleep row, counted on the wake day."""
+    query = PointQuery(SLEEP_METRIC, RECORD_LAYER, low_us, high_us, zone=zone)
+    return {day.date for day in sleep_nights(conn, query) if day.night is not None}
+
+
+def _local_text(instant: Optional[int], offset: int) -> Optional[str]:
+    return None if instant is None else local_iso(instant, offset)
 
 
 def _nap_item(nap: Night) -> dict:
-    return {"sleep_start": None if nap.start is None else local_iso(nap.start, nap.start_offset),
+    return {"sleep_start": _local_text(nap.start, nap.start_offset),
             "sleep_end": local_iso(nap.end, nap.end_offset),
             "date": _dt.date.fromordinal(nap.date).isoformat(),
             "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
+
+
+def _night_words(night: Optional[Night]) -> dict:
+    """What a day's night says of how it was counted (``counted``, ``said``, ``limit``,
+    ``limit_by``, ``scaled``) and who wrote it (``sources``, the names its records give)."""
+    if night is None:
+        return {"counted": None, "said": None, "limit": None, "limit_by": None,
+                "scaled": False, "sources": []}
+    return {"counted": night.counted, "said": night.said, "limit": night.limit,
+            "limit_by": night.limit_by, "scaled": night.scaled,
+            "sources": list(night.sources)}
 
 
 def in_stage_order(stages: dict) -> dict:
@@ -7227,45 +7451,56 @@ def stage_order_json() -> list:
     return [stage.as_json() for stage in SLEEP_STAGES]
 
 
-def sleep_buckets(nights: list, query: PointQuery) -> list:
-    """Day buckets (the day's night, its naps beside it) or week buckets (the average
-    night of the nights there are; the naps listed, never averaged in), in the reply's
-    shape."""
+def _mean(values: list) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
+def sleep_average(days: list) -> dict:
+    """The average night of a range: the mean of its nights (never of weeks' means, never
+    a nap), and how many there are."""
+    nights = [day.night for day in days if day.night is not None]
+    return {"nights": len(nights), "asleep": _mean([n.asleep for n in nights]),
+            "in_bed": _mean([n.in_bed for n in nights])}
+
+
+def sleep_buckets(days: list, query: PointQuery) -> list:
+    """Day buckets (the day's night, its naps beside it; a day of naps only: no night, 0
+    ``nights``) or week buckets (the mean of the nights there are; the naps listed, never
+    averaged in), in the reply's shape."""
     groups: dict = {}
-    for night in nights:
-        key = night.date if query.bucket == "day" else night.date - (night.date - 1) % 7
-        groups.setdefault(key, []).append(night)
+    for day in days:
+        key = day.date if query.bucket == "day" else day.date - (day.date - 1) % 7
+        groups.setdefault(key, []).append(day)
     out = []
     for key in sorted(groups):
         members = groups[key]
-        share = 1.0 / len(members)
-
-        def mean(values: list) -> Optional[float]:
-            known = [v for v in values if v is not None]
-            return sum(known) / len(known) if known else None
-
+        nights = [day.night for day in members if day.night is not None]
+        naps = [nap for day in members for nap in day.naps]
         stages: dict = {}
-        for night in members:
+        for night in nights:
             for stage, hours in night.stages.items():
-                stages[stage] = stages.get(stage, 0.0) + hours * share
-        first = min(members, key=lambda n: n.end)
-        bucket = _Bucket(count=len(members), first=first.end, offset=first.end_offset)
+                stages[stage] = stages.get(stage, 0.0) + hours / len(nights)
+        sleeps = nights or naps
+        first = min(sleeps, key=lambda n: n.end)
+        bucket = _Bucket(count=len(sleeps), first=first.end, offset=first.end_offset)
         item = _bucket_place(query, key, bucket)
-        naps = [nap for night in members for nap in night.naps]
-        item.update({"count": len(members) + len(naps), "nights": len(members),
-                     "asleep": mean([n.asleep for n in members]),
-                     "in_bed": mean([n.in_bed for n in members]),
+        forms = {sleep.form for sleep in sleeps}
+        item.update({"count": len(nights) + len(naps), "nights": len(nights),
+                     "asleep": _mean([n.asleep for n in nights]),
+                     "in_bed": _mean([n.in_bed for n in nights]),
                      "stages": in_stage_order(stages),
-                     "form": "nightly" if all(n.form == "nightly" for n in members)
-                     else "records" if all(n.form == "records" for n in members) else "mixed",
-                     "overlapping": sum(n.overlapping for n in members),
+                     "form": forms.pop() if len(forms) == 1 else "mixed",
+                     "overlapping": sum(n.overlapping for n in nights),
                      "naps": [_nap_item(nap) for nap in naps]})
         if query.bucket == "day":
-            [night] = members
-            item["sleep_start"] = (None if night.start is None
-                                   else local_iso(night.start, night.start_offset))
-            item["sleep_end"] = local_iso(night.end, night.end_offset)
-            item["overlapping"] = night.overlapping
+            night = nights[0] if nights else None
+            item["sleep_start"] = None if night is None else _local_text(
+                night.start, night.start_offset)
+            item["sleep_end"] = None if night is None else local_iso(night.end,
+                                                                     night.end_offset)
+            item["overlapping"] = bool(night and night.overlapping)
+            item.update(_night_words(night))
         out.append(item)
     return out
 
@@ -7276,12 +7511,16 @@ class SleepDates:
     (else its own); so that exports date a sleep row on its wake day, not by HAE's ``date``
     (the sleep start the evening before on 43 of 91 real nights of one person)."""
 
-    def __init__(self, nights: list, zone: Zone):
-        sleeps = sorted((sleep for night in nights for sleep in [night] + night.naps
-                         if sleep.start is not None), key=lambda sleep: sleep.start)
-        self._starts = [sleep.start for sleep in sleeps]
+    def __init__(self, days: list, zone: Zone):
+        sleeps = sorted((sleep for day in days for sleep in day.clusters),
+                        key=lambda sleep: sleep.begins)
+        self._starts = [sleep.begins for sleep in sleeps]
         self._sleeps = sleeps
         self._zone = zone
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection, query: PointQuery) -> "SleepDates":
+        return cls(sleep_nights(conn, query), query.zone)
 
     def of(self, point: dict, coord: tuple) -> Optional[int]:
         """The local date ordinal of a sleep point, or None when it is no sleep."""
@@ -7289,29 +7528,28 @@ class SleepDates:
             sleep = _nightly_sleep(point, self._zone)
             return None if sleep is None else local_ordinal(sleep.end, sleep.end_offset)
         at = bisect.bisect_right(self._starts, coord[0]) - 1
-        while at >= 0 and coord[0] - self._starts[at] <= 2 * 86400 * US:
-            if coord[0] <= self._sleeps[at].end:  # the latest-starting sleep that holds it
-                return self._sleeps[at].date  # (a nap may start inside a longer sleep)
-            at -= 1
+        if at >= 0 and coord[0] < self._sleeps[at].end:  # the sleep its records make
+            return self._sleeps[at].date
         raw_end = point.get("end") or point.get("endDate") or raw_start(point)
         return local_ordinal(coord[1], self._zone.point_offset(raw_end, coord[1]))
 
 
-def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
+def _sleep_json(days: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
     yield (head[:-1] + b',"units":"hr","stage_order":' + _json_bytes(stage_order_json())
-           + b',"nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}")
+           + b',"average":' + _json_bytes(sleep_average(days))
+           + b',"nights":' + _json_bytes(sleep_buckets(days, query)) + b"}")
 
 
-def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
-    buckets = sleep_buckets(nights, query)
+def _sleep_csv(days: list, query: PointQuery) -> Iterator[bytes]:
+    buckets = sleep_buckets(days, query)
     shown = [stage for stage in SLEEP_STAGES
              if any(stage.stage in item["stages"] for item in buckets)]
     stages = [stage.stage for stage in shown]
     columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
         "unspecified" if stage.unspecified else stage.stage for stage in shown]  # one name each
     if query.bucket == "day":
-        columns += ["sleep_start", "sleep_end", "form"]
+        columns += ["sleep_start", "sleep_end", "form", "counted", "scaled"]
     columns += ["overlapping", "naps", "nap_hours"]
 
     def rows() -> Iterator[list]:
@@ -7321,7 +7559,8 @@ def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
                    _csv_cell(item["asleep"]), _csv_cell(item["in_bed"])]
             row += [_csv_cell(item["stages"].get(stage)) for stage in stages]
             if query.bucket == "day":
-                row += [item["sleep_start"] or "", item["sleep_end"], item["form"]]
+                row += [item["sleep_start"] or "", item["sleep_end"] or "", item["form"],
+                        item["counted"] or "", int(item["scaled"])]
             nap_hours = [nap["asleep"] for nap in item["naps"] if nap["asleep"] is not None]
             row += [int(item["overlapping"]), len(item["naps"]),
                     _csv_cell(sum(nap_hours) if nap_hours else None)]
@@ -8483,9 +8722,9 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
             raise UnknownMetric([loggable_metric(metric)])
         anchor_day = local_ordinal(*newest)
         if kind == "sleep":  # a night is on the morning it ended
-            nights = sleep_nights(conn, PointQuery(metric, anchor_layer,
-                                                   start=newest[0] - 2 * 86400 * US,
-                                                   end=newest[0] + 2 * 86400 * US, zone=zone))
+            nights = [day for day in sleep_nights(conn, PointQuery(
+                metric, anchor_layer, start=newest[0] - 2 * 86400 * US,
+                end=newest[0] + 2 * 86400 * US, zone=zone)) if day.night is not None]
             anchor_day = nights[-1].date if nights else anchor_day
         day_to = anchor_day + 1
         day_from = day_to - days
@@ -8745,6 +8984,7 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
             "fields": [{"field": field, "label": meaning.label(field)}
                        for field in meaning.fields],
             "stage_order": stage_order_json(),
+            "nights": night["nights"] if night else 0,
             "overlapping": night["overlapping"] if night else False,
             "naps": night["naps"] if night else [],
             "asleep": night["asleep"] if night else None,
@@ -8752,6 +8992,8 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
             "stages": night["stages"] if night else {},
             "sleep_start": night["sleep_start"] if night else None,
             "sleep_end": night["sleep_end"] if night else None,
+            **(_night_words(None) if night is None else {
+                key: night[key] for key in _night_words(None)}),
             "usual": usual, "usual_days": usual_days, "spark": _spark(asleep, day),
             "link": _link(SLEEP_METRIC, day)}
 
@@ -9709,10 +9951,14 @@ def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
 
 def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,
                   today: int, low_us: int, high_us: int) -> dict:
-    kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
-    query = PointQuery(item.metric, item.layer, low_us, high_us,
-                       "day" if kind == "present" else "hour", zone)
-    hours = _local_hours(conn, query)
+    if item.metric == SLEEP_METRIC and item.layer == RECORD_LAYER:  # a night on its wake day
+        kind = "nights"
+        hours = {day: {day} for day in sleep_wake_days(conn, zone, low_us, high_us)}
+    else:
+        kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
+        query = PointQuery(item.metric, item.layer, low_us, high_us,
+                           "day" if kind == "present" else "hour", zone)
+        hours = _local_hours(conn, query)
     first_offset = zone.offset_at(item.first_hour * HOUR_US)
     first_day = local_ordinal(item.first_hour * HOUR_US,
                               item.newest_offset if first_offset is None else first_offset)
@@ -9773,13 +10019,17 @@ CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, poi
 CREATE TABLE nights (date TEXT NOT NULL, kind TEXT NOT NULL, sleep_start TEXT,
                      sleep_end TEXT NOT NULL, start TEXT, "end" TEXT NOT NULL, asleep REAL,
                      in_bed REAL, deep REAL, core REAL, rem REAL, unspecified REAL,
-                     awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL);
+                     awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL,
+                     counted TEXT, scaled INTEGER NOT NULL);
 """
 """``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
-``night`` (a date's longest sleep) or ``nap``; ``date`` the local date it ended;
-``sleep_start``/``sleep_end`` local, ``start``/``end`` UTC; hours asleep, in bed and per
-stage (``unspecified``: HAE's stage-less "asleep"); ``overlapping`` 1 where its sources
-said more than its window."""
+``night`` (a date's longest sleep that is no nap) or ``nap`` (a date of naps only has nap
+rows alone); ``date`` the local date it ended; ``sleep_start``/``sleep_end`` local,
+``start``/``end`` UTC (the start empty where the bedtime is not known); hours asleep, in
+bed and per stage as shown (``unspecified``: the stage "asleep, no stage"), never adding
+up to more than asleep; ``overlapping`` 1 where its figures said more than its limit;
+``counted`` which figure gives asleep (``total``, ``staged``, ``unspecified``, ``union``);
+``scaled`` 1 where its stages are shares of a figure cut to its limit."""
 
 _EXPORT_INDEXES = """
 CREATE INDEX points_metric ON points (metric, layer, start);
@@ -9789,17 +10039,22 @@ CREATE INDEX nights_date ON nights (date);
 """
 
 
-def _night_rows(nights: list) -> Iterator[tuple]:
-    for night in nights:
-        for kind, sleep in [("night", night)] + [("nap", nap) for nap in night.naps]:
+NIGHT_COLUMNS = 17
+"""The columns of the exported ``nights`` table."""
+
+
+def _night_rows(days: list) -> Iterator[tuple]:
+    for day in days:
+        for kind, sleep in ([("night", day.night)] if day.night else []) + [
+                ("nap", nap) for nap in day.naps]:
             yield (_dt.date.fromordinal(sleep.date).isoformat(), kind,
-                   None if sleep.start is None else local_iso(sleep.start, sleep.start_offset),
+                   _local_text(sleep.start, sleep.start_offset),
                    local_iso(sleep.end, sleep.end_offset),
                    None if sleep.start is None else format_instant(sleep.start),
                    format_instant(sleep.end), sleep.asleep, sleep.in_bed,
                    sleep.stages.get("deep"), sleep.stages.get("core"), sleep.stages.get("rem"),
-                   sleep.stages.get("asleep"), sleep.stages.get("awake"),
-                   int(sleep.overlapping), sleep.form)
+                   sleep.stages.get(UNSPECIFIED), sleep.stages.get(AWAKE),
+                   int(sleep.overlapping), sleep.form, sleep.counted, int(sleep.scaled))
 
 
 def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict,
@@ -9991,7 +10246,8 @@ def export_sqlite(conn: sqlite3.Connection, out: Path, scratch: Optional[Path] =
             sleep = None
             if query.sleep_stages:  # sleep's layer: each night once
                 nights = sleep_nights(conn, query)
-                target.executemany("INSERT INTO nights VALUES (%s)" % ",".join("?" * 15),
+                target.executemany("INSERT INTO nights VALUES (%s)"
+                                   % ",".join("?" * NIGHT_COLUMNS),
                                    _night_rows(nights))
                 sleep = SleepDates(nights, LOCAL_ZONE)
             rows = (_export_row(metric, layer, units, coord, point,
@@ -13924,7 +14180,7 @@ APP_CSS = r"""/* healthlog: one small stylesheet, system fonts, light and dark. 
   --core: #5b7be8;
   --rem: #2bb3c0;
   --awake: #f08c3a;
-  --asleep: #7f8fa6;
+  --asleep: #5f9a4e;
   --other: #a0a7b4;
   --inbed: #c5cbe0;
 }
@@ -13955,6 +14211,7 @@ APP_CSS = r"""/* healthlog: one small stylesheet, system fonts, light and dark. 
     --core: #5b8cff;
     --rem: #45d0dc;
     --awake: #f5a25d;
+    --asleep: #86c06c;
     --inbed: #39415a;
   }
 }
@@ -14323,6 +14580,7 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 }
 .attention-item.stale, .attention-item.late { border-color: var(--danger); }
 .attention-text { margin: 0; font-weight: 600; }
+.attention-item .whole { white-space: nowrap; }
 .attention-action { margin: 0.2rem 0 0; color: var(--muted); font-size: 0.88rem; }
 .attention-more { display: grid; gap: 0.45rem; overflow-wrap: anywhere; }
 .attention-more summary { cursor: pointer; font-weight: 600; }
@@ -14967,9 +15225,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return found || { stage: stage, label: stage, asleep: true, unspecified: false };
   }
 
-  /** A night's bar: its stages of sleep bottom up in the server's order, the asleep hours
-   *  no stage holds above them (a night that names no stage: all of them, drawn as the
-   *  unspecified stage), the stages that are not sleep (awake) on top, in bed behind. */
+  /** A night's bar: its stages of sleep bottom up in the server's order (the unspecified
+   *  stage, "asleep, no stage", among them), the asleep hours no stage shown holds above
+   *  them ("unstaged": a night whose figure has no stage hours, or a week's nights without
+   *  them), the stages that are not sleep (awake) on top, in bed behind. The server's
+   *  stages never add up to more than the hours asleep. Pure. */
   function nightBar(night, order) {
     const stages = night.stages || {};
     const keys = stagesOf(stages, order);
@@ -14983,15 +15243,85 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     const asleep = typeof night.asleep === 'number' ? night.asleep : null;
     if (asleep !== null && asleep - staged > 1 / 60) {
-      const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
-      parts.push({ stage: staged || !unspecified ? 'unstaged' : unspecified.stage,
-        hours: asleep - staged });
+      parts.push({ stage: 'unstaged', hours: asleep - staged });
     }
     awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
     return { parts: parts, top: top, asleep: asleep,
       inBed: typeof night.in_bed === 'number' ? night.in_bed : null };
+  }
+
+  /** Names as words: "A", "A and B", "A, B and C"; past ``most`` of them, "N more". */
+  function listWords(names, most) {
+    const shown = names.slice(0, most || names.length);
+    if (names.length > shown.length) shown.push((names.length - shown.length) + ' more');
+    if (shown.length < 2) return shown.join('');
+    return shown.slice(0, -1).join(', ') + ' and ' + shown[shown.length - 1];
+  }
+
+  /** When a night's sleep began and ended, in words: "bed 23:10, wake 07:00"; a bedtime
+   *  more than a day before the wake day with its date; "bedtime not known" where the
+   *  server knows none (a record that starts where the one before it ended). Pure. */
+  function bedWords(night) {
+    const bed = bedTime(night);
+    const end = splitLocal(night.sleep_end);
+    return (bed ? 'bed ' + bed : 'bedtime not known') + ', wake ' + (end ? end.time : '–');
+  }
+
+  /** A night's bedtime as shown: its wall clock, with its date when that is more than a
+   *  day before the wake day ("Feb 22 21:57"); null when not known. Pure. */
+  function bedTime(night) {
+    const start = splitLocal(night.sleep_start);
+    const end = splitLocal(night.sleep_end);
+    if (!start) return null;
+    return (end && daysBetween(start.date, end.date) > 1
+      ? formatDate(start.date, 'short') + ' ' : '') + start.time;
+  }
+
+  /** A nap's times: "15:59–17:28", or "until 18:26" where its start is not known. Pure. */
+  function napTimes(nap) {
+    const from = splitLocal(nap.sleep_start);
+    const to = splitLocal(nap.sleep_end);
+    const end = to ? to.time : '–';
+    return from ? from.time + '–' + end : 'until ' + end;
+  }
+
+  /** What an overlapping night says of itself, from what the server counted (``counted``,
+   *  ``said``, ``limit``, ``limit_by``, ``scaled``, ``sources``): who wrote it (the names
+   *  its records give, never another device), how much they said against the most the
+   *  night holds, and which figure counts. ``fields``: the sleep meaning's fields with
+   *  their labels (hours asleep, in bed). '' for a night that does not overlap. Pure. */
+  function overlapWords(night, order, fields) {
+    if (!night || night.overlapping !== true) return '';
+    const label = function (i) { return (fields[i] && fields[i].label) || ''; };
+    const inBed = fields[1] ? fields[1].field : null;
+    const who = (night.sources || []).length ? listWords(night.sources, 4) : 'Its sources';
+    const staged = (order || []).filter(function (s) { return s.asleep && !s.unspecified; })
+      .map(function (s) { return s.label; });
+    const limit = formatHours(night.limit);
+    let bound = ' for a night of ' + limit + ' from its start to its end';
+    if (night.limit_by === inBed && inBed) bound = ' for ' + limit + ' ' + label(1);
+    else if (night.limit_by !== 'window') bound = ', more than a day holds';
+    const asleep = formatHours(night.asleep);
+    let counted;
+    if (night.counted === 'staged') {
+      counted = night.scaled
+        ? asleep + ', the most the night holds, its ' + listWords(staged) +
+          ' scaled to their shares of it'
+        : 'its ' + listWords(staged) + ', ' + asleep +
+          ' (the sleep no stage holds is left out)';
+    } else if (night.counted === 'unspecified') {
+      counted = asleep + ' ' + label(0) + (night.said > night.limit
+        ? ', the most the night holds' : '') + '; no stage hours';
+    } else if (night.counted === 'union') {
+      counted = asleep + ' ' + label(0) + ', each minute once' +
+        (night.scaled ? ', its stages scaled to a day' : '');
+    } else {
+      counted = asleep + ' ' + label(0) + ' as written; ' + label(1) + ' at most its window';
+    }
+    return 'Sources overlap: ' + who + ' wrote ' + formatHours(night.said) + bound +
+      '; counted: ' + counted + '.';
   }
 
   // ---------------------------------------------------------------------------------
@@ -15897,6 +16227,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return (meaning.labels && meaning.labels[field]) || field || '';
   }
 
+  /** The meaning's fields with their labels, as the summary's sleep card carries them. */
+  function sleepFields(meaning) {
+    return (meaning.fields || []).map(function (field, i) {
+      return { field: field, label: fieldLabel(meaning, i) };
+    });
+  }
+
   function drawNights(chart, view) {
     const plan = view.plan;
     const meaning = view.metric.meaning;
@@ -15922,7 +16259,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? 'asleep, no stage'
+      item.appendChild(document.createTextNode(s === 'unstaged' ? fieldLabel(meaning, 0)
         : stageOf(s, order).label));
       legend.appendChild(item);
     });
@@ -15973,8 +16310,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         base += p.hours;
       });
       const parts = [];
-      parts.push(fieldLabel(meaning, 0) + ' ' +
-        (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      if (n.nights) {
+        parts.push(fieldLabel(meaning, 0) + ' ' +
+          (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      }
       if (bar.inBed !== null) parts.push(fieldLabel(meaning, 1) + ' ' + formatHours(bar.inBed));
       const stages = stagesOf(n.stages, order);
       if (stages.length) {
@@ -15982,20 +16321,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           return stageOf(k, order).label + ' ' + formatHours(n.stages[k]);
         }).join(', '));
       }
-      const start = splitLocal(n.sleep_start);
-      const end = splitLocal(n.sleep_end);
-      if (start || end) {
-        parts.push('bed ' + (start ? start.time : '–') + ', wake ' + (end ? end.time : '–'));
-      }
-      if (plan.bucket === 'week' && n.nights > 1) parts.push(n.nights + ' nights');
+      if (plan.bucket !== 'week' && !n.nights) parts.unshift('no night, naps only');
+      else if (plan.bucket !== 'week') parts.push(bedWords(n));
+      if (plan.bucket === 'week') parts.push(n.nights + (n.nights === 1 ? ' night' : ' nights'));
       if (n.overlapping) {
         parts.push(plan.bucket === 'week' ? n.overlapping + ' with overlapping sources'
-          : 'sources overlap: the Watch\'s stages counted');
+          : overlapWords(n, order, sleepFields(meaning)));
       }
       (n.naps || []).forEach(function (nap) {
-        const from = splitLocal(nap.sleep_start);
-        const to = splitLocal(nap.sleep_end);
-        parts.push('nap ' + (from ? from.time : '–') + '–' + (to ? to.time : '–') + ' ' +
+        parts.push('nap ' + napTimes(nap) + ' ' +
           (typeof nap.asleep === 'number' ? formatHours(nap.asleep) : '–') + ', not counted');
       });
       const text = (plan.bucket === 'week' ? 'Week of ' + formatDate(n.date) + ', average night'
@@ -16009,17 +16343,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     root.appendChild(data);
     panel.appendChild(root);
-    let asleep = 0;
-    let counted = 0;
-    bars.forEach(function (b) {
-      if (b.bar.asleep !== null) {
-        asleep += b.bar.asleep;
-        counted += 1;
-      }
-    });
-    const summary = nights.length + (plan.bucket === 'week' ? ' weeks' : nights.length === 1
-      ? ' night' : ' nights') + ' · asleep ' + formatHours(counted ? asleep / counted : NaN) +
-      ' a night on average';
+    // the mean of the range's nights, as the server counts it (never a mean of weeks)
+    const average = (view.data && view.data.average) || {};
+    const count = average.nights || 0;
+    const summary = (plan.bucket === 'week' ? nights.length + ' weeks, ' : '') + count +
+      (count === 1 ? ' night' : ' nights') + ' · ' + fieldLabel(meaning, 0) + ' ' +
+      formatHours(isNumber(average.asleep) ? average.asleep : NaN) + ' a night on average';
     wireReadout(root, g, marks, summary);
   }
 
@@ -16547,12 +16876,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   /** A nap beside a day's night: its times and hours, never added to the night. */
   function napNode(nap) {
     const node = el('p', 'card-note nap');
-    const start = splitLocal(nap.sleep_start);
-    const end = splitLocal(nap.sleep_end);
     setData(node, { field: 'nap', sleepStart: nap.sleep_start, sleepEnd: nap.sleep_end,
       asleep: nap.asleep });
-    node.appendChild(document.createTextNode('Nap ' + (start ? start.time : '–') + '–' +
-      (end ? end.time : '–') + ' '));
+    node.appendChild(document.createTextNode('Nap ' + napTimes(nap) + ' '));
     node.appendChild(el('span', 'num', isNumber(nap.asleep) ? formatHours(nap.asleep) : '–'));
     node.appendChild(document.createTextNode(' (not counted in the night)'));
     return node;
@@ -16584,12 +16910,22 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const start = splitLocal(card.sleep_start);
     const end = splitLocal(card.sleep_end);
-    if (start) fact('bed', start.time, { field: 'sleep_start', local: card.sleep_start });
+    if (start) fact('bed', bedTime(card), { field: 'sleep_start', local: card.sleep_start });
+    else if (end) {
+      const unknown = el('span', 'fact', 'bedtime not known');
+      unknown.dataset.field = 'sleep_start';
+      facts.appendChild(unknown);
+    }
     if (end) fact('wake', end.time, { field: 'sleep_end', local: card.sleep_end });
     if (facts.firstChild) node.appendChild(facts);
+    if (!card.nights && (card.naps || []).length) {
+      const none = el('p', 'card-note', 'No night ended on this day: naps only, never ' +
+        'counted as a night.');
+      none.dataset.field = 'no-night';
+      node.appendChild(none);
+    }
     if (card.overlapping) {
-      const note = el('p', 'card-note', 'Sources overlap this night (another app beside the' +
-        ' Watch): the Watch\'s stages are counted, never more than the night lasted.');
+      const note = el('p', 'card-note', overlapWords(card, card.stage_order || [], fields));
       note.dataset.field = 'overlapping';
       node.appendChild(note);
     }
@@ -16901,6 +17237,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   const ATTENTION_SHOWN = 3; // more lines than this fold away, named in one line
 
+  /** ``node`` with ``text`` in it, each word with a hyphen in it (a date, an automation's
+   *  name) kept on one line: a phone's narrow line breaks between words, never at a
+   *  hyphen ("2025-04-" / "25"). */
+  function wholeWords(node, text) {
+    String(text || '').split(/(\s+)/).forEach(function (word) {
+      if (word.indexOf('-') >= 0 && /\S/.test(word)) node.appendChild(el('span', 'whole', word));
+      else if (word) node.appendChild(document.createTextNode(word));
+    });
+    return node;
+  }
+
   function drawAttention(items) {
     const box = $('attention');
     clear(box);
@@ -16909,8 +17256,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     all.forEach(function (n, i) {
       const item = el('div', 'attention-item ' + n.state);
       setData(item, { kind: n.kind, state: n.state, subject: n.subject, since: n.since });
-      item.appendChild(el('p', 'attention-text', n.text));
-      if (n.action) item.appendChild(el('p', 'attention-action', n.action));
+      item.appendChild(wholeWords(el('p', 'attention-text'), n.text));
+      if (n.action) item.appendChild(wholeWords(el('p', 'attention-action'), n.action));
       if (i < ATTENTION_SHOWN || all.length === ATTENTION_SHOWN + 1) {
         box.appendChild(item);
         return;
@@ -16930,9 +17277,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** What a calendar cell says: the day, how much arrived, and its state in words. */
   function cellText(row, date, value, cellState) {
-    const amount = row.kind === 'hours'
-      ? formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data'
-      : (value ? 'data' : 'no data');
+    let amount = value ? 'data' : 'no data';
+    if (row.kind === 'hours') {
+      amount = formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data';
+    } else if (row.kind === 'nights') {
+      amount = value ? 'a night ended' : 'no night ended';
+    }
     const said = {
       ok: '', thin: ' (thin)', missing: ' (missing)', quiet: '', today: ' (today, not over)',
       before: ' (before its first data)', future: '',
@@ -16979,9 +17329,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
     if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
     $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
-      'data) or whether there is data (day data), by the date written in each point. A day ' +
-      'is thin under half the median hours of its row, missing without data where the ' +
-      'metric comes daily.';
+      'data) or whether there is data (day data), by the date written in each point; for ' +
+      'sleep, whether a night ended that day. A day is thin under half the median hours ' +
+      'of its row, missing without data where the metric comes daily.';
     const legend = $('coverage-legend');
     clear(legend);
     COVERAGE_STATES.forEach(function (entry) {
@@ -17791,7 +18141,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
-      stagesOf: stagesOf,
+      stagesOf: stagesOf, listWords: listWords, bedWords: bedWords, bedTime: bedTime,
+      napTimes: napTimes,
+      overlapWords: overlapWords,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
       formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,
