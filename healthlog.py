@@ -46,10 +46,11 @@ Sections, top-down (each banner says what it owns)::
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
     12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights (the one sleep rule), the view's plan,
-        records, summary, deliveries (read spec); freshness, notices' words, coverage
-        (freshness spec).
-    14. Export — the SQLite file of every point with its local time, and every night.
+    13. Queries — catalog, points, buckets, nights (the one sleep rule), records, workouts
+        (a list, one workout whole: workouts spec), the view's plan, summary, deliveries
+        (read spec); freshness, notices' words, coverage (freshness spec).
+    14. Export — the SQLite file of every point with its local time, every night and every
+        workout with its route; a workout's GPX.
     15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
     16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
     17. MCP — read-only tools for AI assistants (Model Context Protocol): JSON-RPC, the
@@ -126,7 +127,7 @@ import zlib
 import zoneinfo
 from dataclasses import dataclass, field, replace as _replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 try:  # optional speed-up: a .pyz cannot carry compiled code, the host may have it
     import orjson as _orjson
@@ -359,6 +360,10 @@ then fails it, so that no single delivery stops the fold.  Three: one death may 
 luck, a third is the delivery."""
 STREAM_CHUNK = 64 << 10
 """Streamed replies are written in pieces of about this size."""
+HEART_NEAREST_S = 5.0
+"""A route point's heart rate is the workout's sample nearest to it in time, when one is
+within this many seconds (the page's colours, the GPX's ``gpxtpx:hr``): HAE's Seconds
+grouping sends one every few seconds; nothing is interpolated across a gap."""
 SNAPSHOT_HOLD_S = 5.0
 """How long a streamed reply may keep its read snapshot open while the client reads.  A
 client still reading after that gets the rest from a file under ``DATA/tmp``, written at
@@ -628,6 +633,18 @@ class McpError(HealthlogError):
         self.code, self.data = code, data
 
 
+class UnknownWorkout(NotFound):
+    """No stored workout has that id."""
+
+    code = "unknown_workout"
+
+
+class NoRoute(NotFound):
+    """This workout has no route: there is nothing to draw or to write as GPX."""
+
+    code = "no_route"
+
+
 class PoolBroken(HealthlogError):
     """A rebuild worker ended, or could not merge what it was sent: the parallel rebuild
     is abandoned and started again in one process."""
@@ -864,6 +881,9 @@ class Config:
     notify_retry_s: tuple = NOTIFY_RETRY_S
     freshness_check_s: float = FRESHNESS_CHECK_S
     missing_body_wait_s: float = MISSING_BODY_WAIT_S
+    map_tiles: Optional[str] = None  # a tile server's URL template: its host joins the CSP
+    max_heart_rate: Optional[float] = None  # the owner's own, for heart-rate zones
+    distance_units: Optional[str] = None  # km or mi for splits and pace; None: the workout's
     clock: Callable[[], float] = time.time
     """Epoch seconds now: what freshness is judged against and the time a delivery is
     received at.  Tests give their own and move it instead of waiting."""
@@ -948,6 +968,40 @@ def parse_notify_url(text: str, origin: str) -> str:
     return text.strip()
 
 
+_TILE_FIELDS = re.compile(r"\{([a-z]+)\}")
+
+
+def parse_map_tiles(text: str, origin: str) -> str:
+    """A tile server's URL template: ``https://tile.openstreetmap.org/{z}/{x}/{y}.png``.
+    ``http://`` or ``https://``, one host (no ``{s}`` of several), ``{z}``, ``{x}`` and
+    ``{y}`` each once and no other field: only that host joins the page's
+    Content-Security-Policy."""
+    text = (text or "").strip()
+    parts = urllib.parse.urlsplit(text)
+    fields = _TILE_FIELDS.findall(text)
+    if (parts.scheme not in ("http", "https") or not parts.hostname or "{" in parts.netloc
+            or sorted(fields) != ["x", "y", "z"] or any(c in text for c in "\"'\\ <>")):
+        raise ConfigError("%s wants a tile URL template on one host with {z}, {x} and {y},"
+                          " such as https://tile.openstreetmap.org/{z}/{x}/{y}.png" % origin)
+    return text
+
+
+def parse_heart_rate(text: str, origin: str) -> float:
+    """A maximum heart rate in beats per minute: a whole number from 100 to 250."""
+    if not re.fullmatch(r"[0-9]{2,3}", (text or "").strip()) or not (
+            100 <= int(text) <= 250):
+        raise ConfigError("%s wants beats per minute, a whole number from 100 to 250" % origin)
+    return float(int(text))
+
+
+def parse_distance_units(text: str, origin: str) -> str:
+    """``km`` or ``mi``: how splits, pace and speed are counted."""
+    value = (text or "").strip().lower()
+    if value not in ("km", "mi"):
+        raise ConfigError("%s must be km or mi" % origin)
+    return value
+
+
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     """Merge defaults, ``HEALTHLOG_*`` environment variables and flags (flags win)."""
     values: dict = {}
@@ -972,7 +1026,12 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config
             ("late_after_s", "--late-after", "HEALTHLOG_LATE_AFTER", parse_duration),
             ("missing_body_wait_s", "--missing-body-wait", "HEALTHLOG_MISSING_BODY_WAIT",
              parse_duration),
-            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url)):
+            ("notify_url", "--notify", "HEALTHLOG_NOTIFY", parse_notify_url),
+            ("map_tiles", "--map-tiles", "HEALTHLOG_MAP_TILES", parse_map_tiles),
+            ("max_heart_rate", "--max-heart-rate", "HEALTHLOG_MAX_HEART_RATE",
+             parse_heart_rate),
+            ("distance_units", "--distance-units", "HEALTHLOG_DISTANCE_UNITS",
+             parse_distance_units)):
         given = getattr(args, flag[2:].replace("-", "_"), None)
         if given is not None:  # the flag wins; an empty variable counts as unset
             values[key] = parse(given, flag)
@@ -5928,7 +5987,8 @@ class SleepStage:
 
 
 SLEEP_STAGES = (SleepStage("deep", "deep"), SleepStage("core", "core"),
-                SleepStage("rem", "rem"), SleepStage("asleep", "asleep", unspecified=True),
+                SleepStage("rem", "rem"),
+                SleepStage("asleep", "asleep, no stage", unspecified=True),
                 SleepStage("awake", "awake", asleep=False))
 """The stages of sleep in the order they are listed and drawn: deepest first, awake last
 (on top of a night's bar).  Part of the sleep meaning (:class:`Meaning`'s ``stages``): the
@@ -6926,7 +6986,9 @@ phones' exports; compared lower-case without spaces, ``_`` or ``-``."""
 _STAGE_OF = {spelling: stage for stage, spellings in SLEEP_STAGE_NAMES.items()
              for spelling in spellings}
 NIGHT_GAP_US = 3 * HOUR_US
-"""Stage records more than this apart are two sleeps (a night and an afternoon nap)."""
+"""Stage records this far apart or more are two sleeps (a night and an afternoon nap).
+Nightly records are never joined: each is HAE's own sleep, and HAE bounds a record's
+window by the previous record's end, so records that touch are two sleeps."""
 STAGE_ORDER = tuple(stage.stage for stage in SLEEP_STAGES)
 """The order stages are listed and drawn in, deepest first, awake last: the sleep
 meaning's (:data:`SLEEP_STAGES`)."""
@@ -6934,10 +6996,14 @@ ASLEEP_STAGES = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep)
 """The stages whose hours are sleep: all but awake."""
 STAGED = tuple(stage.stage for stage in SLEEP_STAGES if stage.asleep and not stage.unspecified)
 """The stages of sleep a device told apart (the Watch's core, deep and REM)."""
-NIGHTLY_STAGES = tuple((stage.stage, stage.stage) for stage in SLEEP_STAGES
-                       if not stage.unspecified)
-"""(stage, field) of HAE's nightly records: each stage's hours under the stage's own name;
-their ``asleep`` (the unspecified stage) is read apart, as the part no stage holds."""
+UNSPECIFIED = next(stage.stage for stage in SLEEP_STAGES if stage.unspecified)
+"""The stage of sleep no stage was given for (HAE's and HealthKit's plain ``asleep``)."""
+AWAKE = next(stage.stage for stage in SLEEP_STAGES if not stage.asleep)
+"""The stage that is not sleep."""
+
+
+_STAGE_SPELLED: dict = {}
+"""``value`` text -> its stage (or None): a year of records repeats a few spellings."""
 
 
 def sleep_stage(value: Any) -> Optional[str]:
@@ -6945,29 +7011,47 @@ def sleep_stage(value: Any) -> Optional[str]:
     ``awake``, ``in_bed``), or None."""
     if type(value) is not str:
         return None
+    if value in _STAGE_SPELLED:
+        return _STAGE_SPELLED[value]
     key = re.sub(r"[\s_-]+", "", value.lower())
     if key.startswith("hkcategoryvaluesleepanalysis"):
         key = key[len("hkcategoryvaluesleepanalysis"):]
-    return _STAGE_OF.get(key)
+    if len(_STAGE_SPELLED) >= 4096:
+        _STAGE_SPELLED.clear()
+    stage = _STAGE_SPELLED[value] = _STAGE_OF.get(key)
+    return stage
 
 
 def _hours(value: Any) -> Optional[float]:
     return float(value) if type(value) in (int, float) and value > 0 else None
 
 
-SLEEP_SLACK_H = 1 / 60
-"""HAE's hours are sums of floats and its sleep window is written to the second: a total
-within a minute of its window is not an overlap."""
+SLEEP_TOLERANCE_H = 1 / 3600
+"""One second: HAE writes a sleep's start and end to the second and adds its hours up as
+floats, so a figure within a second of a bound is that bound, not an overlap.  No figure
+is ever shown above its bound: within the second it is cut to it."""
 SLEEP_MAX_H = 24.0
 """No sleep is longer than a day, whatever its figures say."""
+NAP_MAX_H = 3.0
+"""A sleep of less than this many hours asleep that lies wholly in the day is a nap."""
+NAP_DAY_S = (10 * 3600, 20 * 3600)
+"""The day of a nap, in local clock seconds from midnight: 10:00 to 20:00."""
 
 
 @dataclass
 class Night:
-    """One sleep (records less than :data:`NIGHT_GAP_US` apart), placed on the local date
-    of its end.  ``asleep`` is its hours asleep by the one sleep rule (:func:`settle_sleep`),
-    never more than its window or a day; ``overlapping`` when its own figures said more
-    (two sources describing the same hours, or one written twice)."""
+    """One sleep, placed on the local date of its end: a nightly record, or stage records
+    less than :data:`NIGHT_GAP_US` apart.  ``asleep`` is its hours asleep by the one sleep
+    rule (:func:`_nightly_night`, :func:`_record_night`), never more than its ``limit``
+    (the smallest of its window, its own hours in bed and a day); ``overlapping`` when its
+    own figures said more (``said``: two sources describing the same hours, or one written
+    twice); ``counted`` which figure gives ``asleep`` (``total``: HAE's own, ``staged``:
+    core + deep + rem, ``unspecified``: HAE's ``asleep``, the sleep no stage holds,
+    ``union``: the time its stage records cover); ``stages`` the stage hours shown, never
+    adding up to more than ``asleep`` (awake beside them), ``scaled`` when they are shares
+    of a figure cut to its limit.  ``start`` is the bedtime shown (None when not known: a
+    record that starts where the one before it ended); ``begins`` where its window starts,
+    known or not."""
 
     date: int  # local date ordinal
     end: int  # UTC µs
@@ -6979,24 +7063,70 @@ class Night:
     stages: dict
     form: str  # "nightly" (one record per night) or "records" (one per stage segment)
     overlapping: bool = False
-    window: Optional[float] = None  # hours from its start to its end, gaps left out
-    naps: list = field(default_factory=list)  # the day's other sleeps (its night only)
+    window: Optional[float] = None  # hours from ``begins`` to its end
+    begins: Optional[int] = None
+    begins_offset: int = 0
+    counted: Optional[str] = None
+    said: Optional[float] = None
+    limit: Optional[float] = None
+    limit_by: Optional[str] = None  # "window", "in_bed" or "day"
+    scaled: bool = False
+    sources: tuple = ()
+
+
+@dataclass
+class SleepDay:
+    """The sleeps that ended on one local date: its ``night`` (its longest sleep that is no
+    nap; None on a day of naps only) and its ``naps`` (every other sleep, never counted),
+    and ``clusters``, the sleeps its stage records make (the night or naps, unless the
+    date's nightly records gave them), by which those records are dated."""
+
+    date: int
+    night: Optional[Night]
+    naps: list
+    clusters: list = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return max(sleep.end for sleep in ([self.night] if self.night else []) + self.naps)
 
 
 @dataclass
 class _NightlySleep:
-    """One nightly record's figures, before a sleep is made of it and its neighbours."""
+    """One nightly record's figures, before the rule settles what it shows."""
 
     start: Optional[int]
     start_offset: int
     end: int
     end_offset: int
     total: Optional[float]  # HAE's own total: totalSleep, else asleep + core + deep + rem
-    staged: float  # core + deep + rem (the Watch's stages)
+    staged: dict  # core, deep, rem: the stages a device told apart
     unspecified: float  # HAE's ``asleep``: only the unspecified part where stages exist
+    awake: float
     in_bed: Optional[float]
     in_bed_window: Optional[tuple]
-    stages: dict
+    sources: tuple
+
+
+_SOURCE_NAMES: dict = {}
+"""``source`` text -> its names: a year of sleep records repeats a few of them."""
+
+
+def _sources(text: Any) -> tuple:
+    """The names a ``source`` gives (HAE joins a night's with ``|``), each once, in order."""
+    if type(text) is not str:
+        return ()
+    found = _SOURCE_NAMES.get(text)
+    if found is None:
+        names: list = []
+        for name in text.split("|"):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+        if len(_SOURCE_NAMES) >= 4096:
+            _SOURCE_NAMES.clear()
+        found = _SOURCE_NAMES[text] = tuple(names)
+    return found
 
 
 def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
@@ -7016,134 +7146,225 @@ def _nightly_sleep(point: dict, zone: Zone) -> Optional[_NightlySleep]:
     start = parse_time(start_raw)
     if start is not None and start >= end:
         start = None
-    stages = {stage: _hours(point.get(name)) for stage, name in NIGHTLY_STAGES}
-    stages = {stage: hours for stage, hours in stages.items() if hours}
-    staged = sum(stages.get(stage, 0.0) for stage in STAGED)
+    staged = {stage: _hours(point.get(stage)) for stage in STAGED}
+    staged = {stage: hours for stage, hours in staged.items() if hours}
     unspecified = _hours(point.get("asleep")) or 0.0
     total = _hours(point.get("totalSleep"))
     if total is None and (staged or unspecified):
-        total = unspecified + staged
+        total = unspecified + sum(staged.values())
     bed_start, bed_end = parse_time(point.get("inBedStart")), parse_time(point.get("inBedEnd"))
     return _NightlySleep(start, end_offset if start is None else
                          zone.point_offset(start_raw, start), end, end_offset, total, staged,
-                         unspecified, _hours(point.get("inBed")),
+                         unspecified, _hours(point.get("awake")) or 0.0,
+                         _hours(point.get("inBed")),
                          (bed_start, bed_end) if bed_start is not None and bed_end is not None
-                         and bed_end > bed_start else None, stages)
+                         and bed_end > bed_start else None, _sources(point.get("source")))
 
 
-def settle_sleep(total: Optional[float], staged: float, unspecified: float,
-                 window: Optional[float]) -> tuple:
-    """(hours asleep, overlapping) of one sleep from its nightly figures: HAE's total,
-    unless it says more than the sleep's window (or a day): then the sources overlap
-    (AutoSleep beside the Watch on 87 of 90 real nights of one person; Eight Sleep
-    writing its samples twice, 27 h between 21:52 and 10:16), and the figure is the
-    staged one (the Watch's, which Apple's own source order puts first), else the
-    unspecified ``asleep``, capped at the window."""
-    if total is None:
-        return None, False
-    cap = SLEEP_MAX_H if window is None else min(window, SLEEP_MAX_H)
-    if total <= cap + SLEEP_SLACK_H:
-        return total, False
-    figure = staged or unspecified or total
-    return min(figure, cap), True
+def _limit(window: Optional[float], in_bed: Optional[float]) -> tuple:
+    """(hours, what bounds them) of the most sleep a record can hold: the smallest of its
+    window, its own hours in bed (when it gives them) and a day."""
+    bounds = [(SLEEP_MAX_H, "day")]
+    if in_bed is not None:
+        bounds.append((in_bed, "in_bed"))
+    if window is not None:
+        bounds.append((window, "window"))
+    return min(bounds, key=lambda bound: bound[0])
 
 
-def _nightly_sleeps(sleeps: list) -> list:
-    """Sleeps from nightly records: records whose windows are less than
-    :data:`NIGHT_GAP_US` apart are one sleep (HAE splits a night in two at times, and
-    two short naps in a row are one); each sleep is settled by :func:`settle_sleep`."""
-    nights, group, reach = [], [], None
-    ordered = sorted(sleeps, key=lambda s: (s.start if s.start is not None else s.end, s.end))
-    for sleep in ordered + [None]:
-        begins = None if sleep is None else (sleep.start if sleep.start is not None
-                                             else sleep.end)
-        if group and (sleep is None or reach is None or sleep.start is None
-                      or begins - reach >= NIGHT_GAP_US):
-            nights.append(_settled_nightly(group))
-            group, reach = [], None
-        if sleep is not None:
-            group.append(sleep)
-            reach = None if sleep.start is None else max(reach or sleep.end, sleep.end)
-    return nights
+def _nightly_night(sleep: _NightlySleep, date: int) -> Night:
+    """The night one nightly record gives, by the one sleep rule:
+
+    * its figures overlap when HAE's total is more than its limit (:func:`_limit`: its
+      window, its own ``inBed``, a day) by more than :data:`SLEEP_TOLERANCE_H`: two sources
+      describe the same hours (AutoSleep's 8.0 h beside the Watch's 6.1 h in 8.25 h in bed)
+      or one wrote its samples twice (Eight Sleep: 27 h between 21:52 and 10:16);
+    * the hours counted are HAE's total, else (overlapping) the staged figure (core + deep +
+      rem) if there is one, else ``asleep``, never more than the limit;
+    * the stages shown are those counted: the total's stages and its unspecified part
+      (the stage ``asleep``); the staged figure's stages, another source's unspecified part
+      left out; none when ``asleep`` alone counts.  A figure cut to its limit shows its
+      stages as their shares of it (``scaled``), and an overlapping night's awake time
+      never fills more than the limit leaves;
+    * in bed is ``inBed``, never more than its in-bed window (else its window) nor a day;
+      more than that is overlapping too (and awake then fits in the limit as well)."""
+    window = None if sleep.start is None else (sleep.end - sleep.start) / HOUR_US
+    limit, limit_by = _limit(window, sleep.in_bed)
+    staged = sum(sleep.staged.values())
+    said = sleep.total
+    asleep = counted = None
+    overlapping = scaled = False
+    shown: dict = {}
+    figure = 0.0
+    if said is not None and said <= limit + SLEEP_TOLERANCE_H:
+        counted, figure = "total", said
+        if staged:
+            shown = dict(sleep.staged)
+            if sleep.unspecified:
+                shown[UNSPECIFIED] = sleep.unspecified
+    elif said is not None:
+        overlapping = True
+        if staged:
+            counted, figure, shown = "staged", staged, dict(sleep.staged)
+        else:
+            counted, figure = "unspecified", sleep.unspecified or said
+        scaled = bool(shown) and figure > limit + SLEEP_TOLERANCE_H
+    if counted is not None:
+        asleep = min(figure, limit)
+    in_bed = sleep.in_bed
+    if in_bed is not None:
+        bed_window = sleep.in_bed_window or (None if sleep.start is None
+                                             else (sleep.start, sleep.end))
+        cap = SLEEP_MAX_H if bed_window is None else min(
+            (bed_window[1] - bed_window[0]) / HOUR_US, SLEEP_MAX_H)
+        overlapping = overlapping or in_bed > cap + SLEEP_TOLERANCE_H
+        in_bed = min(in_bed, cap)
+    share = asleep / figure if shown and figure > asleep else 1.0
+    stages = {stage: hours * share for stage, hours in shown.items()}
+    if shown and sleep.awake:
+        awake = sleep.awake * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
+        if awake > 0:
+            stages[AWAKE] = awake
+    return Night(date, sleep.end, sleep.end_offset, sleep.start, sleep.start_offset, asleep,
+                 in_bed, in_stage_order(stages), "nightly", overlapping, window, sleep.start,
+                 sleep.start_offset, counted, said, limit, limit_by, scaled, sleep.sources)
 
 
-def _settled_nightly(group: list) -> Night:
-    last = max(group, key=lambda s: s.end)
-    starts = [s for s in group if s.start is not None]
-    first = min(starts, key=lambda s: s.start) if starts else None
-    totals = [s.total for s in group if s.total is not None]
-    windows = [(s.start, s.end) for s in starts]
-    window = _union_hours(windows) if windows and len(windows) == len(group) else None
-    asleep, overlapping = settle_sleep(sum(totals) if totals else None,
-                                       sum(s.staged for s in group),
-                                       sum(s.unspecified for s in group), window)
-    beds = [s.in_bed for s in group if s.in_bed is not None]
-    in_bed = None
-    if beds:  # in bed, likewise, within the windows in bed (else asleep) or a day
-        bed_windows = [s.in_bed_window or (s.start, s.end) for s in group
-                       if s.in_bed_window or s.start is not None]
-        cap = SLEEP_MAX_H
-        if len(bed_windows) == len(group):
-            cap = min(_union_hours(bed_windows), SLEEP_MAX_H)
-        in_bed = min(sum(beds), cap)
-        overlapping = overlapping or sum(beds) > cap + SLEEP_SLACK_H
-    stages: dict = {}
-    for sleep in group:
-        for stage, hours in sleep.stages.items():
-            stages[stage] = stages.get(stage, 0.0) + hours
-    return Night(local_ordinal(last.end, last.end_offset), last.end, last.end_offset,
-                 first.start if first else None,
-                 first.start_offset if first else last.end_offset, asleep, in_bed, stages,
-                 "nightly", overlapping, window)
+def _record_seconds(group: list) -> tuple:
+    """({stage: µs}, µs asleep, µs in bed) of stage records ((start, end, stage, …)), each
+    instant counted once, in one stage: a stage a device told apart (of two, the record
+    that began last, which describes that moment), else the unspecified stage, else awake;
+    in bed wherever an in-bed record is.  Records that do not overlap (one device, the
+    usual night) are added up; the others are walked instant by instant of change."""
+    spans = sorted((record[0], record[1], record[2]) for record in group
+                   if record[2] != "in_bed")
+    in_bed = _union_us([(record[0], record[1]) for record in group if record[2] == "in_bed"])
+    seconds: dict = {}
+    asleep = 0
+    if all(spans[k][0] >= spans[k - 1][1] for k in range(1, len(spans))):
+        for start, end, stage in spans:
+            seconds[stage] = seconds.get(stage, 0) + end - start
+            if stage != AWAKE:
+                asleep += end - start
+        return seconds, asleep, in_bed
+    cuts = sorted({t for span in spans for t in (span[0], span[1])})
+    rank = {stage: n for n, stage in enumerate(STAGE_ORDER)}
+    active: list = []
+    k = 0
+    for first, last in zip(cuts, cuts[1:]):
+        while k < len(spans) and spans[k][0] <= first:
+            active.append(spans[k])
+            k += 1
+        active = [span for span in active if span[1] > first]
+        if not active:
+            continue
+        told = [span for span in active if span[2] in STAGED]
+        if told:
+            stage = max(told, key=lambda span: (span[0], -rank[span[2]]))[2]
+        elif any(span[2] == UNSPECIFIED for span in active):
+            stage = UNSPECIFIED
+        else:
+            stage = AWAKE
+        seconds[stage] = seconds.get(stage, 0) + last - first
+        if stage != AWAKE:
+            asleep += last - first
+    return seconds, asleep, in_bed
 
 
-def _union_hours(spans: list) -> float:
+def _union_us(spans: list) -> int:
+    """The µs that (start, end) spans cover, each once."""
     total, reach = 0, None
     for start, end in sorted(spans):
         if reach is None or start > reach:
             total, reach = total + end - start, end
         elif end > reach:
             total, reach = total + end - reach, end
-    return total / HOUR_US
+    return total
 
 
-def _record_nights(records: list, zone: Zone) -> list:
-    """Nights from stage records ((start, end, stage, end text, start text)): records
-    less than :data:`NIGHT_GAP_US` apart are one sleep, placed on the local date of its
-    last end.  Every figure is the length of a union of intervals, so a record written
-    twice, or two devices recording one night, count once: asleep is the union of the
-    asleep stages' records, in bed that of ``in_bed``, each stage that of its own, none of
-    them more than a day; the sleep is ``overlapping`` when its asleep records add up to
-    more than their union (a record written twice, two devices) or the union to more than
-    a day."""
-    nights, group = [], []
-    for record in sorted(records) + [None]:
-        if group and (record is None or record[0] - max(r[1] for r in group) >= NIGHT_GAP_US):
-            last = max(group, key=lambda r: r[1])
-            first = min(group, key=lambda r: r[0])
-            end_offset = zone.point_offset(last[3], last[1])
-            spans: dict = {}
-            for start, end, stage, _, _ in group:
-                spans.setdefault(stage, []).append((start, end))
-            stages = {stage: _union_hours(found) for stage, found in spans.items()
-                      if stage != "in_bed"}
-            asleep_spans = [span for stage in ASLEEP_STAGES for span in spans.get(stage, ())]
-            asleep = _union_hours(asleep_spans) if asleep_spans else None
-            said = sum(end - start for start, end in asleep_spans) / HOUR_US
-            in_bed = _union_hours(spans["in_bed"]) if "in_bed" in spans else None
-            overlapping = asleep is not None and (said > asleep + SLEEP_SLACK_H
-                                                  or asleep > SLEEP_MAX_H)
-            nights.append(Night(
-                local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
-                zone.point_offset(first[4], first[0]),
-                None if asleep is None else min(asleep, SLEEP_MAX_H),
-                None if in_bed is None else min(in_bed, SLEEP_MAX_H),
-                {stage: min(hours, SLEEP_MAX_H) for stage, hours in stages.items()},
-                "records", overlapping, _union_hours([(r[0], r[1]) for r in group])))
-            group = []
-        if record is not None:
-            group.append(record)
-    return nights
+def _record_night(group: list, zone: Zone) -> Night:
+    """The sleep of stage records ((start, end, stage, end text, start text, sources)) less
+    than :data:`NIGHT_GAP_US` apart, placed on the local date of its last end.  Every
+    instant counts once (:func:`_record_seconds`), so a record written twice, or two devices
+    recording one night, count once: asleep is the time any asleep record covers, each
+    stage the time it holds, in bed that of ``in_bed``; none more than a day (the stages
+    then shares of it, ``scaled``).  The sleep is ``overlapping`` when its asleep records
+    add up to more than the time they cover, or to more than a day (its awake time then
+    fits in what its limit leaves); its stages are shown only when a device told some
+    apart (asleep alone shows no stage hours)."""
+    last = max(group, key=lambda r: r[1])
+    first = min(group, key=lambda r: r[0])
+    end_offset = zone.point_offset(last[3], last[1])
+    start_offset = zone.point_offset(first[4], first[0])
+    seconds, covered, bed = _record_seconds(group)
+    said_us = sum(r[1] - r[0] for r in group if r[2] in ASLEEP_STAGES)
+    span = (last[1] - first[0]) / HOUR_US
+    union = covered / HOUR_US
+    asleep = min(union, SLEEP_MAX_H) if covered else None
+    overlapping = covered > 0 and (said_us > covered or union > SLEEP_MAX_H)
+    limit, limit_by = (SLEEP_MAX_H, "day") if span > SLEEP_MAX_H else (span, "window")
+    stages: dict = {}
+    if any(seconds.get(stage) for stage in STAGED):
+        share = asleep / union if union > asleep else 1.0
+        stages = {stage: us / HOUR_US * share for stage, us in seconds.items()
+                  if stage != AWAKE}
+        awake = seconds.get(AWAKE, 0) / HOUR_US * share
+        if overlapping:
+            awake = min(awake, max(0.0, limit - asleep))
+        if awake > 0:
+            stages[AWAKE] = awake
+    seen: dict = {}  # source name -> its first record's start: named in that order
+    for record in group:
+        for name in record[5]:
+            seen[name] = min(seen.get(name, record[0]), record[0])
+    sources = sorted(seen, key=lambda name: (seen[name], name))
+    return Night(local_ordinal(last[1], end_offset), last[1], end_offset, first[0],
+                 start_offset, asleep, None if not bed else min(bed / HOUR_US, SLEEP_MAX_H),
+                 in_stage_order(stages), "records", overlapping, span, first[0], start_offset,
+                 "union" if covered else None, said_us / HOUR_US if covered else None,
+                 limit, limit_by, union > SLEEP_MAX_H, tuple(sources))
+
+
+def _record_clusters(records: list) -> list:
+    """Stage records in sleeps: sorted, each group's records less than
+    :data:`NIGHT_GAP_US` after the latest end before them."""
+    groups: list = []
+    reach = None
+    for record in sorted(records):
+        if not groups or record[0] - reach >= NIGHT_GAP_US:
+            groups.append([])
+            reach = record[1]
+        groups[-1].append(record)
+        reach = max(reach, record[1])
+    return groups
+
+
+def _stages_span(records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
+    """(start, raw start) of the stage records inside a nightly record's window that end
+    its last sleep (the records less than :data:`NIGHT_GAP_US` apart that lie last in
+    it), or None when it holds none."""
+    inside = [record for record in records[bisect.bisect_left(starts, sleep.start):]
+              if record[0] < sleep.end]
+    inside = [record for record in inside if record[1] <= sleep.end]
+    groups = _record_clusters(inside)
+    return (groups[-1][0][0], groups[-1][0][4]) if groups else None
+
+
+def is_nap(night: Night) -> bool:
+    """A nap: less than :data:`NAP_MAX_H` asleep, lying wholly between 10:00 and 20:00 local
+    time of one day (:data:`NAP_DAY_S`), by its window (known even where its bedtime is
+    not).  A shift worker's day sleep is a night by its length; a short night that begins
+    at 06:30 is still a night."""
+    if night.begins is None or (night.asleep or 0.0) >= NAP_MAX_H:
+        return False
+    begins = night.begins // US + night.begins_offset
+    ends = night.end // US + night.end_offset
+    if begins // 86400 != ends // 86400:
+        return False
+    return NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1] \
+        and ends > begins
 
 
 def _sleep_length(night: Night) -> tuple:
@@ -7152,65 +7373,127 @@ def _sleep_length(night: Night) -> tuple:
     return (night.asleep or 0.0, night.in_bed or 0.0, night.window or 0.0, night.end)
 
 
-def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
-    """The nights whose end lies in the range, one per local date: the day's longest
-    sleep, with the day's other sleeps as its ``naps`` (never added to it).  A date with
-    nightly records takes the sleeps they make (HAE's own aggregate, what Apple Health
-    shows), else the sleeps its stage records make.  The same night sent twice
-    (HAE re-sends a night with ``date`` once the sleep start, once the wake time; or sends
-    it while it runs, and again in the morning) counts once: the nightly record of the
-    latest end of a sleep start."""
-    widened = _replace(query, start=None if query.start is None
-                                  else query.start - 2 * 86400 * US, day_from=None,
-                                  day_to=None)
+def nights_of_points(points: Iterable, zone: Zone) -> list:
+    """Every date's sleeps from sleep points (:func:`nights_of_spans`, each point's span
+    read from its timestamps)."""
+    return nights_of_spans(((point_span(point), point) for point in points), zone)
+
+
+def nights_of_spans(items: Iterable, zone: Zone) -> list:
+    """Every date's sleeps (:class:`SleepDay`, by date) from sleep points, by the one
+    sleep rule:
+
+    * each nightly record is one sleep (:func:`_nightly_night`), never joined to another;
+      the same night sent twice (HAE re-sends a night with ``date`` once the sleep start,
+      once the wake time; or sends it while it runs, and again in the morning) counts
+      once: the record of the latest end of a sleep start.  A record that starts where
+      another ended has no known bedtime: its stage records' span, else none;
+    * stage records less than :data:`NIGHT_GAP_US` apart are one sleep (:func:`_record_night`);
+    * a date with nightly records takes the sleeps they make, else those of its stage
+      records; of them, naps (:func:`is_nap`) are never its night; its night is its longest
+      other sleep, every other sleep is a nap beside it; a date of naps only has no night."""
     nightly: dict = {}
     records = []
-    for _, _, point in iter_points(conn, widened):
+    for span, point in items:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
-            start, end = point_span(point) or (None, None)
+            start, end = span or (None, None)
             if start is None or end is None or end <= start:
                 continue
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
-            records.append((start, end, stage, raw_end, raw_start(point)))
+            records.append((start, end, stage, raw_end, raw_start(point),
+                            _sources(point.get("source"))))
             continue
-        sleep = _nightly_sleep(point, query.zone)
+        sleep = _nightly_sleep(point, zone)
         if sleep is not None:  # one night, however often sent: the latest end wins
             key = sleep.end if sleep.start is None else sleep.start
             rank = (sleep.end, len(content_keys(point)))
             known = nightly.get(key)
             if known is None or rank >= known[1]:
                 nightly[key] = (sleep, rank)
+    records.sort()
+    starts = [record[0] for record in records]
+    ends = {sleep.end for sleep, _ in nightly.values()}
     by_date: dict = {}
-    for night in _nightly_sleeps([sleep for sleep, _ in nightly.values()]):
-        by_date.setdefault(night.date, []).append(night)
-    for night in _record_nights(records, query.zone):
-        if night.date not in by_date or by_date[night.date][0].form == "records":
-            by_date.setdefault(night.date, []).append(night)
-    nights = []
+    for sleep, _ in nightly.values():
+        night = _nightly_night(sleep, local_ordinal(sleep.end, sleep.end_offset))
+        if sleep.start is not None and sleep.start in ends:  # HAE's boundary, no bedtime
+            span = _stages_span(records, starts, sleep)
+            night.start = None if span is None else span[0]
+            night.start_offset = (night.start_offset if span is None
+                                  else zone.point_offset(span[1], span[0]))
+        by_date.setdefault(night.date, ([], [], []))[0].append(night)
+    for group in _record_clusters(records):
+        night = _record_night(group, zone)
+        by_date.setdefault(night.date, ([], [], []))[1].append(night)
+    days = []
     for date in sorted(by_date):
-        sleeps = sorted(by_date[date], key=_sleep_length)
-        night = sleeps.pop()
-        night.naps = sorted(sleeps, key=lambda n: n.end)
-        if _night_in_range(night, query):
-            nights.append(night)
-    return nights
+        from_nightly, from_records, _ = by_date[date]
+        sleeps = from_nightly or from_records
+        others = [sleep for sleep in sleeps if not is_nap(sleep)]
+        night = max(others, key=_sleep_length) if others else None
+        days.append(SleepDay(date, night, sorted((sleep for sleep in sleeps
+                                                 if sleep is not night),
+                                                key=lambda sleep: sleep.end),
+                             from_records))
+    return days
 
 
-def _night_in_range(night: Night, query: PointQuery) -> bool:
-    if query.start is not None and query.day_from is None and night.end < query.start:
+def _sleep_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """((start, end), point) of the sleep points a range's nights are made of: from three
+    days before its start (a night's window and the record it starts at may begin that
+    long before it ends); the spans the store keeps, never parsed again."""
+    widened = _replace(query, start=None if query.start is None
+                                  else query.start - 3 * 86400 * US, day_from=None,
+                                  day_to=None)
+    for _, coord, point in iter_points(conn, widened):
+        yield (coord[0], coord[1]), point
+
+
+def sleep_nights(conn: sqlite3.Connection, query: PointQuery) -> list:
+    """The sleep days (:class:`SleepDay`) whose sleeps end in the range, one per local
+    date, by the one sleep rule (:func:`nights_of_spans`)."""
+    return [day for day in nights_of_spans(_sleep_points(conn, query), query.zone)
+            if _day_in_range(day, query)]
+
+
+def _day_in_range(day: SleepDay, query: PointQuery) -> bool:
+    end = day.end
+    if query.start is not None and query.day_from is None and end < query.start:
         return False
-    if query.end is not None and query.day_to is None and night.end >= query.end:
+    if query.end is not None and query.day_to is None and end >= query.end:
         return False
-    return ((query.day_from is None or night.date >= query.day_from)
-            and (query.day_to is None or night.date < query.day_to))
+    return ((query.day_from is None or day.date >= query.day_from)
+            and (query.day_to is None or day.date < query.day_to))
+
+
+def sleep_wake_days(conn: sqlite3.Connection, zone: Zone, low_us: int, high_us: int) -> set:
+    """The local date ordinals between two instants on which a night ended (a date of naps
+    only has none): the coverage calendar's sleep row, counted on the wake day."""
+    query = PointQuery(SLEEP_METRIC, RECORD_LAYER, low_us, high_us, zone=zone)
+    return {day.date for day in sleep_nights(conn, query) if day.night is not None}
+
+
+def _local_text(instant: Optional[int], offset: int) -> Optional[str]:
+    return None if instant is None else local_iso(instant, offset)
 
 
 def _nap_item(nap: Night) -> dict:
-    return {"sleep_start": None if nap.start is None else local_iso(nap.start, nap.start_offset),
+    return {"sleep_start": _local_text(nap.start, nap.start_offset),
             "sleep_end": local_iso(nap.end, nap.end_offset),
             "date": _dt.date.fromordinal(nap.date).isoformat(),
             "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
+
+
+def _night_words(night: Optional[Night]) -> dict:
+    """What a day's night says of how it was counted (``counted``, ``said``, ``limit``,
+    ``limit_by``, ``scaled``) and who wrote it (``sources``, the names its records give)."""
+    if night is None:
+        return {"counted": None, "said": None, "limit": None, "limit_by": None,
+                "scaled": False, "sources": []}
+    return {"counted": night.counted, "said": night.said, "limit": night.limit,
+            "limit_by": night.limit_by, "scaled": night.scaled,
+            "sources": list(night.sources)}
 
 
 def in_stage_order(stages: dict) -> dict:
@@ -7226,45 +7509,56 @@ def stage_order_json() -> list:
     return [stage.as_json() for stage in SLEEP_STAGES]
 
 
-def sleep_buckets(nights: list, query: PointQuery) -> list:
-    """Day buckets (the day's night, its naps beside it) or week buckets (the average
-    night of the nights there are; the naps listed, never averaged in), in the reply's
-    shape."""
+def _mean(values: list) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
+def sleep_average(days: list) -> dict:
+    """The average night of a range: the mean of its nights (never of weeks' means, never
+    a nap), and how many there are."""
+    nights = [day.night for day in days if day.night is not None]
+    return {"nights": len(nights), "asleep": _mean([n.asleep for n in nights]),
+            "in_bed": _mean([n.in_bed for n in nights])}
+
+
+def sleep_buckets(days: list, query: PointQuery) -> list:
+    """Day buckets (the day's night, its naps beside it; a day of naps only: no night, 0
+    ``nights``) or week buckets (the mean of the nights there are; the naps listed, never
+    averaged in), in the reply's shape."""
     groups: dict = {}
-    for night in nights:
-        key = night.date if query.bucket == "day" else night.date - (night.date - 1) % 7
-        groups.setdefault(key, []).append(night)
+    for day in days:
+        key = day.date if query.bucket == "day" else day.date - (day.date - 1) % 7
+        groups.setdefault(key, []).append(day)
     out = []
     for key in sorted(groups):
         members = groups[key]
-        share = 1.0 / len(members)
-
-        def mean(values: list) -> Optional[float]:
-            known = [v for v in values if v is not None]
-            return sum(known) / len(known) if known else None
-
+        nights = [day.night for day in members if day.night is not None]
+        naps = [nap for day in members for nap in day.naps]
         stages: dict = {}
-        for night in members:
+        for night in nights:
             for stage, hours in night.stages.items():
-                stages[stage] = stages.get(stage, 0.0) + hours * share
-        first = min(members, key=lambda n: n.end)
-        bucket = _Bucket(count=len(members), first=first.end, offset=first.end_offset)
+                stages[stage] = stages.get(stage, 0.0) + hours / len(nights)
+        sleeps = nights or naps
+        first = min(sleeps, key=lambda n: n.end)
+        bucket = _Bucket(count=len(sleeps), first=first.end, offset=first.end_offset)
         item = _bucket_place(query, key, bucket)
-        naps = [nap for night in members for nap in night.naps]
-        item.update({"count": len(members) + len(naps), "nights": len(members),
-                     "asleep": mean([n.asleep for n in members]),
-                     "in_bed": mean([n.in_bed for n in members]),
+        forms = {sleep.form for sleep in sleeps}
+        item.update({"count": len(nights) + len(naps), "nights": len(nights),
+                     "asleep": _mean([n.asleep for n in nights]),
+                     "in_bed": _mean([n.in_bed for n in nights]),
                      "stages": in_stage_order(stages),
-                     "form": "nightly" if all(n.form == "nightly" for n in members)
-                     else "records" if all(n.form == "records" for n in members) else "mixed",
-                     "overlapping": sum(n.overlapping for n in members),
+                     "form": forms.pop() if len(forms) == 1 else "mixed",
+                     "overlapping": sum(n.overlapping for n in nights),
                      "naps": [_nap_item(nap) for nap in naps]})
         if query.bucket == "day":
-            [night] = members
-            item["sleep_start"] = (None if night.start is None
-                                   else local_iso(night.start, night.start_offset))
-            item["sleep_end"] = local_iso(night.end, night.end_offset)
-            item["overlapping"] = night.overlapping
+            night = nights[0] if nights else None
+            item["sleep_start"] = None if night is None else _local_text(
+                night.start, night.start_offset)
+            item["sleep_end"] = None if night is None else local_iso(night.end,
+                                                                     night.end_offset)
+            item["overlapping"] = bool(night and night.overlapping)
+            item.update(_night_words(night))
         out.append(item)
     return out
 
@@ -7275,12 +7569,16 @@ class SleepDates:
     (else its own); so that exports date a sleep row on its wake day, not by HAE's ``date``
     (the sleep start the evening before on 43 of 91 real nights of one person)."""
 
-    def __init__(self, nights: list, zone: Zone):
-        sleeps = sorted((sleep for night in nights for sleep in [night] + night.naps
-                         if sleep.start is not None), key=lambda sleep: sleep.start)
-        self._starts = [sleep.start for sleep in sleeps]
+    def __init__(self, days: list, zone: Zone):
+        sleeps = sorted((sleep for day in days for sleep in day.clusters),
+                        key=lambda sleep: sleep.begins)
+        self._starts = [sleep.begins for sleep in sleeps]
         self._sleeps = sleeps
         self._zone = zone
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection, query: PointQuery) -> "SleepDates":
+        return cls(sleep_nights(conn, query), query.zone)
 
     def of(self, point: dict, coord: tuple) -> Optional[int]:
         """The local date ordinal of a sleep point, or None when it is no sleep."""
@@ -7288,29 +7586,28 @@ class SleepDates:
             sleep = _nightly_sleep(point, self._zone)
             return None if sleep is None else local_ordinal(sleep.end, sleep.end_offset)
         at = bisect.bisect_right(self._starts, coord[0]) - 1
-        while at >= 0 and coord[0] - self._starts[at] <= 2 * 86400 * US:
-            if coord[0] <= self._sleeps[at].end:  # the latest-starting sleep that holds it
-                return self._sleeps[at].date  # (a nap may start inside a longer sleep)
-            at -= 1
+        if at >= 0 and coord[0] < self._sleeps[at].end:  # the sleep its records make
+            return self._sleeps[at].date
         raw_end = point.get("end") or point.get("endDate") or raw_start(point)
         return local_ordinal(coord[1], self._zone.point_offset(raw_end, coord[1]))
 
 
-def _sleep_json(nights: list, query: PointQuery) -> Iterator[bytes]:
+def _sleep_json(days: list, query: PointQuery) -> Iterator[bytes]:
     head = _json_bytes(_head(query))
     yield (head[:-1] + b',"units":"hr","stage_order":' + _json_bytes(stage_order_json())
-           + b',"nights":' + _json_bytes(sleep_buckets(nights, query)) + b"}")
+           + b',"average":' + _json_bytes(sleep_average(days))
+           + b',"nights":' + _json_bytes(sleep_buckets(days, query)) + b"}")
 
 
-def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
-    buckets = sleep_buckets(nights, query)
+def _sleep_csv(days: list, query: PointQuery) -> Iterator[bytes]:
+    buckets = sleep_buckets(days, query)
     shown = [stage for stage in SLEEP_STAGES
              if any(stage.stage in item["stages"] for item in buckets)]
     stages = [stage.stage for stage in shown]
     columns = ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + [
         "unspecified" if stage.unspecified else stage.stage for stage in shown]  # one name each
     if query.bucket == "day":
-        columns += ["sleep_start", "sleep_end", "form"]
+        columns += ["sleep_start", "sleep_end", "form", "counted", "scaled"]
     columns += ["overlapping", "naps", "nap_hours"]
 
     def rows() -> Iterator[list]:
@@ -7320,7 +7617,8 @@ def _sleep_csv(nights: list, query: PointQuery) -> Iterator[bytes]:
                    _csv_cell(item["asleep"]), _csv_cell(item["in_bed"])]
             row += [_csv_cell(item["stages"].get(stage)) for stage in stages]
             if query.bucket == "day":
-                row += [item["sleep_start"] or "", item["sleep_end"], item["form"]]
+                row += [item["sleep_start"] or "", item["sleep_end"] or "", item["form"],
+                        item["counted"] or "", int(item["scaled"])]
             nap_hours = [nap["asleep"] for nap in item["naps"] if nap["asleep"] is not None]
             row += [int(item["overlapping"]), len(item["naps"]),
                     _csv_cell(sum(nap_hours) if nap_hours else None)]
@@ -7448,6 +7746,956 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
         yield from reversed(found)  # stored in time order
 
 
+# -- workouts: one workout as people look at it (figures, route, heart rate, splits) ---
+# The functions below take a connection and plain parameters and return plain dicts: the
+# routes (/api/workouts, /api/workouts/<id>), the GPX and SQLite exports and any other
+# reader answer from them alone (workouts spec).
+
+WORKOUT_METRIC = "workouts"
+HEART_RATE_METRIC = "heart_rate"
+ROUTE_DRAW_MAX = 2000
+"""Route points a workout's answer carries for drawing, at most: a longer route is thinned on
+the server (every n-th point, the first and the last kept), so that a two-day route of
+193,000 points answers in the size of an hour's run; the whole route stays in the store, the
+GPX and the SQLite export, and the bounds and figures are the whole route's."""
+HEART_DRAW_MAX = 1000
+"""Heart-rate samples drawn, at most: a longer series is drawn in runs of consecutive samples
+(the first's time, their mean, lowest and highest)."""
+HEART_HOLD_S = 60.0
+"""A heart-rate sample stands for the time until the next one, at most this long: HAE's
+Minutes grouping sends one a minute; a longer gap is time without heart rate, never filled
+(zones; the GPX takes the nearest sample within :data:`GPX_HR_WINDOW_S`)."""
+ELEVATION_STEP_M = 3.0
+"""A route's altitude counts as a climb or a descent once it has moved this far from the last
+turning point: GPS altitude wanders a metre or two between seconds, and adding every rise of
+a flat run's route counted hundreds of metres."""
+SPEED_WINDOW_S = 10.0
+"""A drawn route point's speed is that of the last 10 seconds at least (of the stretch since
+the point drawn before it, when longer): GPS positions a second apart make a speed that
+jumps by a third from one second to the next."""
+SPLIT_MIN_M = 10.0
+"""A last, partial split shorter than this is left out: a pace over a few metres means
+nothing."""
+DUPLICATE_OVERLAP = 0.8
+"""Two workouts of one activity are one, recorded twice, when their times overlap by at least
+this share of the longer one (openspec/decisions.md: the same workout from the Watch and
+another app)."""
+DUPLICATE_MARGIN_S = 6 * 3600
+"""Workouts this far outside a range are read too, to find the duplicates of those inside it
+(a workout overlapping 80 % of another starts within a fifth of its length)."""
+WORKOUTS_LIST_MAX = 1000
+"""Workouts one list answers, newest first; a longer range says ``truncated``."""
+EARTH_RADIUS_M = 6371008.8
+"""The mean Earth radius (IUGG): distances along a route by the haversine formula."""
+HEART_YEAR_S = 365 * 86400
+"""Zones without the owner's maximum take the highest heart rate of this long before the
+workout's end."""
+HEART_ZONES = ((1, 0.5), (2, 0.6), (3, 0.7), (4, 0.8), (5, 0.9))
+"""Heart-rate zones: each from this share of the maximum up to the next zone's share."""
+
+DISTANCE_METERS = {"m": 1.0, "km": 1000.0, "mi": 1609.344, "yd": 0.9144, "ft": 0.3048,
+                   "cm": 0.01}
+"""Meters in each distance unit HAE sends (``distance``, ``elevationUp``, series)."""
+
+UNIT_SYSTEMS = {
+    "km": {"distance": ("km", 1000.0), "short": ("m", 1.0), "elevation": ("m", 1.0),
+           "speed": ("km/h", 1000.0 / 3600), "swim": ("100 m", 100.0)},
+    "mi": {"distance": ("mi", 1609.344), "short": ("ft", 0.3048), "elevation": ("ft", 0.3048),
+           "speed": ("mph", 1609.344 / 3600), "swim": ("100 yd", 91.44)},
+}
+"""How distances are counted and written, by the owner's units (:func:`owner_units`): each
+unit's label and its size in meters (speed: in meters per second)."""
+
+ACTIVITIES = (
+    # (activity, how its pace is read, whole words of its names, parts of its names)
+    ("running", "pace", ("run", "running", "jog", "jogging", "course", "laufen", "lauf",
+                         "carrera", "corsa", "corrida", "hardlopen"), ("跑",)),
+    ("walking", "pace", ("walk", "walking", "marche", "gehen", "spaziergang", "caminata",
+                         "camminata", "wandelen"), ("步行", "散步", "走路")),
+    ("hiking", "pace", ("hike", "hiking", "randonnée", "wandern", "senderismo",
+                        "escursionismo"), ("徒步", "远足")),
+    ("cycling", "speed", ("cycling", "cycle", "bike", "biking", "ride", "vélo", "cyclisme",
+                          "radfahren", "ciclismo", "fietsen"), ("骑行", "自行车", "单车")),
+    ("swimming", "swim", ("swim", "swimming", "natation", "schwimmen", "natación", "nuoto",
+                          "zwemmen"), ("游泳",)),
+)
+"""Activities whose pace or speed is read their own way, by the words of a workout's name as
+HAE sends it (localised: Apple's English names and some of their translations); a workout at
+a ``Pool`` or in ``Open Water``, or with swimming or cycling fields, is known by those.  Any
+other activity shows its speed."""
+
+_ACTIVITY_SERIES = {"running": "walkingAndRunningDistance", "walking": "walkingAndRunningDistance",
+                    "hiking": "walkingAndRunningDistance", "cycling": "cyclingDistance",
+                    "swimming": "swimDistance"}
+"""The distance series (``Include Workout Metrics``) that splits use where there is no route."""
+
+
+@dataclass
+class StoredWorkout:
+    """One stored workout: its id, coordinate, verbatim point (long arrays of a large one
+    left in a scratch file, :class:`Deferred`) and the hour of its object."""
+
+    id: str
+    coord: tuple
+    point: dict
+    hour: int
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def _compact_instant(instant_us: int) -> str:
+    """``20250503T051000Z`` (a fraction when there is one): an instant inside an id."""
+    return format_instant(instant_us).replace("-", "").replace(":", "")
+
+
+_COORD_ID = re.compile(r"([0-9]{8}T[0-9]{6}(?:\.[0-9]{1,6})?Z)_([0-9]{8}T[0-9]{6}"
+                       r"(?:\.[0-9]{1,6})?Z)")
+_HAE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def workout_id(point: dict, coord: tuple) -> str:
+    """A workout's id: HAE's ``id`` (version 2's HealthKit UUID) where it is URL-safe, else
+    its start and end in UTC (``20250503T051000Z_20250503T054130Z``): stable, URL-safe, and
+    the coordinate it is stored at."""
+    sent = point.get("id")
+    if type(sent) is str and _HAE_ID.fullmatch(sent) and not _COORD_ID.fullmatch(sent):
+        return sent
+    return "%s_%s" % (_compact_instant(coord[0]), _compact_instant(coord[1]))
+
+
+def _id_instants(workout_id: str) -> Optional[tuple]:
+    """(start, end) of an id made of a coordinate, else None."""
+    match = _COORD_ID.fullmatch(workout_id)
+    if not match:
+        return None
+    out = []
+    for text in match.groups():
+        whole, _, fraction = text[:-1].partition(".")
+        moment = _dt.datetime.strptime(whole, "%Y%m%dT%H%M%S").replace(
+            tzinfo=_dt.timezone.utc)
+        seconds = (moment - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+                   ) // _dt.timedelta(seconds=1)
+        out.append(seconds * US + int((fraction or "0").ljust(6, "0")))
+    return tuple(out)
+
+
+def _series(point: dict, key: str) -> Any:
+    """A member holding a series (a list, or a large record's :class:`Deferred`), else ()."""
+    value = point.get(key)
+    return value if type(value) is list or type(value) is Deferred else ()
+
+
+def workout_activity(point: dict) -> str:
+    """What the workout is (:data:`ACTIVITIES`): by the words of its name, else where it took
+    place (``Pool``, ``Open Water``), else its swimming or cycling fields; ``other`` else."""
+    name = point.get("name") if type(point.get("name")) is str else ""
+    lowered = name.lower()
+    words = set(re.findall(r"[^\W\d_]+", lowered))
+    for activity, _, whole, parts in ACTIVITIES:
+        if words & set(whole) or any(part in lowered for part in parts):
+            return activity
+    if point.get("location") in ("Pool", "Open Water"):
+        return "swimming"
+    if _series(point, "swimDistance") or _series(point, "swimStroke") or point.get(
+            "lapLength") or (_quantity(point.get("totalSwimmingStrokeCount")) or {}).get("qty"):
+        return "swimming"
+    if _series(point, "cyclingDistance") or _series(point, "cyclingSpeed"):
+        return "cycling"
+    return "other"
+
+
+def _pace_kind(activity: str) -> str:
+    for name, kind, _, _ in ACTIVITIES:
+        if name == activity:
+            return kind
+    return "speed"
+
+
+def owner_units(point: dict, setting: Optional[str] = None) -> str:
+    """``km`` or ``mi``: the setting (``--distance-units``), else the units the workout's
+    distance was sent in (miles, yards and feet: ``mi``), else ``km``."""
+    if setting in UNIT_SYSTEMS:
+        return setting
+    distance = _quantity(point.get("distance"))
+    return "mi" if distance is not None and distance["units"] in ("mi", "yd", "ft") else "km"
+
+
+def _meters(amount: Optional[dict]) -> Optional[float]:
+    """An amount of distance in meters, when its units are known."""
+    if amount is None or amount.get("units") not in DISTANCE_METERS:
+        return None
+    return amount["qty"] * DISTANCE_METERS[amount["units"]]
+
+
+# -- a workout's heart rate ---------------------------------------------------------
+
+
+def heart_samples(items: Any) -> list:
+    """[(instant, value, lowest, highest)] of a heart-rate series as HAE sends it, in time
+    order: version 2's ``{date, Min, Avg, Max}`` (the value is ``Avg``), version 1's
+    ``{date, qty}``; a sample without a time or a value is left out."""
+    out = []
+    for item in items:
+        if type(item) is not dict:
+            continue
+        instant = parse_time(item.get("date", item.get("start")))
+        value = _number(item.get("Avg"))
+        if value is None:
+            value = _number(item.get("qty"))
+        if instant is None or value is None:
+            continue
+        low, high = _number(item.get("Min")), _number(item.get("Max"))
+        out.append((instant, value, value if low is None else low,
+                    value if high is None else high))
+    out.sort(key=operator.itemgetter(0))
+    return out
+
+
+@dataclass
+class WorkoutHeart:
+    """A workout's heart rate, kept apart: the ``session`` (samples of ``heartRateData``
+    from start to end) and the ``recovery`` (``heartRateRecovery``, and samples of
+    ``heartRateData`` after the end); ``state``: ``sent``, ``recovery_only`` (HAE's bug:
+    ``heartRateData`` holds only instantaneous samples after the end), ``after_end`` (only
+    samples after the end) or ``none``."""
+
+    session: list
+    recovery: list
+    state: str
+
+
+def workout_heart(point: dict, coord: tuple) -> WorkoutHeart:
+    start, end = coord[0], coord[1]
+    data = heart_samples(_series(point, "heartRateData"))
+    session = [s for s in data if start <= s[0] <= end]
+    after = [s for s in data if s[0] > end]
+    seen = {s[0] for s in after}
+    recovery = sorted(after + [s for s in heart_samples(_series(point, "heartRateRecovery"))
+                               if s[0] not in seen], key=operator.itemgetter(0))
+    if session:
+        state = "sent"
+    elif after and len(after) == len(data):
+        state = ("recovery_only" if all(s[1] == s[2] == s[3] for s in after)
+                 else "after_end")
+    else:
+        state = "none"
+    return WorkoutHeart(session, recovery, state)
+
+
+HEART_WORDS = {
+    "recovery_only": "The heart rate during this workout was not sent: Health Auto Export"
+                     " sent the recovery after it in its place (drawn after the end, as"
+                     " recovery).",
+    "after_end": "The heart rate during this workout was not sent: every sample sent is"
+                 " after its end (drawn after the end).",
+    "none": "No heart rate was sent with this workout.",
+}
+
+
+def _has_session_heart(point: dict, coord: tuple) -> bool:
+    """Is there a heart-rate sample from start to end (read until the first one)?"""
+    for item in _series(point, "heartRateData"):
+        if type(item) is dict:
+            instant = parse_time(item.get("date", item.get("start")))
+            if instant is not None and coord[0] <= instant <= coord[1]:
+                return True
+    return False
+
+
+def highest_heart_rate(conn: sqlite3.Connection, end_us: int) -> Optional[float]:
+    """The highest heart rate stored in the :data:`HEART_YEAR_S` before ``end_us``, from the
+    hours' tallies of the heart-rate metric (its ``Max``, else ``Avg``, else ``qty``)."""
+    best = None
+    for (tally,) in conn.execute(
+            "SELECT summary FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
+            (HEART_RATE_METRIC, (end_us - HEART_YEAR_S * US) // HOUR_US, end_us // HOUR_US)):
+        try:
+            fields = json.loads(tally)["f"] if tally else {}
+        except (ValueError, KeyError, TypeError):
+            continue
+        for name in ("Max", "Avg", "qty"):
+            found = fields.get(name) if type(fields) is dict else None
+            if type(found) is list and len(found) > 2 and _number(found[2]) is not None:
+                best = found[2] if best is None else max(best, found[2])
+                break
+    return best
+
+
+def heart_zones(session: list, end_us: int, maximum: float) -> list:
+    """Time in each zone (:data:`HEART_ZONES`) and below the first: each session sample
+    stands for the time until the next (the last: until the end), at most
+    :data:`HEART_HOLD_S`; its value (``Avg``) decides its zone."""
+    zones = [{"zone": 0, "label": "Below zone 1", "low": None,
+              "high": HEART_ZONES[0][1] * maximum, "seconds": 0.0}]
+    for k, (number, share) in enumerate(HEART_ZONES):
+        high = HEART_ZONES[k + 1][1] * maximum if k + 1 < len(HEART_ZONES) else None
+        zones.append({"zone": number, "label": "Zone %d" % number, "low": share * maximum,
+                      "high": high, "seconds": 0.0})
+    for k, (instant, value, _, _) in enumerate(session):
+        following = session[k + 1][0] if k + 1 < len(session) else end_us
+        held = min(max(following - instant, 0), HEART_HOLD_S * US) / US
+        index = 0
+        for number, share in HEART_ZONES:
+            if value >= share * maximum:
+                index = number
+        zones[index]["seconds"] += held
+    return zones
+
+
+def _thin_heart(samples: list, origin: int, limit: int) -> list:
+    """[[seconds from ``origin``, value, lowest, highest]], in runs of consecutive samples
+    when there are more than ``limit``."""
+    size = max(1, -(-len(samples) // limit))
+    out = []
+    for first in range(0, len(samples), size):
+        run = samples[first:first + size]
+        out.append([(run[0][0] - origin) / US, math.fsum(s[1] for s in run) / len(run),
+                    min(s[2] for s in run), max(s[3] for s in run)])
+    return out
+
+
+# -- a workout's route: one pass, whatever its length ---------------------------------
+
+
+def route_positions(items: Any) -> Iterator[tuple]:
+    """(latitude, longitude, altitude or None, instant or None, point) of each route point
+    with a position, in the order sent: version 2's ``latitude``/``longitude``, version 1's
+    ``lat``/``lon``; ``timestamp`` in any of HAE's time forms."""
+    for item in items:
+        if type(item) is not dict:
+            continue
+        lat = _number(item.get("latitude", item.get("lat")))
+        lon = _number(item.get("longitude", item.get("lon")))
+        if lat is None or lon is None or not (-90 <= lat <= 90 and -180 <= lon <= 180):
+            continue
+        yield (lat, lon, _number(item.get("altitude")),
+               parse_time(item.get("timestamp", item.get("date"))), item)
+
+
+def haversine_m(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Meters along the Earth's surface between two positions (a sphere of
+    :data:`EARTH_RADIUS_M`)."""
+    phi1, phi2 = math.radians(lat1), math.radians(lat2)
+    half = (math.sin((phi2 - phi1) / 2) ** 2 + math.cos(phi1) * math.cos(phi2)
+            * math.sin(math.radians(lon2 - lon1) / 2) ** 2)
+    return 2 * EARTH_RADIUS_M * math.asin(min(1.0, math.sqrt(half)))
+
+
+@dataclass
+class RouteWalk:
+    """What one pass over a route found: ``count`` points with a position, the bounds
+    (south, west, north, east), the meters along it, the climb and descent
+    (:data:`ELEVATION_STEP_M`), the split boundaries passed ([(meters, instant or None,
+    altitude or None)], the end included), and the points kept for drawing ([instant or
+    None, latitude, longitude, altitude, meters so far, meters per second (:func:`_keep`)
+    or None])."""
+
+    count: int = 0
+    bounds: Optional[list] = None
+    meters: float = 0.0
+    gain: Optional[float] = None
+    loss: Optional[float] = None
+    boundaries: list = field(default_factory=list)
+    drawn: list = field(default_factory=list)
+
+
+def walk_route(items: Any, split_m: float, draw_max: int = ROUTE_DRAW_MAX) -> RouteWalk:
+    """One pass over a route (a list, or a :class:`Deferred` read an element at a time):
+    memory bounded by ``draw_max`` and the number of splits, whatever its length."""
+    walk = RouteWalk()
+    stride = max(1, -(-len(items) // draw_max))
+    previous = kept = None
+    reference = None  # the altitude of the last turning point (ELEVATION_STEP_M)
+    recent: collections.deque = collections.deque()  # (instant, meters) of SPEED_WINDOW_S
+    next_split = split_m
+    for lat, lon, alt, instant, _ in route_positions(items):
+        bounds = walk.bounds
+        if bounds is None:
+            walk.bounds = [lat, lon, lat, lon]
+        else:
+            bounds[0], bounds[1] = min(bounds[0], lat), min(bounds[1], lon)
+            bounds[2], bounds[3] = max(bounds[2], lat), max(bounds[3], lon)
+        if previous is not None:
+            step = haversine_m(previous[0], previous[1], lat, lon)
+            before = walk.meters
+            walk.meters += step
+            while step > 0 and walk.meters >= next_split:
+                share = (next_split - before) / step
+                walk.boundaries.append((next_split, _between(previous[3], instant, share),
+                                        _between(previous[2], alt, share)))
+                next_split += split_m
+        if alt is not None:
+            if reference is None:
+                reference, walk.gain, walk.loss = alt, 0.0, 0.0
+            elif alt - reference >= ELEVATION_STEP_M:
+                walk.gain += alt - reference
+                reference = alt
+            elif reference - alt >= ELEVATION_STEP_M:
+                walk.loss += reference - alt
+                reference = alt
+        previous = (lat, lon, alt, instant)
+        walk.count += 1
+        if instant is not None:
+            recent.append((instant, walk.meters))
+            while len(recent) > 1 and recent[1][0] <= instant - SPEED_WINDOW_S * US:
+                recent.popleft()
+        if (walk.count - 1) % stride == 0:
+            kept = _keep(walk, kept, previous, walk.count, recent)
+    if previous is not None:
+        if kept[6] != walk.count:  # the finish is always drawn
+            _keep(walk, kept, previous, walk.count, recent)
+        if not walk.boundaries or walk.boundaries[-1][0] < walk.meters:
+            walk.boundaries.append((walk.meters, previous[3], previous[2]))
+    for point in walk.drawn:
+        del point[6:]
+    return walk
+
+
+def _between(a: Optional[float], b: Optional[float], share: float) -> Optional[float]:
+    """The value ``share`` of the way from ``a`` to ``b`` along one segment (None when either
+    end lacks it: nothing is filled across a gap)."""
+    if a is None or b is None:
+        return None
+    return a + (b - a) * share
+
+
+def _keep(walk: RouteWalk, kept: Optional[list], here: tuple, number: int,
+          recent: collections.deque) -> list:
+    """Keep a point for drawing, with its speed over the stretch since the point kept before
+    it or :data:`SPEED_WINDOW_S`, whichever is longer (``recent``: the points of that
+    window, oldest first)."""
+    lat, lon, alt, instant = here
+    speed = None
+    since = recent[0] if recent else None
+    if kept is not None and kept[0] is not None and (since is None or kept[0] < since[0]):
+        since = (kept[0], kept[4])
+    if since is not None and instant is not None and instant > since[0]:
+        speed = (walk.meters - since[1]) / ((instant - since[0]) / US)
+    point = [instant, lat, lon, alt, walk.meters, speed, number]
+    walk.drawn.append(point)
+    return point
+
+
+def _series_boundaries(items: Any, end_us: int, split_m: float) -> Optional[tuple]:
+    """(boundaries, meters) of a distance series (``walkingAndRunningDistance``, …) as
+    :func:`walk_route` gives them for a route: each sample's distance is reached at the next
+    sample's date (the last: at the workout's end), in between in proportion to time."""
+    samples = []
+    for item in items:
+        if type(item) is dict:
+            instant = parse_time(item.get("date", item.get("start")))
+            meters = _meters(_quantity(item))
+            if instant is not None and meters is not None:
+                samples.append((instant, meters))
+    if not samples:
+        return None
+    samples.sort(key=operator.itemgetter(0))
+    boundaries, total, next_split = [], 0.0, split_m
+    for k, (instant, meters) in enumerate(samples):
+        reached = samples[k + 1][0] if k + 1 < len(samples) else max(end_us, instant)
+        before = total
+        total += meters
+        while meters > 0 and total >= next_split:
+            share = (next_split - before) / meters
+            boundaries.append((next_split, instant + (reached - instant) * share, None))
+            next_split += split_m
+    if total <= 0:
+        return None
+    if not boundaries or boundaries[-1][0] < total:
+        boundaries.append((total, max(end_us, samples[-1][0]), None))
+    return boundaries, total
+
+
+def workout_splits(boundaries: list, start_us: int, split_m: float, heart: list) -> list:
+    """The splits between boundaries ([(meters, instant, altitude)]), from the start: each
+    with its meters, seconds, pace (seconds per ``split_m``), mean heart rate of the session
+    samples inside it and change of altitude; a last split shorter than
+    :data:`SPLIT_MIN_M` is left out."""
+    times = [s[0] for s in heart]
+    rows = []
+    meters, instant, altitude = 0.0, start_us, None
+    for number, (reach, reached, alt) in enumerate(boundaries, 1):
+        length = reach - meters
+        if length < SPLIT_MIN_M and number == len(boundaries) and number > 1:
+            break
+        seconds = None if reached is None or instant is None else (reached - instant) / US
+        inside = heart[bisect.bisect_left(times, instant):bisect.bisect_left(
+            times, reached)] if instant is not None and reached is not None else []
+        rows.append({
+            "split": number, "meters": length, "seconds": seconds,
+            "pace_s": None if not seconds or length <= 0 else seconds * split_m / length,
+            "average_heart_rate": math.fsum(s[1] for s in inside) / len(inside)
+            if inside else None,
+            "altitude_change_m": None if alt is None or altitude is None else alt - altitude})
+        meters, instant, altitude = reach, reached, alt
+    return rows
+
+
+# -- reading workouts -----------------------------------------------------------------
+
+
+def _workout_rows(conn: sqlite3.Connection, low_hour: int, high_hour: int,
+                  newest_first: bool = False) -> sqlite3.Cursor:
+    """(hour, units, blob, spans) of the stored workouts objects of those hours, a row at a
+    time (close the cursor when leaving it early: an open statement holds its snapshot)."""
+    return conn.execute(
+        "SELECT hour, units, blob, spans FROM object WHERE metric = ? AND layer = ? AND hour"
+        " BETWEEN ? AND ? ORDER BY hour" + (" DESC" if newest_first else ""),
+        (WORKOUT_METRIC, RECORD_LAYER, low_hour, high_hour))
+
+
+def _workouts_of(row: tuple, scratch: Optional[Path]) -> list:
+    """[StoredWorkout] of a stored workouts object, in stored order.  With ``scratch`` (the
+    data directory's ``tmp``), an object whose JSON takes :data:`STREAM_FOLD_BYTES` or more
+    keeps its long arrays (a route, a heart-rate series) in a scratch file, read an element
+    at a time (:class:`Deferred`), as the fold reads it."""
+    hour, _, blob, spans = row
+    if scratch is not None and _stored_size(blob) >= STREAM_FOLD_BYTES:
+        points = _stored_points(_TextFile(scratch, blob))
+    else:
+        points = loads_body(decompress_blob(blob))
+    known = decode_spans(spans, len(points))
+    out = []
+    for k, point in enumerate(points):
+        if type(point) is not dict:
+            continue
+        if known is not None and known[0][k] != -1:
+            coord = (known[0][k], known[1][k], _category(point))
+        else:
+            coord = point_coordinate(point)
+        if coord is not None:
+            out.append(StoredWorkout(workout_id(point, coord), coord, point, hour))
+    return out
+
+
+WORKOUT_SEARCH_CHUNK = 1 << 20
+"""An id is looked for in a stored object's JSON this many bytes at a time."""
+
+
+def _blob_holds(blob: bytes, needle: bytes) -> bool:
+    """Does a stored object's JSON hold ``needle``?  Inflated a piece at a time: memory stays
+    small however large the object."""
+    inflate = zlib.decompressobj(31)
+    data, carry = blob, b""
+    while True:
+        piece = inflate.decompress(data, WORKOUT_SEARCH_CHUNK)
+        data = inflate.unconsumed_tail
+        if needle in carry + piece:
+            return True
+        carry = (carry + piece)[-len(needle):]
+        if inflate.eof or (not piece and not data):
+            return False
+
+
+def _find(conn: sqlite3.Connection, ident: str, scratch: Optional[Path]) -> tuple:
+    """(the stored workout of an id, every workout of its object) (:func:`workout_id`): an
+    id of start and end is read from the hour it names; HAE's id is looked for in the
+    stored objects, newest first, without decoding them (the first that names it).
+    :class:`UnknownWorkout` else."""
+    instants = _id_instants(ident)
+    if instants is not None:
+        hour, needle = instants[0] // HOUR_US, None
+        rows = _workout_rows(conn, hour, hour)
+    elif _HAE_ID.fullmatch(ident):
+        needle = b'"id":"%s"' % ident.encode("ascii")
+        rows = _workout_rows(conn, -(1 << 62), 1 << 62, newest_first=True)
+    else:
+        raise UnknownWorkout("no stored workout has that id; /api/workouts lists them")
+    with contextlib.closing(rows):
+        for row in rows:
+            if needle is not None and not _blob_holds(row[2], needle):
+                continue
+            workouts = _workouts_of(row, scratch)
+            for workout in workouts:
+                if workout.id == ident or workout.coord[:2] == instants:
+                    return workout, workouts
+    raise UnknownWorkout("no stored workout has that id; /api/workouts lists them")
+
+
+def find_workout(conn: sqlite3.Connection, ident: str,
+                 scratch: Optional[Path] = None) -> StoredWorkout:
+    """The stored workout of an id (:func:`workout_id`, either form)."""
+    return _find(conn, ident, scratch)[0]
+
+
+def _workout_source(point: dict) -> Optional[str]:
+    """Where the workout came from, as HAE names it: its ``source`` (version 2 has none),
+    else that of its first heart-rate or energy sample."""
+    if type(point.get("source")) is str and point["source"]:
+        return point["source"]
+    for key in ("heartRateData", "activeEnergy", "heartRateRecovery"):
+        for item in _series(point, key):
+            if type(item) is dict and type(item.get("source")) is str and item["source"]:
+                return item["source"]
+            break
+    return None
+
+
+def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
+    """A workout as a list shows it: its id, times (UTC, local in ``zone``, the local date),
+    :func:`workout_item`'s figures as sent, its activity, whether a route and the session's
+    heart rate were sent, and its source."""
+    point, coord = workout.point, workout.coord
+    raw_end = point.get("end", point.get("endDate"))
+    start_offset = zone.point_offset(raw_start(point), coord[0])
+    end_offset = zone.point_offset(raw_end if raw_end is not None else raw_start(point),
+                                   coord[1])
+    item = {"id": workout.id, "start": format_instant(coord[0]),
+            "end": format_instant(coord[1]), "local_start": local_iso(coord[0], start_offset),
+            "local_end": local_iso(coord[1], end_offset),
+            "date": _dt.date.fromordinal(local_ordinal(coord[0], start_offset)).isoformat()}
+    item.update(workout_item(point, coord))
+    route = _series(point, "route")
+    total = _quantity(point.get("totalEnergy"))
+    if total is not None:
+        total["unit_label"] = unit_label(WORKOUT_METRIC, total["units"])
+    item.update(activity=workout_activity(point), route_points=len(route),
+                has_route=len(route) > 0, has_heart_rate=_has_session_heart(point, coord),
+                total_energy=total, source=_workout_source(point),
+                duplicate_of=None, shown_first=None, duplicates=[])
+    return item
+
+
+def mark_duplicates(entries: list) -> None:
+    """Mark the workouts recorded twice among ``entries`` ([(summary, coordinate)]): same
+    activity (by its name's words; the same name when neither is known) and times
+    overlapping by at least :data:`DUPLICATE_OVERLAP` of the longer.  Of each group the one
+    shown first has a route, then the session's heart rate, then more route points, then
+    the longer duration, then the earlier start; the others name it in ``duplicate_of``,
+    and it names them in ``duplicates`` (each names the first in ``shown_first``)."""
+    keys = [item["activity"] if item["activity"] != "other" else
+            "name:" + (item["name"] or "").strip().lower() for item, _ in entries]
+    parent = list(range(len(entries)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    order = sorted(range(len(entries)), key=lambda k: entries[k][1][:2])
+    for position, a in enumerate(order):
+        start_a, end_a = entries[a][1][:2]
+        for b in order[position + 1:]:
+            start_b, end_b = entries[b][1][:2]
+            if start_b >= end_a:
+                break
+            longer = max(end_a - start_a, end_b - start_b)
+            overlap = min(end_a, end_b) - start_b
+            if keys[a] == keys[b] and longer > 0 and overlap >= DUPLICATE_OVERLAP * longer:
+                parent[root(b)] = root(a)
+    groups: dict = {}
+    for k in range(len(entries)):
+        groups.setdefault(root(k), []).append(k)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        best = max(members, key=lambda k: (
+            entries[k][0]["has_route"], entries[k][0]["has_heart_rate"],
+            entries[k][0]["route_points"], entries[k][0]["duration_s"] or 0,
+            -entries[k][1][0]))
+        first = entries[best][0]
+        for k in members:
+            item = entries[k][0]
+            if k != best:
+                item["duplicate_of"] = first["id"]
+                item["shown_first"] = _named(first)
+                first["duplicates"].append(_named(item))
+
+
+def _named(item: dict) -> dict:
+    """A workout as another names it beside itself."""
+    return {"id": item["id"], "name": item["name"], "local_start": item["local_start"],
+            "source": item["source"]}
+
+
+def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Optional[int],
+                    zone: Zone, scratch: Optional[Path], limit: Optional[int] = None,
+                    wanted: Callable[[StoredWorkout], bool] = lambda w: True,
+                    decoded: Optional[dict] = None) -> tuple:
+    """([(summary, coordinate)] of the workouts ``wanted``, newest first, at most
+    ``limit``; whether more were left out), duplicates marked among them and the workouts
+    of :data:`DUPLICATE_MARGIN_S` around them.  ``decoded``: hour -> the workouts of an
+    object already decoded (not decoded again)."""
+    margin = DUPLICATE_MARGIN_S * US
+    low = -(1 << 62) if low_us is None else (low_us - margin) // HOUR_US
+    high = (1 << 62) if high_us is None else (high_us + margin) // HOUR_US
+    inside, around, more, oldest = [], [], False, None
+    with contextlib.closing(_workout_rows(conn, low, high, newest_first=True)) as rows:
+        for row in rows:
+            if limit is not None and len(inside) > limit and (
+                    row[0] + 1) * HOUR_US <= oldest - margin:
+                break  # older than every duplicate of the workouts kept could be
+            workouts = (decoded or {}).get(row[0])
+            for workout in reversed(workouts if workouts is not None
+                                    else _workouts_of(row, scratch)):
+                entry = (workout_summary(workout, zone), workout.coord)  # not the point
+                if wanted(workout):
+                    inside.append(entry)
+                    oldest = workout.coord[0] if oldest is None else min(oldest,
+                                                                         workout.coord[0])
+                else:
+                    around.append(entry)
+    inside.sort(key=operator.itemgetter(1), reverse=True)
+    if limit is not None and len(inside) > limit:
+        inside, more = inside[:limit], True
+    mark_duplicates(inside + around)
+    return inside, more
+
+
+def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+                  scratch: Optional[Path] = None,
+                  limit: Optional[int] = WORKOUTS_LIST_MAX) -> dict:
+    """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
+    ``/api/points`` reads it), newest first, at most ``limit``; each as
+    :func:`workout_summary` gives it, duplicates marked (:func:`mark_duplicates`); and the
+    count and seconds of the workouts shown first (a duplicate is counted once)."""
+    zone = parse_zone(args.get("tz"))
+    start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
+    end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
+    if (start is not None and end is not None and start >= end) or (
+            day_from is not None and day_to is not None and day_from >= day_to):
+        raise BadRequest("from must be before to")
+    query = PointQuery(WORKOUT_METRIC, RECORD_LAYER, start, end, zone=zone,
+                       day_from=day_from, day_to=day_to)
+    entries, more = _range_workouts(
+        conn, start, end, zone, scratch, limit,
+        lambda w: _coord_in_range(w.coord, query, w.point))
+    items = [item for item, _ in entries]
+    shown = [item for item in items if item["duplicate_of"] is None]
+    return {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
+            "workouts": items, "count": len(shown),
+            "seconds": math.fsum(item["duration_s"] or 0 for item in shown),
+            "truncated": more}
+
+
+# -- one workout, whole ---------------------------------------------------------------
+
+
+FIGURE_DIGITS = {"distance": 2, "active_energy": 0, "total_energy": 0, "speed": 1,
+                 "elevation_gain": 0, "average_heart_rate": 0, "max_heart_rate": 0}
+"""The decimals a workout's figure is written with: 10.02 km, 2,812 kJ, 24.3 km/h, 147 bpm."""
+
+
+def _figure(key: str, label: str, value: Optional[float], shown: str,
+            units: Optional[str] = None, label_units: Optional[str] = None,
+            note: Optional[str] = None) -> Optional[dict]:
+    """A figure of the workout page: ``shown`` says how the page writes the value
+    (``duration``: h:mm:ss, ``pace``: m:ss per unit, ``number``: with ``digits``
+    decimals)."""
+    if value is None:
+        return None
+    return {"key": key, "label": label, "value": value, "shown": shown, "units": units,
+            "unit_label": label_units if label_units is not None else unit_label(
+                WORKOUT_METRIC, units), "digits": FIGURE_DIGITS.get(key), "note": note}
+
+
+def _sent_figure(key: str, label: str, amount: Optional[dict],
+                 note: Optional[str] = None) -> Optional[dict]:
+    if amount is None:
+        return None
+    return _figure(key, label, amount["qty"], "number", amount["units"], note=note)
+
+
+def _elevation_sent(point: dict) -> Optional[dict]:
+    """The climb as sent: version 2's ``elevationUp``, version 1's ``elevation.ascent``."""
+    up = _quantity(point.get("elevationUp"))
+    if up is not None:
+        return up
+    elevation = point.get("elevation")
+    if type(elevation) is dict and _number(elevation.get("ascent")) is not None:
+        return {"qty": elevation["ascent"], "units": elevation.get("units")}
+    return None
+
+
+def workout_figures(point: dict, duration: Optional[float], activity: str, system: str,
+                    walk: Optional[RouteWalk], heart: WorkoutHeart) -> list:
+    """The figures of a workout, each in the units a person reads: duration; distance, active
+    and total energy as sent (never added across units); pace or speed as the activity reads
+    it, in the owner's units; the climb (as sent, else the route's); average and highest heart
+    rate (as sent, else from the session's samples)."""
+    units = UNIT_SYSTEMS[system]
+    figures = [_figure("duration", "Duration", duration, "duration")]
+    distance = _quantity(point.get("distance"))
+    if distance is not None and distance["qty"] > 0:
+        figures.append(_sent_figure("distance", "Distance", distance))
+        meters = _meters(distance)
+    elif walk is not None and walk.meters > 0:
+        label, size = units["distance"]
+        meters = walk.meters
+        figures.append(_figure("distance", "Distance", meters / size, "number", label,
+                               note="from the route"))
+    else:
+        meters = None
+    figures.append(_sent_figure("active_energy", "Active energy", _quantity(
+        point.get("activeEnergyBurned")) or _quantity(point.get("activeEnergy"))))
+    figures.append(_sent_figure("total_energy", "Total energy",
+                                _quantity(point.get("totalEnergy"))))
+    if meters and duration:
+        kind = _pace_kind(activity)
+        if kind == "speed":
+            label, size = units["speed"]
+            figures.append(_figure("speed", "Average speed", meters / duration / size,
+                                   "number", label))
+        else:
+            label, size = units["swim" if kind == "swim" else "distance"]
+            figures.append(_figure("pace", "Average pace", duration / (meters / size), "pace",
+                                   label_units="/" + label))
+    climb = _elevation_sent(point)
+    if climb is not None:
+        figures.append(_sent_figure("elevation_gain", "Elevation gain", climb))
+    elif walk is not None and walk.gain is not None:
+        label, size = units["elevation"]
+        figures.append(_figure("elevation_gain", "Elevation gain", walk.gain / size, "number",
+                               label, note="from the route"))
+    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    for key, label, sent, pick in (
+            ("average_heart_rate", "Average heart rate", "avg", None),
+            ("max_heart_rate", "Highest heart rate", "max", max)):
+        amount = _quantity(summary.get(sent)) or _quantity(point.get(
+            "avgHeartRate" if sent == "avg" else "maxHeartRate"))
+        if amount is not None:
+            figures.append(_sent_figure(key, label, amount))
+        elif heart.session:
+            values = [s[1] for s in heart.session]
+            value = pick(values) if pick else math.fsum(values) / len(values)
+            figures.append(_figure(key, label, value, "number", label_units="bpm",
+                                   note="from the samples"))
+    return [f for f in figures if f is not None]
+
+
+def _zones_answer(conn: sqlite3.Connection, heart: WorkoutHeart, end_us: int,
+                  setting: Optional[float]) -> Optional[dict]:
+    """The zones of the session's heart rate, from the owner's maximum, else the highest of
+    the year before the workout, else the workout's own; the answer says which."""
+    if not heart.session:
+        return None
+    own = max(s[3] for s in heart.session)
+    if setting:
+        maximum, source = setting, "setting"
+        words = "Zones from your maximum heart rate, %d bpm (--max-heart-rate)." % setting
+    else:
+        year = highest_heart_rate(conn, end_us)
+        if year is not None and year >= own:
+            maximum, source = year, "year"
+            words = ("Zones from the highest heart rate stored in the year before this"
+                     " workout, %d bpm; set your own with --max-heart-rate." % round(year))
+        else:
+            maximum, source = own, "workout"
+            words = ("Zones from this workout's highest heart rate, %d bpm: none higher is"
+                     " stored from the year before it; set your own with --max-heart-rate."
+                     % round(own))
+    return {"max": maximum, "source": source, "words": words,
+            "zones": heart_zones(heart.session, end_us, maximum)}
+
+
+def _route_answer(walk: RouteWalk, start_us: int, heart: WorkoutHeart, ident: str) -> dict:
+    """The route as the page draws it: the whole route's bounds and meters, the points kept
+    ([seconds from the start or None, latitude, longitude, altitude, meters so far, speed in
+    m/s since the last kept point, heart rate then]), and where its GPX is."""
+    times = [s[0] for s in heart.session]
+    drawn = []
+    for instant, lat, lon, alt, meters, speed in walk.drawn:
+        drawn.append([None if instant is None else (instant - start_us) / US, lat, lon, alt,
+                      meters, speed, nearest_heart(times, heart.session, instant)])
+    south, west, north, east = walk.bounds
+    return {"points": walk.count, "drawn": drawn, "meters": walk.meters,
+            "bounds": {"south": south, "west": west, "north": north, "east": east},
+            "has_altitude": walk.gain is not None,
+            "gpx": "/api/workouts/%s.gpx" % ident}
+
+
+def nearest_heart(times: list, samples: list, instant: Optional[int]) -> Optional[float]:
+    """The value of the session sample nearest to ``instant``, when one is within
+    :data:`HEART_NEAREST_S` (never interpolated, never across a gap)."""
+    if instant is None or not times:
+        return None
+    k = bisect.bisect_left(times, instant)
+    best = None
+    for j in (k - 1, k):
+        if 0 <= j < len(times) and abs(times[j] - instant) <= HEART_NEAREST_S * US and (
+                best is None or abs(times[j] - instant) < abs(times[best] - instant)):
+            best = j
+    return None if best is None else samples[best][1]
+
+
+def get_workout(conn: sqlite3.Connection, ident: str,
+                args: Optional[Mapping[str, Optional[str]]] = None,
+                scratch: Optional[Path] = None, max_heart_rate: Optional[float] = None,
+                distance_units: Optional[str] = None) -> dict:
+    """``GET /api/workouts/<id>``: one workout whole: its summary (:func:`workout_summary`,
+    duplicates marked among the workouts around it), its figures (:func:`workout_figures`),
+    the route thinned for drawing (:data:`ROUTE_DRAW_MAX`) with its bounds, the session's
+    heart rate and the recovery apart, with zones, the splits per km or mile (100 m or yards
+    swimming) from the route (else the distance series) and the altitude along the route.
+    ``args``: ``tz``.  Time and memory are bounded whatever the route's length (one pass,
+    :func:`walk_route`)."""
+    zone = parse_zone((args or {}).get("tz"))
+    found, siblings = _find(conn, ident, scratch)
+    [(summary, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
+                                     wanted=lambda w: w is found,
+                                     decoded={found.hour: siblings})[0]
+    point, (start, end, _) = found.point, found.coord
+    activity = summary["activity"]
+    system = owner_units(point, distance_units)
+    units = UNIT_SYSTEMS[system]
+    split_label, split_m = units["swim" if activity == "swimming" else "distance"]
+    heart = workout_heart(point, found.coord)
+    route = _series(point, "route")
+    walk = walk_route(route, split_m) if len(route) else None
+    if walk is not None and walk.count == 0:
+        walk = None
+    boundaries, source = (walk.boundaries, "route") if walk is not None else (None, None)
+    if boundaries is None:
+        series = _series_boundaries(_series(point, _ACTIVITY_SERIES.get(
+            activity, "walkingAndRunningDistance")), end, split_m)
+        if series is not None:
+            boundaries, source = series[0], "distance series"
+    duration = summary["duration_s"]
+    notes = [] if heart.state == "sent" else [HEART_WORDS[heart.state]]
+    if walk is None:
+        notes.append("No route was sent with this workout.")
+    return {
+        "workout": summary,
+        "figures": workout_figures(point, duration, activity, system, walk, heart),
+        "units": {"system": system, **{key: {"label": label, "meters": size}
+                                       for key, (label, size) in units.items()}},
+        "route": None if walk is None else _route_answer(walk, start, heart, found.id),
+        "heart_rate": {
+            "state": heart.state, "units_label": "bpm",
+            "session": _thin_heart(heart.session, start, HEART_DRAW_MAX),
+            "recovery": _thin_heart(heart.recovery, start, HEART_DRAW_MAX),
+            "end_s": (end - start) / US,
+            "zones": _zones_answer(conn, heart, end, max_heart_rate)},
+        "splits": None if not boundaries else _splits_answer(
+            workout_splits(boundaries, start, split_m, heart.session), activity, units,
+            split_label, split_m, source),
+        "elevation": None if walk is None or walk.gain is None else {
+            "label": units["elevation"][0], "meters": units["elevation"][1],
+            "gain_m": walk.gain, "loss_m": walk.loss,
+            "profile": [[p[4], p[3]] for p in walk.drawn if p[3] is not None]},
+        "notes": notes,
+        "link": {"metric": WORKOUT_METRIC, "from": _dt.date.fromordinal(
+            _dt.date.fromisoformat(summary["date"]).toordinal() - 6).isoformat(),
+            "to": summary["date"]},
+    }
+
+
+def _splits_answer(rows: list, activity: str, units: dict, label: str, size: float,
+                   source: str) -> dict:
+    """The splits as the page shows them: pace, or speed for an activity read by its speed
+    (each row's ``speed`` in the owner's units)."""
+    speed_label, speed_size = units["speed"]
+    for row in rows:
+        row["speed"] = None if not row["seconds"] else row["meters"] / row["seconds"] / (
+            speed_size)
+    return {"unit": {"label": label, "meters": size}, "source": source, "rows": rows,
+            "shown": "speed" if _pace_kind(activity) == "speed" else "pace",
+            "pace_label": "/" + label, "speed_label": speed_label}
+
+
 # -- the view's plan: which layer and bucket answer a range, decided once -------------
 
 VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
@@ -7532,9 +8780,9 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
             raise UnknownMetric([loggable_metric(metric)])
         anchor_day = local_ordinal(*newest)
         if kind == "sleep":  # a night is on the morning it ended
-            nights = sleep_nights(conn, PointQuery(metric, anchor_layer,
-                                                   start=newest[0] - 2 * 86400 * US,
-                                                   end=newest[0] + 2 * 86400 * US, zone=zone))
+            nights = [day for day in sleep_nights(conn, PointQuery(
+                metric, anchor_layer, start=newest[0] - 2 * 86400 * US,
+                end=newest[0] + 2 * 86400 * US, zone=zone)) if day.night is not None]
             anchor_day = nights[-1].date if nights else anchor_day
         day_to = anchor_day + 1
         day_from = day_to - days
@@ -7794,6 +9042,7 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
             "fields": [{"field": field, "label": meaning.label(field)}
                        for field in meaning.fields],
             "stage_order": stage_order_json(),
+            "nights": night["nights"] if night else 0,
             "overlapping": night["overlapping"] if night else False,
             "naps": night["naps"] if night else [],
             "asleep": night["asleep"] if night else None,
@@ -7801,6 +9050,8 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
             "stages": night["stages"] if night else {},
             "sleep_start": night["sleep_start"] if night else None,
             "sleep_end": night["sleep_end"] if night else None,
+            **(_night_words(None) if night is None else {
+                key: night[key] for key in _night_words(None)}),
             "usual": usual, "usual_days": usual_days, "spark": _spark(asleep, day),
             "link": _link(SLEEP_METRIC, day)}
 
@@ -7924,14 +9175,17 @@ WEEK_DAYS = 7
 
 
 def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> list:
-    """The records (workouts) of the :data:`WEEK_DAYS` ending on the day, newest first (as
-    /api/records)."""
+    """The records of the :data:`WEEK_DAYS` ending on the day, newest first: workouts as
+    /api/workouts lists them (a workout recorded twice marked, :func:`mark_duplicates`),
+    others as /api/records."""
     if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
                     (metric,)).fetchone() is None:
         return []
-    return records(conn, {"metric": metric, "tz": zone.name, "limit": "100",
-                          "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
-                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
+    bounds = {"tz": zone.name, "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
+              "to": _dt.date.fromordinal(day).isoformat()}
+    if metric == WORKOUT_METRIC:  # with ids, and a workout recorded twice marked
+        return list_workouts(conn, bounds, limit=100)["workouts"]
+    return records(conn, dict(bounds, metric=metric, limit="100"))["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -8755,10 +10009,14 @@ def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
 
 def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days: list,
                   today: int, low_us: int, high_us: int) -> dict:
-    kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
-    query = PointQuery(item.metric, item.layer, low_us, high_us,
-                       "day" if kind == "present" else "hour", zone)
-    hours = _local_hours(conn, query)
+    if item.metric == SLEEP_METRIC and item.layer == RECORD_LAYER:  # a night on its wake day
+        kind = "nights"
+        hours = {day: {day} for day in sleep_wake_days(conn, zone, low_us, high_us)}
+    else:
+        kind = "present" if item.layer in FRESHNESS_DAY_LAYERS else "hours"
+        query = PointQuery(item.metric, item.layer, low_us, high_us,
+                           "day" if kind == "present" else "hour", zone)
+        hours = _local_hours(conn, query)
     first_offset = zone.offset_at(item.first_hour * HOUR_US)
     first_day = local_ordinal(item.first_hour * HOUR_US,
                               item.newest_offset if first_offset is None else first_offset)
@@ -8819,13 +10077,17 @@ CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, poi
 CREATE TABLE nights (date TEXT NOT NULL, kind TEXT NOT NULL, sleep_start TEXT,
                      sleep_end TEXT NOT NULL, start TEXT, "end" TEXT NOT NULL, asleep REAL,
                      in_bed REAL, deep REAL, core REAL, rem REAL, unspecified REAL,
-                     awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL);
+                     awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL,
+                     counted TEXT, scaled INTEGER NOT NULL);
 """
 """``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
-``night`` (a date's longest sleep) or ``nap``; ``date`` the local date it ended;
-``sleep_start``/``sleep_end`` local, ``start``/``end`` UTC; hours asleep, in bed and per
-stage (``unspecified``: HAE's stage-less "asleep"); ``overlapping`` 1 where its sources
-said more than its window."""
+``night`` (a date's longest sleep that is no nap) or ``nap`` (a date of naps only has nap
+rows alone); ``date`` the local date it ended; ``sleep_start``/``sleep_end`` local,
+``start``/``end`` UTC (the start empty where the bedtime is not known); hours asleep, in
+bed and per stage as shown (``unspecified``: the stage "asleep, no stage"), never adding
+up to more than asleep; ``overlapping`` 1 where its figures said more than its limit;
+``counted`` which figure gives asleep (``total``, ``staged``, ``unspecified``, ``union``);
+``scaled`` 1 where its stages are shares of a figure cut to its limit."""
 
 _EXPORT_INDEXES = """
 CREATE INDEX points_metric ON points (metric, layer, start);
@@ -8835,17 +10097,22 @@ CREATE INDEX nights_date ON nights (date);
 """
 
 
-def _night_rows(nights: list) -> Iterator[tuple]:
-    for night in nights:
-        for kind, sleep in [("night", night)] + [("nap", nap) for nap in night.naps]:
+NIGHT_COLUMNS = 17
+"""The columns of the exported ``nights`` table."""
+
+
+def _night_rows(days: list) -> Iterator[tuple]:
+    for day in days:
+        for kind, sleep in ([("night", day.night)] if day.night else []) + [
+                ("nap", nap) for nap in day.naps]:
             yield (_dt.date.fromordinal(sleep.date).isoformat(), kind,
-                   None if sleep.start is None else local_iso(sleep.start, sleep.start_offset),
+                   _local_text(sleep.start, sleep.start_offset),
                    local_iso(sleep.end, sleep.end_offset),
                    None if sleep.start is None else format_instant(sleep.start),
                    format_instant(sleep.end), sleep.asleep, sleep.in_bed,
                    sleep.stages.get("deep"), sleep.stages.get("core"), sleep.stages.get("rem"),
-                   sleep.stages.get("asleep"), sleep.stages.get("awake"),
-                   int(sleep.overlapping), sleep.form)
+                   sleep.stages.get(UNSPECIFIED), sleep.stages.get(AWAKE),
+                   int(sleep.overlapping), sleep.form, sleep.counted, int(sleep.scaled))
 
 
 def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict,
@@ -8869,15 +10136,167 @@ def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, poi
             + (json.dumps(extra, ensure_ascii=False) if extra else None,))
 
 
-def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
+_WORKOUT_SCHEMA = """
+CREATE TABLE workouts (id TEXT NOT NULL, name TEXT, activity TEXT NOT NULL, start TEXT NOT NULL,
+                       "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_end TEXT NOT NULL,
+                       local_date TEXT NOT NULL, duration_s REAL, distance REAL,
+                       distance_units TEXT, active_energy REAL, active_energy_units TEXT,
+                       total_energy REAL, total_energy_units TEXT, average_heart_rate REAL,
+                       max_heart_rate REAL, heart_rate_units TEXT, elevation_gain REAL,
+                       elevation_units TEXT, route_points INTEGER NOT NULL,
+                       has_heart_rate INTEGER NOT NULL, source TEXT, duplicate_of TEXT,
+                       version INTEGER NOT NULL);
+CREATE TABLE workout_route (workout_id TEXT NOT NULL, seq INTEGER NOT NULL, time TEXT,
+                            local_time TEXT, latitude REAL NOT NULL, longitude REAL NOT NULL,
+                            altitude REAL, speed REAL, course REAL, horizontal_accuracy REAL,
+                            vertical_accuracy REAL, heart_rate REAL);
+"""
+"""``workouts``: one row a workout (:func:`workout_summary`), its figures as sent, its UTC and
+local times (as the phone wrote them) and ``duplicate_of`` (the id of the one shown first,
+for a workout recorded twice); ``workout_route``: one row a route point with a position, in
+the order sent (``seq`` from 0), its time in UTC and as the phone wrote it, and the heart
+rate of the nearest session sample within :data:`HEART_NEAREST_S`."""
+
+_WORKOUT_INDEXES = """
+CREATE INDEX workouts_id ON workouts (id);
+CREATE INDEX workouts_start ON workouts (start);
+CREATE INDEX workout_route_workout ON workout_route (workout_id, seq);
+"""
+
+
+def _route_rows(workout: StoredWorkout) -> Iterator[tuple]:
+    session = workout_heart(workout.point, workout.coord).session
+    times = [s[0] for s in session]
+    for seq, (lat, lon, alt, instant, item) in enumerate(
+            route_positions(_series(workout.point, "route"))):
+        raw = item.get("timestamp", item.get("date"))
+        yield (workout.id, seq, None if instant is None else format_instant(instant),
+               None if instant is None else local_iso(instant, text_offset(raw, instant)),
+               lat, lon, alt, _number(item.get("speed")), _number(item.get("course")),
+               _number(item.get("horizontalAccuracy")), _number(item.get("verticalAccuracy")),
+               nearest_heart(times, session, instant))
+
+
+def _amount(found: Optional[dict]) -> tuple:
+    return (found["qty"], found["units"]) if found else (None, None)
+
+
+def _workout_row(item: dict, sent: tuple) -> tuple:
+    """A row of ``workouts``; ``sent``: the active energy and the climb as sent."""
+    average, highest = _amount(item["average_heart_rate"]), _amount(item["max_heart_rate"])
+    return ((item["id"], item["name"], item["activity"], item["start"], item["end"],
+             item["local_start"], item["local_end"], item["date"], item["duration_s"])
+            + _amount(item["distance"]) + _amount(sent[0]) + _amount(item["total_energy"])
+            + (average[0], highest[0], average[1] or highest[1]) + _amount(sent[1])
+            + (item["route_points"], int(item["has_heart_rate"]), item["source"],
+               item["duplicate_of"], item["version"]))
+
+
+def export_workouts(conn: sqlite3.Connection, target: sqlite3.Connection,
+                    scratch: Optional[Path] = None) -> int:
+    """Every stored workout into ``workouts`` and its whole route into ``workout_route``
+    (:data:`_WORKOUT_SCHEMA`), an object at a time (a large one's arrays read from a
+    scratch file under ``scratch``); duplicates are marked once all are read.  Returns
+    the number of workouts."""
+    entries, sent = [], []
+    with contextlib.closing(_workout_rows(conn, -(1 << 62), 1 << 62)) as rows:
+        for row in rows:
+            for workout in _workouts_of(row, scratch):
+                point = workout.point
+                entries.append((workout_summary(workout, LOCAL_ZONE), workout.coord))
+                sent.append((_quantity(point.get("activeEnergyBurned"))
+                             or _quantity(point.get("activeEnergy")), _elevation_sent(point)))
+                target.executemany("INSERT INTO workout_route VALUES (%s)" % ",".join(
+                    "?" * 12), _route_rows(workout))
+    mark_duplicates(entries)
+    target.executemany("INSERT INTO workouts VALUES (%s)" % ",".join("?" * 25), (
+        _workout_row(item, figures) for (item, _), figures in zip(entries, sent)))
+    return len(entries)
+
+
+# -- GPX: a workout's route as Strava, Garmin and others take it --------------------
+
+GPX_NAMESPACES = (
+    'xmlns="http://www.topografix.com/GPX/1/1"'
+    ' xmlns:gpxtpx="http://www.garmin.com/xmlschemas/TrackPointExtension/v1"'
+    ' xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"'
+    ' xsi:schemaLocation="http://www.topografix.com/GPX/1/1'
+    ' http://www.topografix.com/GPX/1/1/gpx.xsd'
+    ' http://www.garmin.com/xmlschemas/TrackPointExtension/v1'
+    ' http://www8.garmin.com/xmlschemas/TrackPointExtensionv1.xsd"')
+_XML_NOT_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """Text as XML character data (the characters XML 1.0 cannot hold left out)."""
+    return _XML_NOT_TEXT.sub("", text).replace("&", "&amp;").replace("<", "&lt;").replace(
+        ">", "&gt;")
+
+
+def gpx_pieces(workout: StoredWorkout) -> Iterator[bytes]:
+    """A workout's GPX 1.1, in pieces of about :data:`STREAM_CHUNK`: one ``trk`` named by the
+    workout, its activity in ``type``, one ``trkseg`` of every route point with a position,
+    each with ``ele`` (its altitude), ``time`` (UTC) and, in Garmin's
+    ``TrackPointExtension``, ``gpxtpx:hr``: the session sample nearest in time within
+    :data:`HEART_NEAREST_S`, rounded (never interpolated).  :class:`NoRoute` at once,
+    before any piece, when there is no route point with a position."""
+    route = _series(workout.point, "route")
+    if next(route_positions(route), None) is None:
+        raise NoRoute("this workout has no route: there is nothing to write as GPX")
+    return _gpx_stream(workout, route)
+
+
+def _gpx_stream(workout: StoredWorkout, route: Any) -> Iterator[bytes]:
+    point = workout.point
+    name = _xml_text(point["name"]) if type(point.get("name")) is str else "Workout"
+    activity = workout_activity(point)
+    session = workout_heart(point, workout.coord).session
+    times = [s[0] for s in session]
+    parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<gpx version="1.1" creator="healthlog'
+             ' %s" %s>\n<metadata><name>%s</name><time>%s</time></metadata>\n<trk><name>%s'
+             '</name><type>%s</type><trkseg>\n' % (
+                 __version__, GPX_NAMESPACES, name, format_instant(workout.coord[0]), name,
+                 activity if activity != "other" else name)]
+    size = len(parts[0])
+    for lat, lon, alt, instant, _ in route_positions(route):
+        text = '<trkpt lat="%r" lon="%r">' % (lat, lon)
+        if alt is not None:
+            text += "<ele>%r</ele>" % alt
+        if instant is not None:
+            text += "<time>%s</time>" % format_instant(instant)
+        bpm = nearest_heart(times, session, instant)
+        if bpm is not None:
+            text += ("<extensions><gpxtpx:TrackPointExtension><gpxtpx:hr>%d</gpxtpx:hr>"
+                     "</gpxtpx:TrackPointExtension></extensions>" % round(bpm))
+        parts.append(text + "</trkpt>\n")
+        size += len(text) + 9
+        if size >= STREAM_CHUNK:
+            yield "".join(parts).encode("utf-8")
+            parts, size = [], 0
+    parts.append("</trkseg></trk>\n</gpx>\n")
+    yield "".join(parts).encode("utf-8")
+
+
+def gpx_file_name(item: dict) -> str:
+    """``2025-05-03-0710-running.gpx``: a workout's local start as the phone wrote it and its
+    activity (else its name in letters and digits, else ``workout``)."""
+    local = item["local_start"]
+    what = item["activity"] if item["activity"] != "other" else re.sub(
+        r"[^a-z0-9]+", "-", (item["name"] or "").lower()).strip("-") or "workout"
+    return "%s-%s%s-%s.gpx" % (local[:10], local[11:13], local[14:16], what[:40])
+
+
+def export_sqlite(conn: sqlite3.Connection, out: Path, scratch: Optional[Path] = None) -> int:
     """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
-    shape Datasette and sqlite-utils open directly, and every sleep as a row of ``nights``
-    (a sleep point's ``local_date`` is the day its sleep ended); returns the number of
-    points."""
+    shape Datasette and sqlite-utils open directly, every sleep as a row of ``nights`` (a
+    sleep point's ``local_date`` is the day its sleep ended), and every workout as a row of
+    ``workouts`` with its route in ``workout_route`` (:func:`export_workouts`); returns the
+    number of points."""
     target = sqlite3.connect(str(out), isolation_level=None)
     written = 0
     try:
         target.executescript(_EXPORT_SCHEMA)
+        target.executescript(_WORKOUT_SCHEMA)
         target.execute("BEGIN")
         for metric, layer in conn.execute(
                 "SELECT DISTINCT metric, layer FROM object ORDER BY metric, layer").fetchall():
@@ -8885,7 +10304,8 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
             sleep = None
             if query.sleep_stages:  # sleep's layer: each night once
                 nights = sleep_nights(conn, query)
-                target.executemany("INSERT INTO nights VALUES (%s)" % ",".join("?" * 15),
+                target.executemany("INSERT INTO nights VALUES (%s)"
+                                   % ",".join("?" * NIGHT_COLUMNS),
                                    _night_rows(nights))
                 sleep = SleepDates(nights, LOCAL_ZONE)
             rows = (_export_row(metric, layer, units, coord, point,
@@ -8898,8 +10318,10 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
             target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
                            (item["metric"], item["layer"], ",".join(item["units"]) or None,
                             item["points"], item["first"], item["last"]))
+        export_workouts(conn, target, scratch)
         target.execute("COMMIT")
         target.executescript(_EXPORT_INDEXES)
+        target.executescript(_WORKOUT_INDEXES)
     finally:
         target.close()
     return written
@@ -10332,15 +11754,26 @@ def _valid_name(name: str) -> bool:
         c.isascii() and (c.isalnum() or c in "._-") for c in name)
 
 
-SECURITY_HEADERS = (
-    ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self';"
-     " img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
-     " base-uri 'none'"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
-    ("X-Frame-Options", "DENY"),
-)
-"""On every answer: the page runs only its own script and style, in no frame."""
+def security_headers(map_tiles: Optional[str] = None) -> tuple:
+    """The headers on every answer: the page runs only its own script and style, in no
+    frame; images come from the page itself, and from the tile server's origin alone when
+    ``serve --map-tiles`` names one (nothing else ever leaves the server)."""
+    images = "'self' data:"
+    if map_tiles:
+        parts = urllib.parse.urlsplit(map_tiles)
+        images += " %s://%s" % (parts.scheme, parts.netloc.rpartition("@")[2])
+    return (
+        ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self';"
+         " img-src %s; connect-src 'self'; form-action 'self'; frame-ancestors 'none';"
+         " base-uri 'none'" % images),
+        ("X-Content-Type-Options", "nosniff"),
+        ("Referrer-Policy", "no-referrer"),
+        ("X-Frame-Options", "DENY"),
+    )
+
+
+SECURITY_HEADERS = security_headers()
+"""On every answer of a ``serve`` without map tiles."""
 
 LOGIN_FORM_MAX = 4096
 """A sign-in form is one field: a body larger than this is no sign-in."""
@@ -10401,6 +11834,7 @@ class App:
         self.config, self.archive, self.pool = config, archive, pool
         self.worker, self.stopping = worker, stopping
         self.judge = judge  # freshness now (the service's, which also tells the notifier)
+        self.security = security_headers(config.map_tiles)
         self.notices = notices  # the notifier's counts, when it runs
         self.ingest_seconds = Histogram(TIMING_BOUNDS)
         # Uploads never take the last threads; bodies under validation share a ceiling.
@@ -10421,6 +11855,8 @@ class App:
                 ("/api/points", "GET", self.points),
                 ("/api/deliveries", "GET", self.deliveries),
                 ("/api/records", "GET", self.records),
+                ("/api/workouts", "GET", self.workouts),
+                ("/api/workouts/<ident>", "GET", self.workout),
                 ("/api/ecg", "GET", self.ecg),
                 ("/api/summary", "GET", self.summary),
                 ("/api/plan", "GET", self.plan),
@@ -10463,7 +11899,7 @@ class App:
             status, headers, body = self._failure(environ, InternalError(
                 None if path.startswith("/api/ingest") else READ_FAILED
                 if environ.get("REQUEST_METHOD") in ("GET", "HEAD") else REQUEST_FAILED))
-        start_response(status, list(headers) + list(SECURITY_HEADERS))
+        start_response(status, list(headers) + list(self.security))
         code = int(status.split(" ", 1)[0])
         if path.startswith("/api/ingest") and environ.get("REQUEST_METHOD") == "POST":
             self.ingest_seconds.observe(time.monotonic() - started, status=str(code))
@@ -10755,6 +12191,39 @@ class App:
         """GET /api/records: workouts, ECG recordings and events, newest first."""
         self.authenticate(environ, cookie=True)
         return self._ok(records(self.pool.get(), _query_args(environ)))
+
+    def workouts(self, environ: dict) -> tuple:
+        """GET /api/workouts: the workouts of a range, newest first, duplicates marked."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            return self._ok(list_workouts(conn, _query_args(environ), self.archive.tmp))
+        finally:
+            conn.execute("COMMIT")
+
+    def workout(self, environ: dict, ident: str) -> tuple:
+        """GET /api/workouts/<id>: one workout whole (its route thinned for drawing, the
+        map tiles' template when ``--map-tiles`` names one); ``<id>.gpx``: its GPX,
+        streamed."""
+        self.authenticate(environ, cookie=True)
+        conn = self.pool.get()
+        conn.execute("BEGIN")  # one snapshot
+        try:
+            if ident.endswith(".gpx"):
+                found = find_workout(conn, ident[:-4], self.archive.tmp)
+                pieces = gpx_pieces(found)  # NoRoute here, before the answer starts
+                name = gpx_file_name(workout_summary(found, LOCAL_ZONE))
+            else:
+                answer = get_workout(conn, ident, _query_args(environ), self.archive.tmp,
+                                     self.config.max_heart_rate, self.config.distance_units)
+                answer["map_tiles"] = self.config.map_tiles
+                return self._ok(answer)
+        finally:
+            conn.execute("COMMIT")
+        return ("200 OK", [("Content-Type", "application/gpx+xml"),
+                           ("Content-Disposition", 'attachment; filename="%s"' % name),
+                           ("Cache-Control", "no-store")], pieces)
 
     def summary(self, environ: dict) -> tuple:
         """GET /api/summary: a day at a glance (the summary page's data)."""
@@ -13224,10 +14693,15 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
     conn = open_database(config, create=False, synchronous="NORMAL")
     try:
         conn.execute("BEGIN")  # one snapshot of the store
+        scratch = config.data_dir / TMP_DIR
         if args.format == "sqlite":
-            return _export_to_file(conn, args.output)
+            return _export_to_file(conn, args.output, scratch)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
+        if args.format == "gpx":
+            return _export_gpx(conn, args, scratch, out)
+        if args.workout or args.out_dir:
+            raise ConfigError("--workout and --out go with --format gpx")
         if not args.metric:  # the route's message names /api/catalog; here, the command
             raise ConfigError("--metric is required; `healthlog catalog` lists the metrics"
                               " there are (or --format sqlite OUT.db exports them all)")
@@ -13287,7 +14761,73 @@ def run_catalog(config: Config, as_json: bool, out: Any = None) -> int:
     return 0
 
 
-def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
+def _export_gpx(conn: sqlite3.Connection, args: argparse.Namespace, scratch: Path,
+                out: Any) -> int:
+    """``export --format gpx``: one workout's GPX (``--workout ID``) on standard output or
+    into ``--out DIR``; or, with ``--out DIR``, one file per workout with a route whose start
+    is in ``--from``/``--to`` (a workout recorded twice: the one shown first), named by its
+    local date, time and activity (:func:`gpx_file_name`).  No file is overwritten: when
+    one of the names exists, nothing is written."""
+    try:
+        if args.workout:
+            chosen = [find_workout(conn, args.workout, scratch)]
+            skipped = ""
+        else:
+            if not args.out_dir:
+                raise ConfigError("--format gpx writes one file per workout into a folder:"
+                                  " give --out DIR (or --workout ID for one on standard"
+                                  " output)")
+            items = list_workouts(conn, {"from": args.start, "to": args.end, "tz": args.tz},
+                                  scratch, limit=None)["workouts"]
+            shown = [item for item in items if item["duplicate_of"] is None]
+            chosen = [find_workout(conn, item["id"], scratch) for item in reversed(shown)
+                      if item["has_route"]]
+            skipped = "%d without a route, %d recorded twice" % (
+                len(shown) - len(chosen), len(items) - len(shown))
+        if args.workout and not args.out_dir:
+            for piece in gpx_pieces(chosen[0]):
+                out.write(piece)
+            out.flush()
+            return 0
+    except (UnknownWorkout, NoRoute) as exc:
+        raise ConfigError(exc.message.replace("/api/workouts lists them",
+                                              "the page's workouts list names them")) from None
+    except HTTPFailure as exc:
+        raise ConfigError(exc.message) from None
+    folder = Path(args.out_dir)
+    names: list = []
+    for workout in chosen:
+        name = gpx_file_name(workout_summary(workout, LOCAL_ZONE))
+        stem, number = name[:-4], 2
+        while name in names:
+            name, number = "%s-%d.gpx" % (stem, number), number + 1
+        names.append(name)
+    taken = [name for name in names if (folder / name).exists()]
+    if taken:
+        raise ConfigError("%s exists; export writes new files only" % (folder / taken[0]))
+    folder.mkdir(parents=True, exist_ok=True)
+    for workout, name in zip(chosen, names):
+        _write_new(folder / name, gpx_pieces(workout))
+        sys.stdout.write("wrote %s\n" % (folder / name))
+    if not args.workout:
+        sys.stdout.write("%d GPX files in %s (left out: %s)\n" % (len(names), folder, skipped))
+    return 0
+
+
+def _write_new(path: Path, pieces: Iterator[bytes]) -> None:
+    """A new file of ``pieces``; a partial one is removed if writing fails."""
+    with open(str(path), "xb") as handle:
+        try:
+            for piece in pieces:
+                handle.write(piece)
+        except BaseException:
+            handle.close()
+            path.unlink()
+            raise
+
+
+def _export_to_file(conn: sqlite3.Connection, output: Optional[str],
+                    scratch: Optional[Path] = None) -> int:
     if not output:
         raise ConfigError("--format sqlite needs the file to create: healthlog export"
                           " --format sqlite OUT.db")
@@ -13295,7 +14835,7 @@ def _export_to_file(conn: sqlite3.Connection, output: Optional[str]) -> int:
     if target.exists():
         raise ConfigError("%s exists; export writes a new file" % target)
     try:
-        count = export_sqlite(conn, target)
+        count = export_sqlite(conn, target, scratch)
     except BaseException:
         with contextlib.suppress(OSError):
             target.unlink()  # never leave half an export behind
@@ -13515,6 +15055,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--notify-format", choices=("text", "json"),
                        help="text: a plain-text body with a Title header, as ntfy takes it"
                             " (default); json: one JSON object")
+    serve.add_argument("--map-tiles", metavar="URL-TEMPLATE",
+                       help="draw workout routes over map tiles from this server, such as"
+                            " https://tile.openstreetmap.org/{z}/{x}/{y}.png; only its host"
+                            " is added to the page's Content-Security-Policy (env"
+                            " HEALTHLOG_MAP_TILES; default: no tiles, nothing leaves the"
+                            " server)")
+    serve.add_argument("--max-heart-rate", metavar="BPM",
+                       help="your maximum heart rate, for heart-rate zones (env"
+                            " HEALTHLOG_MAX_HEART_RATE; default: the highest stored in the"
+                            " year before each workout)")
+    serve.add_argument("--distance-units", metavar="km|mi",
+                       help="splits, pace and speed per km or per mile (env"
+                            " HEALTHLOG_DISTANCE_UNITS; default: the units each workout's"
+                            " distance was sent in)")
 
     status = commands.add_parser("status", help="what the journal and the store hold, and what is"
                                  " late or stale")
@@ -13579,8 +15133,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tz", metavar="ZONE",
                         help="local time of days and hours: local (default: as the phone wrote"
                              " each point), a time zone such as Europe/Berlin, or an offset")
-    export.add_argument("--format", choices=("csv", "json", "sqlite"), default="json",
-                        help="json (default), csv, or sqlite (every metric, into OUT.db)")
+    export.add_argument("--format", choices=("csv", "json", "sqlite", "gpx"), default="json",
+                        help="json (default), csv, sqlite (every metric, into OUT.db), or gpx"
+                             " (workouts' routes: --workout ID, or --from/--to with --out"
+                             " DIR)")
+    export.add_argument("--workout", metavar="ID",
+                        help="with --format gpx: the workout, by the id its page and"
+                             " /api/workouts give")
+    export.add_argument("--out", dest="out_dir", metavar="DIR",
+                        help="with --format gpx: the folder to write one .gpx per workout"
+                             " into, named by local date, time and activity")
     return parser
 
 
@@ -13766,6 +15328,37 @@ DASHBOARD_HTML = r"""<!doctype html>
     </p>
   </section>
 
+  <section id="workout-view" class="panel workout-view" aria-labelledby="workout-title"
+           data-state="idle" hidden>
+    <p class="back"><a id="workout-back" href="#view=metric">&#8249; Workouts</a></p>
+    <h2 id="workout-title">Workout</h2>
+    <p id="workout-meta" class="meta"></p>
+    <ul id="workout-notes" class="workout-notes"></ul>
+    <dl id="workout-figures" class="workout-figures"></dl>
+    <section id="part-route" class="workout-part" aria-labelledby="route-title" hidden>
+      <div class="panel-head">
+        <h3 id="route-title">Route</h3>
+        <a id="workout-gpx" class="button" download hidden>Download GPX</a>
+      </div>
+      <div id="workout-map" class="workout-map"></div>
+      <p id="route-legend" class="legend route-legend"></p>
+    </section>
+    <section id="part-heart" class="workout-part" aria-labelledby="heart-title" hidden>
+      <h3 id="heart-title">Heart rate</h3>
+      <div id="workout-heart" class="workout-chart"></div>
+      <p id="zone-rule" class="meta"></p>
+      <table id="workout-zones" class="list zones"></table>
+    </section>
+    <section id="part-splits" class="workout-part" aria-labelledby="splits-title" hidden>
+      <h3 id="splits-title">Splits</h3>
+      <table id="workout-splits" class="list splits"></table>
+    </section>
+    <section id="part-elevation" class="workout-part" aria-labelledby="elevation-title" hidden>
+      <h3 id="elevation-title">Elevation</h3>
+      <div id="workout-elevation" class="workout-chart"></div>
+    </section>
+  </section>
+
   <section id="journal-panel" class="panel" aria-labelledby="journal-title" hidden>
     <div class="panel-head">
       <h2 id="journal-title">Deliveries</h2>
@@ -13808,7 +15401,7 @@ APP_CSS = r"""/* healthlog: one small stylesheet, system fonts, light and dark. 
   --core: #5b7be8;
   --rem: #2bb3c0;
   --awake: #f08c3a;
-  --asleep: #7f8fa6;
+  --asleep: #5f9a4e;
   --other: #a0a7b4;
   --inbed: #c5cbe0;
 }
@@ -13839,6 +15432,7 @@ APP_CSS = r"""/* healthlog: one small stylesheet, system fonts, light and dark. 
     --core: #5b8cff;
     --rem: #45d0dc;
     --awake: #f5a25d;
+    --asleep: #86c06c;
     --inbed: #39415a;
   }
 }
@@ -14079,6 +15673,11 @@ main {
   display: block; width: 100%; text-align: left; border: 0; padding: 0; min-height: 0;
   background: none;
 }
+a.rec-pick { color: inherit; text-decoration: none; }
+a.rec-pick:hover .rec-name, a.rec-pick:focus-visible .rec-name { color: var(--accent);
+  text-decoration: underline; }
+.rec-also { margin: 0.3rem 0 0; font-size: 0.85rem; color: var(--muted); }
+.item-also { color: var(--muted); font-size: 0.85rem; }
 .timeline .day h3 { font-size: 0.95rem; margin: 0.9rem 0 0.2rem; }
 .timeline .record-list { grid-template-columns: 1fr; margin-top: 0.3rem; }
 .timeline .record { display: flex; gap: 0.8rem; align-items: baseline; }
@@ -14202,6 +15801,7 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 }
 .attention-item.stale, .attention-item.late { border-color: var(--danger); }
 .attention-text { margin: 0; font-weight: 600; }
+.attention-item .whole { white-space: nowrap; }
 .attention-action { margin: 0.2rem 0 0; color: var(--muted); font-size: 0.88rem; }
 .attention-more { display: grid; gap: 0.45rem; overflow-wrap: anywhere; }
 .attention-more summary { cursor: pointer; font-weight: 600; }
@@ -14249,6 +15849,62 @@ a.card:focus-visible { outline: 2px solid var(--accent); outline-offset: 1px; }
 .trend-figures { display: flex; flex-wrap: wrap; gap: 0.1rem 1.1rem; font-size: 0.88rem;
   color: var(--muted); }
 .trend-figures .num { color: var(--text); font-variant-numeric: tabular-nums; }
+
+/* ---- one workout ------------------------------------------------------------ */
+
+:root {
+  --r0: #2b6cb0; --r1: #2f9e8f; --r2: #8bb32b; --r3: #e0a020; --r4: #d9480f;
+  --zone: rgba(217, 72, 15, 0.06);
+}
+.back { margin: 0 0 0.3rem; font-size: 0.9rem; }
+.back a { text-decoration: none; }
+.workout-view h3 { font-size: 1rem; margin: 0; }
+.workout-part { margin-top: 1.1rem; min-width: 0; }
+.workout-notes { list-style: none; margin: 0.3rem 0; padding: 0; display: grid; gap: 0.3rem;
+  overflow-wrap: anywhere; }
+.workout-notes li { border-left: 3px solid var(--warn); padding: 0.2rem 0.6rem; }
+.workout-notes li.duplicate { border-left-color: var(--accent); }
+.workout-figures { display: grid; gap: 0.5rem 1rem; margin: 0.6rem 0 0;
+  grid-template-columns: repeat(auto-fill, minmax(9.5rem, 1fr)); }
+.figure { min-width: 0; }
+.figure dt { color: var(--muted); font-size: 0.82rem; }
+.figure dd { margin: 0; font-size: 1.25rem; font-weight: 600; font-variant-numeric: tabular-nums;
+  overflow-wrap: anywhere; }
+.figure-note { font-size: 0.75rem; font-weight: 400; color: var(--muted); }
+.workout-map { margin-top: 0.4rem; border: 1px solid var(--line); border-radius: 8px;
+  overflow: hidden; background: var(--bg); }
+.route-map { display: block; width: 100%; height: auto; }
+.route-line { fill: none; stroke-width: 3.5; stroke-linejoin: round; stroke-linecap: round; }
+.route-0 { stroke: var(--r0); } .swatch.route-0 { background: var(--r0); }
+.route-1 { stroke: var(--r1); } .swatch.route-1 { background: var(--r1); }
+.route-2 { stroke: var(--r2); } .swatch.route-2 { background: var(--r2); }
+.route-3 { stroke: var(--r3); } .swatch.route-3 { background: var(--r3); }
+.route-4 { stroke: var(--r4); } .swatch.route-4 { background: var(--r4); }
+.route-none { stroke: var(--muted); }
+.route-start { fill: var(--ok); stroke: var(--panel); stroke-width: 2; }
+.route-finish { fill: var(--text); stroke: var(--panel); stroke-width: 2; }
+.scale-bar line { stroke: var(--text); stroke-width: 2; }
+.scale-bar text, .tile-credit { fill: var(--text); font-size: 11px; }
+.tile-credit { text-anchor: end; }
+.route-legend { margin-top: 0.4rem; font-size: 0.85rem; align-items: center; }
+.route-colour { display: inline-flex; }
+.route-colour button { border-radius: 0; min-height: 1.9rem; padding: 0.15rem 0.5rem;
+  font-size: 0.85rem; }
+.route-colour button:first-child { border-radius: 8px 0 0 8px; }
+.route-colour button:last-child { border-radius: 0 8px 8px 0; margin-left: -1px; }
+.route-colour button.active { background: var(--accent); color: var(--accent-text);
+  border-color: var(--accent); }
+.workout-chart svg { display: block; width: 100%; height: auto; }
+.zone-band { fill: var(--zone); }
+.zone-band.zone-2, .zone-band.zone-4 { fill: transparent; }
+.series.recovery { stroke: var(--muted); stroke-dasharray: 4 3; }
+.swatch.recovery-swatch { background: var(--muted); }
+.end-mark { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 2 3; }
+.end-label { fill: var(--muted); font-size: 11px; }
+.elevation-area { fill: var(--band); stroke: none; }
+table.zones, table.splits { margin-top: 0.4rem; table-layout: fixed; }
+.zones th, .zones td, .splits th, .splits td { white-space: normal; overflow-wrap: anywhere;
+  padding: 0.3rem 0.35rem; }
 
 /* ---- sign-in page --------------------------------------------------------- */
 
@@ -14336,8 +15992,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const RECORDS_PAGE = 50; // workouts: every page of the range (the chart needs them all)
-  const RECORDS_MAX_PAGES = 50;
   const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
   const JOURNAL_PAGE = 20;
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
@@ -14757,11 +16411,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   /** Workout minutes per slot of a date axis, from the items' own duration and date:
-   *  {date: {minutes, count}}; weeks add up on their Monday. */
+   *  {date: {minutes, count}}; weeks add up on their Monday; a workout recorded twice
+   *  (``duplicate_of``, the server's mark) counts once. */
   function workoutMinutes(items, bucket) {
     const out = {};
     items.forEach(function (w) {
-      if (!isDate(w.date) || typeof w.duration_s !== 'number') return;
+      if (w.duplicate_of || !isDate(w.date) || typeof w.duration_s !== 'number') return;
       const key = bucket === 'week' ? mondayOf(w.date) : w.date;
       const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
       slot.minutes += w.duration_s / 60;
@@ -14791,9 +16446,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return found || { stage: stage, label: stage, asleep: true, unspecified: false };
   }
 
-  /** A night's bar: its stages of sleep bottom up in the server's order, the asleep hours
-   *  no stage holds above them (a night that names no stage: all of them, drawn as the
-   *  unspecified stage), the stages that are not sleep (awake) on top, in bed behind. */
+  /** A night's bar: its stages of sleep bottom up in the server's order (the unspecified
+   *  stage, "asleep, no stage", among them), the asleep hours no stage shown holds above
+   *  them ("unstaged": a night whose figure has no stage hours, or a week's nights without
+   *  them), the stages that are not sleep (awake) on top, in bed behind. The server's
+   *  stages never add up to more than the hours asleep. Pure. */
   function nightBar(night, order) {
     const stages = night.stages || {};
     const keys = stagesOf(stages, order);
@@ -14807,15 +16464,85 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     const asleep = typeof night.asleep === 'number' ? night.asleep : null;
     if (asleep !== null && asleep - staged > 1 / 60) {
-      const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
-      parts.push({ stage: staged || !unspecified ? 'unstaged' : unspecified.stage,
-        hours: asleep - staged });
+      parts.push({ stage: 'unstaged', hours: asleep - staged });
     }
     awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
     return { parts: parts, top: top, asleep: asleep,
       inBed: typeof night.in_bed === 'number' ? night.in_bed : null };
+  }
+
+  /** Names as words: "A", "A and B", "A, B and C"; past ``most`` of them, "N more". */
+  function listWords(names, most) {
+    const shown = names.slice(0, most || names.length);
+    if (names.length > shown.length) shown.push((names.length - shown.length) + ' more');
+    if (shown.length < 2) return shown.join('');
+    return shown.slice(0, -1).join(', ') + ' and ' + shown[shown.length - 1];
+  }
+
+  /** When a night's sleep began and ended, in words: "bed 23:10, wake 07:00"; a bedtime
+   *  more than a day before the wake day with its date; "bedtime not known" where the
+   *  server knows none (a record that starts where the one before it ended). Pure. */
+  function bedWords(night) {
+    const bed = bedTime(night);
+    const end = splitLocal(night.sleep_end);
+    return (bed ? 'bed ' + bed : 'bedtime not known') + ', wake ' + (end ? end.time : '–');
+  }
+
+  /** A night's bedtime as shown: its wall clock, with its date when that is more than a
+   *  day before the wake day ("Feb 22 21:57"); null when not known. Pure. */
+  function bedTime(night) {
+    const start = splitLocal(night.sleep_start);
+    const end = splitLocal(night.sleep_end);
+    if (!start) return null;
+    return (end && daysBetween(start.date, end.date) > 1
+      ? formatDate(start.date, 'short') + ' ' : '') + start.time;
+  }
+
+  /** A nap's times: "15:59–17:28", or "until 18:26" where its start is not known. Pure. */
+  function napTimes(nap) {
+    const from = splitLocal(nap.sleep_start);
+    const to = splitLocal(nap.sleep_end);
+    const end = to ? to.time : '–';
+    return from ? from.time + '–' + end : 'until ' + end;
+  }
+
+  /** What an overlapping night says of itself, from what the server counted (``counted``,
+   *  ``said``, ``limit``, ``limit_by``, ``scaled``, ``sources``): who wrote it (the names
+   *  its records give, never another device), how much they said against the most the
+   *  night holds, and which figure counts. ``fields``: the sleep meaning's fields with
+   *  their labels (hours asleep, in bed). '' for a night that does not overlap. Pure. */
+  function overlapWords(night, order, fields) {
+    if (!night || night.overlapping !== true) return '';
+    const label = function (i) { return (fields[i] && fields[i].label) || ''; };
+    const inBed = fields[1] ? fields[1].field : null;
+    const who = (night.sources || []).length ? listWords(night.sources, 4) : 'Its sources';
+    const staged = (order || []).filter(function (s) { return s.asleep && !s.unspecified; })
+      .map(function (s) { return s.label; });
+    const limit = formatHours(night.limit);
+    let bound = ' for a night of ' + limit + ' from its start to its end';
+    if (night.limit_by === inBed && inBed) bound = ' for ' + limit + ' ' + label(1);
+    else if (night.limit_by !== 'window') bound = ', more than a day holds';
+    const asleep = formatHours(night.asleep);
+    let counted;
+    if (night.counted === 'staged') {
+      counted = night.scaled
+        ? asleep + ', the most the night holds, its ' + listWords(staged) +
+          ' scaled to their shares of it'
+        : 'its ' + listWords(staged) + ', ' + asleep +
+          ' (the sleep no stage holds is left out)';
+    } else if (night.counted === 'unspecified') {
+      counted = asleep + ' ' + label(0) + (night.said > night.limit
+        ? ', the most the night holds' : '') + '; no stage hours';
+    } else if (night.counted === 'union') {
+      counted = asleep + ' ' + label(0) + ', each minute once' +
+        (night.scaled ? ', its stages scaled to a day' : '');
+    } else {
+      counted = asleep + ' ' + label(0) + ' as written; ' + label(1) + ' at most its window';
+    }
+    return 'Sources overlap: ' + who + ' wrote ' + formatHours(night.said) + bound +
+      '; counted: ' + counted + '.';
   }
 
   // ---------------------------------------------------------------------------------
@@ -14921,6 +16648,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     custom: null, // {from, to}: dates, both shown
     tz: 'local',
     ecg: null, // the start of the chosen ECG recording
+    workout: { token: 0, controller: null, data: null, colour: 'speed' }, // #view=workout
     token: 0, // every view load takes a number; a reply to an older one is dropped
     controller: null,
     shown: null, // what the chart shows, for redrawing on resize
@@ -14938,7 +16666,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const params = new URLSearchParams(window.location.hash.replace(/^#/, ''));
     const out = {};
     const keys = ['view', 'date', 'metric', 'layer', 'range', 'tz', 'from', 'to',
-      'recording']; // recording: the ECG recording shown, by its start
+      'recording', 'id']; // recording: the ECG recording shown, by its start; id: a workout
     keys.forEach(function (k) {
       const v = params.get(k);
       if (v) out[k] = v;
@@ -15208,9 +16936,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         state.layerRead = data.layer || null;
         fillLayers();
       } else if (kind === 'workouts') {
-        const items = await allRecords(params, controller.signal);
+        const data = await getJSON(query('/api/workouts', {
+          from: plan.from, to: plan.to, tz: state.tz,
+        }), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: items };
+        view = { kind: kind, metric: metric, plan: plan, items: data.workouts || [],
+          truncated: data.truncated };
       } else {
         const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
           params)), controller.signal);
@@ -15242,20 +16973,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     csv.href = query('/api/points', csvParams);
     csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
-  }
-
-  async function allRecords(params, signal) {
-    const items = [];
-    let before = null;
-    for (let page = 0; page < RECORDS_MAX_PAGES; page++) {
-      const data = await getJSON(query('/api/records', Object.assign({
-        limit: RECORDS_PAGE, before: before,
-      }, params)), signal);
-      (data.items || []).forEach(function (item) { items.push(item); });
-      before = data.next_before;
-      if (!before) break;
-    }
-    return items;
   }
 
   function draw(view) {
@@ -15731,6 +17448,13 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return (meaning.labels && meaning.labels[field]) || field || '';
   }
 
+  /** The meaning's fields with their labels, as the summary's sleep card carries them. */
+  function sleepFields(meaning) {
+    return (meaning.fields || []).map(function (field, i) {
+      return { field: field, label: fieldLabel(meaning, i) };
+    });
+  }
+
   function drawNights(chart, view) {
     const plan = view.plan;
     const meaning = view.metric.meaning;
@@ -15756,7 +17480,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? 'asleep, no stage'
+      item.appendChild(document.createTextNode(s === 'unstaged' ? fieldLabel(meaning, 0)
         : stageOf(s, order).label));
       legend.appendChild(item);
     });
@@ -15807,8 +17531,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         base += p.hours;
       });
       const parts = [];
-      parts.push(fieldLabel(meaning, 0) + ' ' +
-        (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      if (n.nights) {
+        parts.push(fieldLabel(meaning, 0) + ' ' +
+          (bar.asleep !== null ? formatHours(bar.asleep) : '–'));
+      }
       if (bar.inBed !== null) parts.push(fieldLabel(meaning, 1) + ' ' + formatHours(bar.inBed));
       const stages = stagesOf(n.stages, order);
       if (stages.length) {
@@ -15816,20 +17542,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           return stageOf(k, order).label + ' ' + formatHours(n.stages[k]);
         }).join(', '));
       }
-      const start = splitLocal(n.sleep_start);
-      const end = splitLocal(n.sleep_end);
-      if (start || end) {
-        parts.push('bed ' + (start ? start.time : '–') + ', wake ' + (end ? end.time : '–'));
-      }
-      if (plan.bucket === 'week' && n.nights > 1) parts.push(n.nights + ' nights');
+      if (plan.bucket !== 'week' && !n.nights) parts.unshift('no night, naps only');
+      else if (plan.bucket !== 'week') parts.push(bedWords(n));
+      if (plan.bucket === 'week') parts.push(n.nights + (n.nights === 1 ? ' night' : ' nights'));
       if (n.overlapping) {
         parts.push(plan.bucket === 'week' ? n.overlapping + ' with overlapping sources'
-          : 'sources overlap: the Watch\'s stages counted');
+          : overlapWords(n, order, sleepFields(meaning)));
       }
       (n.naps || []).forEach(function (nap) {
-        const from = splitLocal(nap.sleep_start);
-        const to = splitLocal(nap.sleep_end);
-        parts.push('nap ' + (from ? from.time : '–') + '–' + (to ? to.time : '–') + ' ' +
+        parts.push('nap ' + napTimes(nap) + ' ' +
           (typeof nap.asleep === 'number' ? formatHours(nap.asleep) : '–') + ', not counted');
       });
       const text = (plan.bucket === 'week' ? 'Week of ' + formatDate(n.date) + ', average night'
@@ -15843,17 +17564,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     root.appendChild(data);
     panel.appendChild(root);
-    let asleep = 0;
-    let counted = 0;
-    bars.forEach(function (b) {
-      if (b.bar.asleep !== null) {
-        asleep += b.bar.asleep;
-        counted += 1;
-      }
-    });
-    const summary = nights.length + (plan.bucket === 'week' ? ' weeks' : nights.length === 1
-      ? ' night' : ' nights') + ' · asleep ' + formatHours(counted ? asleep / counted : NaN) +
-      ' a night on average';
+    // the mean of the range's nights, as the server counts it (never a mean of weeks)
+    const average = (view.data && view.data.average) || {};
+    const count = average.nights || 0;
+    const summary = (plan.bucket === 'week' ? nights.length + ' weeks, ' : '') + count +
+      (count === 1 ? ' night' : ' nights') + ' · ' + fieldLabel(meaning, 0) + ' ' +
+      formatHours(isNumber(average.asleep) ? average.asleep : NaN) + ' a night on average';
     wireReadout(root, g, marks, summary);
   }
 
@@ -15908,8 +17624,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     root.appendChild(data);
     panel.appendChild(root);
     let minutes = 0;
-    buckets.forEach(function (b) { minutes += b.minutes; });
-    wireReadout(root, g, marks, items.length + (items.length === 1 ? ' workout' : ' workouts') +
+    let count = 0;
+    buckets.forEach(function (b) { minutes += b.minutes; count += b.count; });
+    wireReadout(root, g, marks, count + (count === 1 ? ' workout' : ' workouts') +
       ' · ' + formatSeconds(minutes * 60) + ' in all');
   }
 
@@ -15924,30 +17641,50 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     list.appendChild(item);
   }
 
+  /** The workouts of the range, each opening its own page; one recorded twice is listed
+   *  once, as the one the server shows first, the other named on it. */
   function drawWorkoutList(box, items) {
     if (!items.length) return;
     const list = el('ol', 'record-list workouts');
     items.forEach(function (w) {
+      if (w.duplicate_of) return;
       const li = el('li', 'record workout');
       setData(li, {
-        date: w.date, local: w.local_start, start: w.start, durationS: w.duration_s,
+        id: w.id, date: w.date, local: w.local_start, start: w.start, durationS: w.duration_s,
         energy: w.energy ? w.energy.qty : null, energyUnits: w.energy ? w.energy.units : null,
         distance: w.distance ? w.distance.qty : null,
         distanceUnits: w.distance ? w.distance.units : null, version: w.version,
+        route: w.has_route ? w.route_points : null, duplicates: w.duplicates.length || null,
       });
-      const head = el('div', 'rec-head');
+      const pick = el('a', 'rec-pick');
+      pick.href = workoutHash(w.id);
+      const head = el('span', 'rec-head');
       head.appendChild(el('span', 'rec-name', w.name || 'Workout'));
       head.appendChild(el('span', 'rec-when', formatLocal(w.local_start)));
-      li.appendChild(head);
+      pick.appendChild(head);
       const dl = el('dl', 'rec-fields');
       addField(dl, 'Duration', formatSeconds(w.duration_s));
       addField(dl, 'Energy', quantityText(w.energy));
       addField(dl, 'Distance', quantityText(w.distance));
       if (w.average_heart_rate) addField(dl, 'Heart rate', quantityText(w.average_heart_rate));
       if (w.location) addField(dl, 'Where', w.location);
-      li.appendChild(dl);
+      if (w.has_route) addField(dl, 'Route', formatCount(w.route_points) + ' points');
+      pick.appendChild(dl);
+      li.appendChild(pick);
+      w.duplicates.forEach(function (d) {
+        const also = el('p', 'rec-also');
+        also.appendChild(document.createTextNode('Also recorded: '));
+        const a = el('a', null, (d.name || 'Workout') + (d.source ? ' (' + d.source + ')' : ''));
+        a.href = workoutHash(d.id);
+        also.appendChild(a);
+        li.appendChild(also);
+      });
       list.appendChild(li);
     });
+    if (state.shown && state.shown.truncated) {
+      box.appendChild(el('p', 'meta', 'The newest workouts of the range; choose a shorter' +
+        ' range for the others.'));
+    }
     box.appendChild(list);
   }
 
@@ -16360,12 +18097,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   /** A nap beside a day's night: its times and hours, never added to the night. */
   function napNode(nap) {
     const node = el('p', 'card-note nap');
-    const start = splitLocal(nap.sleep_start);
-    const end = splitLocal(nap.sleep_end);
     setData(node, { field: 'nap', sleepStart: nap.sleep_start, sleepEnd: nap.sleep_end,
       asleep: nap.asleep });
-    node.appendChild(document.createTextNode('Nap ' + (start ? start.time : '–') + '–' +
-      (end ? end.time : '–') + ' '));
+    node.appendChild(document.createTextNode('Nap ' + napTimes(nap) + ' '));
     node.appendChild(el('span', 'num', isNumber(nap.asleep) ? formatHours(nap.asleep) : '–'));
     node.appendChild(document.createTextNode(' (not counted in the night)'));
     return node;
@@ -16397,12 +18131,22 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     const start = splitLocal(card.sleep_start);
     const end = splitLocal(card.sleep_end);
-    if (start) fact('bed', start.time, { field: 'sleep_start', local: card.sleep_start });
+    if (start) fact('bed', bedTime(card), { field: 'sleep_start', local: card.sleep_start });
+    else if (end) {
+      const unknown = el('span', 'fact', 'bedtime not known');
+      unknown.dataset.field = 'sleep_start';
+      facts.appendChild(unknown);
+    }
     if (end) fact('wake', end.time, { field: 'sleep_end', local: card.sleep_end });
     if (facts.firstChild) node.appendChild(facts);
+    if (!card.nights && (card.naps || []).length) {
+      const none = el('p', 'card-note', 'No night ended on this day: naps only, never ' +
+        'counted as a night.');
+      none.dataset.field = 'no-night';
+      node.appendChild(none);
+    }
     if (card.overlapping) {
-      const note = el('p', 'card-note', 'Sources overlap this night (another app beside the' +
-        ' Watch): the Watch\'s stages are counted, never more than the night lasted.');
+      const note = el('p', 'card-note', overlapWords(card, card.stage_order || [], fields));
       note.dataset.field = 'overlapping';
       node.appendChild(note);
     }
@@ -16483,31 +18227,42 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
    *  the link to their view, {metric, from, to}, that the server made). */
   function workoutsCard(items, day, group) {
     const link = group.link;
-    const node = cardShell('workouts-card wide', link, group.title + ', ' +
-      formatDate(link.from, 'short') + ' – ' + formatDate(link.to, 'short'));
+    // a card of links (each workout opens its page): the title links to the list
+    const node = el('div', 'card workouts-card wide');
+    const title = el('a', 'card-name', group.title + ', ' + formatDate(link.from, 'short') +
+      ' – ' + formatDate(link.to, 'short'));
+    title.href = linkHash(link, state.tz);
+    node.appendChild(title);
+    const shown = items.filter(function (w) { return !w.duplicate_of; });
     let seconds = 0;
-    items.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
+    shown.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
     setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
     const value = el('span', 'card-value');
-    value.appendChild(el('span', 'num', formatCount(items.length)));
+    value.appendChild(el('span', 'num', formatCount(shown.length)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', 'workout' + (items.length === 1 ? '' : 's') +
+    value.appendChild(el('span', 'card-units', 'workout' + (shown.length === 1 ? '' : 's') +
       ', ' + formatSeconds(seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
-    items.forEach(function (w) {
+    shown.forEach(function (w) {
       const li = el('li', 'workout-item');
       setData(li, {
-        start: w.start, local: w.local_start, date: w.date, name: w.name,
+        id: w.id, start: w.start, local: w.local_start, date: w.date, name: w.name,
         durationS: w.duration_s, energy: w.energy ? w.energy.qty : null,
         energyUnits: w.energy ? w.energy.units : null,
       });
       const p = splitLocal(w.local_start);
-      li.appendChild(el('span', 'item-name', w.name || 'Workout'));
+      const a = el('a', 'item-name', w.name || 'Workout');
+      a.href = workoutHash(w.id);
+      li.appendChild(a);
       li.appendChild(el('span', 'item-when', p ? formatDate(p.date, 'weekday') + ' ' +
         formatDate(p.date, 'short') + ', ' + p.time : w.local_start));
       li.appendChild(el('span', 'item-figure num', formatSeconds(w.duration_s)));
       li.appendChild(el('span', 'item-figure num', quantityText(w.energy)));
+      if ((w.duplicates || []).length) {
+        li.appendChild(el('span', 'item-also', 'also recorded by ' + w.duplicates.map(
+          function (d) { return d.source || d.name || 'another app'; }).join(', ')));
+      }
       list.appendChild(li);
     });
     node.appendChild(list);
@@ -16703,6 +18458,17 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   const ATTENTION_SHOWN = 3; // more lines than this fold away, named in one line
 
+  /** ``node`` with ``text`` in it, each word with a hyphen in it (a date, an automation's
+   *  name) kept on one line: a phone's narrow line breaks between words, never at a
+   *  hyphen ("2025-04-" / "25"). */
+  function wholeWords(node, text) {
+    String(text || '').split(/(\s+)/).forEach(function (word) {
+      if (word.indexOf('-') >= 0 && /\S/.test(word)) node.appendChild(el('span', 'whole', word));
+      else if (word) node.appendChild(document.createTextNode(word));
+    });
+    return node;
+  }
+
   function drawAttention(items) {
     const box = $('attention');
     clear(box);
@@ -16711,8 +18477,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     all.forEach(function (n, i) {
       const item = el('div', 'attention-item ' + n.state);
       setData(item, { kind: n.kind, state: n.state, subject: n.subject, since: n.since });
-      item.appendChild(el('p', 'attention-text', n.text));
-      if (n.action) item.appendChild(el('p', 'attention-action', n.action));
+      item.appendChild(wholeWords(el('p', 'attention-text'), n.text));
+      if (n.action) item.appendChild(wholeWords(el('p', 'attention-action'), n.action));
       if (i < ATTENTION_SHOWN || all.length === ATTENTION_SHOWN + 1) {
         box.appendChild(item);
         return;
@@ -16732,9 +18498,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** What a calendar cell says: the day, how much arrived, and its state in words. */
   function cellText(row, date, value, cellState) {
-    const amount = row.kind === 'hours'
-      ? formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data'
-      : (value ? 'data' : 'no data');
+    let amount = value ? 'data' : 'no data';
+    if (row.kind === 'hours') {
+      amount = formatCount(value) + (value === 1 ? ' hour' : ' hours') + ' with data';
+    } else if (row.kind === 'nights') {
+      amount = value ? 'a night ended' : 'no night ended';
+    }
     const said = {
       ok: '', thin: ' (thin)', missing: ' (missing)', quiet: '', today: ' (today, not over)',
       before: ' (before its first data)', future: '',
@@ -16781,9 +18550,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     (data.rows || []).forEach(function (row) { box.appendChild(coverageRow(data, row)); });
     if (!(data.rows || []).length) box.appendChild(el('p', 'empty', 'No data in these days.'));
     $('coverage-rule').textContent = 'Each day of each metric: the hours with data (minute ' +
-      'data) or whether there is data (day data), by the date written in each point. A day ' +
-      'is thin under half the median hours of its row, missing without data where the ' +
-      'metric comes daily.';
+      'data) or whether there is data (day data), by the date written in each point; for ' +
+      'sleep, whether a night ended that day. A day is thin under half the median hours ' +
+      'of its row, missing without data where the metric comes daily.';
     const legend = $('coverage-legend');
     clear(legend);
     COVERAGE_STATES.forEach(function (entry) {
@@ -16833,6 +18602,515 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   }
 
   // ---------------------------------------------------------------------------------
+  // One workout: its figures, route, heart rate, splits and elevation (#view=workout)
+  // ---------------------------------------------------------------------------------
+  // Everything it shows is in /api/workouts/<id>'s answer: the figures with their labels
+  // and units, the route already thinned with its bounds, the zones and their rule, the
+  // splits and their unit. The page projects, scales and colours; it decides no figure.
+
+  const ROUTE_STEPS = 5; // colours of the route, slow to fast (or low to high heart rate)
+  const MAP_WORLD_M = 40075016.686; // the equator's length on Web Mercator's sphere
+  const TILE_PX = 256;
+  const TILES_MAX = 64;
+
+  /** Seconds as a clock: "32:05", or "1:02:05" from an hour on. */
+  function formatClock(seconds) {
+    if (!isNumber(seconds) || seconds < 0) return '–';
+    const whole = Math.round(seconds);
+    const h = Math.floor(whole / 3600);
+    const m = Math.floor(whole % 3600 / 60);
+    const s = whole % 60;
+    return (h ? h + ':' + pad(m) : String(m)) + ':' + pad(s);
+  }
+
+  /** A figure of the workout page as the server describes it: a clock, a pace (m:ss per
+   *  unit) or a number, with its units as the server shows them. */
+  function figureText(f) {
+    if (!f || !isNumber(f.value)) return '–';
+    if (f.shown === 'duration') return formatClock(f.value);
+    if (f.shown === 'pace') return formatClock(f.value) + ' ' + (f.unit_label || '');
+    return formatNumber(f.value, isNumber(f.digits) ? f.digits : undefined) +
+      unitText(f.unit_label, f.units);
+  }
+
+  /** Web Mercator of a position, the world being 1 × 1 (x east from 180° W, y south from
+   *  85.05° N). Pure. */
+  function mercator(lat, lon) {
+    const phi = Math.max(-85.05112878, Math.min(85.05112878, lat)) * Math.PI / 180;
+    return [(lon + 180) / 360,
+      (1 - Math.log(Math.tan(phi) + 1 / Math.cos(phi)) / Math.PI) / 2];
+  }
+
+  /** How a route's bounds fit a width × height box with ``inset`` pixels all round: the
+   *  pixels per world unit and the world position of the box's top left corner. Pure. */
+  function routeFit(bounds, width, height, inset) {
+    const nw = mercator(bounds.north, bounds.west);
+    const se = mercator(bounds.south, bounds.east);
+    const spanX = Math.max(se[0] - nw[0], 1e-9);
+    const spanY = Math.max(se[1] - nw[1], 1e-9);
+    const scale = Math.min((width - 2 * inset) / spanX, (height - 2 * inset) / spanY, 2e8);
+    return {
+      scale: scale,
+      x0: (nw[0] + se[0]) / 2 - width / 2 / scale,
+      y0: (nw[1] + se[1]) / 2 - height / 2 / scale,
+      width: width, height: height,
+    };
+  }
+
+  function project(fit, lat, lon) {
+    const m = mercator(lat, lon);
+    return [(m[0] - fit.x0) * fit.scale, (m[1] - fit.y0) * fit.scale];
+  }
+
+  /** A scale bar of at most ``room`` pixels at the latitude shown: the longest round
+   *  length (1, 2 or 5 times a power of ten) of the owner's distance unit, or of the short
+   *  unit under one of those. Pure. */
+  function scaleBar(fit, lat, room, units) {
+    const metersPerPx = MAP_WORLD_M * Math.cos(lat * Math.PI / 180) / fit.scale;
+    const most = metersPerPx * room;
+    const unit = most >= units.distance.meters ? units.distance : units.short;
+    const inUnits = most / unit.meters;
+    const mag = Math.pow(10, Math.floor(Math.log10(inUnits)));
+    const step = [5, 2, 1].map(function (k) { return k * mag; })
+      .filter(function (v) { return v <= inUnits; })[0] || mag;
+    return { px: step * unit.meters / metersPerPx, label: formatNumber(step) + ' ' + unit.label,
+      meters: step * unit.meters };
+  }
+
+  /** The class (0 … ROUTE_STEPS-1) of each value by the quantiles of those present, and
+   *  the bounds of each class; null values stay null. Pure. */
+  function routeSteps(values) {
+    const present = values.filter(isNumber).sort(function (a, b) { return a - b; });
+    if (!present.length) return { classes: values.map(function () { return null; }), cuts: [] };
+    const cuts = [];
+    for (let k = 1; k < ROUTE_STEPS; k++) {
+      const at = Math.floor(present.length * k / ROUTE_STEPS);
+      cuts.push(present[Math.min(present.length - 1, at)]);
+    }
+    const classes = values.map(function (v) {
+      if (!isNumber(v)) return null;
+      let c = 0;
+      while (c < cuts.length && v >= cuts[c]) c += 1;
+      return c;
+    });
+    return { classes: classes, cuts: [present[0]].concat(cuts, [present[present.length - 1]]) };
+  }
+
+  /** The tiles under a fitted map at the zoom whose tiles are 256 to 512 pixels wide:
+   *  [{z, x, y, px, py, size}]; none above TILES_MAX. Pure. */
+  function mapTiles(fit) {
+    const z = Math.max(0, Math.min(19, Math.floor(Math.log2(fit.scale / TILE_PX))));
+    const n = Math.pow(2, z);
+    const size = fit.scale / n;
+    const x1 = Math.floor(fit.x0 * n);
+    const y1 = Math.floor(fit.y0 * n);
+    const x2 = Math.floor((fit.x0 + fit.width / fit.scale) * n);
+    const y2 = Math.floor((fit.y0 + fit.height / fit.scale) * n);
+    const out = [];
+    for (let x = x1; x <= x2; x++) {
+      for (let y = Math.max(0, y1); y <= Math.min(n - 1, y2); y++) {
+        out.push({ z: z, x: ((x % n) + n) % n, y: y, px: (x / n - fit.x0) * fit.scale,
+          py: (y / n - fit.y0) * fit.scale, size: size });
+      }
+    }
+    return out.length > TILES_MAX ? [] : out;
+  }
+
+  async function showWorkout(id) {
+    const box = $('workout-view');
+    const w = state.workout;
+    if (w.controller) w.controller.abort();
+    const controller = new AbortController();
+    w.controller = controller;
+    const token = ++w.token;
+    box.dataset.state = 'loading';
+    box.dataset.id = id;
+    let data;
+    try {
+      data = await getJSON(query('/api/workouts/' + encodeURIComponent(id), { tz: state.tz }),
+        controller.signal);
+    } catch (err) {
+      if (token !== w.token || (err && err.name === 'AbortError')) return;
+      clearWorkout();
+      $('workout-title').textContent = 'Workout';
+      $('workout-meta').textContent = 'Could not load this workout: ' + err.message;
+      box.dataset.state = 'error';
+      return;
+    }
+    if (token !== w.token) return;
+    w.data = data;
+    drawWorkout(data);
+    box.dataset.state = 'ready';
+  }
+
+  function clearWorkout() {
+    ['workout-notes', 'workout-figures', 'workout-map', 'workout-heart', 'workout-zones',
+      'workout-splits', 'workout-elevation', 'route-legend'].forEach(function (k) {
+      clear($(k));
+    });
+    ['part-route', 'part-heart', 'part-splits', 'part-elevation'].forEach(function (k) {
+      $(k).hidden = true;
+    });
+    $('workout-gpx').hidden = true;
+  }
+
+  function drawWorkout(data) {
+    clearWorkout();
+    const wk = data.workout;
+    $('workout-title').textContent = wk.name || 'Workout';
+    $('workout-meta').textContent = formatLocal(wk.local_start) + ' – ' +
+      (splitLocal(wk.local_end) || {}).time + ' · ' + zoneText();
+    $('workout-back').href = linkHash(data.link, state.tz);
+    drawWorkoutNotes(data);
+    drawFigures($('workout-figures'), data.figures);
+    if (data.route) {
+      $('part-route').hidden = false;
+      const gpx = $('workout-gpx');
+      gpx.href = data.route.gpx;
+      gpx.hidden = false;
+      drawRouteMap(data);
+    }
+    const heart = data.heart_rate;
+    if (heart.session.length || heart.recovery.length) {
+      $('part-heart').hidden = false;
+      drawHeart($('workout-heart'), heart);
+      drawZones(heart.zones);
+    }
+    if (data.splits && data.splits.rows.length) {
+      $('part-splits').hidden = false;
+      drawSplits($('workout-splits'), data.splits);
+    }
+    if (data.elevation && data.elevation.profile.length > 1) {
+      $('part-elevation').hidden = false;
+      drawElevation($('workout-elevation'), data.elevation, data.units);
+    }
+  }
+
+  function drawWorkoutNotes(data) {
+    const list = $('workout-notes');
+    const wk = data.workout;
+    (data.notes || []).forEach(function (text) { list.appendChild(el('li', 'note', text)); });
+    const other = function (d, lead) {
+      const li = el('li', 'duplicate');
+      li.appendChild(document.createTextNode(lead));
+      const a = el('a', null, (d.name || 'Workout') + ', ' + formatLocal(d.local_start) +
+        (d.source ? ' (' + d.source + ')' : ''));
+      a.href = workoutHash(d.id);
+      li.appendChild(a);
+      list.appendChild(li);
+    };
+    (wk.duplicates || []).forEach(function (d) { other(d, 'Also recorded: '); });
+    if (wk.shown_first) other(wk.shown_first, 'Recorded twice, counted once as ');
+  }
+
+  function workoutHash(id) {
+    const params = new URLSearchParams();
+    params.set('view', 'workout');
+    params.set('id', id);
+    if (state.tz !== 'local') params.set('tz', state.tz);
+    return '#' + params.toString();
+  }
+
+  function drawFigures(box, figures) {
+    figures.forEach(function (f) {
+      const item = el('div', 'figure');
+      setData(item, { key: f.key, value: f.value, units: f.units, shown: f.shown });
+      item.appendChild(el('dt', null, f.label));
+      const dd = el('dd', 'num', figureText(f));
+      if (f.note) dd.appendChild(el('span', 'figure-note', ' ' + f.note));
+      item.appendChild(dd);
+      box.appendChild(item);
+    });
+  }
+
+  function routeColourValues(track, by) {
+    return track.drawn.map(function (p) { return by === 'hr' ? p[6] : p[5]; });
+  }
+
+  function drawRouteMap(data) {
+    const track = data.route;
+    const box = $('workout-map');
+    clear(box);
+    const width = Math.max(260, box.clientWidth || 600);
+    const height = Math.round(Math.max(220, Math.min(520, width * 0.62)));
+    const fit = routeFit(track.bounds, width, height, 16);
+    const root = svg('svg', {
+      viewBox: '0 0 ' + width + ' ' + height, width: '100%', role: 'img',
+      class: 'route-map', 'aria-label': 'The route on a map, ' + formatNumber(track.points,
+        0) + ' points',
+    });
+    setData(root, { scale: fit.scale, x0: fit.x0, y0: fit.y0, width: width, height: height,
+      points: track.points, drawn: track.drawn.length });
+    if (data.map_tiles) {
+      const layer = svg('g', { class: 'tiles' });
+      mapTiles(fit).forEach(function (t) {
+        layer.appendChild(svg('image', {
+          href: data.map_tiles.replace('{z}', t.z).replace('{x}', t.x).replace('{y}', t.y),
+          x: t.px.toFixed(1), y: t.py.toFixed(1), width: t.size.toFixed(1),
+          height: t.size.toFixed(1), preserveAspectRatio: 'none',
+        }));
+      });
+      root.appendChild(layer);
+    }
+    const hasHeart = track.drawn.some(function (p) { return isNumber(p[6]); });
+    const by = state.workout.colour === 'hr' && hasHeart ? 'hr' : 'speed';
+    const steps = routeSteps(routeColourValues(track, by));
+    const points = track.drawn.map(function (p) { return project(fit, p[1], p[2]); });
+    const lines = svg('g', { class: 'route-lines' });
+    let current = null;
+    for (let k = 1; k < points.length; k++) {
+      const c = steps.classes[k];
+      const cls = 'route-line ' + (c === null ? 'route-none' : 'route-' + c);
+      if (!current || current.cls !== cls) {
+        current = { cls: cls, pts: [points[k - 1]] };
+        lines.appendChild(current.node = svg('polyline', { class: cls }));
+      }
+      current.pts.push(points[k]);
+      current.node.setAttribute('points', current.pts.map(function (q) {
+        return q[0].toFixed(1) + ',' + q[1].toFixed(1);
+      }).join(' '));
+    }
+    root.appendChild(lines);
+    const first = points[0];
+    const last = points[points.length - 1];
+    root.appendChild(svg('circle', { class: 'route-start', cx: first[0].toFixed(1),
+      cy: first[1].toFixed(1), r: 6 }, undefined));
+    root.appendChild(svg('rect', { class: 'route-finish', x: (last[0] - 5).toFixed(1),
+      y: (last[1] - 5).toFixed(1), width: 10, height: 10 }));
+    const bar = scaleBar(fit, (track.bounds.north + track.bounds.south) / 2, width / 4,
+      data.units);
+    const g = svg('g', { class: 'scale-bar' });
+    setData(g, { meters: bar.meters, px: bar.px });
+    g.appendChild(svg('line', { x1: 12, x2: (12 + bar.px).toFixed(1), y1: height - 12,
+      y2: height - 12 }));
+    g.appendChild(svg('text', { x: 12, y: height - 18 }, bar.label));
+    root.appendChild(g);
+    if (data.map_tiles) {
+      root.appendChild(svg('text', { class: 'tile-credit', x: width - 6, y: height - 6 },
+        'Tiles: ' + tileHost(data.map_tiles)));
+    }
+    box.appendChild(root);
+    drawRouteLegend(track, by, steps, hasHeart, data.units);
+  }
+
+  /** A workout page drawn again when the window's width changes (its map and charts are
+   *  drawn for the width they have). */
+  function wireWorkoutResize() {
+    let timer = null;
+    let lastWidth = document.documentElement.clientWidth;
+    window.addEventListener('resize', function () {
+      clearTimeout(timer);
+      timer = setTimeout(function () {
+        const width = document.documentElement.clientWidth;
+        if (width === lastWidth || state.view !== 'workout' || !state.workout.data) return;
+        lastWidth = width;
+        drawWorkout(state.workout.data);
+      }, 150);
+    });
+  }
+
+  function tileHost(template) {
+    const m = /^[a-z]+:\/\/([^/]+)/.exec(template);
+    return m ? m[1] : template;
+  }
+
+  function drawRouteLegend(track, by, steps, hasHeart, units) {
+    const legend = $('route-legend');
+    clear(legend);
+    const pick = el('span', 'route-colour');
+    [['speed', 'Speed'], ['hr', 'Heart rate']].forEach(function (choice) {
+      const b = el('button', by === choice[0] ? 'active' : null, choice[1]);
+      b.type = 'button';
+      b.dataset.colour = choice[0];
+      b.setAttribute('aria-pressed', by === choice[0] ? 'true' : 'false');
+      b.disabled = choice[0] === 'hr' && !hasHeart;
+      b.addEventListener('click', function () {
+        state.workout.colour = choice[0];
+        if (state.workout.data) drawRouteMap(state.workout.data);
+      });
+      pick.appendChild(b);
+    });
+    legend.appendChild(pick);
+    const cuts = steps.cuts;
+    const text = function (v) {
+      return by === 'hr' ? formatCount(v) : formatNumber(v * 3600 / units.distance.meters);
+    };
+    for (let c = 0; c + 1 < cuts.length; c++) {
+      const item = el('span', 'legend-item');
+      item.appendChild(el('span', 'swatch route-' + c));
+      item.appendChild(document.createTextNode(text(cuts[c]) + '–' + text(cuts[c + 1])));
+      legend.appendChild(item);
+    }
+    if (cuts.length) {
+      legend.appendChild(el('span', 'units', by === 'hr' ? 'bpm' : units.speed.label));
+    }
+    legend.appendChild(el('span', 'meta', ' · ' + formatNumber(track.points, 0) +
+      ' points, ' + formatNumber(track.drawn.length, 0) + ' drawn'));
+  }
+
+  /** A small chart frame of its own: x in seconds, y in values. */
+  function plainFrame(box, xLo, xHi, yLo, yHi, label) {
+    const width = Math.max(260, box.clientWidth || 600);
+    const height = 200;
+    const margin = { top: 10, right: 10, bottom: 26, left: 40 };
+    const plotW = width - margin.left - margin.right;
+    const plotH = height - margin.top - margin.bottom;
+    const yTicks = niceTicks(yLo, yHi, 4);
+    const lo = Math.min(yLo, yTicks[0]);
+    const hi = Math.max(yHi, yTicks[yTicks.length - 1]);
+    const g = {
+      width: width, height: height, margin: margin, plotW: plotW, plotH: plotH,
+      x: function (v) { return margin.left + (xHi > xLo ? (v - xLo) / (xHi - xLo) : 0) * plotW; },
+      y: function (v) { return margin.top + (hi > lo ? (hi - v) / (hi - lo) : 0.5) * plotH; },
+    };
+    const root = svg('svg', { viewBox: '0 0 ' + width + ' ' + height, width: '100%',
+      role: 'img', 'aria-label': label });
+    const grid = svg('g', { class: 'grid' });
+    yTicks.forEach(function (t) {
+      if (t < lo || t > hi) return;
+      grid.appendChild(svg('line', { x1: margin.left, x2: width - margin.right,
+        y1: g.y(t).toFixed(1), y2: g.y(t).toFixed(1) }));
+      grid.appendChild(svg('text', { class: 'ylabel', x: margin.left - 4,
+        y: (g.y(t) + 4).toFixed(1) }, formatTick(t, yTicks[1] - yTicks[0])));
+    });
+    root.appendChild(grid);
+    box.appendChild(root);
+    return { g: g, root: root, grid: grid };
+  }
+
+  function timeTicks(grid, g, xLo, xHi) {
+    const ticks = niceTicks(xLo / 60, xHi / 60, 5);
+    ticks.forEach(function (t) {
+      if (t * 60 < xLo || t * 60 > xHi) return;
+      grid.appendChild(svg('text', { class: 'xlabel', x: g.x(t * 60).toFixed(1),
+        y: g.height - 8 }, formatClock(t * 60)));
+    });
+  }
+
+  function drawHeart(box, heart) {
+    const all = heart.session.concat(heart.recovery);
+    const end = heart.end_s;
+    let yLo = Infinity;
+    let yHi = -Infinity;
+    all.forEach(function (s) { yLo = Math.min(yLo, s[2]); yHi = Math.max(yHi, s[3]); });
+    const xHi = Math.max(end, all.length ? all[all.length - 1][0] : end);
+    const f = plainFrame(box, 0, xHi, yLo, yHi, 'Heart rate during the workout and after it');
+    const g = f.g;
+    const zones = heart.zones ? heart.zones.zones : [];
+    zones.forEach(function (z) {
+      if (!z.zone) return;
+      const top = g.y(isNumber(z.high) ? Math.min(z.high, yHi) : yHi);
+      const bottom = g.y(Math.max(z.low, yLo));
+      if (!(bottom > top)) return;
+      f.root.insertBefore(svg('rect', { class: 'zone-band zone-' + z.zone, x: g.margin.left,
+        y: top.toFixed(1), width: g.plotW, height: (bottom - top).toFixed(1) }), f.grid);
+    });
+    timeTicks(f.grid, g, 0, xHi);
+    const line = function (samples, cls) {
+      if (!samples.length) return;
+      f.root.appendChild(svg('polyline', { class: cls, points: samples.map(function (s) {
+        return g.x(s[0]).toFixed(1) + ',' + g.y(s[1]).toFixed(1);
+      }).join(' ') }));
+    };
+    line(heart.session, 'series s1 heart-session');
+    line(heart.recovery, 'series recovery');
+    f.root.appendChild(svg('line', { class: 'end-mark', x1: g.x(end).toFixed(1),
+      x2: g.x(end).toFixed(1), y1: g.margin.top, y2: g.margin.top + g.plotH }));
+    f.root.appendChild(svg('text', { class: 'end-label', x: (g.x(end) + 3).toFixed(1),
+      y: g.margin.top + 10 }, 'end'));
+    setData(f.root, { session: heart.session.length, recovery: heart.recovery.length,
+      state: heart.state });
+    const legend = el('p', 'legend');
+    [['s1', 'during the workout', heart.session.length],
+      ['recovery-swatch', 'recovery, after the end', heart.recovery.length]]
+      .forEach(function (l) {
+        if (!l[2]) return;
+        const item = el('span', 'legend-item');
+        item.appendChild(el('span', 'swatch ' + l[0]));
+        item.appendChild(document.createTextNode(l[1]));
+        legend.appendChild(item);
+      });
+    box.appendChild(legend);
+  }
+
+  function drawZones(zones) {
+    const table = $('workout-zones');
+    const rule = $('zone-rule');
+    rule.textContent = zones ? zones.words : '';
+    if (!zones) return;
+    let total = 0;
+    zones.zones.forEach(function (z) { total += z.seconds; });
+    const head = el('tr');
+    ['Zone', 'Heart rate', 'Time', 'Share'].forEach(function (t) {
+      head.appendChild(el('th', null, t));
+    });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = table.appendChild(el('tbody'));
+    zones.zones.forEach(function (z) {
+      const tr = el('tr', 'zone-row');
+      setData(tr, { zone: z.zone, seconds: z.seconds, low: z.low, high: z.high });
+      tr.appendChild(el('td', null, z.label));
+      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' bpm'
+        : z.high === null ? formatCount(z.low) + ' bpm and over'
+          : formatCount(z.low) + '–' + formatCount(z.high) + ' bpm'));
+      tr.appendChild(el('td', 'num', formatClock(z.seconds)));
+      tr.appendChild(el('td', 'num', total ? formatNumber(100 * z.seconds / total, 0) + ' %'
+        : '–'));
+      body.appendChild(tr);
+    });
+  }
+
+  function drawSplits(table, splits) {
+    const speed = splits.shown === 'speed';
+    const head = el('tr');
+    [splits.unit.label, 'Time', speed ? 'Speed' : 'Pace', 'Heart rate']
+      .forEach(function (t) { head.appendChild(el('th', null, t)); });
+    table.appendChild(el('thead')).appendChild(head);
+    const body = table.appendChild(el('tbody'));
+    splits.rows.forEach(function (r) {
+      const tr = el('tr', 'split-row');
+      setData(tr, { split: r.split, meters: r.meters, seconds: r.seconds, pace: r.pace_s,
+        speed: r.speed, heart: r.average_heart_rate });
+      const whole = Math.abs(r.meters - splits.unit.meters) < 1e-6;
+      tr.appendChild(el('td', null, whole ? String(r.split)
+        : formatNumber(r.meters / splits.unit.meters) + ' ' + splits.unit.label));
+      tr.appendChild(el('td', 'num', formatClock(r.seconds)));
+      tr.appendChild(el('td', 'num', speed ? formatNumber(r.speed) + ' ' + splits.speed_label
+        : formatClock(r.pace_s) + ' ' + splits.pace_label));
+      tr.appendChild(el('td', 'num', isNumber(r.average_heart_rate)
+        ? formatCount(r.average_heart_rate) + ' bpm' : '–'));
+      body.appendChild(tr);
+    });
+  }
+
+  function drawElevation(box, elevation, units) {
+    const profile = elevation.profile;
+    let lo = Infinity;
+    let hi = -Infinity;
+    profile.forEach(function (p) { lo = Math.min(lo, p[1]); hi = Math.max(hi, p[1]); });
+    const size = elevation.meters;
+    const xHi = profile[profile.length - 1][0];
+    const f = plainFrame(box, 0, xHi, lo / size, hi / size, 'Altitude along the route');
+    const g = f.g;
+    const ticks = niceTicks(0, xHi / units.distance.meters, 5);
+    ticks.forEach(function (t) {
+      if (t * units.distance.meters > xHi) return;
+      f.grid.appendChild(svg('text', { class: 'xlabel', x: g.x(t * units.distance.meters)
+        .toFixed(1), y: g.height - 8 }, formatNumber(t) + ' ' + units.distance.label));
+    });
+    const bottom = g.margin.top + g.plotH;
+    const pts = profile.map(function (p) {
+      return g.x(p[0]).toFixed(1) + ',' + g.y(p[1] / size).toFixed(1);
+    });
+    f.root.appendChild(svg('polygon', { class: 'elevation-area', points: g.x(0).toFixed(1) +
+      ',' + bottom + ' ' + pts.join(' ') + ' ' + g.x(xHi).toFixed(1) + ',' + bottom }));
+    f.root.appendChild(svg('polyline', { class: 'series s2', points: pts.join(' ') }));
+    box.appendChild(el('p', 'meta', 'Climbed ' + formatNumber(elevation.gain_m / size) + ' ' +
+      elevation.label + ', descended ' + formatNumber(elevation.loss_m / size) + ' ' +
+      elevation.label + ' (from the route\u2019s altitude)'));
+  }
+
+  // ---------------------------------------------------------------------------------
   // Views: the address says which
   // ---------------------------------------------------------------------------------
 
@@ -16842,8 +19120,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('summary').hidden = view !== 'summary';
     $('metric-view').hidden = view !== 'metric';
     $('journal-panel').hidden = view !== 'metric';
+    $('workout-view').hidden = view !== 'workout';
     [['nav-summary', 'summary'], ['nav-metrics', 'metric']].forEach(function (n) {
-      const on = n[1] === view;
+      const on = n[1] === (view === 'workout' ? 'metric' : view);
       $(n[0]).classList.toggle('active', on);
       if (on) $(n[0]).setAttribute('aria-current', 'page');
       else $(n[0]).removeAttribute('aria-current');
@@ -16854,6 +19133,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
    *  metric view. */
   function route() {
     const wanted = readHash();
+    if (wanted.view === 'workout' && wanted.id) {
+      if (wanted.tz && wanted.tz !== state.tz) {
+        state.tz = wanted.tz;
+        ensureZoneOption(wanted.tz);
+      }
+      setView('workout');
+      showWorkout(wanted.id);
+      return;
+    }
     const view = wanted.metric || wanted.view === 'metric' ? 'metric' : 'summary';
     setView(view);
     if (view === 'summary') {
@@ -17047,6 +19335,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     $('day-prev').addEventListener('click', function () { stepDay(-1); });
     $('day-next').addEventListener('click', function () { stepDay(1); });
     window.addEventListener('hashchange', route);
+    wireWorkoutResize();
     let resizeTimer = null;
     let lastWidth = $('chart').clientWidth;
     window.addEventListener('resize', function () {
@@ -17073,7 +19362,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
       segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
-      stagesOf: stagesOf,
+      stagesOf: stagesOf, listWords: listWords, bedWords: bedWords, bedTime: bedTime,
+      napTimes: napTimes,
+      overlapWords: overlapWords,
       formatNumber: formatNumber, formatMinutes: formatMinutes, formatHours: formatHours,
       formatDate: formatDate, formatLocal: formatLocal, words: words, detailText: detailText,
       formatValue: formatValue, formatTick: formatTick, formatSeconds: formatSeconds,

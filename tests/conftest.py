@@ -187,7 +187,8 @@ def nothing_left_running():
         yield
 
 
-HEAVY_FIRST = ("test_reindex.py", "test_fold.py", "test_reindex_parallel.py",
+HEAVY_FIRST = ("test_reindex.py", "test_workout_large.py", "test_fold.py",
+               "test_reindex_parallel.py",
                "test_dashboard.py", "test_fold_stream.py", "test_hostile_input.py",
                "test_fold_properties.py", "test_read.py", "test_merge.py",
                "test_real_exports.py", "test_fold_faults.py", "test_proxy.py",

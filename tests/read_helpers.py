@@ -330,7 +330,8 @@ def assert_buckets_equal(got: list, want: list) -> None:
 # writes every sleep time to the second, so a stretch of time is here the SET of whole
 # seconds it covers and its length the size of that set: a second that two records cover
 # (a record written twice, two devices recording one night) is one element, however many
-# records cover it. Sleeps are found by walking a time line of records opening and closing.
+# records cover it. Sleeps of stage records are found by walking a time line of records
+# opening and closing; a nightly record is a sleep of its own.
 
 #: Stage names as HAE writes them in a record's ``value``: English, HAE 6.6.2's ``InBed``,
 #: German, and HealthKit's identifiers; the stage each names.
@@ -347,18 +348,21 @@ STAGE_OF = {
 }
 #: The stages that are sleep: a second in any of them is a second asleep.
 ASLEEP = ("core", "deep", "rem", "asleep")
-#: The stage figures a nightly record carries beside its totals.
-NIGHTLY_STAGES = ("core", "deep", "rem", "awake")
+#: The stages a device told apart (the unspecified "asleep" is sleep no stage was given for).
+TOLD_APART = ("core", "deep", "rem")
 #: The order a night's stages are listed and drawn in (READ-12, READ-13): deepest first, the
 #: unspecified sleep after the Watch's stages, awake last.
 STAGE_ORDER = ("deep", "core", "rem", "asleep", "awake")
-#: Quiet this long or longer between records parts two sleeps.
+#: Quiet this long or longer between stage records parts two sleeps.
 QUIET_S = 3 * 3600
 #: No sleep shows more than a day.
 DAY_S = 24 * 3600
-#: HAE sums hours as floats and writes windows to the second: a figure less than a minute
-#: past its window is not past it.
-SLACK_S = 60
+#: HAE adds hours up as floats and writes times to the second: a figure that passes its
+#: bound by one second or less has not passed it.
+SLACK_S = 1
+#: A nap: under this many hours asleep, wholly between these local clock times.
+NAP_HOURS = 3
+NAP_FROM, NAP_UNTIL = dt.time(10, 0), dt.time(20, 0)
 
 
 class Sleep(NamedTuple):
@@ -366,7 +370,7 @@ class Sleep(NamedTuple):
 
     date: dt.date  # the local date it ended on
     end: int  # UTC epoch seconds
-    start: Optional[int]
+    start: Optional[int]  # its bedtime as shown (None: not known)
     end_text: Any  # the end as written
     start_text: Any
     asleep: Optional[float]  # hours
@@ -374,6 +378,13 @@ class Sleep(NamedTuple):
     stages: dict  # stage -> hours
     form: str  # "nightly" (one record a night) or "records" (stage segments)
     overlapping: bool
+    window: tuple = (None, None)  # (first second, its text) of the time it covers
+    counted: Optional[str] = None
+    said: Optional[float] = None
+    limit: Optional[float] = None
+    limit_by: Optional[str] = None
+    scaled: bool = False
+    sources: tuple = ()
 
 
 def second_of(raw: Any) -> int:
@@ -392,12 +403,21 @@ def seconds_in(spans) -> set:
     return covered
 
 
-def hours_in(seconds: set) -> float:
+def hours_in(seconds) -> float:
     return len(seconds) / 3600
 
 
 def _positive(value) -> Optional[float]:
     return float(value) if numeric(value) and value > 0 else None
+
+
+def sources_of(point: dict) -> list:
+    """The names a point's ``source`` gives: HAE joins a night's sources with ``|``."""
+    names = []
+    for name in (point.get("source") or "").split("|"):
+        if name.strip() and name.strip() not in names:
+            names.append(name.strip())
+    return names
 
 
 def along_the_time_line(items: list) -> list:
@@ -436,14 +456,17 @@ def record_sleeps(records: list, tz: str = "local") -> list:
        sleep;
     2. the records are walked along the time line (:func:`along_the_time_line`): records
        with less than 3 h of quiet between them are one sleep;
-    3. a stage's hours are the seconds that any record of that stage covers; asleep is the
-       seconds any core, deep, REM or unspecified asleep record covers; in bed the seconds
-       any in-bed record covers. A second covered by two records counts once;
+    3. each second of the sleep is in one stage: of the told-apart stages (core, deep, REM)
+       covering it, that of the record that began last (the copy that began earlier is
+       late); else unspecified sleep if an "asleep" record covers it; else awake if an
+       awake record does. Asleep is the seconds in a stage of sleep; in bed the seconds any
+       in-bed record covers;
     4. the sleep is overlapping when its asleep records' lengths, added up, come to more
-       than the seconds they cover (a minute of slack), or when those seconds come to more
-       than a day (no one sleeps longer: a record kept running);
-    5. no figure of a sleep is more than a day (its window, the seconds from its first
-       record's start to its last end, holds every record, so asleep never exceeds it);
+       than the seconds asleep, or when those come to more than a day (a record kept
+       running); it shows at most a day asleep, its stages then their shares of the day,
+       and an overlapping sleep's awake time at most what its span (or a day) leaves;
+    5. stage hours are shown only when a device told some apart; a sleep of unspecified
+       records alone shows none;
     6. it ended at its last record's end, on that moment's local date; it started at its
        first record's start, in that record's offset."""
     items = []
@@ -453,29 +476,53 @@ def record_sleeps(records: list, tz: str = "local") -> list:
             items.append((first, end, point))
     out = []
     for sleep in along_the_time_line(items):
-        by_stage: dict = {}
+        told: dict = {}  # second -> (the start of the record that holds it, its stage)
+        unspecified, awake, in_bed = set(), set(), set()
         added_up = 0
+        named: dict = {}  # a source's name -> its first record's start
         for first, end, point in sleep:
             stage = STAGE_OF[point["value"]]
-            by_stage.setdefault(stage, []).append((first, end))
+            for name in sources_of(point):
+                named[name] = min(named.get(name, first), first)
             if stage in ASLEEP:
                 added_up += end - first
-        covered = {stage: seconds_in(spans) for stage, spans in by_stage.items()}
-        asleep_seconds: set = set()
-        for stage in ASLEEP:
-            asleep_seconds |= covered.get(stage, set())
-        asleep = min(hours_in(asleep_seconds), DAY_S / 3600) if asleep_seconds else None
-        in_bed = (min(hours_in(covered["in_bed"]), DAY_S / 3600) if "in_bed" in covered
-                  else None)
-        stages = {stage: min(hours_in(seconds), DAY_S / 3600)
-                  for stage, seconds in covered.items() if stage != "in_bed"}
+            for second in range(first, end):
+                if stage in TOLD_APART:
+                    rank = (first, -STAGE_ORDER.index(stage))
+                    if second not in told or rank > told[second][0]:
+                        told[second] = (rank, stage)
+                else:
+                    {"asleep": unspecified, "awake": awake, "in_bed": in_bed}[stage].add(second)
+        seconds = {stage: 0 for stage in STAGE_ORDER}
+        for _, stage in told.values():
+            seconds[stage] += 1
+        seconds["asleep"] = len(unspecified - set(told))
+        seconds["awake"] = len(awake - set(told) - unspecified)
+        asleep_s = len(told) + seconds["asleep"]
+        asleep = min(asleep_s, DAY_S) / 3600 if asleep_s else None
+        share = min(1.0, DAY_S / asleep_s) if asleep_s else 1.0
         first = min(sleep, key=lambda item: item[0])
         last = max(sleep, key=lambda item: item[1])
         end_text = raw_end(last[2])
+        span_s = last[1] - first[0]
+        overlapping = added_up > asleep_s or asleep_s > DAY_S
+        stages = {}
+        if told:
+            stages = {stage: seconds[stage] / 3600 * share for stage in ASLEEP
+                      if seconds[stage]}
+            awake_h = seconds["awake"] / 3600 * share
+            if overlapping:  # awake fits in what the most it holds leaves beside sleep
+                awake_h = min(awake_h, min(span_s, DAY_S) / 3600 - asleep)
+            if awake_h > 0:
+                stages["awake"] = awake_h
         out.append(Sleep(_on_date(last[1], end_text, tz), last[1], first[0], end_text,
-                         raw_start(first[2]), asleep, in_bed, stages, "records",
-                         added_up > len(asleep_seconds) + SLACK_S
-                         or len(asleep_seconds) > DAY_S))
+                         raw_start(first[2]), asleep,
+                         min(len(in_bed), DAY_S) / 3600 if in_bed else None, stages,
+                         "records", overlapping,
+                         (first[0], raw_start(first[2])), "union" if asleep_s else None,
+                         added_up / 3600 if asleep_s else None, min(span_s, DAY_S) / 3600,
+                         "day" if span_s > DAY_S else "window", asleep_s > DAY_S,
+                         tuple(sorted(named, key=lambda name: (named[name], name)))))
     return out
 
 
@@ -483,8 +530,8 @@ def nightly_sleep(point: dict) -> dict:
     """What one nightly record says, in the rule's words: it ends at ``sleepEnd``, else
     ``inBedEnd``, else ``date``, and starts at ``sleepStart``, else ``inBedStart`` (no start
     unless before its end); HAE's own total is ``totalSleep``, else ``asleep + core + deep +
-    rem`` (HAE's ``asleep`` beside stages being only the unspecified part); the Watch's
-    staged figure is ``core + deep + rem``; in bed is ``inBed``, in the window
+    rem`` (HAE's ``asleep`` beside stages being only the unspecified part); the staged
+    figure is ``core + deep + rem``; in bed is ``inBed``, in the window
     ``inBedStart``-``inBedEnd`` (else the sleep's own)."""
     end_text = next(point[k] for k in ("sleepEnd", "inBedEnd", "date") if point.get(k))
     start_text = point.get("sleepStart") or point.get("inBedStart")
@@ -492,9 +539,9 @@ def nightly_sleep(point: dict) -> dict:
     start = None if start_text is None else second_of(start_text)
     if start is not None and start >= end:
         start = start_text = None
-    stages = {stage: _positive(point.get(stage)) for stage in NIGHTLY_STAGES}
-    stages = {stage: hours for stage, hours in stages.items() if hours is not None}
-    staged = math.fsum(stages.get(stage, 0.0) for stage in ("core", "deep", "rem"))
+    told = {stage: _positive(point.get(stage)) for stage in TOLD_APART}
+    told = {stage: hours for stage, hours in told.items() if hours is not None}
+    staged = math.fsum(told.values())
     unspecified = _positive(point.get("asleep")) or 0.0
     said = _positive(point.get("totalSleep"))
     if said is None and (staged or unspecified):
@@ -506,31 +553,36 @@ def nightly_sleep(point: dict) -> dict:
     elif start is not None:
         bed_window = (start, end)
     return {"end": end, "end_text": end_text, "start": start, "start_text": start_text,
-            "said": said, "staged": staged, "unspecified": unspecified,
+            "said": said, "staged": staged, "told": told, "unspecified": unspecified,
+            "awake": _positive(point.get("awake")) or 0.0,
             "in_bed": _positive(point.get("inBed")), "bed_window": bed_window,
-            "stages": stages}
+            "sources": tuple(sources_of(point))}
 
 
-def nightly_sleeps(points: list, tz: str = "local") -> list:
-    """Summary records as sleeps, step by step:
+def nightly_sleeps(points: list, tz: str = "local", records: list = ()) -> list:
+    """Nightly records as sleeps, step by step:
 
     1. the same night summarised twice (one sleep start; a record without a start is known
-       by its end) counts once: the summary of the latest end is kept (of two ending
+       by its end) counts once: the record of the latest end is kept (of two ending
        together, the one with more keys);
-    2. each summary covers its window, from its start to its end; the windows are walked
-       along the time line (:func:`along_the_time_line`): less than 3 h of quiet between
-       them, one sleep. A summary without a start is a sleep alone;
-    3. the most a sleep can hold is the seconds its windows cover (the gaps between them
-       left out) and never more than a day (a day when a summary has no window);
-    4. its hours asleep are what its summaries say, added up. If that is more than the most
-       (by more than a minute), its sources overlap: it is marked overlapping and its hours
-       are the Watch's staged figure (core + deep + rem, added up), else the ``asleep``
-       figures, else what they say, but never more than the most;
-    5. in bed likewise: the ``inBed`` figures added up, never more than the seconds their
-       in-bed windows cover nor a day; more than that is overlapping too;
-    6. its stage hours are the summaries' stage figures, added up (at most a day each);
-    7. it ended at its latest end, on that moment's local date, and started at its earliest
-       start, as written."""
+    2. every kept record is a sleep of its own: records are never joined, even when one
+       starts where another ended (HAE bounds a record's window by the record before it);
+    3. the most it can hold (its limit) is the smallest of its window (its start to its
+       end, when it has a start), its own ``inBed`` hours (when more than 0) and a day;
+    4. its hours asleep are HAE's total. If that passes the limit (by more than a second),
+       its sources overlap: it is marked overlapping and counts the staged figure
+       (core + deep + rem), else ``asleep``, else the total; never more than the limit;
+    5. its stages are shown only when it has told-apart ones: for the total, core, deep,
+       REM and its unspecified ``asleep``; for the staged figure, core, deep and REM alone;
+       when the figure counted was more than the limit, each is its share of the hours
+       counted (scaled). Awake follows the same share, and on an overlapping night takes at
+       most what the limit leaves beside the hours asleep;
+    6. in bed: ``inBed``, never more than the seconds of its in-bed window nor a day; more
+       than that (by a second) is overlapping too, and awake is then held to its limit;
+    7. its bedtime is its start, except where its start is another record's end: then the
+       first start of the last sleep of the stage ``records`` inside its window, else not
+       known;
+    8. it ended at its end, on that moment's local date."""
     kept: dict = {}
     for point in points:
         said = nightly_sleep(point)
@@ -539,47 +591,62 @@ def nightly_sleeps(points: list, tz: str = "local") -> list:
         if known_by not in kept or rank >= kept[known_by][0]:
             kept[known_by] = (rank, said)
     summaries = [said for _, said in kept.values()]
-    with_window = [(s["start"], s["end"], s) for s in summaries if s["start"] is not None]
-    groups = [[s for _, _, s in group] for group in along_the_time_line(with_window)]
-    groups += [[s] for s in summaries if s["start"] is None]
+    ends = {s["end"] for s in summaries}
+    timed = [(second_of(raw_start(p)), second_of(raw_end(p)), p) for p in records]
     out = []
-    for group in groups:
-        if all(s["start"] is not None for s in group):
-            most = min(len(seconds_in((s["start"], s["end"]) for s in group)), DAY_S)
-        else:
-            most = DAY_S
-        figures = [s["said"] for s in group if s["said"] is not None]
-        asleep, overlapping = None, False
-        if figures:
-            asleep = math.fsum(figures)
-            if asleep * 3600 > most + SLACK_S:
+    for s in summaries:
+        bounds = [(DAY_S / 3600, "day")]
+        if s["in_bed"] is not None:
+            bounds.append((s["in_bed"], "in_bed"))
+        if s["start"] is not None:
+            bounds.append(((s["end"] - s["start"]) / 3600, "window"))
+        limit, limit_by = min(bounds, key=lambda b: b[0])
+        asleep = counted = None
+        overlapping = scaled = False
+        shown: dict = {}
+        figure = None
+        if s["said"] is not None:
+            if s["said"] * 3600 <= limit * 3600 + SLACK_S:
+                counted, figure = "total", s["said"]
+                if s["told"]:
+                    shown = dict(s["told"])
+                    if s["unspecified"]:
+                        shown["asleep"] = s["unspecified"]
+            else:
                 overlapping = True
-                staged = math.fsum(s["staged"] for s in group)
-                unspecified = math.fsum(s["unspecified"] for s in group)
-                asleep = min(staged or unspecified or asleep, most / 3600)
-        beds = [s["in_bed"] for s in group if s["in_bed"] is not None]
-        in_bed = None
-        if beds:
-            windows = [s["bed_window"] for s in group if s["bed_window"] is not None]
-            bed_most = (min(len(seconds_in(windows)), DAY_S) if len(windows) == len(group)
-                        else DAY_S)
-            in_bed = math.fsum(beds)
+                if s["staged"]:
+                    counted, figure, shown = "staged", s["staged"], dict(s["told"])
+                    scaled = figure * 3600 > limit * 3600 + SLACK_S
+                else:
+                    counted, figure = "unspecified", s["unspecified"] or s["said"]
+            asleep = min(figure, limit)
+        in_bed = s["in_bed"]
+        if in_bed is not None:
+            bed_most = min(len(seconds_in([s["bed_window"]])), DAY_S) \
+                if s["bed_window"] else DAY_S
             if in_bed * 3600 > bed_most + SLACK_S:
                 overlapping = True
-                in_bed = bed_most / 3600
-        stages: dict = {}
-        for s in group:
-            for stage, hours in s["stages"].items():
-                stages.setdefault(stage, []).append(hours)
-        last = max(group, key=lambda s: s["end"])
-        starts = [s for s in group if s["start"] is not None]
-        first = min(starts, key=lambda s: s["start"]) if starts else None
-        out.append(Sleep(_on_date(last["end"], last["end_text"], tz), last["end"],
-                         first and first["start"], last["end_text"],
-                         first and first["start_text"], asleep, in_bed,
-                         {stage: min(math.fsum(hours), DAY_S / 3600)
-                          for stage, hours in stages.items()},
-                         "nightly", overlapping))
+            in_bed = min(in_bed, bed_most / 3600)
+        share = asleep / figure if shown and figure > asleep else 1.0
+        stages = {stage: hours * share for stage, hours in shown.items()}
+        if shown and s["awake"]:
+            awake = s["awake"] * share
+            if overlapping:
+                awake = min(awake, max(0.0, limit - asleep))
+            if awake > 0:
+                stages["awake"] = awake
+        start, start_text = s["start"], s["start_text"]
+        if start is not None and start in ends:  # HAE's boundary: no bedtime
+            inside = [item for item in timed if start <= item[0] and item[1] <= s["end"]
+                      and item[1] > item[0]]
+            last_sleep = along_the_time_line(inside)[-1:] if inside else []
+            first = min(last_sleep[0], key=lambda item: item[0]) if last_sleep else None
+            start, start_text = (None, None) if first is None else (first[0],
+                                                                    raw_start(first[2]))
+        out.append(Sleep(_on_date(s["end"], s["end_text"], tz), s["end"], start,
+                         s["end_text"], start_text, asleep, in_bed, stages, "nightly",
+                         overlapping, (s["start"], s["start_text"]), counted, s["said"],
+                         limit, limit_by, scaled, s["sources"]))
     return out
 
 
@@ -587,23 +654,39 @@ def _length(sleep: Sleep) -> tuple:
     return (sleep.asleep or 0.0, sleep.in_bed or 0.0, sleep.end)
 
 
-def nights_by_date(summaries: list, records: list, tz: str = "local") -> dict:
-    """date -> the date's sleeps, its night first, then its naps in the order they ended:
+def is_nap(sleep: Sleep, tz: str = "local") -> bool:
+    """Under 3 h asleep, its time wholly between 10:00 and 20:00 of one local day (its
+    window: from the first second it covers, whether or not that is a bedtime)."""
+    first, first_text = sleep.window
+    if first is None or (sleep.asleep or 0.0) >= NAP_HOURS:
+        return False
+    began = in_zone(first * US, tz, first_text)
+    ended = in_zone(sleep.end * US, tz, sleep.end_text)
+    return (began.date() == ended.date() and began.time() >= NAP_FROM
+            and ended.time() <= NAP_UNTIL)
 
-    1. the sleeps of the summaries and of the stage records, each on the local date it
+
+def nights_by_date(summaries: list, records: list, tz: str = "local") -> dict:
+    """date -> the date's sleeps: its night first (None on a date of naps only), then its
+    naps in the order they ended:
+
+    1. the sleeps of the nightly records and of the stage records, each on the local date it
        ended on;
-    2. a date with a sleep of summaries keeps those only; else the sleeps of its records;
-    3. the date's night is its longest sleep (the most hours asleep, then in bed, then the
-       later end); every other sleep of the date is a nap, never added to the night."""
+    2. a date with a sleep of nightly records keeps those only; else the sleeps of its
+       records;
+    3. a nap (:func:`is_nap`) is never a night; the date's night is its longest other sleep
+       (the most hours asleep, then in bed, then the later end); every other sleep of the
+       date is a nap beside it, never added to the night."""
     by_date: dict = {}
-    for sleep in nightly_sleeps(summaries, tz):
+    for sleep in nightly_sleeps(summaries, tz, records):
         by_date.setdefault(sleep.date, []).append(sleep)
     for sleep in record_sleeps(records, tz):
         if all(s.form == "records" for s in by_date.get(sleep.date, [])):
             by_date.setdefault(sleep.date, []).append(sleep)
     out = {}
     for date, sleeps in by_date.items():
-        night = max(sleeps, key=_length)
+        nights = [s for s in sleeps if not is_nap(s, tz)]
+        night = max(nights, key=_length) if nights else None
         out[date] = [night] + sorted((s for s in sleeps if s is not night),
                                      key=lambda s: s.end)
     return out
@@ -633,13 +716,12 @@ def _mean(values: list, nights: int = None) -> Optional[float]:
     return math.fsum(known) / (nights or len(known)) if known else None
 
 
-def local_text(second: int, text: Any, tz: str) -> str:
-    return iso_local(in_zone(second * US, tz, text))
+def local_text(second: Optional[int], text: Any, tz: str) -> Optional[str]:
+    return None if second is None else iso_local(in_zone(second * US, tz, text))
 
 
 def nap_item(nap: Sleep, tz: str) -> dict:
-    return {"sleep_start": None if nap.start is None else local_text(nap.start,
-                                                                     nap.start_text, tz),
+    return {"sleep_start": local_text(nap.start, nap.start_text, tz),
             "sleep_end": local_text(nap.end, nap.end_text, tz), "date": nap.date.isoformat(),
             "asleep": nap.asleep, "in_bed": nap.in_bed, "overlapping": nap.overlapping}
 
@@ -648,56 +730,75 @@ def _end_offset(sleep: Sleep, tz: str) -> int:
     return offset_s(in_zone(sleep.end * US, tz, sleep.end_text))
 
 
+def _forms(sleeps: list) -> str:
+    forms = {sleep.form for sleep in sleeps}
+    return forms.pop() if len(forms) == 1 else "mixed"
+
+
 def night_items(by_date: dict, tz: str = "local") -> list:
     """The reply's day items: per date its night's hours, stages, start and end in local
-    time, form and overlap; its naps listed beside it; ``count`` the night and its naps.
-    The item starts at local midnight of its date (``tz=local``: in the offset its night
-    ended in, all that ``local`` knows of that day)."""
+    time, form and overlap, and how it was counted; its naps listed beside it; ``count``
+    the night and its naps, ``nights`` 1, or 0 on a date of naps only (no hours then). The
+    item starts at local midnight of its date (``tz=local``: in the offset its night, else
+    its first nap, ended in, all that ``local`` knows of that day)."""
     out = []
     for date in sorted(by_date):
         night, *naps = by_date[date]
-        out.append({**bucket_place(date, "day", tz, _end_offset(night, tz)),
-                    "date": date.isoformat(), "count": 1 + len(naps), "nights": 1,
-                    "asleep": night.asleep, "in_bed": night.in_bed,
-                    "stages": dict(night.stages),
-                    "sleep_start": None if night.start is None else local_text(
-                        night.start, night.start_text, tz),
-                    "sleep_end": local_text(night.end, night.end_text, tz),
-                    "form": night.form, "overlapping": night.overlapping,
+        first = night or min(naps, key=lambda n: n.end)
+        out.append({**bucket_place(date, "day", tz, _end_offset(first, tz)),
+                    "date": date.isoformat(), "count": (night is not None) + len(naps),
+                    "nights": int(night is not None),
+                    "asleep": night and night.asleep, "in_bed": night and night.in_bed,
+                    "stages": dict(night.stages) if night else {},
+                    "sleep_start": night and local_text(night.start, night.start_text, tz),
+                    "sleep_end": night and local_text(night.end, night.end_text, tz),
+                    "form": _forms([night] if night else naps),
+                    "overlapping": bool(night and night.overlapping),
+                    "counted": night and night.counted, "said": night and night.said,
+                    "limit": night and night.limit, "limit_by": night and night.limit_by,
+                    "scaled": bool(night and night.scaled),
+                    "sources": list(night.sources) if night else [],
                     "naps": [nap_item(nap, tz) for nap in naps]})
     return out
 
 
 def week_items(by_date: dict, tz: str = "local") -> list:
     """The reply's week items (weeks from Monday): the average night of the week's dates
-    with one (a stage a night lacks counts 0 h for it); the naps listed, never averaged in;
-    ``count`` the nights and the naps, ``overlapping`` how many nights are. The item starts
-    at local midnight of its Monday (``tz=local``: in the offset the week's first night
-    ended in)."""
+    with one (a stage a night lacks counts 0 h for it; a date of naps only is none); the
+    naps listed, never averaged in; ``count`` the nights and the naps, ``overlapping`` how
+    many nights are. The item starts at local midnight of its Monday (``tz=local``: in the
+    offset the week's first night, else nap, ended in)."""
     weeks: dict = {}
     for date in sorted(by_date):
         weeks.setdefault(date - dt.timedelta(days=date.weekday()), []).append(by_date[date])
     out = []
     for monday in sorted(weeks):
         days = weeks[monday]
-        nights = [sleeps[0] for sleeps in days]
+        nights = [sleeps[0] for sleeps in days if sleeps[0] is not None]
         naps = [nap for sleeps in days for nap in sleeps[1:]]
         stages: dict = {}
         for night in nights:
             for stage, hours in night.stages.items():
                 stages.setdefault(stage, []).append(hours)
-        forms = {night.form for night in nights}
-        first = min(nights, key=lambda n: n.end)
+        first = min(nights or naps, key=lambda n: n.end)
         out.append({**bucket_place(monday, "week", tz, _end_offset(first, tz)),
                     "date": monday.isoformat(), "count": len(nights) + len(naps),
                     "nights": len(nights), "asleep": _mean([n.asleep for n in nights]),
                     "in_bed": _mean([n.in_bed for n in nights]),
                     "stages": {stage: _mean(hours, len(nights))
                                for stage, hours in stages.items()},
-                    "form": forms.pop() if len(forms) == 1 else "mixed",
+                    "form": _forms(nights or naps),
                     "overlapping": sum(n.overlapping for n in nights),
                     "naps": [nap_item(nap, tz) for nap in naps]})
     return out
+
+
+def average_night(by_date: dict) -> dict:
+    """The range's average night: the mean of its nights' hours (a date of naps only has
+    none), never a mean of weeks' means."""
+    nights = [sleeps[0] for sleeps in by_date.values() if sleeps[0] is not None]
+    return {"nights": len(nights), "asleep": _mean([n.asleep for n in nights]),
+            "in_bed": _mean([n.in_bed for n in nights])}
 
 
 def assert_hours(got: Optional[float], want: Optional[float], what: Any) -> None:
@@ -718,8 +819,9 @@ def assert_naps_equal(got: list, want: list, what: Any) -> None:
 
 def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
     """The reply's ``nights`` against the tests' own: dates, counts, hours (to 1e-9, a stage
-    missing in the reply is 0 h), overlap, naps, local start and end, form, and each item's
-    ``start`` and ``local``: local midnight of its date."""
+    missing in the reply is 0 h), overlap, naps, local start and end, form, how each night
+    was counted, and each item's ``start`` and ``local``: local midnight of its date. No
+    night's stages of sleep add up to more than its hours asleep."""
     assert [(n["date"], n["count"]) for n in got] == [(n["date"], n["count"]) for n in want]
     for g, w in zip(got, want):
         assert g["nights"] == w["nights"], g
@@ -730,6 +832,8 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
         for stage in set(g["stages"]) | set(w["stages"]):
             assert close(g["stages"].get(stage, 0.0), w["stages"].get(stage, 0.0)), (
                 w["date"], stage, g["stages"], w["stages"])
+        sleep = math.fsum(h for s, h in g["stages"].items() if s in ASLEEP)
+        assert sleep <= (g["asleep"] or 0.0) + 1e-9, (w["date"], "stages past the night", g)
         assert g["form"] == w["form"], (w["date"], g["form"])
         assert g["overlapping"] == w["overlapping"], (w["date"], "overlapping", g, w)
         assert type(g["overlapping"]) is (int if week else bool), g
@@ -738,6 +842,10 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
         if not week:
             assert (g["sleep_start"], g["sleep_end"]) == (w["sleep_start"], w["sleep_end"]), (
                 w["date"], g, w)
+            assert (g["counted"], g["limit_by"], g["scaled"], g["sources"]) == (
+                w["counted"], w["limit_by"], w["scaled"], w["sources"]), (w["date"], g, w)
+            assert_hours(g["said"], w["said"], (w["date"], "said"))
+            assert_hours(g["limit"], w["limit"], (w["date"], "limit"))
 
 
 # -- the module store: a corpus posted to a serve subprocess ------------------------------

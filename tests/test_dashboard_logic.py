@@ -254,8 +254,15 @@ def test_read_10_14_workout_minutes_and_night_bars(js):
     # and the summary's sleep card carry it): the bar follows it, whatever its order
     order = healthlog.meaning_of("sleep_analysis").as_json()["stages"]
     old = js("nightBar", {"asleep": 6.5, "in_bed": 7.25, "stages": {}}, order)
-    assert old == {"parts": [{"stage": "asleep", "hours": 6.5}], "top": 6.5, "asleep": 6.5,
-                   "inBed": 7.25}  # no stage: the unspecified stage of the order
+    assert old == {"parts": [{"stage": "unstaged", "hours": 6.5}], "top": 6.5, "asleep": 6.5,
+                   "inBed": 7.25}  # no stage hours: the hours asleep, unstaged
+    # the stage of sleep no stage was given for is a stage like the others, and the
+    # stages the server sends add up to the hours asleep: nothing stacks above them
+    told = js("nightBar", {"asleep": 7.0, "in_bed": None, "stages": {
+        "awake": 0.2, "asleep": 1.0, "rem": 1.0, "core": 4.0, "deep": 1.0}}, order)
+    assert told["parts"] == [{"stage": s, "hours": h} for s, h in (
+        ("deep", 1.0), ("core", 4.0), ("rem", 1.0), ("asleep", 1.0), ("awake", 0.2))]
+    assert told["top"] == pytest.approx(7.2)
     staged = js("nightBar", {"asleep": 6.0, "in_bed": None, "stages": {
         "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}}, order)
     assert [p["stage"] for p in staged["parts"]] == ["deep", "core", "rem", "unstaged", "awake"]
@@ -269,6 +276,58 @@ def test_read_10_14_workout_minutes_and_night_bars(js):
     assert again["parts"][3]["hours"] == pytest.approx(0.25)
     assert js("stagesOf", {"rem": 1.5, "new": 0.5, "deep": 0, "core": 2}, order) == [
         "core", "rem", "new"]  # an unknown stage after those listed; none of 0 hours
+
+
+def test_read_12_7_a_night_says_what_was_counted_from_its_sources(js):
+    """The words of a night (READ-12.6, 12.7): who wrote it, as its records name their
+    sources (never another device), what they said against the most the night holds, and
+    which figure counts; the bedtime, or that it is not known, and its date when it is
+    more than a day before the morning; a nap whose start is not known."""
+    assert js.many("listWords", [(["A"],), (["A", "B"],), (["A", "B", "C"],),
+                                 (list("ABCDEF"), 4)]) == [
+        "A", "A and B", "A, B and C", "A, B, C, D and 2 more"]
+    assert js("bedWords", {"sleep_start": "2025-03-08T23:10:00-05:00",
+                           "sleep_end": "2025-03-09T07:02:00-04:00"}) == "bed 23:10, wake 07:02"
+    assert js("bedWords", {"sleep_start": None,
+                           "sleep_end": "2025-02-24T05:29:00+01:00"}) == (
+        "bedtime not known, wake 05:29")
+    assert js("bedTime", {"sleep_start": "2025-02-22T21:57:00+01:00",
+                          "sleep_end": "2025-02-24T05:29:00+01:00"}) == "Feb 22 21:57"
+    assert js("bedTime", {"sleep_start": None, "sleep_end": "2025-02-24T05:29:00+01:00"}) is None
+    assert js.many("napTimes", [
+        ({"sleep_start": "2025-02-10T15:59:00-05:00", "sleep_end": "2025-02-10T17:28:00-05:00"},),
+        ({"sleep_start": None, "sleep_end": "2025-02-10T18:26:00-05:00"},)]) == [
+        "15:59–17:28", "until 18:26"]
+    order = healthlog.meaning_of("sleep_analysis").as_json()["stages"]
+    fields = [{"field": "asleep", "label": "asleep"}, {"field": "in_bed", "label": "in bed"}]
+    autosleep = {"overlapping": True, "counted": "staged", "said": 14.1, "limit": 8.25,
+                 "limit_by": "in_bed", "scaled": False, "asleep": 6.1,
+                 "sources": ["AutoSleep", "Nam’s Apple Watch", "iPhone"]}
+    assert js("overlapWords", autosleep, order, fields) == (
+        "Sources overlap: AutoSleep, Nam’s Apple Watch and iPhone wrote 14 h 06 min for "
+        "8 h 15 min in bed; counted: its deep, core and rem, 6 h 06 min (the sleep no stage "
+        "holds is left out).")
+    eight = {"overlapping": True, "counted": "staged", "said": 27.0, "limit": 12.4,
+             "limit_by": "window", "scaled": True, "asleep": 12.4, "sources": ["Eight Sleep"]}
+    words = js("overlapWords", eight, order, fields)
+    assert words == ("Sources overlap: Eight Sleep wrote 27 h 00 min for a night of 12 h 24 min "
+                     "from its start to its end; counted: 12 h 24 min, the most the night "
+                     "holds, its deep, core and rem scaled to their shares of it.")
+    assert "Watch" not in words
+    alone = {"overlapping": True, "counted": "unspecified", "said": 9.5, "limit": 7.0,
+             "limit_by": "window", "scaled": False, "asleep": 7.0, "sources": ["Sleep++"]}
+    assert js("overlapWords", alone, order, fields).endswith(
+        "counted: 7 h 00 min asleep, the most the night holds; no stage hours.")
+    days = dict(alone, said=82.7, limit=24.0, limit_by="day", asleep=24.0,
+                sources=["HeartWatch"])
+    assert js("overlapWords", days, order, fields).startswith(
+        "Sources overlap: HeartWatch wrote 82 h 42 min, more than a day holds; counted: 24 h")
+    records = {"overlapping": True, "counted": "union", "said": 16.0, "limit": 8.5,
+               "limit_by": "window", "scaled": False, "asleep": 8.1,
+               "sources": ["Apple Watch", "iPhone"]}
+    assert js("overlapWords", records, order, fields).endswith(
+        "counted: 8 h 06 min asleep, each minute once.")
+    assert js("overlapWords", dict(records, overlapping=False), order, fields) == ""
 
 
 def test_read_10_14_numbers_have_one_format(js):

@@ -657,15 +657,17 @@ def test_read_4_3_sleep_bucket_csv_has_one_row_per_nights_date(store, tz):
     assert stages == {"awake", "core", "deep", "rem"}
     stages = ["deep", "core", "rem", "awake"]  # deepest first, as drawn; awake last
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
-        stages + ["sleep_start", "sleep_end", "form", "overlapping", "naps", "nap_hours"]
+        stages + ["sleep_start", "sleep_end", "form", "counted", "scaled", "overlapping",
+                  "naps", "nap_hours"]
     assert len(rows) == 1 + len(want["nights"]) == 5
     for row, night in zip(rows[1:], want["nights"]):
         cells = dict(zip(rows[0], row))
         assert [cells[k] for k in ("start", "local", "date", "count", "nights", "sleep_start",
-                                   "sleep_end", "form")] == [
+                                   "sleep_end", "form", "counted")] == [
             "" if night[k] is None else str(night[k]) for k in (
                 "start", "local", "date", "count", "nights", "sleep_start", "sleep_end",
-                "form")]
+                "form", "counted")]
+        assert cells["scaled"] == str(int(night["scaled"]))
         for key in ("asleep", "in_bed"):
             assert close(float(cells[key]), night[key]), key
         for stage in stages:

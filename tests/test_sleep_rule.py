@@ -62,13 +62,19 @@ def local(text: str) -> str:
 
 
 def summary_night(row: dict, asleep: float, overlapping: bool = False, in_bed: float = None,
-                  naps: tuple = ()) -> dict:
-    """A night read from one summary: its stages as written, its start and end its
-    sleepStart and sleepEnd."""
+                  naps: tuple = (), stages: dict = None, counted: str = "total",
+                  scaled: bool = False) -> dict:
+    """A night read from one summary: its stages as written (unless ``stages`` says
+    otherwise; the minutes the Watch left unstaged, HAE's ``asleep`` beside stages, are the
+    stage "asleep"), its start and end its sleepStart and sleepEnd."""
+    if stages is None:
+        stages = {k: row[k] for k in STAGES if row.get(k)}
+        if row.get("core") and row.get("asleep"):
+            stages["asleep"] = row["asleep"]
     return {"form": "nightly", "asleep": asleep, "in_bed": row["inBed"] if in_bed is None
-            else in_bed, "stages": {k: row[k] for k in STAGES if row.get(k)},
-            "overlapping": overlapping, "sleep_start": local(row["sleepStart"]),
-            "sleep_end": local(row["sleepEnd"]), "naps": list(naps)}
+            else in_bed, "stages": stages, "overlapping": overlapping,
+            "sleep_start": local(row["sleepStart"]), "sleep_end": local(row["sleepEnd"]),
+            "naps": list(naps), "counted": counted, "scaled": scaled}
 
 
 def records_night(rows: list, asleep: float, stages: dict, overlapping: bool = False,
@@ -80,7 +86,8 @@ def records_night(rows: list, asleep: float, stages: dict, overlapping: bool = F
     return {"form": "records", "asleep": asleep, "in_bed": in_bed[0] if in_bed else None,
             "stages": stages, "overlapping": overlapping,
             "sleep_start": local(first.get("start") or first["startDate"]),
-            "sleep_end": local(last.get("end") or last["endDate"]), "naps": list(naps)}
+            "sleep_end": local(last.get("end") or last["endDate"]), "naps": list(naps),
+            "counted": "union", "scaled": asleep > 24 - 1e-9 and overlapping}
 
 
 def qty(rows: list, *values: str) -> float:
@@ -101,7 +108,8 @@ def build() -> dict:
 
     # 03-04: stages beside the unspecified minutes in asleep, no totalSleep: the night is the
     # unspecified minutes and the stages added up, which is what the Watch's segments of the
-    # night (the same truth) hold; asleep alone would be minutes.
+    # night (the same truth) hold; asleep alone would be minutes. Those minutes are a stage
+    # of their own ("asleep, no stage") beside core, deep and REM.
     [b] = hf.sleep_summaries(SEED, MARCH[1], phone=PHONE, form="b", date_as="start")
     truth = hf.sleep_segments(SEED, MARCH[1], phone=PHONE)
     assert "totalSleep" not in b and b["asleep"] < 1
@@ -118,13 +126,19 @@ def build() -> dict:
 
     # 03-06: AutoSleep's hours as asleep beside the Watch's stages: together they say more
     # than the hours from sleep start to sleep end, so the sources overlap: the night is the
-    # Watch's core + deep + rem (here within the window), marked overlapping.
+    # Watch's core + deep + rem (here within the window), marked overlapping. Its stages are
+    # the Watch's (AutoSleep's unspecified hours are left out), and awake no more than the
+    # window leaves beside them.
     [both] = hf.sleep_overlapping_sources(SEED, MARCH[3], phone=PHONE)
     window = hours_between(both["sleepStart"], both["sleepEnd"])
     watch = both["core"] + both["deep"] + both["rem"]
     assert both["asleep"] + watch > window + 1 and watch <= window + 1e-9
+    assert both["inBed"] > window  # the window is the smallest bound here
     bodies += [[both]]
-    hand[MARCH[3]] = summary_night(both, min(watch, window), overlapping=True)
+    awake = min(both["awake"], window - watch)
+    hand[MARCH[3]] = summary_night(both, min(watch, window), overlapping=True, stages=dict(
+        {k: both[k] for k in ("core", "deep", "rem")}, **({"awake": awake} if awake > 0
+                                                          else {})), counted="staged")
 
     # 03-07: Eight Sleep wrote its night twice: 27.0 h between 21:52 and 10:16, that is in
     # 12 h 24 min, with no stages: the night is the window, 12.4 h, and so is in bed (it
@@ -133,17 +147,22 @@ def build() -> dict:
                                  27.0, phone=PHONE)
     assert hours_between(eight["sleepStart"], eight["sleepEnd"]) == 12.4
     bodies += [[eight]]
-    hand[MARCH[4]] = summary_night(eight, 12.4, overlapping=True, in_bed=12.4)
+    hand[MARCH[4]] = summary_night(eight, 12.4, overlapping=True, in_bed=12.4,
+                                   counted="unspecified")
 
-    # 03-08: a night, and two naps back to back (15:59-17:28 and 17:28-18:26): no gap between
-    # them, so one nap from 15:59 to 18:26, of their sleep added up (0.8 + 0.4 + 0.15 and
-    # 0.5 + 0.3 + 0.1 h: 2.25 h) and 2 h 27 min in bed; never part of the night.
+    # 03-08: a night, and two naps back to back (15:59-17:28 and 17:28-18:26): two records,
+    # two naps (a nightly record is never joined to another), of 0.8 + 0.4 + 0.15 h with
+    # 1 h 29 min in bed and 0.5 + 0.3 + 0.1 h with 58 min in bed; the second starts where the
+    # first ended, HAE's boundary, not a bedtime: its start is not known. Never part of the
+    # night.
     [c8] = hf.sleep_summaries(SEED, MARCH[5], phone=PHONE, form="c", date_as="mixed")
     naps = hf.sleep_nap_summaries(MARCH[5], phone=PHONE)
     bodies += [[c8], naps]
-    hand[MARCH[5]] = summary_night(c8, c8["totalSleep"], naps=[{
-        "sleep_start": "2025-03-08T15:59:00-05:00", "sleep_end": "2025-03-08T18:26:00-05:00",
-        "date": "2025-03-08", "asleep": 2.25, "in_bed": 2 + 27 / 60, "overlapping": False}])
+    hand[MARCH[5]] = summary_night(c8, c8["totalSleep"], naps=[
+        {"sleep_start": "2025-03-08T15:59:00-05:00", "sleep_end": "2025-03-08T17:28:00-05:00",
+         "date": "2025-03-08", "asleep": 1.35, "in_bed": 1 + 29 / 60, "overlapping": False},
+        {"sleep_start": None, "sleep_end": "2025-03-08T18:26:00-05:00",
+         "date": "2025-03-08", "asleep": 0.9, "in_bed": 58 / 60, "overlapping": False}])
 
     # 03-09: the Watch's stage records (startDate/endDate) across the change to daylight time,
     # each written twice in its body (the store keeps one of two identical records). The
@@ -161,30 +180,35 @@ def build() -> dict:
     assert close(hand[MARCH[6]]["in_bed"], 6 + 26 / 60 + 41 / 3600, 1e-9)
 
     # 03-10: the Watch's stage records (start/end), the asleep ones written again by the
-    # iPhone 40 s later, and a nap of 40 min in the afternoon. A copy covers its original but
-    # for the part of it past the original's end: min(40 s, its length). So each stage gains
-    # that much per segment, and asleep gains 40 s per stretch of sleep (the segments between
-    # two awakenings: the copies of one stretch run on into each other). The records add up
-    # to twice the sleep: overlapping. The nap: 24 min of core, 2 min awake, 14 min of core.
+    # iPhone 40 s later, and a nap of 40 min in the afternoon. A copy covers its original and
+    # the first 40 s of the segment after it. Each second is in one stage: where the next
+    # segment is sleep it is the next segment's (the record that began last); where it is an
+    # awakening, or the night's end, the copy's: so at the end of each stretch of sleep (the
+    # segments between two awakenings) its last stage gains 40 s, and the awakening after it
+    # loses them (asleep, never awake). The records add up to twice the sleep: overlapping.
+    # The nap: 24 min of core, 2 min awake, 14 min of core.
     watch = hf.sleep_segments(SEED, MARCH[7], phone=PHONE, variant="new")
     again = hf.sleep_records_again(watch, shift_s=40, source="iPhone")
     nap = hf.sleep_nap(dt.datetime(2025, 3, 10, 14, 10), 40, phone=PHONE)
     segments = [r for r in watch if r["value"] != "In Bed"]
     assert all(x["end"] == y["start"] and x["value"] != y["value"]
                for x, y in zip(segments, segments[1:]))  # one after another, never the same
-    gained = {"core": 0.0, "deep": 0.0, "rem": 0.0}
+    gained = {"core": 0.0, "deep": 0.0, "rem": 0.0, "awake": 0.0}
     stretches = 0
     for k, row in enumerate(segments):
         if row["value"] != "Awake":
-            gained[row["value"].lower()] += min(40 / 3600, row["qty"])
             if k + 1 == len(segments) or segments[k + 1]["value"] == "Awake":
                 stretches += 1
+                gained[row["value"].lower()] += 40 / 3600
+                if k + 1 < len(segments):
+                    gained["awake"] -= 40 / 3600
     bodies += [watch, again, nap]
     hand[MARCH[7]] = records_night(watch, qty(watch, "Core", "Deep", "REM") + stretches * 40 / 3600,
                                    {"core": qty(watch, "Core") + gained["core"],
                                     "deep": qty(watch, "Deep") + gained["deep"],
                                     "rem": qty(watch, "REM") + gained["rem"],
-                                    "awake": qty(watch, "Awake")}, overlapping=True, naps=[{
+                                    "awake": qty(watch, "Awake") + gained["awake"]},
+                                   overlapping=True, naps=[{
                                         "sleep_start": "2025-03-10T14:10:00-04:00",
                                         "sleep_end": "2025-03-10T14:50:00-04:00",
                                         "date": "2025-03-10", "asleep": 38 / 60,
@@ -192,22 +216,28 @@ def build() -> dict:
     assert stretches > 1
 
     # 03-11: a sleep app alone: an in-bed record and unspecified "Asleep" blocks that never
-    # overlap: asleep is the blocks' qty added up, and so is the stage "asleep".
+    # overlap: asleep is the blocks' qty added up; no device told stages apart, so the night
+    # shows no stage hours (asleep alone counts).
     app = hf.sleep_app_records(SEED, MARCH[8], phone=PHONE)
     assert {r["value"] for r in app} == {"In Bed", "Asleep"}
     bodies += [app]
-    hand[MARCH[8]] = records_night(app, qty(app, "Asleep"), {"asleep": qty(app, "Asleep")})
+    hand[MARCH[8]] = records_night(app, qty(app, "Asleep"), {})
 
     # 03-12: the evidence's night: the Watch's 6.14 + 1.18 + 1.32 h (8.64 h) beside AutoSleep's
-    # 7.9 h, totalSleep their sum (16.54 h), between 23:00 and 07:00: 8.0 h. The sources
-    # overlap; even the Watch's stages say more than the window: the night is 8.0 h.
+    # 7.9 h, totalSleep their sum (16.54 h), between 23:00 and 07:00: 8.0 h (in bed 8.3 h).
+    # The sources overlap; even the Watch's stages say more than the window: the night is
+    # 8.0 h, and its stages their shares of it (8.0 / 8.64 of each); the window leaves no
+    # room for awake beside them.
     evidence = {"date": "2025-03-11 23:00:00 -0400", "totalSleep": 16.54, "asleep": 7.9,
                 "core": 6.14, "deep": 1.18, "rem": 1.32, "awake": 0.31, "inBed": 8.3,
                 "inBedStart": "2025-03-11 22:50:00 -0400", "inBedEnd": "2025-03-12 07:08:00 -0400",
                 "sleepStart": "2025-03-11 23:00:00 -0400", "sleepEnd": "2025-03-12 07:00:00 -0400",
                 "source": hf.OVERLAP_SOURCE}
     bodies += [[evidence]]
-    hand[MARCH[9]] = summary_night(evidence, 8.0, overlapping=True)
+    share = 8.0 / 8.64
+    hand[MARCH[9]] = summary_night(evidence, 8.0, overlapping=True, stages={
+        "core": 6.14 * share, "deep": 1.18 * share, "rem": 1.32 * share}, counted="staged",
+        scaled=True)
 
     apart = {}
     # The March change of 2024: a night written twice from 23:30 (-05:00) to 07:30 (-04:00):
@@ -216,21 +246,22 @@ def build() -> dict:
     twice = hf.sleep_app_summary(dt.datetime(2024, 3, 9, 23, 30), dt.datetime(2024, 3, 10, 7, 30),
                                  15.0, phone=PHONE, app="HeartWatch", in_bed=8.5)
     assert hours_between(twice["sleepStart"], twice["sleepEnd"]) == 7.0
-    apart["dst"] = ([twice], summary_night(twice, 7.0, overlapping=True, in_bed=7.0))
+    apart["dst"] = ([twice], summary_night(twice, 7.0, overlapping=True, in_bed=7.0,
+                                           counted="unspecified"))
     # HeartWatch's 82.7 h over three days (22:00 on 1 April to 08:42 on the 4th): no sleep is
     # longer than a day: 24 h asleep, 24 h in bed, overlapping.
     days = hf.sleep_app_summary(dt.datetime(2025, 4, 1, 22, 0), dt.datetime(2025, 4, 4, 8, 42),
                                 82.7, phone=PHONE, app="HeartWatch", in_bed=82.7)
-    apart["days"] = ([days], summary_night(days, 24.0, overlapping=True, in_bed=24.0))
+    apart["days"] = ([days], summary_night(days, 24.0, overlapping=True, in_bed=24.0,
+                                           counted="unspecified"))
     # A sleep app that kept recording: "Asleep" from 20:00 on 20 April to 12:00 on the 21st
-    # and from 13:00 to 01:00 on the 22nd: 28 h with a gap of one hour, one sleep: 24 h
-    # (and its stage, unspecified sleep, 24 h too), marked overlapping: no one sleeps 28 h.
+    # and from 13:00 to 01:00 on the 22nd: 28 h with a gap of one hour, one sleep: 24 h (no
+    # stage hours: nothing told apart), marked overlapping: no one sleeps 28 h.
     blocks = [{"startDate": PHONE.time(dt.datetime(2025, 4, d0, h0)),
                "endDate": PHONE.time(dt.datetime(2025, 4, d1, h1)), "qty": hours,
                "value": "Asleep", "source": "AutoSleep"}
               for d0, h0, d1, h1, hours in ((20, 20, 21, 12, 16.0), (21, 13, 22, 1, 12.0))]
-    apart["records-days"] = (blocks, records_night(blocks, 24.0, {"asleep": 24.0},
-                                                   overlapping=True))
+    apart["records-days"] = (blocks, records_night(blocks, 24.0, {}, overlapping=True))
     # A night sent again after HAE began writing HealthKit's names (a Previous 7 Days
     # automation re-sends the week): each record twice, once as "Core", once as
     # "HKCategoryValueSleepAnalysisAsleepCore", at the same times. Every second counts once,
@@ -289,6 +320,8 @@ def assert_night(got: dict, want: dict, what) -> None:
     for stage, hours in want["stages"].items():
         assert close(got["stages"][stage], hours, 1e-9), (what, stage, got["stages"], hours)
     assert got["overlapping"] is want["overlapping"], (what, "overlapping", got)
+    assert (got["counted"], got["scaled"]) == (want["counted"], want["scaled"]), (what, got)
+    assert sum(h for k, h in got["stages"].items() if k != "awake") <= got["asleep"] + 1e-9
     assert (got["sleep_start"], got["sleep_end"]) == (want["sleep_start"], want["sleep_end"]), (
         what, got)
     assert len(got["naps"]) == len(want["naps"]), (what, got["naps"])
@@ -333,7 +366,8 @@ def test_read_12_4_the_day_csv_carries_the_hours_naps_and_overlap(store):
     # the stage of unspecified sleep is the column "unspecified": "asleep" is the hours
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
         ["deep", "core", "rem", "unspecified", "awake"] + [
-            "sleep_start", "sleep_end", "form", "overlapping", "naps", "nap_hours"]
+            "sleep_start", "sleep_end", "form", "counted", "scaled", "overlapping", "naps",
+            "nap_hours"]
     assert [row[2] for row in rows[1:]] == [d.isoformat() for d in MARCH]
     for row, morning in zip(rows[1:], MARCH):
         want = CORPUS["hand"][morning]
@@ -346,6 +380,8 @@ def test_read_12_4_the_day_csv_carries_the_hours_naps_and_overlap(store):
             assert (cell == "") == (stage not in want["stages"]), (morning, stage)
         assert (cells["sleep_start"], cells["sleep_end"], cells["form"]) == (
             want["sleep_start"], want["sleep_end"], want["form"])
+        assert (cells["counted"], cells["scaled"]) == (want["counted"],
+                                                       str(int(want["scaled"]))), cells
         assert (cells["count"], cells["nights"]) == (str(1 + len(want["naps"])), "1")
         assert (cells["overlapping"], cells["naps"]) == (str(int(want["overlapping"])),
                                                          str(len(want["naps"])))

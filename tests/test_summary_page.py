@@ -231,7 +231,8 @@ class Corpus:
 
     def night(self, wake: dt.date):
         """Last night by the rules of its form: a summary is on the date of its sleepEnd,
-        asleep is HAE's total (totalSleep, else asleep + core + deep + rem); stage records on the
+        asleep is HAE's total (totalSleep, else asleep + core + deep + rem), its stages where
+        the watch told some apart (with its unstaged "asleep" as one); stage records on the
         date of their last end, asleep the asleep segments (they do not overlap here), in
         bed the in-bed record, stages the records' qty; bed and wake the sleep's start and
         end (the first start and last end of the records)."""
@@ -245,9 +246,11 @@ class Corpus:
             # stages (its "asleep" beside stages is only what the watch left unstaged)
             asleep = p["totalSleep"] if "totalSleep" in p else p.get("asleep", 0) + sum(
                 p.get(k, 0) for k in ("core", "deep", "rem"))
+            stages = {k: p[k] for k in ("core", "deep", "rem", "awake") if p.get(k)}
+            if p.get("core") and p.get("asleep"):  # what the watch left unstaged: a stage
+                stages["asleep"] = p["asleep"]
             return {"asleep": asleep, "in_bed": p["inBed"], "start": local_iso(p["sleepStart"]),
-                    "end": local_iso(p["sleepEnd"]),
-                    "stages": {k: p[k] for k in ("core", "deep", "rem", "awake") if p.get(k)}}
+                    "end": local_iso(p["sleepEnd"]), "stages": stages}
         stages, asleep, in_bed = {}, 0.0, None
         for r in points:
             span = (_epoch(r["endDate"]) - _epoch(r["startDate"])) / 3600
