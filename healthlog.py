@@ -11120,12 +11120,18 @@ def _text_sleep(answer: dict) -> str:
         line = "%s  asleep %s, in bed %s%s" % (
             night["date"], _mcp_number(night["asleep"]), _mcp_number(night["in_bed"]),
             " (%s)" % stages if stages else "")
-        if answer["bucket"] == "day" and night.get("sleep_start"):
-            line += ", %s to %s" % (night["sleep_start"][11:16], night["sleep_end"][11:16])
+        if not night.get("nights", 1):
+            line = "%s  no night, naps only" % night["date"]
+        elif answer["bucket"] == "day" and night.get("sleep_end"):
+            start = night.get("sleep_start")
+            line += ", %s to %s" % (start[11:16] if start else "bedtime unknown",
+                                    night["sleep_end"][11:16])
         if answer["bucket"] == "week":
-            line += ", the average of %d nights" % night["nights"]
+            line += ", the average of %s" % _mcp_count(night["nights"], "night")
         if night["overlapping"]:
-            line += ", sources overlap (capped)"
+            said = night.get("said")
+            line += ", sources overlap (counted once%s)" % (
+                "" if said is None else "; together they said %s h" % _mcp_number(said))
         naps = [nap for nap in night["naps"] if nap["asleep"] is not None]
         if naps:
             line += ", naps %s" % " + ".join(_mcp_number(nap["asleep"]) for nap in naps)
