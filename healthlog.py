@@ -5940,8 +5940,9 @@ def _query_time(name: str, text: Optional[str]) -> Optional[int]:
         value = float(text) if "." in text else int(text)
     instant = parse_time(value)
     if instant is None:
-        raise BadRequest("%s is not a time healthlog can read (ISO-8601, YYYY-MM-DD or epoch"
-                         " seconds or milliseconds)" % name)
+        raise BadRequest("%s is not a time healthlog can read: a time (ISO-8601, epoch seconds"
+                         " or milliseconds) from 1900 to 2199, or a day YYYY-MM-DD %s"
+                         % (name, READ_DAYS))
     return instant
 
 
@@ -5977,6 +5978,37 @@ def parse_zone(text: Optional[str]) -> Zone:
 
 
 _DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
+READ_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
+READ_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
+READ_DAYS = "from 1900-01-01 to 9998-12-31"
+"""The days a read accepts, on every route and command (READ-2.9): a day's midnight in
+any zone (±14 h), the day after a date-only ``to``, a week's Monday and the trends a
+summary looks back over stay inside the calendar ``datetime`` can write (years 1 to
+9999), so no read meets an overflow after its answer has begun; no health record is older
+than 1900.  Checked once, where a query's dates are parsed (:func:`read_day`)."""
+
+
+def read_day(name: str, text: Optional[str]) -> Optional[int]:
+    """The proleptic ordinal of a date-only parameter (``YYYY-MM-DD``); None when absent or
+    empty; a :class:`BadRequest` naming :data:`READ_DAYS` when it is not such a day or
+    lies outside them."""
+    if text is None or text == "":
+        return None
+    match = _DATE_ONLY_QUERY.fullmatch(text)
+    try:
+        day = _dt.date(*map(int, match.groups())).toordinal() if match else None
+    except ValueError:
+        day = None
+    if day is None or not READ_FIRST_DAY <= day <= READ_LAST_DAY:
+        raise BadRequest("%s must be a day YYYY-MM-DD %s" % (name, READ_DAYS))
+    return day
+
+
+def read_day_text(ordinal: int) -> str:
+    """A day of a range the server builds itself (a card's link, a week's records, a
+    view's bounds) as text :func:`read_day` takes: held inside :data:`READ_DAYS`, which
+    loses nothing, since no stored instant is older than 1900 (:func:`parse_time`)."""
+    return _dt.date.fromordinal(min(max(ordinal, READ_FIRST_DAY), READ_LAST_DAY)).isoformat()
 
 
 def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
@@ -5986,16 +6018,10 @@ def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tu
     ``tz=local`` it is that date as written in each point, and the instant only narrows
     the objects read (:data:`MAX_OFFSET_S` around UTC midnight).  An instant ``to`` is
     exclusive."""
-    match = _DATE_ONLY_QUERY.fullmatch(text or "")
-    if not match:
+    if not _DATE_ONLY_QUERY.fullmatch(text or ""):
         return _query_time(name, text), None
-    try:
-        ordinal = _dt.date(*map(int, match.groups())).toordinal()
-    except ValueError:
-        raise BadRequest("%s is not a date" % name) from None
+    ordinal = read_day(name, text)
     if is_end:
-        if ordinal == _dt.date.max.toordinal():
-            return None, None  # to the end of the calendar: no end at all
         ordinal += 1  # the day after: ``to`` includes its own day
     if zone is LOCAL_ZONE:
         midnight = (ordinal - _EPOCH_ORDINAL) * 86400
@@ -7137,18 +7163,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         name) if name in LAYER_ORDER else 0))
     plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
     if view == "custom":
-        bounds = [_DATE_ONLY_QUERY.fullmatch(args.get(name) or "") for name in ("from", "to")]
-        try:
-            day_from, last = (_dt.date(*map(int, match.groups())).toordinal()
-                              if match else None for match in bounds)
-        except ValueError:
-            day_from = last = None
-        if day_from is None or last is None or not (
-                SUMMARY_FIRST_DAY <= day_from <= last <= SUMMARY_LAST_DAY):
+        day_from, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
+        if day_from is None or last is None or day_from > last:
             raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
-                             " before to, both from %s to %s"
-                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+                             " before to, both %s" % READ_DAYS)
         day_to = last + 1
         days = day_to - day_from
     elif view == "all":
@@ -7181,8 +7199,8 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     def dates(first: Optional[int], end: Optional[int]) -> tuple:
         """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
         last day, included."""
-        return (None if first is None else _dt.date.fromordinal(first).isoformat(),
-                None if end is None else _dt.date.fromordinal(end - 1).isoformat())
+        return (None if first is None else read_day_text(first),
+                None if end is None else read_day_text(end - 1))
 
     layer = read_layer(*dates(day_from, day_to))
     bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
@@ -7373,8 +7391,7 @@ def _spark(values: dict, day: int) -> list:
 
 def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
     """A card's range as a query takes it: ``from`` and ``to`` both included."""
-    return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
-            "to": _dt.date.fromordinal(day).isoformat()}
+    return {"metric": metric, "from": read_day_text(day - days + 1), "to": read_day_text(day)}
 
 
 def _written(metric: str, units: Optional[str]) -> dict:
@@ -7561,8 +7578,8 @@ def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> lis
                     (metric,)).fetchone() is None:
         return []
     return records(conn, {"metric": metric, "tz": zone.name, "limit": "100",
-                          "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
-                          "to": _dt.date.fromordinal(day).isoformat()})["items"]
+                          "from": read_day_text(day - WEEK_DAYS + 1),
+                          "to": read_day_text(day)})["items"]
 
 
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
@@ -7583,13 +7600,6 @@ def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     return local_ordinal(*newest)
 
 
-SUMMARY_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
-SUMMARY_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
-"""The days a summary can be asked for: its trends look back a year and more and its
-offsets reach a day beyond, which the calendar's ends (years 1 and 9999) cannot hold;
-no health record is older than 1900."""
-
-
 def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             fresh: Optional[Freshness] = None) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
@@ -7599,18 +7609,8 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     groups in their order with their titles, metrics and ``render``, so that the page draws
     what it is sent."""
     zone = parse_zone(args.get("tz"))
-    text = args.get("date")
-    if text:
-        match = _DATE_ONLY_QUERY.fullmatch(text)
-        try:
-            day = _dt.date(*map(int, match.groups())).toordinal() if match else None
-        except ValueError:
-            day = None
-        if day is None or not SUMMARY_FIRST_DAY <= day <= SUMMARY_LAST_DAY:
-            raise BadRequest("date must be a day YYYY-MM-DD from %s to %s"
-                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
-    else:
+    day = read_day("date", args.get("date"))
+    if day is None:
         day = _newest_day(conn, zone)
     cards: dict = {}
     order = []
@@ -8255,16 +8255,6 @@ def attention(fresh: Freshness) -> list:
 
 # -- coverage: how much arrived, per local day ------------------------------------------
 
-def _coverage_day(name: str, text: Optional[str]) -> Optional[int]:
-    if text is None or text == "":
-        return None
-    match = _DATE_ONLY_QUERY.fullmatch(text)
-    try:
-        return _dt.date(*map(int, match.groups())).toordinal() if match else None
-    except ValueError:
-        return None
-
-
 def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
              fresh: Freshness) -> dict:
     """``GET /api/coverage?from=&to=&tz=`` (``to`` the last day, included): per local day and
@@ -8274,10 +8264,7 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     ``quiet`` (none, and none expected), ``before`` (its first point), ``today`` or
     ``future``; and for each run of missing or thin days, how to fill it."""
     zone = parse_zone(args.get("tz"))
-    first, last = _coverage_day("from", args.get("from")), _coverage_day("to", args.get("to"))
-    for name, value in (("from", first), ("to", last)):
-        if value is None and args.get(name):
-            raise BadRequest("%s must be a day YYYY-MM-DD" % name)
+    first, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
     end = None if last is None else last + 1  # a date-only ``to`` includes its day (READ-8.5)
     now_us = int(fresh.now_s * US)
     offset = zone.offset_at(now_us)
@@ -8291,10 +8278,8 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
         first = end - COVERAGE_DAYS
     elif end is None:
         end = first + COVERAGE_DAYS
-    if not SUMMARY_FIRST_DAY <= first < end <= SUMMARY_LAST_DAY + 1:
-        raise BadRequest("from must be on or before to, both days from %s to %s"
-                         % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                            _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+    if not READ_FIRST_DAY <= first < end <= READ_LAST_DAY + 1:
+        raise BadRequest("from must be on or before to, both days %s" % READ_DAYS)
     if end - first > COVERAGE_MAX_DAYS:
         raise BadRequest("coverage is read %d days at most at once" % COVERAGE_MAX_DAYS)
     low_us = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
@@ -9273,7 +9258,7 @@ class App:
                 else "application/json")
         return ("200 OK", [("Content-Type", kind), ("Cache-Control", "no-store"),
                            ("X-Healthlog-Layer", ",".join(query.fill) or query.layer)],
-                _in_snapshot(conn, query, self.archive.tmp))
+                _Begun(_in_snapshot(conn, query, self.archive.tmp)))
 
     def deliveries(self, environ: dict) -> tuple:
         """GET /api/deliveries: the journal, newest first, never bodies or values."""
@@ -9447,6 +9432,28 @@ def _in_snapshot(conn: sqlite3.Connection, query: PointQuery,
         spool.seek(0)
         for chunk in iter(lambda: spool.read(STREAM_CHUNK), b""):
             yield chunk
+
+
+class _Begun:
+    """A stream whose first piece is already made: a failure before it (a range the
+    answer cannot write, a damaged object) is raised when the stream is made, inside the
+    route, and answered as the route's own error, never as a ``200`` that breaks off
+    (READ-2.10).  The first piece holds the whole head of the answer (:func:`_chunked`
+    joins pieces up to :data:`STREAM_CHUNK` bytes).  ``close`` closes the stream it
+    holds, so a client gone early ends its snapshot."""
+
+    def __init__(self, pieces: Iterator[bytes]):
+        self._pieces = pieces
+        self._first = next(pieces, None)
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        yield from self._pieces
+
+    def close(self) -> None:
+        self._pieces.close()  # type: ignore[attr-defined]
 
 
 class _Streamed:
@@ -11678,6 +11685,14 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
     try:
         conn.execute("BEGIN")  # one snapshot of the store
         if args.format == "sqlite":
+            chosen = [flag for flag, value in (
+                ("--metric", args.metric), ("--layer", args.layer), ("--from", args.start),
+                ("--to", args.end), ("--bucket", args.bucket), ("--tz", args.tz)) if value]
+            if chosen:  # never a range quietly ignored: the file holds every point
+                raise ConfigError("--format sqlite exports every point of every metric, in"
+                                  " the local time each point was written in; %s go%s with"
+                                  " --format csv or json" % (", ".join(chosen),
+                                                             "" if len(chosen) > 1 else "es"))
             return _export_to_file(conn, args.output)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
@@ -12029,9 +12044,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _offset_values(argv: Sequence[str]) -> list:
+    """``--tz -05:00`` as ``--tz=-05:00``: argparse takes a value that begins with ``-`` for
+    an option, and a zone west of UTC is written so."""
+    out: list = []
+    for arg in argv:
+        if out and out[-1] == "--tz" and re.fullmatch(r"-[0-9]{2}:?[0-9]{2}", arg):
+            out[-1] = "--tz=" + arg
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point: ``healthlog COMMAND [options]``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_offset_values(sys.argv[1:] if argv is None else argv))
     if not args.command:
         build_parser().print_help(sys.stderr)
         return 2
