@@ -116,6 +116,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 import urllib.parse
 import zlib
 import zoneinfo
@@ -6238,29 +6239,63 @@ def _in_range(point: Any, query: PointQuery) -> bool:
                            point)
 
 
-_FORMULA_CHARACTERS = "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c"
-"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with
-the pipe of DDE and the full-width forms some spreadsheets take for them."""
-_FORMULA = re.compile(r"[\t\r\n]|\s*[%s]" % re.escape(_FORMULA_CHARACTERS))
-"""A cell a spreadsheet could run: one that starts with a tab or a line break, or whose
-first character after any whitespace starts a formula."""
-_FORMULA_FIRST = frozenset(_FORMULA_CHARACTERS)
+_FORMULA_STARTS = "=+-@|\u2212"
+"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with the
+pipe of DDE and the minus sign; each in any of its compatibility forms (NFKC: the
+full-width ``＝``, the small ``﹦``, the superscript ``⁼`` …), which some spreadsheets take
+for the character itself."""
+_INVISIBLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
+              (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
+              (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+              (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+              (0xE0000, 0xE0FFF))
+"""Unicode's default-ignorable code points (zero-width spaces and joiners, the byte order
+mark, bidirectional marks, variation selectors, the Hangul fillers, tags): a program shows
+nothing for them, so a cell that begins with them begins, to the eye and to a spreadsheet
+that skips them, with what follows.  Every other format character (Unicode category
+``Cf``) counts as invisible too."""
+
+
+def _invisible(char: str) -> bool:
+    """Does a cell's reader see nothing of this character: white space, a format character,
+    a default-ignorable one (:data:`_INVISIBLE`)?"""
+    if char.isspace() or unicodedata.category(char) == "Cf":
+        return True
+    code = ord(char)
+    return any(low <= code <= high for low, high in _INVISIBLE)
+
+
+def starts_formula(cell: str) -> bool:
+    """Could a spreadsheet run this text cell?  It starts with a tab or a line break, or
+    its first character after any white space and invisible characters (:func:`_invisible`)
+    is one of :data:`_FORMULA_STARTS` in any compatibility form (NFKC)."""
+    if cell[:1] in ("\t", "\r", "\n"):
+        return True
+    for char in cell:
+        if not _invisible(char):
+            return unicodedata.normalize("NFKC", char)[:1] in _FORMULA_STARTS
+    return False
+
+
+_PLAIN_FIRST = frozenset(map(chr, range(0x21, 0x7F))).difference(_FORMULA_STARTS)
+"""First characters that settle it at once: printable ASCII but the formula characters
+(letters, digits, ``{``, ``[``, quotes …) begin no formula, and are not invisible."""
 
 
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
     """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes.  A text cell that
-    starts like a formula (:data:`_FORMULA`) gets a leading ``'`` (OWASP's advice against
-    CSV injection), so
-    it is data, never a formula, in a spreadsheet; numbers pass as numbers, so ``-5`` stays
-    ``-5``: only names, units and text values that arrived as strings can carry a formula
-    (any app that writes to HealthKit chooses its source name)."""
+    starts like a formula (:func:`starts_formula`) gets a leading ``'`` (OWASP's advice
+    against CSV injection), so it is data, never a formula, in a spreadsheet; numbers pass
+    as numbers, so ``-5`` stays ``-5``: only names, units and text values that arrived as
+    strings can carry a formula (any app that writes to HealthKit chooses its source
+    name).  A cell whose first character is printable ASCII other than those is passed at
+    once (:data:`_PLAIN_FIRST`): the dates, numbers and names of almost every row."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    first, formula = _FORMULA_FIRST, _FORMULA.match
+    formula, plain = starts_formula, _PLAIN_FIRST
     for row in rows:  # one comprehension: this loop sees every cell
-        writer.writerow(["'" + cell if type(cell) is str and cell and (
-            cell[0] in first or cell[0].isspace()) and formula(cell) else cell
-            for cell in row])
+        writer.writerow(["'" + cell if type(cell) is str and cell and cell[0] not in plain
+                         and formula(cell) else cell for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -6280,14 +6315,25 @@ def _csv_cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def csv_field_order(metric: str, seen: Iterator[str]) -> list:
+    """The fields of raw and bucket CSV in their one order (READ-4.6), whatever the range
+    and however each point spelled its keys, so that exports of two ranges append: the
+    meaning table's value fields in its order (:class:`Meaning`), then the times
+    (:data:`RAW_CSV_TIMES`), then ``source``, then the rest by name.  ``seen``: the keys
+    present in the range; only those get a column."""
+    present = set(seen)
+    lead = [name for name in meaning_of(metric).fields + RAW_CSV_TIMES + ("source",)
+            if name in present]
+    return list(dict.fromkeys(lead)) + sorted(present.difference(lead))
+
+
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
-    fields: dict = {}  # every key seen, first-seen order (a first pass over the range)
+    fields: set = set()  # every key seen (a first pass over the range)
     for _, raw, whole in _objects(conn, query):
         for point in loads_body(raw):
             if type(point) is dict and (whole or _in_range(point, query)):
-                for key in point:
-                    fields.setdefault(key, None)
-    names = list(fields)
+                fields.update(point)
+    names = csv_field_order(query.metric, iter(fields))
     zone = query.zone
     sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
 
@@ -6307,6 +6353,8 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     yield from _csv_lines(rows())
 
 
+RAW_CSV_TIMES = ("date", "start", "end", "startDate", "endDate")
+"""The keys HAE writes a point's times in, in the order raw CSV gives them columns."""
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
 """The columns raw CSV puts before the point's own keys (a key of the same name gets a
 trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
@@ -6540,11 +6588,11 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
 
 
 def _bucket_csv(runs: list, query: PointQuery) -> Iterator[bytes]:
-    fields: dict = {}
+    seen: set = set()
     for run in runs:
         for bucket in run.buckets.values():
-            for name in bucket.fields:
-                fields.setdefault(name, None)
+            seen.update(bucket.fields)
+    fields = csv_field_order(query.metric, iter(seen))
     columns = ["start", "local", "date", "units", "count"] + [
         "%s_%s" % (name, stat) for name in fields
         for stat in ("count", "min", "max", "avg", "sum")]

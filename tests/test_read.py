@@ -564,9 +564,9 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
     rows = read_csv(reply)
     assert reply.headers["X-Healthlog-Layer"] == layer
     items = store.corpus.points(metric, layer)
-    keys: list = []
-    for point, _ in items:
-        keys += [k for k in point if k not in keys]
+    meaning = {m["metric"]: m["meaning"] for m in get_json(store.address, "/api/catalog")[
+        "metrics"]}[metric]
+    keys = csv_keys([point for point, _ in items], meaning["fields"])
     assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date"] + keys
     assert len(rows) == 1 + len(items)
     wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
@@ -585,6 +585,17 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
         assert {row[3][-6:] for row in rows[1:]} == {"-08:00", "-07:00"}
     if metric == "sleep_analysis":  # the records of each night before midnight: its morning
         assert any(row[4] != row[3][:10] for row in rows[1:])
+
+
+def csv_keys(points: list, value_fields: list) -> list:
+    """Raw CSV's point keys in their one order (READ-4.6), in this test's words: the value
+    fields the meaning names, in its order, then the times HAE writes (date, start, end,
+    startDate, endDate), then source, then every other key by name; each only if a point
+    of the range has it."""
+    seen = {key for point in points for key in point}
+    first = [key for key in list(value_fields) + ["date", "start", "end", "startDate",
+                                                  "endDate", "source"] if key in seen]
+    return first + sorted(seen - set(first))
 
 
 def sleep_points_dates(items: list) -> dict:
@@ -607,12 +618,12 @@ def test_read_4_1_raw_csv_in_another_zone_and_a_key_named_like_a_column(start_se
              [0]["parse_status"] == "parsed", what="the delivery is folded")
     rows = read_csv(get(service.address, "/api/points", metric="step_count", format="csv",
                         tz="Europe/Berlin"))
-    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date", "date",
-                       "qty", "units_", "local_date_"]
+    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date", "qty",
+                       "date", "local_date_", "units_"]
     for row, point in zip(rows[1:], points):
         berlin = written(point["date"]).astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
         assert row[3:5] == [iso_local(berlin), "2024-03-09"]  # 08:0x in Berlin next day
-        assert row[7:] == ["odd", point["local_date"]]
+        assert row[7:] == [point["local_date"], "odd"]
 
 
 @pytest.mark.parametrize("query", [dict(metric="heart_rate", bucket="day", tz="-07:00"),
@@ -724,7 +735,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
 
     header = raw[0]
     assert header[:5] == ["utc_start", "utc_end", "units", "local_start", "local_date"]
-    assert [neutral(f) for f in FORMULAS] == [k for k in header if k.startswith("'")]
+    assert [neutral(f) for f in sorted(FORMULAS)] == [k for k in header if k.startswith("'")]
     for row, point in zip(raw[1:], points):
         cells = dict(zip(header, row))
         assert cells["units"] == neutral(units)
