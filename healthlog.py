@@ -1286,6 +1286,21 @@ def parse_received_at(text: str) -> _dt.datetime:
     return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
 
 
+def journal_time(instant: Any) -> Optional[str]:
+    """A time of the journal (``received_at``, ``folded_at``, an automation's last
+    delivery), given as µs or as stored text, in the one form :func:`format_received_at`
+    writes, six digits of microseconds and all (``…35.413920Z``, never ``…35.41392Z``),
+    wherever it is shown: times compared as text have exactly one format.  None stays None;
+    text no time can be read from is given as it is."""
+    if instant is None:
+        return None
+    micros = instant if type(instant) is int else parse_time(instant)
+    if micros is None:
+        return instant
+    return format_received_at(_dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+                              + _dt.timedelta(microseconds=micros))
+
+
 # ==============================================================================
 # Canonical form and merge rule: same value, emptiness, dominance (storage spec).
 # ==============================================================================
@@ -7728,8 +7743,7 @@ def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> d
         item["status"] = item.pop("parse_status")
         item["uncovered_keys"] = json.loads(item["uncovered_keys"] or "[]")
         for name in ("received_at", "folded_at"):
-            if item[name]:
-                item[name] = format_instant(parse_time(item[name]))
+            item[name] = journal_time(item[name])
         items.append(item)
     return {"deliveries": items,
             "next_before": items[-1]["id"] if len(rows) > limit else None}
@@ -8028,7 +8042,7 @@ class AutomationState:
     threshold_s: float
     state: str  # new | on_time | late
     carries: tuple  # (metric, layer) of the metrics it carries
-    offset: int = 0  # the phone's, as the newest point it carries was written: its dates
+    offset: int = 0  # the phone's clock for it (:func:`judge_freshness`): its dates, times
 
     @property
     def label(self) -> str:
@@ -8067,7 +8081,7 @@ class Freshness:
     def as_json(self) -> dict:
         """``GET /api/freshness``."""
         return {"automations": [
-            {"id": a.key, "name": a.name, "last_delivery": format_instant(a.last_us),
+            {"id": a.key, "name": a.name, "last_delivery": journal_time(a.last_us),
              "usual_interval_s": None if a.usual_s is None else round(a.usual_s, 3),
              "state": a.state} for a in self.automations],
             "metrics": [
@@ -8082,15 +8096,31 @@ class Freshness:
         return None
 
 
+def phone_offset(metrics: Sequence) -> int:
+    """The phone's clock now, as far as the store knows it: the offset the newest point of
+    any metric was written in (``metrics``: :class:`MetricFacts` or :class:`MetricState`);
+    0 (UTC) while nothing is stored.  What ``tz=local`` means by today."""
+    newest = max(((m.newest_us, m.newest_offset) for m in metrics), default=(0, 0))
+    return newest[1]
+
+
 def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
                     late_after_s: float, pending: Optional[Mapping] = None) -> Freshness:
     """States at ``now_s``: an automation is ``late`` when silent longer than
     max(:data:`LATE_FACTOR` × its usual interval, ``late_after_s``); a metric ``stale`` when
     its newest point is older than max(:data:`LATE_FACTOR` × its usual spacing,
     ``late_after_s``) while an automation that carries it has delivered since that
-    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`)."""
+    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`).
+
+    One clock, the phone's, for every word said of an automation (its dates to export,
+    the time of its last delivery): the offset the newest point it carries was written in;
+    an automation that carries nothing (its runs write nothing new, a "Previous 7 Days"
+    safety net re-sending what another wrote) has the phone's clock now
+    (:func:`phone_offset`).  A delivery's body is not read for it: only what the fold
+    stored says which points an automation wrote."""
     carried: dict = {}
     offsets: dict = {}  # automation -> (newest point it carries, its offset)
+    phone = phone_offset(facts)
     for fact in facts:
         for key in fact.carriers:
             carried.setdefault(key, []).append((fact.metric, fact.layer))
@@ -8107,7 +8137,7 @@ def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
         automations[key] = AutomationState(key, sender.name, sender.deliveries,
                                            sender.first_us, sender.last_us, usual, threshold,
                                            state, tuple(carried.get(key, ())),
-                                           offsets.get(key, (0, 0))[1])
+                                           offsets.get(key, (0, phone))[1])
     metrics = []
     for fact in facts:
         threshold = late_after_s if fact.spacing_s is None else max(
@@ -8238,7 +8268,7 @@ class Notice:
     title: str
     text: str
     action: str
-    since: str  # the last delivery (UTC) or the newest point (local as written)
+    since: str  # the last delivery or the newest point, local on the phone's clock
 
     def as_json(self) -> dict:
         return {"kind": self.kind, "subject": self.subject, "state": self.state,
@@ -8251,14 +8281,16 @@ def _today(instant_s: float, offset_s: int) -> int:
 
 
 def automation_notice(item: AutomationState, now_s: float) -> Notice:
-    since = format_instant(item.last_us)
+    """What a person is told of an automation, on the phone's clock (its ``offset``), as
+    of a metric: the time of its last delivery and the dates to export."""
+    since = local_iso(item.last_us, item.offset)
     if item.state == "late":
         usual = "" if item.usual_s is None else "; it usually sends every %s" % _span_text(
             item.usual_s)
         return Notice(
             "automation", item.key, "late", "healthlog: %s is late" % item.label,
             "%s has sent nothing since %s%s (late after %s)." % (
-                capitalise_first(item.label), _moment(item.last_us), usual,
+                capitalise_first(item.label), _moment(item.last_us, item.offset), usual,
                 _span_text(item.threshold_s)),
             "Unlock the phone and open Health Auto Export: check that the automation %s is"
             " on, and that Low Power Mode and a lack of Background App Refresh do not stop"
@@ -8267,7 +8299,7 @@ def automation_notice(item: AutomationState, now_s: float) -> Notice:
             since)
     return Notice("automation", item.key, item.state, "healthlog: %s is back" % item.label,
                   "%s delivered again at %s." % (capitalise_first(item.label),
-                                                 _moment(item.last_us)), "", since)
+                                                 _moment(item.last_us, item.offset)), "", since)
 
 
 def metric_notice(item: MetricState, now_s: float) -> Notice:
@@ -8316,9 +8348,8 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     end = None if last is None else last + 1  # a date-only ``to`` includes its day (READ-8.5)
     now_us = int(fresh.now_s * US)
     offset = zone.offset_at(now_us)
-    if offset is None:  # tz=local: today as the phone's latest point lived it
-        newest = max(fresh.metrics, key=lambda m: m.newest_us, default=None)
-        offset = newest.newest_offset if newest is not None else 0
+    if offset is None:  # tz=local: today on the phone's clock (as the notices say it)
+        offset = phone_offset(fresh.metrics)
     today = local_ordinal(now_us, offset)
     if first is None and end is None:
         first, end = today - COVERAGE_DAYS + 1, today + 1
@@ -10214,7 +10245,7 @@ class Notifier:
                 log_event(logging.WARNING if item.state == "late" else logging.INFO,
                           "an automation is late" if item.state == "late"
                           else "an automation delivers again", automation=item.key,
-                          last_delivery=format_instant(item.last_us))
+                          last_delivery=journal_time(item.last_us))
             else:
                 notice = metric_notice(item, fresh.now_s)
                 log_event(logging.WARNING if item.state == "stale" else logging.INFO,
@@ -11836,7 +11867,7 @@ def collect_status(config: Config) -> dict:
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
         problems = _recent_problems(conn)
         failed = failed_by_error(conn)
-        retrying = [{"id": row_id, "received_at": received, "attempts": attempts,
+        retrying = [{"id": row_id, "received_at": journal_time(received), "attempts": attempts,
                      "fault": (error or "").partition(":")[2] or None}
                     for row_id, received, attempts, error in conn.execute(
             "SELECT id, received_at, attempts, error FROM delivery WHERE parse_status ="
@@ -11861,9 +11892,9 @@ def collect_status(config: Config) -> dict:
         "folded": fold_line(counts, age),
         "deliveries": counts,
         "backlog": counts["pending"],
-        "oldest_pending": oldest,
+        "oldest_pending": journal_time(oldest),
         "oldest_pending_age_s": oldest_age,
-        "last_delivery": last,
+        "last_delivery": journal_time(last),
         "objects": objects,
         "points": points,
         "archive_files": archive_files,
@@ -11911,7 +11942,7 @@ def _recent_problems(conn: sqlite3.Connection) -> list:
         " parse_status, error, uncovered_keys FROM delivery"
         " WHERE parse_status IN ('failed', 'partial')"
         " ORDER BY received_at DESC, id DESC LIMIT ?", (STATUS_PROBLEMS_MAX,)).fetchall()
-    return [{"id": row_id, "received_at": received, "automation": automation,
+    return [{"id": row_id, "received_at": journal_time(received), "automation": automation,
              "status": status, "error": error, "uncovered_keys": json.loads(keys or "[]")}
             for row_id, received, automation, status, error, keys in rows]
 

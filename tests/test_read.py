@@ -787,9 +787,12 @@ def test_read_5_1_deliveries_are_the_journal_newest_first(store):
     assert reply["next_before"] is None
     assert [d["automation_name"] for d in reply["deliveries"]] == [
         name for name, _, _ in reversed(store.corpus.deliveries)]
-    # times are spelled as every reply spells them: format_instant (no trailing zeros)
-    spelled = [d[k] for d in reply["deliveries"] for k in ("received_at", "folded_at") if d[k]]
-    assert [t for t in spelled if t != iso(instant_us(t))] == []
+    # times are spelled as the journal stores and compares them (READ-5.6): six digits of
+    # microseconds, trailing zeros kept
+    spelled = [(d[k], row[k]) for d, row in zip(reply["deliveries"], rows)
+               for k in ("received_at", "folded_at") if d[k]]
+    assert [(t, kept) for t, kept in spelled if t != kept or not re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", t)] == []
 
 
 def test_read_5_2_limit_and_before_page_through_the_journal(store):
