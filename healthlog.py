@@ -8505,14 +8505,19 @@ CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT N
                      "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_date TEXT NOT NULL,
                      units TEXT, qty REAL, value TEXT, min REAL, avg REAL, max REAL,
                      source TEXT, extra TEXT);
-CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
-                      first TEXT, last TEXT);
+CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, name TEXT NOT NULL,
+                      kind TEXT NOT NULL, "group" TEXT NOT NULL, units TEXT, points INTEGER,
+                      first TEXT, last TEXT, first_local TEXT, last_local TEXT);
 CREATE TABLE nights (date TEXT NOT NULL, kind TEXT NOT NULL, sleep_start TEXT,
                      sleep_end TEXT NOT NULL, start TEXT, "end" TEXT NOT NULL, asleep REAL,
                      in_bed REAL, deep REAL, core REAL, rem REAL, unspecified REAL,
                      awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL);
 """
-"""``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
+"""``metrics``: one row per metric and layer, as ``/api/catalog`` and ``healthlog
+catalog`` give it: the meaning's display ``name``, ``kind`` and ``group``, the units, the
+number of points, the ``first`` and ``last`` start in UTC and, as the catalog table prints
+them, in the local time each was written in (``first_local``, ``last_local``).
+``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
 ``night`` (a date's longest sleep) or ``nap``; ``date`` the local date it ended;
 ``sleep_start``/``sleep_end`` local, ``start``/``end`` UTC; hours asleep, in bed and per
 stage (``unspecified``: HAE's stage-less "asleep"); ``overlapping`` 1 where its sources
@@ -8541,15 +8546,19 @@ def _night_rows(nights: list) -> Iterator[tuple]:
 
 def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict,
                 day: Optional[int] = None) -> tuple:
+    """One row of ``points``.  ``extra`` holds the fields no column holds: not the
+    timestamps the point was placed by (:func:`point_span`: its start and end key), which
+    ``start``, ``end`` and ``local_start`` give, so no row repeats its date as text."""
     lowered = {}
     extra = {}
+    placed = _placing_keys(point)
     for key, value in point.items():
         name = key.lower()
         if name in EXPORT_COLUMNS and name not in lowered and (
                 type(value) in (int, float) if name in ("qty", "min", "avg", "max")
                 else type(value) is str):
             lowered[name] = value
-        else:
+        elif key not in placed:
             extra[key] = value
     offset = text_offset(raw_start(point), coord[0])
     return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
@@ -8558,6 +8567,16 @@ def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, poi
                                   else day).isoformat(), units)
             + tuple(lowered.get(name) for name in EXPORT_COLUMNS)
             + (json.dumps(extra, ensure_ascii=False) if extra else None,))
+
+
+def _placing_keys(point: dict) -> tuple:
+    """The keys :func:`point_span` read a point's start and end from (as :func:`raw_start`
+    and its end: the first of them that is not null)."""
+    get = point.get
+    start = ("start" if get("start") is not None else "startDate"
+             if get("startDate") is not None else "date")
+    end = "end" if get("end") is not None else "endDate"
+    return (start, end) if get(end) is not None else (start,)
 
 
 def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
@@ -8586,9 +8605,12 @@ def export_sqlite(conn: sqlite3.Connection, out: Path) -> int:
             target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             written += target.total_changes - before
         for item in catalog(conn):
-            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                           (item["metric"], item["layer"], ",".join(item["units"]) or None,
-                            item["points"], item["first"], item["last"]))
+            meaning = item["meaning"]
+            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (item["metric"], item["layer"], meaning["name"], meaning["kind"],
+                            meaning["group"], ",".join(item["units"]) or None,
+                            item["points"], item["first"], item["last"])
+                           + catalog_local(conn, item))
         target.execute("COMMIT")
         target.executescript(_EXPORT_INDEXES)
     finally:

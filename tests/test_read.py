@@ -1391,7 +1391,8 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             "PRAGMA table_info(points)")]
         assert columns == POINTS_COLUMNS
         assert [r["name"] for r in conn.execute("PRAGMA table_info(metrics)")] == [
-            "metric", "layer", "units", "points", "first", "last"]
+            "metric", "layer", "name", "kind", "group", "units", "points", "first", "last",
+            "first_local", "last_local"]
         indexed = [[c["name"] for c in conn.execute("PRAGMA index_info(%s)" % i["name"])]
                    for i in conn.execute("PRAGMA index_list(points)")]
         assert ["metric", "layer", "start"] in indexed and ["start"] in indexed
@@ -1409,6 +1410,16 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             row = metrics[(entry["metric"], entry["layer"])]
             assert row["points"] == entry["points"]
             assert (row["first"], row["last"]) == (entry["first"], entry["last"])
+            assert (row["name"], row["kind"], row["group"]) == (
+                entry["meaning"]["name"], entry["meaning"]["kind"], entry["meaning"]["group"])
+            # first and last as the phone wrote them (as `healthlog catalog` prints them)
+            starts = sorted((coordinate(p)[0], n) for n, (p, _) in enumerate(
+                store.corpus.points(entry["metric"], entry["layer"])))
+            posted = store.corpus.points(entry["metric"], entry["layer"])
+            assert iso(starts[0][0]) == entry["first"]
+            assert (row["first_local"], row["last_local"]) == tuple(
+                iso_local(written(raw_start(posted[n][0]))) for n in (
+                    starts[0][1], max(n for at, n in starts if at == starts[-1][0])))
             assert all(u in (row["units"] or "") for u in entry["units"])
         for metric, layer in (("step_count", "minutes"), ("heart_rate", "minutes"),
                               ("sleep_analysis", "record"), ("workouts", "record")):
@@ -1452,6 +1463,11 @@ def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
     rest = {k: v for k, v in point.items() if k not in COLUMN_KEYS | TIME_KEYS}
     extra = json.loads(row["extra"]) if row["extra"] is not None else {}
     assert {k: v for k, v in extra.items() if k not in TIME_KEYS} == rest, (dict(row), point)
+    # the timestamps the point was placed by are the start, end and local_start columns,
+    # never repeated in extra (READ-8.3): its start key and its end key, the first not null
+    placed = [next((k for k in keys if point.get(k) is not None), None)
+              for keys in (("start", "startDate", "date"), ("end", "endDate"))]
+    assert not set(placed) & set(extra), (placed, extra)
 
 
 def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
