@@ -9341,13 +9341,18 @@ class App:
     # -- routes: reading ------------------------------------------------------
 
     def catalog(self, environ: dict) -> tuple:
-        """GET /api/catalog: what the store holds per metric and layer."""
+        """GET /api/catalog: what the store holds per metric and layer; ``kind`` keeps
+        the kinds named, ``field`` the metrics whose main value field it is."""
         self.authenticate(environ, cookie=True)
         items = catalog(self.pool.get())
-        kinds = _query_args(environ).get("kind")
+        args = _query_args(environ)
+        kinds = args.get("kind")
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
+        main = args.get("field")
+        if main:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
+            items = [item for item in items if item["meaning"]["fields"][:1] == [main]]
         return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
