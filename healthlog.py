@@ -12162,8 +12162,55 @@ def _offset_values(argv: Sequence[str]) -> list:
     return out
 
 
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+"""The exit code of a command whose reader closed standard output (``| head``): what a
+shell reports for a Unix tool that SIGPIPE ended."""
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output's reader has gone: what is still buffered, and Python's own flush at
+    exit, go nowhere instead of raising (or printing "Exception ignored")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class _Report:
+    """Standard output for a command that does work (reindex, verify, import, refold): a
+    closed pipe drops the rest of its report and never stops the work; the command ends
+    with its own exit code."""
+
+    def write(self, text: str) -> None:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+
+    def flush(self) -> None:
+        self.write("")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point: ``healthlog COMMAND [options]``; returns the exit code."""
+    """Entry point: ``healthlog COMMAND [options]``; returns the exit code.  A reader that
+    closes standard output before the end (``export … | head -1``, ``catalog | head``) ends
+    a command that only prints (export, catalog, status, ``--help``, ``--version``) quietly,
+    as Unix tools end: no message, exit :data:`CLOSED_PIPE_EXIT`; a command that does work
+    finishes it (:class:`_Report`)."""
+    try:
+        try:
+            code = _run_command(argv)
+        except SystemExit as stop:  # argparse's --help, --version and usage errors
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return CLOSED_PIPE_EXIT
+
+
+def _run_command(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(_offset_values(sys.argv[1:] if argv is None else argv))
     if not args.command:
         build_parser().print_help(sys.stderr)
@@ -12178,13 +12225,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps(status, indent=1) if args.json else format_status(status))
             return 0
         if args.command == "reindex":
-            return run_reindex(config, force=args.force, jobs=args.jobs or usable_cores())
+            return run_reindex(config, _Report(), force=args.force,
+                               jobs=args.jobs or usable_cores())
         if args.command == "verify":
-            return run_verify(config, jobs=args.jobs or usable_cores())
+            return run_verify(config, _Report(), jobs=args.jobs or usable_cores())
         if args.command == "import":
-            return run_import(config, args.files, args.aggregation, args.name)
+            return run_import(config, args.files, args.aggregation, args.name, _Report())
         if args.command == "refold":
-            return run_refold(config, args.ids, args.failed)
+            return run_refold(config, args.ids, args.failed, _Report())
         if args.command == "catalog":
             return run_catalog(config, args.json)
         if args.command == "export":
@@ -12195,6 +12243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HealthlogError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 1
+    except BrokenPipeError:
+        raise  # the reader has gone: no error of ours (see main)
     except (OSError, sqlite3.Error) as exc:  # the environment: one line, no traceback
         detail = getattr(exc, "strerror", None) or str(exc)
         where = getattr(exc, "filename", None)
