@@ -122,6 +122,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 import urllib.parse
 import zlib
 import zoneinfo
@@ -1403,6 +1404,21 @@ def format_received_at(moment: _dt.datetime) -> str:
 
 def parse_received_at(text: str) -> _dt.datetime:
     return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc)
+
+
+def journal_time(instant: Any) -> Optional[str]:
+    """A time of the journal (``received_at``, ``folded_at``, an automation's last
+    delivery), given as µs or as stored text, in the one form :func:`format_received_at`
+    writes, six digits of microseconds and all (``…35.413920Z``, never ``…35.41392Z``),
+    wherever it is shown: times compared as text have exactly one format.  None stays None;
+    text no time can be read from is given as it is."""
+    if instant is None:
+        return None
+    micros = instant if type(instant) is int else parse_time(instant)
+    if micros is None:
+        return instant
+    return format_received_at(_dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+                              + _dt.timedelta(microseconds=micros))
 
 
 # ==============================================================================
@@ -6369,8 +6385,9 @@ def _query_time(name: str, text: Optional[str]) -> Optional[int]:
         value = float(text) if "." in text else int(text)
     instant = parse_time(value)
     if instant is None:
-        raise BadRequest("%s is not a time healthlog can read (ISO-8601, YYYY-MM-DD or epoch"
-                         " seconds or milliseconds)" % name)
+        raise BadRequest("%s is not a time healthlog can read: a time (ISO-8601, epoch seconds"
+                         " or milliseconds) from 1900 to 2199, or a day YYYY-MM-DD %s"
+                         % (name, READ_DAYS))
     return instant
 
 
@@ -6406,6 +6423,37 @@ def parse_zone(text: Optional[str]) -> Zone:
 
 
 _DATE_ONLY_QUERY = re.compile(r"\s*([0-9]{4})-([0-9]{2})-([0-9]{2})\s*")
+READ_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
+READ_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
+READ_DAYS = "from 1900-01-01 to 9998-12-31"
+"""The days a read accepts, on every route and command (READ-2.9): a day's midnight in
+any zone (±14 h), the day after a date-only ``to``, a week's Monday and the trends a
+summary looks back over stay inside the calendar ``datetime`` can write (years 1 to
+9999), so no read meets an overflow after its answer has begun; no health record is older
+than 1900.  Checked once, where a query's dates are parsed (:func:`read_day`)."""
+
+
+def read_day(name: str, text: Optional[str]) -> Optional[int]:
+    """The proleptic ordinal of a date-only parameter (``YYYY-MM-DD``); None when absent or
+    empty; a :class:`BadRequest` naming :data:`READ_DAYS` when it is not such a day or
+    lies outside them."""
+    if text is None or text == "":
+        return None
+    match = _DATE_ONLY_QUERY.fullmatch(text)
+    try:
+        day = _dt.date(*map(int, match.groups())).toordinal() if match else None
+    except ValueError:
+        day = None
+    if day is None or not READ_FIRST_DAY <= day <= READ_LAST_DAY:
+        raise BadRequest("%s must be a day YYYY-MM-DD %s" % (name, READ_DAYS))
+    return day
+
+
+def read_day_text(ordinal: int) -> str:
+    """A day of a range the server builds itself (a card's link, a week's records, a
+    view's bounds) as text :func:`read_day` takes: held inside :data:`READ_DAYS`, which
+    loses nothing, since no stored instant is older than 1900 (:func:`parse_time`)."""
+    return _dt.date.fromordinal(min(max(ordinal, READ_FIRST_DAY), READ_LAST_DAY)).isoformat()
 
 
 def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tuple:
@@ -6415,16 +6463,10 @@ def _query_bound(name: str, text: Optional[str], zone: Zone, is_end: bool) -> tu
     ``tz=local`` it is that date as written in each point, and the instant only narrows
     the objects read (:data:`MAX_OFFSET_S` around UTC midnight).  An instant ``to`` is
     exclusive."""
-    match = _DATE_ONLY_QUERY.fullmatch(text or "")
-    if not match:
+    if not _DATE_ONLY_QUERY.fullmatch(text or ""):
         return _query_time(name, text), None
-    try:
-        ordinal = _dt.date(*map(int, match.groups())).toordinal()
-    except ValueError:
-        raise BadRequest("%s is not a date" % name) from None
+    ordinal = read_day(name, text)
     if is_end:
-        if ordinal == _dt.date.max.toordinal():
-            return None, None  # to the end of the calendar: no end at all
         ordinal += 1  # the day after: ``to`` includes its own day
     if zone is LOCAL_ZONE:
         midnight = (ordinal - _EPOCH_ORDINAL) * 86400
@@ -6641,29 +6683,63 @@ def _in_range(point: Any, query: PointQuery) -> bool:
                            point)
 
 
-_FORMULA_CHARACTERS = "=+-@|\uff1d\uff0b\uff0d\uff20\uff5c"
-"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with
-the pipe of DDE and the full-width forms some spreadsheets take for them."""
-_FORMULA = re.compile(r"[\t\r\n]|\s*[%s]" % re.escape(_FORMULA_CHARACTERS))
-"""A cell a spreadsheet could run: one that starts with a tab or a line break, or whose
-first character after any whitespace starts a formula."""
-_FORMULA_FIRST = frozenset(_FORMULA_CHARACTERS)
+_FORMULA_STARTS = "=+-@|\u2212"
+"""What a spreadsheet may read as the start of a formula (OWASP, CSV injection), with the
+pipe of DDE and the minus sign; each in any of its compatibility forms (NFKC: the
+full-width ``＝``, the small ``﹦``, the superscript ``⁼`` …), which some spreadsheets take
+for the character itself."""
+_INVISIBLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
+              (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
+              (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+              (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+              (0xE0000, 0xE0FFF))
+"""Unicode's default-ignorable code points (zero-width spaces and joiners, the byte order
+mark, bidirectional marks, variation selectors, the Hangul fillers, tags): a program shows
+nothing for them, so a cell that begins with them begins, to the eye and to a spreadsheet
+that skips them, with what follows.  Every other format character (Unicode category
+``Cf``) counts as invisible too."""
+
+
+def _invisible(char: str) -> bool:
+    """Does a cell's reader see nothing of this character: white space, a format character,
+    a default-ignorable one (:data:`_INVISIBLE`)?"""
+    if char.isspace() or unicodedata.category(char) == "Cf":
+        return True
+    code = ord(char)
+    return any(low <= code <= high for low, high in _INVISIBLE)
+
+
+def starts_formula(cell: str) -> bool:
+    """Could a spreadsheet run this text cell?  It starts with a tab or a line break, or
+    its first character after any white space and invisible characters (:func:`_invisible`)
+    is one of :data:`_FORMULA_STARTS` in any compatibility form (NFKC)."""
+    if cell[:1] in ("\t", "\r", "\n"):
+        return True
+    for char in cell:
+        if not _invisible(char):
+            return unicodedata.normalize("NFKC", char)[:1] in _FORMULA_STARTS
+    return False
+
+
+_PLAIN_FIRST = frozenset(map(chr, range(0x21, 0x7F))).difference(_FORMULA_STARTS)
+"""First characters that settle it at once: printable ASCII but the formula characters
+(letters, digits, ``{``, ``[``, quotes …) begin no formula, and are not invisible."""
 
 
 def _csv_lines(rows: Iterator[list]) -> Iterator[bytes]:
     """CSV rows, written in pieces of about :data:`STREAM_CHUNK` bytes.  A text cell that
-    starts like a formula (:data:`_FORMULA`) gets a leading ``'`` (OWASP's advice against
-    CSV injection), so
-    it is data, never a formula, in a spreadsheet; numbers pass as numbers, so ``-5`` stays
-    ``-5``: only names, units and text values that arrived as strings can carry a formula
-    (any app that writes to HealthKit chooses its source name)."""
+    starts like a formula (:func:`starts_formula`) gets a leading ``'`` (OWASP's advice
+    against CSV injection), so it is data, never a formula, in a spreadsheet; numbers pass
+    as numbers, so ``-5`` stays ``-5``: only names, units and text values that arrived as
+    strings can carry a formula (any app that writes to HealthKit chooses its source
+    name).  A cell whose first character is printable ASCII other than those is passed at
+    once (:data:`_PLAIN_FIRST`): the dates, numbers and names of almost every row."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    first, formula = _FORMULA_FIRST, _FORMULA.match
+    formula, plain = starts_formula, _PLAIN_FIRST
     for row in rows:  # one comprehension: this loop sees every cell
-        writer.writerow(["'" + cell if type(cell) is str and cell and (
-            cell[0] in first or cell[0].isspace()) and formula(cell) else cell
-            for cell in row])
+        writer.writerow(["'" + cell if type(cell) is str and cell and cell[0] not in plain
+                         and formula(cell) else cell for cell in row])
         if out.tell() >= STREAM_CHUNK:
             yield out.getvalue().encode()
             out.seek(0)
@@ -6683,14 +6759,25 @@ def _csv_cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def csv_field_order(metric: str, seen: Iterator[str]) -> list:
+    """The fields of raw and bucket CSV in their one order (READ-4.6), whatever the range
+    and however each point spelled its keys, so that exports of two ranges append: the
+    meaning table's value fields in its order (:class:`Meaning`), then the times
+    (:data:`RAW_CSV_TIMES`), then ``source``, then the rest by name.  ``seen``: the keys
+    present in the range; only those get a column."""
+    present = set(seen)
+    lead = [name for name in meaning_of(metric).fields + RAW_CSV_TIMES + ("source",)
+            if name in present]
+    return list(dict.fromkeys(lead)) + sorted(present.difference(lead))
+
+
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
-    fields: dict = {}  # every key seen, first-seen order (a first pass over the range)
+    fields: set = set()  # every key seen (a first pass over the range)
     for _, raw, whole in _objects(conn, query):
         for point in loads_body(raw):
             if type(point) is dict and (whole or _in_range(point, query)):
-                for key in point:
-                    fields.setdefault(key, None)
-    names = list(fields)
+                fields.update(point)
+    names = csv_field_order(query.metric, iter(fields))
     zone = query.zone
     sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
 
@@ -6710,6 +6797,8 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     yield from _csv_lines(rows())
 
 
+RAW_CSV_TIMES = ("date", "start", "end", "startDate", "endDate")
+"""The keys HAE writes a point's times in, in the order raw CSV gives them columns."""
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
 """The columns raw CSV puts before the point's own keys (a key of the same name gets a
 trailing ``_``): the coordinate in UTC, the run's units, and the start in local time
@@ -6943,11 +7032,11 @@ def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
 
 
 def _bucket_csv(runs: list, query: PointQuery) -> Iterator[bytes]:
-    fields: dict = {}
+    seen: set = set()
     for run in runs:
         for bucket in run.buckets.values():
-            for name in bucket.fields:
-                fields.setdefault(name, None)
+            seen.update(bucket.fields)
+    fields = csv_field_order(query.metric, iter(seen))
     columns = ["start", "local", "date", "units", "count"] + [
         "%s_%s" % (name, stat) for name in fields
         for stat in ("count", "min", "max", "avg", "sum")]
@@ -8754,18 +8843,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         name) if name in LAYER_ORDER else 0))
     plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
     if view == "custom":
-        bounds = [_DATE_ONLY_QUERY.fullmatch(args.get(name) or "") for name in ("from", "to")]
-        try:
-            day_from, last = (_dt.date(*map(int, match.groups())).toordinal()
-                              if match else None for match in bounds)
-        except ValueError:
-            day_from = last = None
-        if day_from is None or last is None or not (
-                SUMMARY_FIRST_DAY <= day_from <= last <= SUMMARY_LAST_DAY):
+        day_from, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
+        if day_from is None or last is None or day_from > last:
             raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
-                             " before to, both from %s to %s"
-                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+                             " before to, both %s" % READ_DAYS)
         day_to = last + 1
         days = day_to - day_from
     elif view == "all":
@@ -8798,8 +8879,8 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     def dates(first: Optional[int], end: Optional[int]) -> tuple:
         """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
         last day, included."""
-        return (None if first is None else _dt.date.fromordinal(first).isoformat(),
-                None if end is None else _dt.date.fromordinal(end - 1).isoformat())
+        return (None if first is None else read_day_text(first),
+                None if end is None else read_day_text(end - 1))
 
     layer = read_layer(*dates(day_from, day_to))
     bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
@@ -8990,8 +9071,7 @@ def _spark(values: dict, day: int) -> list:
 
 def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
     """A card's range as a query takes it: ``from`` and ``to`` both included."""
-    return {"metric": metric, "from": _dt.date.fromordinal(day - days + 1).isoformat(),
-            "to": _dt.date.fromordinal(day).isoformat()}
+    return {"metric": metric, "from": read_day_text(day - days + 1), "to": read_day_text(day)}
 
 
 def _written(metric: str, units: Optional[str]) -> dict:
@@ -9181,8 +9261,8 @@ def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> lis
     if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
                     (metric,)).fetchone() is None:
         return []
-    bounds = {"tz": zone.name, "from": _dt.date.fromordinal(day - WEEK_DAYS + 1).isoformat(),
-              "to": _dt.date.fromordinal(day).isoformat()}
+    bounds = {"tz": zone.name, "from": read_day_text(day - WEEK_DAYS + 1),
+              "to": read_day_text(day)}
     if metric == WORKOUT_METRIC:  # with ids, and a workout recorded twice marked
         return list_workouts(conn, bounds, limit=100)["workouts"]
     return records(conn, dict(bounds, metric=metric, limit="100"))["items"]
@@ -9206,13 +9286,6 @@ def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     return local_ordinal(*newest)
 
 
-SUMMARY_FIRST_DAY = _dt.date(1900, 1, 1).toordinal()
-SUMMARY_LAST_DAY = _dt.date(9998, 12, 31).toordinal()
-"""The days a summary can be asked for: its trends look back a year and more and its
-offsets reach a day beyond, which the calendar's ends (years 1 and 9999) cannot hold;
-no health record is older than 1900."""
-
-
 def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             fresh: Optional[Freshness] = None) -> dict:
     """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
@@ -9222,18 +9295,8 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     groups in their order with their titles, metrics and ``render``, so that the page draws
     what it is sent."""
     zone = parse_zone(args.get("tz"))
-    text = args.get("date")
-    if text:
-        match = _DATE_ONLY_QUERY.fullmatch(text)
-        try:
-            day = _dt.date(*map(int, match.groups())).toordinal() if match else None
-        except ValueError:
-            day = None
-        if day is None or not SUMMARY_FIRST_DAY <= day <= SUMMARY_LAST_DAY:
-            raise BadRequest("date must be a day YYYY-MM-DD from %s to %s"
-                             % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                                _dt.date.fromordinal(SUMMARY_LAST_DAY)))
-    else:
+    day = read_day("date", args.get("date"))
+    if day is None:
         day = _newest_day(conn, zone)
     cards: dict = {}
     order = []
@@ -9307,8 +9370,7 @@ def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> d
                               " mounted, memory): `healthlog refold %d` folds it again"
                               % item["id"])
         for name in ("received_at", "folded_at"):
-            if item[name]:
-                item[name] = format_instant(parse_time(item[name]))
+            item[name] = journal_time(item[name])
         items.append(item)
     return {"deliveries": items,
             "next_before": items[-1]["id"] if len(rows) > limit else None}
@@ -9607,7 +9669,7 @@ class AutomationState:
     threshold_s: float
     state: str  # new | on_time | late
     carries: tuple  # (metric, layer) of the metrics it carries
-    offset: int = 0  # the phone's, as the newest point it carries was written: its dates
+    offset: int = 0  # the phone's clock for it (:func:`judge_freshness`): its dates, times
 
     @property
     def label(self) -> str:
@@ -9646,7 +9708,7 @@ class Freshness:
     def as_json(self) -> dict:
         """``GET /api/freshness``."""
         return {"automations": [
-            {"id": a.key, "name": a.name, "last_delivery": format_instant(a.last_us),
+            {"id": a.key, "name": a.name, "last_delivery": journal_time(a.last_us),
              "usual_interval_s": None if a.usual_s is None else round(a.usual_s, 3),
              "state": a.state} for a in self.automations],
             "metrics": [
@@ -9661,15 +9723,31 @@ class Freshness:
         return None
 
 
+def phone_offset(metrics: Sequence) -> int:
+    """The phone's clock now, as far as the store knows it: the offset the newest point of
+    any metric was written in (``metrics``: :class:`MetricFacts` or :class:`MetricState`);
+    0 (UTC) while nothing is stored.  What ``tz=local`` means by today."""
+    newest = max(((m.newest_us, m.newest_offset) for m in metrics), default=(0, 0))
+    return newest[1]
+
+
 def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
                     late_after_s: float, pending: Optional[Mapping] = None) -> Freshness:
     """States at ``now_s``: an automation is ``late`` when silent longer than
     max(:data:`LATE_FACTOR` × its usual interval, ``late_after_s``); a metric ``stale`` when
     its newest point is older than max(:data:`LATE_FACTOR` × its usual spacing,
     ``late_after_s``) while an automation that carries it has delivered since that
-    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`)."""
+    deadline, in a delivery already folded (``pending``: :meth:`JournalFacts.pending`).
+
+    One clock, the phone's, for every word said of an automation (its dates to export,
+    the time of its last delivery): the offset the newest point it carries was written in;
+    an automation that carries nothing (its runs write nothing new, a "Previous 7 Days"
+    safety net re-sending what another wrote) has the phone's clock now
+    (:func:`phone_offset`).  A delivery's body is not read for it: only what the fold
+    stored says which points an automation wrote."""
     carried: dict = {}
     offsets: dict = {}  # automation -> (newest point it carries, its offset)
+    phone = phone_offset(facts)
     for fact in facts:
         for key in fact.carriers:
             carried.setdefault(key, []).append((fact.metric, fact.layer))
@@ -9686,7 +9764,7 @@ def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
         automations[key] = AutomationState(key, sender.name, sender.deliveries,
                                            sender.first_us, sender.last_us, usual, threshold,
                                            state, tuple(carried.get(key, ())),
-                                           offsets.get(key, (0, 0))[1])
+                                           offsets.get(key, (0, phone))[1])
     metrics = []
     for fact in facts:
         threshold = late_after_s if fact.spacing_s is None else max(
@@ -9817,7 +9895,7 @@ class Notice:
     title: str
     text: str
     action: str
-    since: str  # the last delivery (UTC) or the newest point (local as written)
+    since: str  # the last delivery or the newest point, local on the phone's clock
 
     def as_json(self) -> dict:
         return {"kind": self.kind, "subject": self.subject, "state": self.state,
@@ -9830,14 +9908,16 @@ def _today(instant_s: float, offset_s: int) -> int:
 
 
 def automation_notice(item: AutomationState, now_s: float) -> Notice:
-    since = format_instant(item.last_us)
+    """What a person is told of an automation, on the phone's clock (its ``offset``), as
+    of a metric: the time of its last delivery and the dates to export."""
+    since = local_iso(item.last_us, item.offset)
     if item.state == "late":
         usual = "" if item.usual_s is None else "; it usually sends every %s" % _span_text(
             item.usual_s)
         return Notice(
             "automation", item.key, "late", "healthlog: %s is late" % item.label,
             "%s has sent nothing since %s%s (late after %s)." % (
-                capitalise_first(item.label), _moment(item.last_us), usual,
+                capitalise_first(item.label), _moment(item.last_us, item.offset), usual,
                 _span_text(item.threshold_s)),
             "Unlock the phone and open Health Auto Export: check that the automation %s is"
             " on, and that Low Power Mode and a lack of Background App Refresh do not stop"
@@ -9846,7 +9926,7 @@ def automation_notice(item: AutomationState, now_s: float) -> Notice:
             since)
     return Notice("automation", item.key, item.state, "healthlog: %s is back" % item.label,
                   "%s delivered again at %s." % (capitalise_first(item.label),
-                                                 _moment(item.last_us)), "", since)
+                                                 _moment(item.last_us, item.offset)), "", since)
 
 
 def metric_notice(item: MetricState, now_s: float) -> Notice:
@@ -9882,16 +9962,6 @@ def attention(fresh: Freshness) -> list:
 
 # -- coverage: how much arrived, per local day ------------------------------------------
 
-def _coverage_day(name: str, text: Optional[str]) -> Optional[int]:
-    if text is None or text == "":
-        return None
-    match = _DATE_ONLY_QUERY.fullmatch(text)
-    try:
-        return _dt.date(*map(int, match.groups())).toordinal() if match else None
-    except ValueError:
-        return None
-
-
 def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
              fresh: Freshness) -> dict:
     """``GET /api/coverage?from=&to=&tz=`` (``to`` the last day, included): per local day and
@@ -9901,16 +9971,12 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     ``quiet`` (none, and none expected), ``before`` (its first point), ``today`` or
     ``future``; and for each run of missing or thin days, how to fill it."""
     zone = parse_zone(args.get("tz"))
-    first, last = _coverage_day("from", args.get("from")), _coverage_day("to", args.get("to"))
-    for name, value in (("from", first), ("to", last)):
-        if value is None and args.get(name):
-            raise BadRequest("%s must be a day YYYY-MM-DD" % name)
+    first, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
     end = None if last is None else last + 1  # a date-only ``to`` includes its day (READ-8.5)
     now_us = int(fresh.now_s * US)
     offset = zone.offset_at(now_us)
-    if offset is None:  # tz=local: today as the phone's latest point lived it
-        newest = max(fresh.metrics, key=lambda m: m.newest_us, default=None)
-        offset = newest.newest_offset if newest is not None else 0
+    if offset is None:  # tz=local: today on the phone's clock (as the notices say it)
+        offset = phone_offset(fresh.metrics)
     today = local_ordinal(now_us, offset)
     if first is None and end is None:
         first, end = today - COVERAGE_DAYS + 1, today + 1
@@ -9918,10 +9984,8 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
         first = end - COVERAGE_DAYS
     elif end is None:
         end = first + COVERAGE_DAYS
-    if not SUMMARY_FIRST_DAY <= first < end <= SUMMARY_LAST_DAY + 1:
-        raise BadRequest("from must be on or before to, both days from %s to %s"
-                         % (_dt.date.fromordinal(SUMMARY_FIRST_DAY),
-                            _dt.date.fromordinal(SUMMARY_LAST_DAY)))
+    if not READ_FIRST_DAY <= first < end <= READ_LAST_DAY + 1:
+        raise BadRequest("from must be on or before to, both days %s" % READ_DAYS)
     if end - first > COVERAGE_MAX_DAYS:
         raise BadRequest("coverage is read %d days at most at once" % COVERAGE_MAX_DAYS)
     low_us = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US
@@ -10072,15 +10136,20 @@ CREATE TABLE points (metric TEXT NOT NULL, layer TEXT NOT NULL, start TEXT NOT N
                      "end" TEXT NOT NULL, local_start TEXT NOT NULL, local_date TEXT NOT NULL,
                      units TEXT, qty REAL, value TEXT, min REAL, avg REAL, max REAL,
                      source TEXT, extra TEXT);
-CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, units TEXT, points INTEGER,
-                      first TEXT, last TEXT);
+CREATE TABLE metrics (metric TEXT NOT NULL, layer TEXT NOT NULL, name TEXT NOT NULL,
+                      kind TEXT NOT NULL, "group" TEXT NOT NULL, units TEXT, points INTEGER,
+                      first TEXT, last TEXT, first_local TEXT, last_local TEXT);
 CREATE TABLE nights (date TEXT NOT NULL, kind TEXT NOT NULL, sleep_start TEXT,
                      sleep_end TEXT NOT NULL, start TEXT, "end" TEXT NOT NULL, asleep REAL,
                      in_bed REAL, deep REAL, core REAL, rem REAL, unspecified REAL,
                      awake REAL, overlapping INTEGER NOT NULL, form TEXT NOT NULL,
                      counted TEXT, scaled INTEGER NOT NULL);
 """
-"""``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
+"""``metrics``: one row per metric and layer, as ``/api/catalog`` and ``healthlog
+catalog`` give it: the meaning's display ``name``, ``kind`` and ``group``, the units, the
+number of points, the ``first`` and ``last`` start in UTC and, as the catalog table prints
+them, in the local time each was written in (``first_local``, ``last_local``).
+``nights``: one row per sleep by the one sleep rule (:func:`sleep_nights`): ``kind`` is
 ``night`` (a date's longest sleep that is no nap) or ``nap`` (a date of naps only has nap
 rows alone); ``date`` the local date it ended; ``sleep_start``/``sleep_end`` local,
 ``start``/``end`` UTC (the start empty where the bedtime is not known); hours asleep, in
@@ -10117,15 +10186,19 @@ def _night_rows(days: list) -> Iterator[tuple]:
 
 def _export_row(metric: str, layer: str, units: Optional[str], coord: tuple, point: dict,
                 day: Optional[int] = None) -> tuple:
+    """One row of ``points``.  ``extra`` holds the fields no column holds: not the
+    timestamps the point was placed by (:func:`point_span`: its start and end key), which
+    ``start``, ``end`` and ``local_start`` give, so no row repeats its date as text."""
     lowered = {}
     extra = {}
+    placed = _placing_keys(point)
     for key, value in point.items():
         name = key.lower()
         if name in EXPORT_COLUMNS and name not in lowered and (
                 type(value) in (int, float) if name in ("qty", "min", "avg", "max")
                 else type(value) is str):
             lowered[name] = value
-        else:
+        elif key not in placed:
             extra[key] = value
     offset = text_offset(raw_start(point), coord[0])
     return ((metric, layer, format_instant(coord[0]), format_instant(coord[1]),
@@ -10286,6 +10359,16 @@ def gpx_file_name(item: dict) -> str:
     return "%s-%s%s-%s.gpx" % (local[:10], local[11:13], local[14:16], what[:40])
 
 
+def _placing_keys(point: dict) -> tuple:
+    """The keys :func:`point_span` read a point's start and end from (as :func:`raw_start`
+    and its end: the first of them that is not null)."""
+    get = point.get
+    start = ("start" if get("start") is not None else "startDate"
+             if get("startDate") is not None else "date")
+    end = "end" if get("end") is not None else "endDate"
+    return (start, end) if get(end) is not None else (start,)
+
+
 def export_sqlite(conn: sqlite3.Connection, out: Path, scratch: Optional[Path] = None) -> int:
     """Every stored point as one row of a flat ``points`` table in a new SQLite file, the
     shape Datasette and sqlite-utils open directly, every sleep as a row of ``nights`` (a
@@ -10315,9 +10398,12 @@ def export_sqlite(conn: sqlite3.Connection, out: Path, scratch: Optional[Path] =
             target.executemany("INSERT INTO points VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             written += target.total_changes - before
         for item in catalog(conn):
-            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                           (item["metric"], item["layer"], ",".join(item["units"]) or None,
-                            item["points"], item["first"], item["last"]))
+            meaning = item["meaning"]
+            target.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (item["metric"], item["layer"], meaning["name"], meaning["kind"],
+                            meaning["group"], ",".join(item["units"]) or None,
+                            item["points"], item["first"], item["last"])
+                           + catalog_local(conn, item))
         export_workouts(conn, target, scratch)
         target.execute("COMMIT")
         target.executescript(_EXPORT_INDEXES)
@@ -12168,13 +12254,18 @@ class App:
     # -- routes: reading ------------------------------------------------------
 
     def catalog(self, environ: dict) -> tuple:
-        """GET /api/catalog: what the store holds per metric and layer."""
+        """GET /api/catalog: what the store holds per metric and layer; ``kind`` keeps
+        the kinds named, ``field`` the metrics whose main value field it is."""
         self.authenticate(environ, cookie=True)
         items = catalog(self.pool.get())
-        kinds = _query_args(environ).get("kind")
+        args = _query_args(environ)
+        kinds = args.get("kind")
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
+        main = args.get("field")
+        if main:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
+            items = [item for item in items if item["meaning"]["fields"][:1] == [main]]
         return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
@@ -12186,7 +12277,7 @@ class App:
                 else "application/json")
         return ("200 OK", [("Content-Type", kind), ("Cache-Control", "no-store"),
                            ("X-Healthlog-Layer", ",".join(query.fill) or query.layer)],
-                _in_snapshot(conn, query, self.archive.tmp))
+                _Begun(_in_snapshot(conn, query, self.archive.tmp)))
 
     def deliveries(self, environ: dict) -> tuple:
         """GET /api/deliveries: the journal, newest first, never bodies or values."""
@@ -12437,6 +12528,28 @@ def _in_snapshot(conn: sqlite3.Connection, query: PointQuery,
         spool.seek(0)
         for chunk in iter(lambda: spool.read(STREAM_CHUNK), b""):
             yield chunk
+
+
+class _Begun:
+    """A stream whose first piece is already made: a failure before it (a range the
+    answer cannot write, a damaged object) is raised when the stream is made, inside the
+    route, and answered as the route's own error, never as a ``200`` that breaks off
+    (READ-2.10).  The first piece holds the whole head of the answer (:func:`_chunked`
+    joins pieces up to :data:`STREAM_CHUNK` bytes).  ``close`` closes the stream it
+    holds, so a client gone early ends its snapshot."""
+
+    def __init__(self, pieces: Iterator[bytes]):
+        self._pieces = pieces
+        self._first = next(pieces, None)
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        yield from self._pieces
+
+    def close(self) -> None:
+        self._pieces.close()  # type: ignore[attr-defined]
 
 
 class _Streamed:
@@ -13174,7 +13287,7 @@ class Notifier:
                 log_event(logging.WARNING if item.state == "late" else logging.INFO,
                           "an automation is late" if item.state == "late"
                           else "an automation delivers again", automation=item.key,
-                          last_delivery=format_instant(item.last_us))
+                          last_delivery=journal_time(item.last_us))
             else:
                 notice = metric_notice(item, fresh.now_s)
                 log_event(logging.WARNING if item.state == "stale" else logging.INFO,
@@ -14701,6 +14814,14 @@ def run_export(config: Config, args: argparse.Namespace, out: Any = None) -> int
         conn.execute("BEGIN")  # one snapshot of the store
         scratch = config.data_dir / TMP_DIR
         if args.format == "sqlite":
+            chosen = [flag for flag, value in (
+                ("--metric", args.metric), ("--layer", args.layer), ("--from", args.start),
+                ("--to", args.end), ("--bucket", args.bucket), ("--tz", args.tz)) if value]
+            if chosen:  # never a range quietly ignored: the file holds every point
+                raise ConfigError("--format sqlite exports every point of every metric, in"
+                                  " the local time each point was written in; %s go%s with"
+                                  " --format csv or json" % (", ".join(chosen),
+                                                             "" if len(chosen) > 1 else "es"))
             return _export_to_file(conn, args.output, scratch)
         if args.output:
             raise ConfigError("OUT.db goes with --format sqlite only")
@@ -14866,7 +14987,7 @@ def collect_status(config: Config) -> dict:
         last = conn.execute("SELECT max(received_at) FROM delivery").fetchone()[0]
         problems = _recent_problems(conn)
         failed = failed_by_error(conn)
-        retrying = [{"id": row_id, "received_at": received, "attempts": attempts,
+        retrying = [{"id": row_id, "received_at": journal_time(received), "attempts": attempts,
                      "fault": (error or "").partition(":")[2] or None}
                     for row_id, received, attempts, error in conn.execute(
             "SELECT id, received_at, attempts, error FROM delivery WHERE parse_status ="
@@ -14891,9 +15012,9 @@ def collect_status(config: Config) -> dict:
         "folded": fold_line(counts, age),
         "deliveries": counts,
         "backlog": counts["pending"],
-        "oldest_pending": oldest,
+        "oldest_pending": journal_time(oldest),
         "oldest_pending_age_s": oldest_age,
-        "last_delivery": last,
+        "last_delivery": journal_time(last),
         "objects": objects,
         "points": points,
         "archive_files": archive_files,
@@ -14937,7 +15058,7 @@ def _recent_problems(conn: sqlite3.Connection) -> list:
         " parse_status, error, uncovered_keys FROM delivery"
         " WHERE parse_status IN ('failed', 'partial')"
         " ORDER BY received_at DESC, id DESC LIMIT ?", (STATUS_PROBLEMS_MAX,)).fetchall()
-    return [{"id": row_id, "received_at": received, "automation": automation,
+    return [{"id": row_id, "received_at": journal_time(received), "automation": automation,
              "status": status, "error": error, "uncovered_keys": json.loads(keys or "[]")}
             for row_id, received, automation, status, error, keys in rows]
 
@@ -15152,9 +15273,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _offset_values(argv: Sequence[str]) -> list:
+    """``--tz -05:00`` as ``--tz=-05:00``: argparse takes a value that begins with ``-`` for
+    an option, and a zone west of UTC is written so."""
+    out: list = []
+    for arg in argv:
+        if out and out[-1] == "--tz" and re.fullmatch(r"-[0-9]{2}:?[0-9]{2}", arg):
+            out[-1] = "--tz=" + arg
+        else:
+            out.append(arg)
+    return out
+
+
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+"""The exit code of a command whose reader closed standard output (``| head``): what a
+shell reports for a Unix tool that SIGPIPE ended."""
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output's reader has gone: what is still buffered, and Python's own flush at
+    exit, go nowhere instead of raising (or printing "Exception ignored")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class _Report:
+    """Standard output for a command that does work (reindex, verify, import, refold): a
+    closed pipe drops the rest of its report and never stops the work; the command ends
+    with its own exit code."""
+
+    def write(self, text: str) -> None:
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+
+    def flush(self) -> None:
+        self.write("")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point: ``healthlog COMMAND [options]``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point: ``healthlog COMMAND [options]``; returns the exit code.  A reader that
+    closes standard output before the end (``export … | head -1``, ``catalog | head``) ends
+    a command that only prints (export, catalog, status, ``--help``, ``--version``) quietly,
+    as Unix tools end: no message, exit :data:`CLOSED_PIPE_EXIT`; a command that does work
+    finishes it (:class:`_Report`)."""
+    try:
+        try:
+            code = _run_command(argv)
+        except SystemExit as stop:  # argparse's --help, --version and usage errors
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return CLOSED_PIPE_EXIT
+
+
+def _run_command(argv: Optional[Sequence[str]]) -> int:
+    args = build_parser().parse_args(_offset_values(sys.argv[1:] if argv is None else argv))
     if not args.command:
         build_parser().print_help(sys.stderr)
         return 2
@@ -15168,13 +15348,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps(status, indent=1) if args.json else format_status(status))
             return 0
         if args.command == "reindex":
-            return run_reindex(config, force=args.force, jobs=args.jobs or usable_cores())
+            return run_reindex(config, _Report(), force=args.force,
+                               jobs=args.jobs or usable_cores())
         if args.command == "verify":
-            return run_verify(config, jobs=args.jobs or usable_cores())
+            return run_verify(config, _Report(), jobs=args.jobs or usable_cores())
         if args.command == "import":
-            return run_import(config, args.files, args.aggregation, args.name)
+            return run_import(config, args.files, args.aggregation, args.name, _Report())
         if args.command == "refold":
-            return run_refold(config, args.ids, args.failed)
+            return run_refold(config, args.ids, args.failed, _Report())
         if args.command == "catalog":
             return run_catalog(config, args.json)
         if args.command == "export":
@@ -15187,6 +15368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except HealthlogError as exc:
         sys.stderr.write("healthlog: %s\n" % exc.message)
         return 1
+    except BrokenPipeError:
+        raise  # the reader has gone: no error of ours (see main)
     except (OSError, sqlite3.Error) as exc:  # the environment: one line, no traceback
         detail = getattr(exc, "strerror", None) or str(exc)
         where = getattr(exc, "filename", None)

@@ -176,8 +176,15 @@ def points(name: str, start: float, end: float, every: float = MIN, phone=PHONE,
 
 
 def utc_text(epoch: float) -> str:
-    """The server's UTC instant text (format_instant), written here from the epoch."""
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The journal's time (a last delivery is a received_at: six digits of microseconds,
+    READ-5.6), written here from the epoch."""
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def berlin_text(epoch: float) -> str:
+    """An instant on the phone's clock (Europe/Berlin in June: +02:00), as the server writes
+    a local time: ``2025-06-02T08:10:00+02:00``."""
+    return dt.datetime.fromtimestamp(epoch, dt.timezone(dt.timedelta(hours=2))).isoformat()
 
 
 def local_text(stamp: str) -> str:
@@ -260,7 +267,9 @@ def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and
                        what="the notice that it is back")
     assert [title for title, _ in notices] == ["healthlog: 'Minutes' is late",
                                                "healthlog: 'Minutes' is back"]
-    assert notices[0][1].startswith("'Minutes' has sent nothing since Mon 2025-06-02 06:25 UTC")
+    # on the phone's clock, as every notice speaks (FRESH-1.5): 06:25 UTC is 08:25 in Berlin
+    assert notices[0][1].startswith(
+        "'Minutes' has sent nothing since Mon 2025-06-02 08:25 +02:00")
     assert "delivered again" in notices[1][1]
     no_secrets(receiver)
     assert receiver.requests[0][0]["Content-Type"].startswith("text/plain")
@@ -324,6 +333,47 @@ def test_fresh_1_3_without_headers_the_path_names_the_automation_then_one_anonym
     states = phone.states(anonymous[-1] + threshold(median_gap(anonymous), HOUR) + 1)
     assert states["/api/ingest"] == "late"
     assert states["nightly"] == "on_time"  # its threshold ends half an hour later
+
+
+def test_fresh_1_5_an_automation_that_writes_nothing_new_is_told_its_dates_on_the_phones_clock(
+        start_service, data_dir, receivers):
+    """A phone in Los Angeles (-08:00 in December): 'Health' sends heart rate every hour, and
+    a safety net ('Previous 7 Days') re-sends the same points, so its runs write nothing new
+    and it carries no metric. It stops at 12:00 on the phone; at 17:38 on the phone (01:38
+    UTC the next day) it is late, and every word said of it is on the phone's clock: its
+    last delivery at 12:00 -08:00, and the day to export is the phone's 2026-12-05 only,
+    not the UTC 2026-12-06; the status and the coverage calendar's today agree."""
+    clock, receiver = Clock(), receivers("ok")
+    phone = start(start_service, clock, data_dir, notify_url=receiver.url, late_after_s=HOUR)
+    la = hf.Phone(zone=hf.PACIFIC, sources="single")
+    health = hf.Automation("Health", "Minutes", "Since Last Sync")
+    net = hf.Automation("Safety net", "Minutes", "Previous 7 Days")
+    first = dt.datetime(2026, 12, 5, 16, 0, tzinfo=dt.timezone.utc).timestamp()  # 08:00 there
+    for k in range(10):  # 08:00 to 17:00 on the phone
+        at = first + k * HOUR
+        sent = {"heart_rate": points("heart_rate", at - HOUR, at, 10 * MIN, phone=la)}
+        phone.post(health, sent, at)
+        if k <= 4:  # the safety net re-sends what Health wrote, until 12:00 on the phone
+            phone.post(net, sent, at + MIN)
+    carriers = {(m["metric"], m["layer"]) for m in phone.freshness()["metrics"]}
+    assert carriers == {("heart_rate", "minutes")}
+    last_net = first + 4 * HOUR + MIN  # 12:01 -08:00, 20:01 UTC
+    now = dt.datetime(2026, 12, 6, 1, 38, tzinfo=dt.timezone.utc).timestamp()
+    fresh = phone.freshness(now)
+    states = {a["name"]: (a["state"], a["last_delivery"]) for a in fresh["automations"]}
+    assert states == {"Health": ("on_time", utc_text(first + 9 * HOUR)),
+                      "Safety net": ("late", utc_text(last_net))}
+    [(title, body)] = wait_for(receiver.notices, what="the late notice")
+    assert title == "healthlog: 'Safety net' is late"
+    assert "has sent nothing since Sat 2026-12-05 12:01 -08:00" in body
+    assert "export 2026-12-05." in body and "2026-12-06" not in body and "UTC" not in body
+    status = healthlog.collect_status(healthlog.Config(data_dir=data_dir, late_after_s=HOUR,
+                                                       clock=lambda: now))
+    [notice] = status["attention"]
+    assert notice["since"] == "2026-12-05T12:01:00-08:00"
+    assert notice["action"].endswith("and export 2026-12-05. A re-send is always safe here:"
+                                     " healthlog keeps each point once.")
+    assert phone.get("/api/coverage")["today"] == "2026-12-05"
 
 
 def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data_dir,
@@ -530,7 +580,7 @@ def test_fresh_3_3_a_json_notice_is_one_object_of_names_and_times(
     assert notice == {
         "kind": "automation", "subject": MINUTES.id, "state": "late",
         "title": "healthlog: 'Minutes' is late", "text": notice["text"],
-        "action": notice["action"], "since": utc_text(T0 + 10 * MIN)}
+        "action": notice["action"], "since": berlin_text(T0 + 10 * MIN)}
     assert "Manual Export" in notice["action"]
     no_secrets(receiver)
 
@@ -684,7 +734,7 @@ def test_fresh_6_2_status_lists_what_is_late_or_stale(start_service, data_dir):
     assert [a["state"] for a in status["freshness"]["automations"]] == ["late"]
     text = healthlog.format_status(status)
     assert "automations: Minutes late" in text
-    assert "late: 'Minutes' has sent nothing since Mon 2025-06-02 06:10 UTC" in text
+    assert "late: 'Minutes' has sent nothing since Mon 2025-06-02 08:10 +02:00" in text
     assert "Manual Export" in text
     # The command itself, beside the running service, at the real clock (a year on).
     result = subprocess.run([sys.executable, "-m", "healthlog", "status", "--data",

@@ -200,7 +200,27 @@ def test_read_17_5_the_metric_variable_offers_only_what_the_panel_can_draw(fed):
     status, reply = fed.client.request("GET", url)
     assert status == 200
     offered = {item["metric"] for item in select(reply, query["root_selector"])}
-    assert offered == {"step_count", "heart_rate", "active_energy"}  # not sleep_analysis
+    # not sleep_analysis, and not heart_rate: its points carry Avg, Min and Max, not the qty
+    # the panel draws (its own panel draws them)
+    assert offered == {"step_count", "active_energy"}
+    target = panel("$metric per hour (qty)")
+    drawn = [col["selector"] for col in target["columns"] if col["type"] == "number"
+             and col["selector"].startswith("fields.")]
+    assert drawn and all(selector.startswith("fields.qty.") for selector in drawn)
+    start = dt.datetime(2025, 4, 19, 4, 0, tzinfo=dt.timezone.utc)
+    for metric in sorted(offered) + ["heart_rate"]:
+        status, answer = fed.client.request("GET", grafana_url(target, start, NOW, "local",
+                                                               metric))
+        rows = select(answer, target["root_selector"])
+        numbers = [column(row, selector) for row in rows for selector in drawn]
+        if metric in offered:  # every offered metric draws a number in every row
+            assert rows and all(isinstance(n, (int, float)) for n in numbers), metric
+        else:  # what the variable no longer offers would have drawn nothing
+            assert rows and all(n is None for n in numbers), metric
+    heart = panel("Heart rate per hour (avg, min, max)")
+    status, answer = fed.client.request("GET", grafana_url(heart, start, NOW, "local", ""))
+    assert all(isinstance(column(row, "fields.Avg.avg"), (int, float))
+               for row in select(answer, heart["root_selector"]))
 
 
 def test_read_9_2_the_dashboard_sends_tz_local_by_default():

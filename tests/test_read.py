@@ -564,9 +564,9 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
     rows = read_csv(reply)
     assert reply.headers["X-Healthlog-Layer"] == layer
     items = store.corpus.points(metric, layer)
-    keys: list = []
-    for point, _ in items:
-        keys += [k for k in point if k not in keys]
+    meaning = {m["metric"]: m["meaning"] for m in get_json(store.address, "/api/catalog")[
+        "metrics"]}[metric]
+    keys = csv_keys([point for point, _ in items], meaning["fields"])
     assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date"] + keys
     assert len(rows) == 1 + len(items)
     wake_days = sleep_points_dates(items) if metric == "sleep_analysis" else {}
@@ -585,6 +585,17 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
         assert {row[3][-6:] for row in rows[1:]} == {"-08:00", "-07:00"}
     if metric == "sleep_analysis":  # the records of each night before midnight: its morning
         assert any(row[4] != row[3][:10] for row in rows[1:])
+
+
+def csv_keys(points: list, value_fields: list) -> list:
+    """Raw CSV's point keys in their one order (READ-4.6), in this test's words: the value
+    fields the meaning names, in its order, then the times HAE writes (date, start, end,
+    startDate, endDate), then source, then every other key by name; each only if a point
+    of the range has it."""
+    seen = {key for point in points for key in point}
+    first = [key for key in list(value_fields) + ["date", "start", "end", "startDate",
+                                                  "endDate", "source"] if key in seen]
+    return first + sorted(seen - set(first))
 
 
 def sleep_points_dates(items: list) -> dict:
@@ -607,12 +618,12 @@ def test_read_4_1_raw_csv_in_another_zone_and_a_key_named_like_a_column(start_se
              [0]["parse_status"] == "parsed", what="the delivery is folded")
     rows = read_csv(get(service.address, "/api/points", metric="step_count", format="csv",
                         tz="Europe/Berlin"))
-    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date", "date",
-                       "qty", "units_", "local_date_"]
+    assert rows[0] == ["utc_start", "utc_end", "units", "local_start", "local_date", "qty",
+                       "date", "local_date_", "units_"]
     for row, point in zip(rows[1:], points):
         berlin = written(point["date"]).astimezone(zoneinfo.ZoneInfo("Europe/Berlin"))
         assert row[3:5] == [iso_local(berlin), "2024-03-09"]  # 08:0x in Berlin next day
-        assert row[7:] == ["odd", point["local_date"]]
+        assert row[7:] == [point["local_date"], "odd"]
 
 
 @pytest.mark.parametrize("query", [dict(metric="heart_rate", bucket="day", tz="-07:00"),
@@ -726,7 +737,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
 
     header = raw[0]
     assert header[:5] == ["utc_start", "utc_end", "units", "local_start", "local_date"]
-    assert [neutral(f) for f in FORMULAS] == [k for k in header if k.startswith("'")]
+    assert [neutral(f) for f in sorted(FORMULAS)] == [k for k in header if k.startswith("'")]
     for row, point in zip(raw[1:], points):
         cells = dict(zip(header, row))
         assert cells["units"] == neutral(units)
@@ -778,9 +789,12 @@ def test_read_5_1_deliveries_are_the_journal_newest_first(store):
     assert reply["next_before"] is None
     assert [d["automation_name"] for d in reply["deliveries"]] == [
         name for name, _, _ in reversed(store.corpus.deliveries)]
-    # times are spelled as every reply spells them: format_instant (no trailing zeros)
-    spelled = [d[k] for d in reply["deliveries"] for k in ("received_at", "folded_at") if d[k]]
-    assert [t for t in spelled if t != iso(instant_us(t))] == []
+    # times are spelled as the journal stores and compares them (READ-5.6): six digits of
+    # microseconds, trailing zeros kept
+    spelled = [(d[k], row[k]) for d, row in zip(reply["deliveries"], rows)
+               for k in ("received_at", "folded_at") if d[k]]
+    assert [(t, kept) for t, kept in spelled if t != kept or not re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", t)] == []
 
 
 def test_read_5_2_limit_and_before_page_through_the_journal(store):
@@ -1379,7 +1393,8 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             "PRAGMA table_info(points)")]
         assert columns == POINTS_COLUMNS
         assert [r["name"] for r in conn.execute("PRAGMA table_info(metrics)")] == [
-            "metric", "layer", "units", "points", "first", "last"]
+            "metric", "layer", "name", "kind", "group", "units", "points", "first", "last",
+            "first_local", "last_local"]
         indexed = [[c["name"] for c in conn.execute("PRAGMA index_info(%s)" % i["name"])]
                    for i in conn.execute("PRAGMA index_list(points)")]
         assert ["metric", "layer", "start"] in indexed and ["start"] in indexed
@@ -1397,6 +1412,16 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             row = metrics[(entry["metric"], entry["layer"])]
             assert row["points"] == entry["points"]
             assert (row["first"], row["last"]) == (entry["first"], entry["last"])
+            assert (row["name"], row["kind"], row["group"]) == (
+                entry["meaning"]["name"], entry["meaning"]["kind"], entry["meaning"]["group"])
+            # first and last as the phone wrote them (as `healthlog catalog` prints them)
+            starts = sorted((coordinate(p)[0], n) for n, (p, _) in enumerate(
+                store.corpus.points(entry["metric"], entry["layer"])))
+            posted = store.corpus.points(entry["metric"], entry["layer"])
+            assert iso(starts[0][0]) == entry["first"]
+            assert (row["first_local"], row["last_local"]) == tuple(
+                iso_local(written(raw_start(posted[n][0]))) for n in (
+                    starts[0][1], max(n for at, n in starts if at == starts[-1][0])))
             assert all(u in (row["units"] or "") for u in entry["units"])
         for metric, layer in (("step_count", "minutes"), ("heart_rate", "minutes"),
                               ("sleep_analysis", "record"), ("workouts", "record")):
@@ -1440,6 +1465,11 @@ def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
     rest = {k: v for k, v in point.items() if k not in COLUMN_KEYS | TIME_KEYS}
     extra = json.loads(row["extra"]) if row["extra"] is not None else {}
     assert {k: v for k, v in extra.items() if k not in TIME_KEYS} == rest, (dict(row), point)
+    # the timestamps the point was placed by are the start, end and local_start columns,
+    # never repeated in extra (READ-8.3): its start key and its end key, the first not null
+    placed = [next((k for k in keys if point.get(k) is not None), None)
+              for keys in (("start", "startDate", "date"), ("end", "endDate"))]
+    assert not set(placed) & set(extra), (placed, extra)
 
 
 def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
