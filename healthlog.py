@@ -10823,12 +10823,18 @@ class McpTool:
 
 class McpReader:
     """What a tool reads from: ``connection()`` (the caller's, on which a tool opens its one
-    snapshot) and ``freshness()`` (freshness judged now)."""
+    snapshot), ``freshness()`` (freshness judged now), the owner's settings the page reads
+    with (``config``: heart-rate maximum, distance units) and ``scratch``, the folder a long
+    workout route is read through (``serve``'s ``DATA/tmp``; None for ``healthlog mcp``,
+    which writes nothing)."""
 
     def __init__(self, connection: Callable[[], sqlite3.Connection],
-                 freshness: Callable[[], Freshness]):
+                 freshness: Callable[[], Freshness], config: Optional[Config] = None,
+                 scratch: Optional[Path] = None):
         self.connection = connection
         self.freshness = freshness
+        self.config = config
+        self.scratch = scratch
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -10924,6 +10930,16 @@ def _mcp_amount(value: Any, label: Optional[str], digits: Optional[int] = None) 
     if number == "–":
         return "no data"
     return number if not label else "%s %s" % (number, label)
+
+
+def _mcp_clock(seconds: Optional[float]) -> str:
+    """A duration as the page writes it: ``h:mm:ss``, or ``m:ss`` under an hour."""
+    if type(seconds) not in (int, float) or not math.isfinite(seconds):
+        return "–"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    return ("%d:%02d:%02d" % (hours, rest // 60, rest % 60) if hours
+            else "%d:%02d" % (rest // 60, rest % 60))
 
 
 def _mcp_count(count: int, word: str) -> str:
@@ -11454,6 +11470,105 @@ _MCP_HEALTH_OUT = _mcp_object({
     ("automations", "metrics", "attention", "coverage"), closed=False)
 
 
+# list_workouts, get_workout ----------------------------------------------------------
+
+def mcp_list_workouts(reader: McpReader, arguments: dict) -> dict:
+    """The workouts of a range as ``GET /api/workouts`` lists them (newest first, a
+    workout recorded by two apps marked and counted once), at most
+    :data:`MCP_SERIES_MAX`."""
+    with reader.snapshot() as conn:
+        answer = list_workouts(conn, _mcp_args(arguments, **{"from": "from", "to": "to",
+                                                             "tz": "tz"}),
+                               reader.scratch, limit=MCP_SERIES_MAX)
+    notes = ["%d workouts shown, the newest; ask from and to for the earlier ones"
+             % MCP_SERIES_MAX] if answer["truncated"] else []
+    return {"tz": answer["tz"], "from": answer["from"], "to": answer["to"],
+            "workouts": answer["workouts"], "count": answer["count"],
+            "seconds": answer["seconds"], "truncated": bool(answer["truncated"]),
+            "notes": notes}
+
+
+def _text_workouts(answer: dict) -> str:
+    lines = ["Workouts, tz %s: %s, %s in all (a workout two apps recorded counts once):" % (
+        answer["tz"], _mcp_count(answer["count"], "workout"), _mcp_clock(answer["seconds"]))]
+    for item in answer["workouts"]:
+        line = "%s %s  %s, %s (id %s)" % (item["date"], item["local_start"][11:16],
+                                          item["name"] or item["activity"],
+                                          _mcp_clock(item["duration_s"]), item["id"])
+        if item["duplicate_of"]:
+            line += ", the same as %s" % item["duplicate_of"]
+        lines.append(line)
+    if not answer["workouts"]:
+        lines.append("no workouts in this range")
+    return "\n".join(lines + answer["notes"])
+
+
+def mcp_get_workout(reader: McpReader, arguments: dict) -> dict:
+    """One workout as ``GET /api/workouts/<id>`` gives it to the page: its figures in the
+    units people read, heart-rate zones, splits and the climb.  The drawn route, the
+    heart-rate samples and the altitude profile are left out (the page draws them; the
+    GPX carries the whole route): their count and the route's bounds stay."""
+    config = reader.config
+    with reader.snapshot() as conn:
+        answer = get_workout(conn, arguments["id"], _mcp_args(arguments, tz="tz"),
+                             reader.scratch, config.max_heart_rate if config else None,
+                             config.distance_units if config else None)
+    route = answer["route"]
+    if route is not None:
+        route = {key: value for key, value in route.items() if key != "points"}
+    heart = dict(answer["heart_rate"])
+    for series in ("session", "recovery"):
+        heart[series + "_samples"] = len(heart.pop(series) or ())
+    elevation = answer["elevation"]
+    if elevation is not None:
+        elevation = {key: value for key, value in elevation.items() if key != "profile"}
+    return {"workout": answer["workout"], "figures": answer["figures"],
+            "units": answer["units"], "route": route, "heart_rate": heart,
+            "splits": answer["splits"], "elevation": elevation, "notes": answer["notes"]}
+
+
+def _text_workout(answer: dict) -> str:
+    item = answer["workout"]
+    lines = ["%s, %s %s to %s (%s):" % (item["name"] or item["activity"], item["date"],
+                                        item["local_start"][11:16], item["local_end"][11:16],
+                                        _mcp_clock(item["duration_s"]))]
+    for figure in answer["figures"]:
+        if figure["shown"] in ("duration", "pace"):
+            shown = _mcp_clock(figure["value"]) + (" " + figure["unit_label"]
+                                                   if figure["unit_label"] else "")
+        else:
+            shown = _mcp_amount(figure["value"], figure["unit_label"], figure["digits"])
+        lines.append("  %s: %s" % (figure["label"], shown))
+    zones = answer["heart_rate"].get("zones")
+    if zones:
+        lines.append("  heart-rate zones (maximum %s bpm): %s" % (_mcp_number(
+            zones["max"], 0), ", ".join("%s %s" % (zone["label"], _mcp_clock(zone["seconds"]))
+                                        for zone in zones["zones"])))
+    splits = answer["splits"]
+    if splits:
+        lines.append("  %s splits per %s" % (len(splits["rows"]), splits["unit"]["label"]))
+    return "\n".join(lines + ["  " + note for note in answer["notes"]])
+
+
+_MCP_WORKOUTS_IN = _mcp_object({
+    "from": dict(_MCP_DATE, description="the first local date (default: every workout)"),
+    "to": dict(_MCP_DATE, description="the last local date, included"), "tz": _MCP_TZ})
+_MCP_WORKOUTS_OUT = _mcp_object({
+    "tz": {"type": "string"}, "from": {"type": ["string", "null"]},
+    "to": {"type": ["string", "null"]}, "workouts": _mcp_list({"type": "object"}),
+    "count": {"type": "integer"}, "seconds": {"type": "number"},
+    "truncated": {"type": "boolean"}, "notes": _mcp_list({"type": "string"})},
+    ("tz", "workouts", "count", "truncated"))
+_MCP_WORKOUT_IN = _mcp_object({"id": {"type": "string", "description": (
+    "a workout's id as list_workouts gives it")}, "tz": _MCP_TZ}, ("id",))
+_MCP_WORKOUT_OUT = _mcp_object({
+    "workout": {"type": "object"}, "figures": _mcp_list({"type": "object"}),
+    "units": {"type": "object"}, "route": {"type": ["object", "null"]},
+    "heart_rate": {"type": "object"}, "splits": {"type": ["object", "null"]},
+    "elevation": {"type": ["object", "null"]}, "notes": _mcp_list({"type": "string"})},
+    ("workout", "figures", "heart_rate", "notes"))
+
+
 MCP_TOOLS = (
     McpTool("list_metrics", "What the store holds", (
         "Every metric and layer stored: its name, what it is (a total, an average, sleep,"
@@ -11488,6 +11603,16 @@ MCP_TOOLS = (
         " missing or thin, and the action in Health Auto Export that fills each gap. Ask"
         " it before reading a gap or a drop as a change."), _MCP_HEALTH_IN,
         _MCP_HEALTH_OUT, mcp_get_data_health, _text_health),
+    McpTool("list_workouts", "Workouts of a range", (
+        "Each workout of a range, newest first: its id, name and activity, local start and"
+        " end, duration, distance and energy as sent, heart rate, whether a route was sent,"
+        " and which workouts two apps recorded (shown once, counted once)."),
+        _MCP_WORKOUTS_IN, _MCP_WORKOUTS_OUT, mcp_list_workouts, _text_workouts),
+    McpTool("get_workout", "One workout", (
+        "One workout by its id (list_workouts gives it): its figures in the units a person"
+        " reads (pace or speed by activity), heart-rate zones and time in each, splits per"
+        " km or mile with pace and heart rate, the climb, and what was not sent."),
+        _MCP_WORKOUT_IN, _MCP_WORKOUT_OUT, mcp_get_workout, _text_workout),
 )
 """The tools, in the order ``tools/list`` gives them.  A new read view becomes a tool by
 one entry here: its schemas, the function that calls the view, and its text."""
@@ -11753,7 +11878,7 @@ def mcp_read_only_reader(config: Config, conn: sqlite3.Connection) -> McpReader:
     """The reader of ``healthlog mcp``: its one read-only connection, freshness judged on
     it at each call (:func:`freshness_of`)."""
     return McpReader(lambda: conn, lambda: freshness_of(conn, config.data_dir, config.clock(),
-                                                        config.late_after_s))
+                                                        config.late_after_s), config)
 
 
 def serve_mcp_stdio(session: McpSession, source: Any, sink: Any) -> None:
@@ -11963,7 +12088,8 @@ class App:
                 ("/logout", "POST", self.logout),
                 ("/static/<name>", "GET", self.static)):
             self.bottle.route(rule, method, callback)
-        self.mcp_reader = McpReader(self.pool.get, self._judge)
+        self.mcp_reader = McpReader(lambda: self.pool.get(), self._judge, config,
+                                    archive.tmp if archive is not None else None)
 
     def set_token(self, token: str) -> None:
         self._token = token.encode()

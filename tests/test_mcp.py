@@ -53,7 +53,7 @@ MINUTES = {"automation-name": "Fast", "automation-aggregation": "Minutes"}
 DAILY = {"automation-name": "Daily", "automation-aggregation": "Days"}
 SLEEP = {"automation-name": "Sleep"}
 TOOLS = ["list_metrics", "get_series", "get_day_summary", "get_sleep", "compare_periods",
-         "get_data_health"]
+         "get_data_health", "list_workouts", "get_workout"]
 HANDSHAKE = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
 MODERN = "2026-07-28"
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
