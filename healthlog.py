@@ -6076,36 +6076,135 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
     return min(covering, key=order)
 
 
+WRITTEN_OFFSET_MAX_S = 86400 - 1
+"""More than any offset written in a timestamp can say (``±23:59``, the most a time's text
+can spell, beyond any zone's ``±14:00``): an object whose starts lie further than this
+inside local date bounds has every point's written date inside them, whatever the offsets
+of its points."""
+
+NONE, SOME, ALL = 0, 1, 2
+"""How much of an object lies in a query's range (:func:`_object_part`): none of its points
+(nothing to read), some (its points are read one by one), or all of them (a whole object:
+its tally or its stored text stand for its points)."""
+
+
+class DecodeCount:
+    """How many stored objects the read side has decompressed (and so decoded) since the
+    module was loaded: the one measure of whether a read took its fast path (a whole hour
+    counted from its tally, or an object outside the range, costs none).  Tests read it
+    around a request; a lock keeps concurrent reads from losing a count."""
+
+    def __init__(self) -> None:
+        self.objects = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.objects += 1
+
+
+READ_DECODES = DecodeCount()
+
+
+def _read_blob(blob: bytes) -> bytes:
+    """An object's points as stored (JSON bytes), decompressed for a read and counted."""
+    READ_DECODES.add()
+    return decompress_blob(blob)
+
+
+def _local_second_bounds(first_at: int, last_at: int, tally_text: Optional[str]) -> tuple:
+    """(lowest, highest) local second (UTC second plus the offset written in the point, as
+    ``tz=local`` dates a point) that a point of an object can have, both included: from
+    the offsets its tally names when it names them, else from :data:`WRITTEN_OFFSET_MAX_S`
+    (which holds for any offset)."""
+    if tally_text:
+        offsets = json.loads(tally_text).get("o")
+        if offsets:
+            return first_at + min(offsets), last_at + max(offsets)
+    return first_at - WRITTEN_OFFSET_MAX_S, last_at + WRITTEN_OFFSET_MAX_S
+
+
+def _object_part(query: PointQuery, first_at: int, last_at: int,
+                 tally_text: Optional[str]) -> int:
+    """:data:`NONE`, :data:`SOME` or :data:`ALL`: how much of an object lies in the query's
+    range, from its first and last start (whole seconds, as stored) and, where local date
+    bounds (``tz=local``) leave it open within a day of their edges, the offsets its tally
+    names.  Exact where it answers ALL or NONE: a point's start is in the range when its
+    instant is in ``[start, end)`` and (local date bounds) the date written in it is in
+    ``[day_from, day_to)``; every object more than a day inside date bounds is ALL, so only
+    the objects at a range's edges are read point by point."""
+    if ((query.start is not None and (last_at + 1) * US <= query.start)
+            or (query.end is not None and first_at * US >= query.end)):
+        return NONE
+    inside = ((query.start is None or first_at * US >= query.start)
+              and (query.end is None or (last_at + 1) * US <= query.end))
+    if query.day_from is None and query.day_to is None:
+        return ALL if inside else SOME
+    low_day = None if query.day_from is None else (query.day_from - _EPOCH_ORDINAL) * 86400
+    high_day = None if query.day_to is None else (query.day_to - _EPOCH_ORDINAL) * 86400
+    part = _dates_part(low_day, high_day, first_at - WRITTEN_OFFSET_MAX_S,
+                       last_at + WRITTEN_OFFSET_MAX_S)
+    if part == SOME and tally_text:  # an edge: the offsets the points were written in
+        part = _dates_part(low_day, high_day,
+                           *_local_second_bounds(first_at, last_at, tally_text))
+    if part == NONE:
+        return NONE
+    return ALL if inside and part == ALL else SOME
+
+
+def _dates_part(low_day: Optional[int], high_day: Optional[int], lowest: int,
+                highest: int) -> int:
+    """How much of the local seconds ``lowest``..``highest`` lies in ``[low_day,
+    high_day)`` (local seconds of the bounds' midnights; None: open)."""
+    if (low_day is not None and highest < low_day) or (high_day is not None
+                                                        and lowest >= high_day):
+        return NONE
+    if (low_day is None or lowest >= low_day) and (high_day is None or highest < high_day):
+        return ALL
+    return SOME
+
+
 def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:
-    """(hour, units, whole, ``column``) of each object that may hold points of the range,
-    in time order (``column`` may name several, given as a tuple); ``whole``: every point
-    of it is in the range."""
+    """(hour, units, part, ``column``) of each object that may hold points of the range,
+    in time order (``column`` may name several, given as a tuple); ``part``: how much of it
+    lies in the range (:func:`_object_part`: :data:`NONE`, :data:`SOME`, :data:`ALL`).
+    With local date bounds the tally is read too, for the objects at the range's edges."""
     low = -(1 << 62) if query.start is None else query.start // HOUR_US
     high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
+    dated = query.day_from is not None or query.day_to is not None
+    columns = [name.strip() for name in column.split(",")]
+    tally_at = (columns.index("summary") if "summary" in columns
+                else len(columns) if dated else None)
+    if tally_at == len(columns):
+        columns.append("summary")
     for row in conn.execute(
             "SELECT hour, units, first_at, last_at, %s FROM object WHERE metric = ?"
-            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % column,
+            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % ", ".join(columns),
             (query.metric, query.layer, low, high)):
         hour, units, first_at, last_at = row[:4]
-        value = row[4] if len(row) == 5 else row[4:]  # several columns: a tuple of them
-        whole = ((query.start is None or first_at * US >= query.start)
-                 and (query.end is None or (last_at + 1) * US <= query.end)
-                 and query.day_from is None and query.day_to is None)
-        yield hour, units, whole, value
+        part = _object_part(query, first_at, last_at,
+                            None if tally_at is None or not dated else row[4 + tally_at])
+        value = row[4] if "," not in column else row[4:4 + column.count(",") + 1]
+        yield hour, units, part, value
 
 
 def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
-    """(units, raw points array bytes, whole) of each object of the range."""
-    for _, units, whole, blob in _in_range_rows(conn, query, "blob"):
-        yield units, decompress_blob(blob), whole
+    """(units, raw points array bytes, whole) of each object of the range that holds
+    points of it."""
+    for _, units, part, blob in _in_range_rows(conn, query, "blob"):
+        if part != NONE:
+            yield units, _read_blob(blob), part == ALL
 
 
 def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
     """(units, coordinate, point) of every point in the range, in time order.  The spans
     the fold stored beside each object give the coordinates without reading a timestamp
     again (objects written before them are read as they are)."""
-    for _, units, whole, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
-        points = loads_body(decompress_blob(blob))
+    for _, units, part, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
+        if part == NONE:
+            continue
+        whole = part == ALL
+        points = loads_body(_read_blob(blob))
         known = decode_spans(spans, len(points))
         if known is None or -1 in known[0]:
             for point in points:
@@ -6392,11 +6491,10 @@ def _hour_offsets(query: PointQuery, hour: int, tally: dict) -> Optional[list]:
     return [start] if end == start else [start, end]
 
 
-def _tally_bucket(query: PointQuery, hour: int, whole: bool, tally: Optional[dict]
-                    ) -> Optional[tuple]:
+def _tally_bucket(query: PointQuery, hour: int, tally: Optional[dict]) -> Optional[tuple]:
     """(key, offset) of the one bucket a whole hour falls in, when its tally can stand for
     its points, else None (the points are read)."""
-    if not whole or tally is None:
+    if tally is None:
         return None
     offsets = _hour_offsets(query, hour, tally)
     if not offsets or len(offsets) != 1:
@@ -6414,37 +6512,57 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
 
     An object wholly inside the range whose points all fall in one bucket is counted
     from its stored tally (:func:`hour_tally`) without decoding its points: a year of
-    minute data is 8,760 tallies instead of half a million points.  A run holds at
-    least one bucket.
+    minute data is 8,760 tallies instead of half a million points; so with local date
+    bounds (``tz=local``), where an object more than a day inside them is whole whatever
+    its offsets (:func:`_object_part`).  An object whose points are read adds them to a
+    bucket as its tally would, an object's share at a time (:func:`_object_shares`): the
+    same sums to the last bit whichever way an hour is counted.  A run holds at least one
+    bucket.
     """
     if query.fill:
         return _filled_runs(conn, query)
     runs: list = []
-    for hour, units, whole, tally_text in _in_range_rows(conn, query, "summary"):
-        tally = json.loads(tally_text) if tally_text else None
+    for hour, units, part, tally_text in _in_range_rows(conn, query, "summary"):
         if not runs or runs[-1].units != units:
             if runs and not runs[-1].buckets:
                 runs.pop()  # nothing of the last run fell in the range
             runs.append(_Run(units))
+        if part == NONE:
+            continue  # no point of it in the range (its units still end a run, as read)
         buckets = runs[-1].buckets
-        placed = _tally_bucket(query, hour, whole, tally)
+        tally = json.loads(tally_text) if tally_text and part == ALL else None
+        placed = _tally_bucket(query, hour, tally)
         if placed is not None:
             target = buckets.setdefault(placed[0], _Bucket())
             target.saw(hour * HOUR_US, placed[1])
             _add_tally(target, tally)
             continue
-        for point in loads_body(_object_blob(conn, query, hour)):
-            coord = point_coordinate(point) if type(point) is dict else None
-            if _coord_in_range(coord, query, point):
-                offset = query.zone.point_offset(raw_start(point), coord[0])
-                target = buckets.setdefault(bucket_key(coord[0], offset, query.bucket),
-                                            _Bucket())
-                target.saw(coord[0], offset)
-                target.count += 1
-                accumulate(target.fields, (point,))
+        for key, share in _object_shares(query, _object_blob(conn, query, hour)).items():
+            target = buckets.setdefault(key, _Bucket())
+            target.saw(share.first, share.offset)
+            _add_tally(target, {"n": share.count, "f": share.fields})
     if runs and not runs[-1].buckets:
         runs.pop()
     return runs
+
+
+def _object_shares(query: PointQuery, raw: bytes) -> dict:
+    """Bucket key -> :class:`_Bucket` of one object's points in the range: each bucket's
+    share of the object, aggregated over its points in stored order as the object's tally
+    was (:func:`hour_tally`), so that adding it to a bucket gives what the tally gives."""
+    shares: dict = {}
+    for point in loads_body(raw):
+        coord = point_coordinate(point) if type(point) is dict else None
+        if _coord_in_range(coord, query, point):
+            offset = query.zone.point_offset(raw_start(point), coord[0])
+            key = bucket_key(coord[0], offset, query.bucket)
+            share = shares.get(key)
+            if share is None:
+                share = shares[key] = _Bucket()
+            share.saw(coord[0], offset)
+            share.count += 1
+            accumulate(share.fields, (point,))
+    return shares
 
 
 def _filled_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
@@ -6468,7 +6586,7 @@ def _filled_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
 
 
 def _object_blob(conn: sqlite3.Connection, query: PointQuery, hour: int) -> bytes:
-    return decompress_blob(conn.execute(
+    return _read_blob(conn.execute(
         "SELECT blob FROM object WHERE metric = ? AND layer = ? AND hour = ?",
         (query.metric, query.layer, hour)).fetchone()[0])
 
@@ -7072,7 +7190,7 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
             "SELECT units, blob FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN"
             " ? AND ? ORDER BY hour DESC", (query.metric, query.layer, low, high)):
         found = []
-        for point in loads_body(decompress_blob(blob)):
+        for point in loads_body(_read_blob(blob)):
             coord = point_coordinate(point) if type(point) is dict else None
             if _coord_in_range(coord, query, point):
                 found.append((units, coord, point))
