@@ -58,7 +58,6 @@ import sys
 import threading
 import time
 import urllib.parse
-import zoneinfo
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -365,7 +364,7 @@ def measure(serve: Serve, info: dict, args: argparse.Namespace) -> list:
         pairs.append((dated, epoch))
     month = [end_day - dt.timedelta(days=29), end_day]
     for tz in ("local", "Europe/Berlin", "+01:00"):
-        dated = timed(lambda: serve.get(
+        dated = timed(lambda tz=tz: serve.get(
             "/api/points", metric="heart_rate", bucket="hour", from_=month[0].isoformat(),
             to=month[1].isoformat(), tz=tz), runs)
         pairs.append((Figure("heart_rate 30 days by hour, dates, tz=%s" % tz, dated), None))
@@ -404,7 +403,8 @@ def measure(serve: Serve, info: dict, args: argparse.Namespace) -> list:
         if day >= info["days"]:
             continue
         date = (START + dt.timedelta(days=day)).date().isoformat()
-        summary = timed(lambda: serve.get("/api/summary", date=date, tz="local"), runs)
+        summary = timed(lambda date=date: serve.get("/api/summary", date=date, tz="local"),
+                        runs)
         pairs.append((Figure("/api/summary %s (%s)" % (label, date), summary), None))
     newest = timed(lambda: serve.get("/api/summary", tz="local"), runs)
     pairs.append((Figure("/api/summary without a date (the newest day)", newest), None))
