@@ -5867,6 +5867,44 @@ else was recorded on the day, whatever its group.  Served with each summary as i
 titles."""
 
 
+def stored_metrics(conn: sqlite3.Connection) -> list:
+    """The metrics the store holds, in order, each found by one seek of the primary key
+    (a skip scan): never a scan of the hours, whatever the length of the history."""
+    return [row[0] for row in conn.execute(
+        "WITH RECURSIVE found(metric) AS (SELECT min(metric) FROM object UNION ALL SELECT"
+        " (SELECT min(metric) FROM object WHERE metric > found.metric) FROM found WHERE"
+        " metric IS NOT NULL) SELECT metric FROM found WHERE metric IS NOT NULL")]
+
+
+def metric_layers(conn: sqlite3.Connection, metric: str) -> list:
+    """The layers of a metric, in order, each found by one seek (as :func:`stored_metrics`)."""
+    return [row[0] for row in conn.execute(
+        "WITH RECURSIVE found(layer) AS (SELECT min(layer) FROM object WHERE metric = ?1"
+        " UNION ALL SELECT (SELECT min(layer) FROM object WHERE metric = ?1 AND layer >"
+        " found.layer) FROM found WHERE layer IS NOT NULL) SELECT layer FROM found WHERE"
+        " layer IS NOT NULL", (metric,))]
+
+
+def layer_hours(conn: sqlite3.Connection, metric: str, low: int = -(1 << 62),
+                high: int = 1 << 62) -> dict:
+    """Layer -> (first hour, last hour) of a metric's objects in the hours ``low``..``high``
+    (layers without one left out): two seeks a layer."""
+    found = {}
+    for layer in metric_layers(conn, metric):
+        first, last = conn.execute(
+            "SELECT (SELECT min(hour) FROM object WHERE metric = ?1 AND layer = ?2 AND hour"
+            " BETWEEN ?3 AND ?4), (SELECT max(hour) FROM object WHERE metric = ?1 AND layer"
+            " = ?2 AND hour BETWEEN ?3 AND ?4)", (metric, layer, low, high)).fetchone()
+        if first is not None:
+            found[layer] = (first, last)
+    return found
+
+
+def _layers_between(conn: sqlite3.Connection, metric: str, low: int, high: int) -> list:
+    """The layers of a metric with an object in the hours ``low``..``high``."""
+    return list(layer_hours(conn, metric, low, high))
+
+
 def catalog(conn: sqlite3.Connection) -> list:
     """Per (metric, layer): units, first and last point start, objects, points.  Reads the
     objects' bounds only; never decompresses a blob."""
@@ -6023,11 +6061,9 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
         raise BadRequest("format must be json or csv")
     if bucket is not None and metric == SLEEP_METRIC and bucket == "hour":
         raise BadRequest("sleep is counted per night: bucket must be day or week")
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
+    layers = metric_layers(conn, metric)
     if not layers:
-        raise UnknownMetric([loggable_metric(row[0])
-                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
     coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
     if coarsened:
@@ -6064,9 +6100,8 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
 
     low = -(1 << 62) if start is None else start // HOUR_US
     high = (1 << 62) if end is None else (end - 1) // HOUR_US
-    reach = dict(conn.execute(
-        "SELECT layer, min(hour) FROM object WHERE metric = ? AND hour BETWEEN ? AND ?"
-        " GROUP BY layer", (metric, low, high)))
+    reach = {layer: first for layer, (first, _) in layer_hours(conn, metric, low,
+                                                                high).items()}
     if not reach:
         return min(layers, key=order)
     if start is None:
@@ -7240,11 +7275,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     if view not in VIEW_RANGES and view not in ("all", "custom"):
         raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
     zone = parse_zone(args.get("tz"))
-    layers = dict(conn.execute("SELECT layer, max(hour) FROM object WHERE metric = ?"
-                               " GROUP BY layer", (metric,)))
+    hours = layer_hours(conn, metric)
+    layers = {layer: last for layer, (_, last) in hours.items()}
     if not layers:
-        raise UnknownMetric([loggable_metric(row[0])
-                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
     asked = args.get("layer") or None
     if asked is not None and asked not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
@@ -7270,8 +7304,7 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         day_to = last + 1
         days = day_to - day_from
     elif view == "all":
-        first_hour = conn.execute("SELECT min(hour) FROM object WHERE metric = ?",
-                                  (metric,)).fetchone()[0]
+        first_hour = min(first for first, _ in hours.values())
         days = (max(layers.values()) - first_hour) / 24 + 1
         day_from = day_to = None
     else:
@@ -7373,41 +7406,74 @@ before, when the recent window holds at least 30 days with a value and the basel
 is flagged when the difference exceeds one standard deviation of the baseline days."""
 
 
+_DAY_SHIFT = 1 << 20
+"""Days SQLite adds to a local second before it divides by a day, and takes off after:
+its integer division truncates toward zero, so a dividend kept positive floors, as a date
+does (2,870 years: before any day a query can ask)."""
+
+
 def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
-                    offset: Optional[int], low: int, high: int) -> Optional[tuple]:
+                    zone: Zone, low: int, high: int) -> Optional[tuple]:
     """([(epoch day, units, count, sum)], [hours left]): per local day, from the hours'
-    tallies, summed inside SQLite, for the hours whose points all lie in one local day
-    (their one offset a whole hour; ``offset`` None: the offsets the fold wrote); the
-    other hours (two offsets, a half-hour one, a tally from before offsets were kept)
-    are left to be read from their points.  One statement, each tally parsed once (one
-    json_extract of several paths); an hour left over is a group of its own.  None where
-    this SQLite has no JSON functions, or for a zone of a half-hour offset (every hour
-    straddles two local days there)."""
+    tallies, summed inside SQLite, for the hours whose points all lie in one local day:
+    one offset (the one the fold wrote for them, ``tz=local``; the zone's) under which the
+    hour crosses no local midnight; the other hours (two offsets, the hour a day in which
+    a half-hour offset's midnight falls, a tally from before offsets were kept) are left
+    to be read from their points.  One statement; each tally's JSON read by four scalar
+    ``json_extract`` (one call of several paths costs more: the small array it builds is
+    parsed again for each use).  An IANA zone: :func:`_zone_day_values`.  None where this
+    SQLite has no JSON functions."""
     path = '$.f."%s"' % field.replace('"', "")
-    if offset is None:
-        shift = "json_extract(v, '$[0]')"
-        good = "coalesce(has AND %s %% 3600 = 0 AND json_extract(v, '$[1]') IS NULL, 0)" % shift
-    elif offset % 3600:
-        return None  # a half-hour zone: every hour straddles two local days, read points
-    else:
-        shift, good = str(int(offset)), "has"
+    if isinstance(zone, NamedZone):
+        return _zone_day_values(conn, metric, layer, path, zone, low, high)
+    local = "hour * 3600 + %s + %d" % ("o0" if zone is LOCAL_ZONE else int(zone.offset_s),
+                                       _DAY_SHIFT * 86400)
+    single = "o0 IS NOT NULL AND o1 IS NULL AND " if zone is LOCAL_ZONE else "has AND "
     # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
-    # repeat its json_extract (a parse of the whole tally) for every use of ``v``.
+    # repeat its json_extract calls (each a parse of the whole tally) for every use.
     try:
         rows = conn.execute(
-            "SELECT CASE WHEN ok THEN (hour * 3600 + %s) / 86400 END, CASE WHEN ok THEN NULL"
-            " ELSE hour END, units, sum(json_extract(v, '$[2]')), sum(json_extract(v, '$[3]'))"
-            " FROM (SELECT hour, units, v, %s AS ok FROM (SELECT hour, units, summary IS NOT"
-            " NULL AS has, json_extract(summary, '$.o[0]', '$.o[1]', ? || '[0]', ? || '[3]')"
-            " AS v FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
-            " LIMIT -1 OFFSET 0) LIMIT -1 OFFSET 0)"
-            " WHERE NOT ok OR json_extract(v, '$[2]') IS NOT NULL GROUP BY 1, 2, 3"
-            % (shift, good), (path, path, metric, layer, low, high)).fetchall()
+            "SELECT CASE WHEN ok THEN (%s) / 86400 - %d END, CASE WHEN ok THEN NULL ELSE hour"
+            " END, units, sum(c), sum(s) FROM (SELECT hour, units, o0, c, s, coalesce(%s(%s)"
+            " %% 86400 <= 82800, 0) AS ok FROM (SELECT hour, units, summary IS NOT NULL AS"
+            " has, json_extract(summary, '$.o[0]') AS o0, json_extract(summary, '$.o[1]') AS"
+            " o1, json_extract(summary, ?) AS c, json_extract(summary, ?) AS s FROM object"
+            " WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ? LIMIT -1 OFFSET 0)"
+            " LIMIT -1 OFFSET 0) WHERE NOT ok OR c IS NOT NULL GROUP BY 1, 2, 3"
+            % (local, _DAY_SHIFT, single, local),
+            (path + "[0]", path + "[3]", metric, layer, low, high)).fetchall()
     except sqlite3.OperationalError:
         return None
     return ([(day, units, count, total) for day, hour, units, count, total in rows
              if hour is None],
             sorted({hour for _, hour, _, _, _ in rows if hour is not None}))
+
+
+def _zone_day_values(conn: sqlite3.Connection, metric: str, layer: str, path: str,
+                     zone: "NamedZone", low: int, high: int) -> Optional[tuple]:
+    """:func:`_day_values_sql` in an IANA zone: SQLite reads each tally's count and sum,
+    and the hours are placed on the zone's days here (an hour whose offset at its start
+    differs from the next hour's, a DST change, is read from its points)."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, units, summary IS NOT NULL, json_extract(summary, ?),"
+            " json_extract(summary, ?) FROM object WHERE metric = ? AND layer = ? AND hour"
+            " BETWEEN ? AND ?", (path + "[0]", path + "[3]", metric, layer, low, high))
+        rows = rows.fetchall()
+    except sqlite3.OperationalError:
+        return None
+    days: dict = {}
+    left = []
+    for hour, units, has, count, total in rows:
+        offset = zone.offset_at(hour * HOUR_US)
+        local = hour * 3600 + offset
+        if not has or offset != zone.offset_at((hour + 1) * HOUR_US) or local % 86400 > 82800:
+            left.append(hour)
+        elif count is not None:
+            slot = days.setdefault((local // 86400, units), [0, 0.0])
+            slot[0] += count
+            slot[1] += total or 0.0
+    return [(day, units, count, total) for (day, units), (count, total) in days.items()], left
 
 
 def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
@@ -7419,15 +7485,12 @@ def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
     field = meaning.fields[0]
     low = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
     high = ((last + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
-        (metric, low, high))]
+    layers = _layers_between(conn, metric, low, high)
     found: dict = {}
     for layer in sorted((layer for layer in layers if layer in DAY_LAYERS),
                         key=DAY_LAYERS.index):
         totals: dict = {}  # (ordinal, units) -> [count, sum]
-        fast = None if isinstance(zone, NamedZone) else _day_values_sql(
-            conn, metric, layer, field, getattr(zone, "offset_s", None), low, high)
+        fast = _day_values_sql(conn, metric, layer, field, zone, low, high)
         if fast is None:
             hours = None
         else:
@@ -7521,9 +7584,7 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
     """Last night: the night that ended on the day, its stages in the sleep meaning's order
     (``stage_order``), its fields (the main one first) with their labels, against the
     usual night."""
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (SLEEP_METRIC,))]
-    if RECORD_LAYER not in layers:
+    if RECORD_LAYER not in metric_layers(conn, SLEEP_METRIC):
         return None
     query = PointQuery(SLEEP_METRIC, RECORD_LAYER, None, None, "day", zone,
                        day_from=day - USUAL_DAYS, day_to=day + 1)
@@ -7589,10 +7650,8 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
     time of day means nothing."""
     meaning = meaning_of(metric)
     end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
     best = None
-    for layer in layers:
+    for layer in metric_layers(conn, metric):
         query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
         for units, coord, point in iter_points_newest(conn, query):
             if best is None or coord[0] > best[1][0]:
@@ -7613,8 +7672,8 @@ def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> 
     """Everything else recorded on the day: a value per series, a count per list."""
     low = ((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
     high = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    metrics = sorted({row[0] for row in conn.execute(
-        "SELECT DISTINCT metric FROM object WHERE hour BETWEEN ? AND ?", (low, high))} - shown)
+    metrics = [metric for metric in stored_metrics(conn)
+               if metric not in shown and _layers_between(conn, metric, low, high)]
     out = []
     for metric in metrics:
         meaning = meaning_of(metric)
@@ -7642,7 +7701,7 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
     :data:`TREND_MIN_BASELINE`)."""
     first = day - TREND_RECENT_DAYS - TREND_BASELINE_DAYS + 1
     out = []
-    for (metric,) in conn.execute("SELECT DISTINCT metric FROM object ORDER BY metric"):
+    for metric in stored_metrics(conn):
         meaning = meaning_of(metric)
         if meaning.kind not in ("total", "average") or meaning.better is None:
             continue
@@ -7686,12 +7745,19 @@ def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> lis
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     """The local date of the newest point of any series or night (today, for a phone that
     pushes): where a person opening the page expects to land."""
-    row = conn.execute("SELECT metric, layer, hour FROM object WHERE layer != 'record'"
-                       " OR metric = ? ORDER BY last_at DESC LIMIT 1",
-                       (SLEEP_METRIC,)).fetchone()
+    row = None  # (last_at, metric, layer, hour) of the object with the newest start
+    for metric in stored_metrics(conn):  # a seek per metric and layer: never a scan
+        for layer in metric_layers(conn, metric):
+            if layer == RECORD_LAYER and metric != SLEEP_METRIC:
+                continue
+            last_at, hour = conn.execute(
+                "SELECT last_at, hour FROM object WHERE metric = ? AND layer = ?"
+                " ORDER BY hour DESC LIMIT 1", (metric, layer)).fetchone()
+            if row is None or last_at > row[0]:
+                row = (last_at, metric, layer, hour)
     if row is None:
         return utc_now().date().toordinal()
-    metric, layer, hour = row
+    _, metric, layer, hour = row
     query = PointQuery(metric, layer, hour * HOUR_US, (hour + 1) * HOUR_US, None, zone)
     newest = None
     for _, coord, point in iter_points(conn, query):
