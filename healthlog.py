@@ -1092,6 +1092,8 @@ def local_day_and_second(value: Any) -> Optional[tuple]:
     return days + _EPOCH_ORDINAL, rest / US
 
 
+_MINUTE_SECOND = tuple("%02d:%02d" % divmod(second, 60) for second in range(3600))
+"""``MM:SS`` of each second of an hour: texts of instants written a piece at a time."""
 _HOUR_TEXT: dict = {}
 """UTC hour (epoch hours) → ``YYYY-MM-DDTHH:``: exports format the hours once."""
 
@@ -1111,7 +1113,7 @@ def format_instant(instant_us: int) -> str:
             _HOUR_TEXT.clear()
         prefix = _HOUR_TEXT[hour] = _hour_prefix(moment)
     seconds, micros = divmod(rest, US)
-    text = "%s%02d:%02d" % (prefix, seconds // 60, seconds % 60)
+    text = prefix + _MINUTE_SECOND[seconds]
     if micros:
         text += (".%06d" % micros).rstrip("0")
     return text + "Z"
@@ -1264,7 +1266,7 @@ def local_iso(instant_us: int, offset_s: int) -> str:
     zone = _OFFSET_TEXT.get(offset_s)
     if zone is None:
         zone = _OFFSET_TEXT[offset_s] = format_offset(offset_s)
-    return "%s%02d:%02d%s" % (prefix, rest // 60, rest % 60, zone)
+    return prefix + _MINUTE_SECOND[rest] + zone
 
 
 def local_ordinal(instant_us: int, offset_s: int) -> int:
@@ -6235,22 +6237,30 @@ def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
     """(units, coordinate, point) of every point in the range, in time order.  The spans
     the fold stored beside each object give the coordinates without reading a timestamp
     again (objects written before them are read as they are)."""
+    for units, start, end, point in _spans_in_range(conn, query):
+        yield units, (start, end, _category(point)), point
+
+
+def _spans_in_range(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """(units, start, end, point) of every point in the range, in time order:
+    :func:`iter_points` without the category (raw CSV has no use for it)."""
     for _, units, part, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
         if part == NONE:
             continue
-        whole = part == ALL
         points = loads_body(_read_blob(blob))
         known = decode_spans(spans, len(points))
         if known is None or -1 in known[0]:
             for point in points:
                 coord = point_coordinate(point) if type(point) is dict else None
                 if _coord_in_range(coord, query, point):
-                    yield units, coord, point
-            continue
-        for start, end, point in zip(known[0], known[1], points):
-            coord = (start, end, _category(point))
-            if whole or _coord_in_range(coord, query, point):
-                yield units, coord, point
+                    yield units, coord[0], coord[1], point
+        elif part == ALL:
+            for start, end, point in zip(known[0], known[1], points):
+                yield units, start, end, point
+        else:
+            for start, end, point in zip(known[0], known[1], points):
+                if _coord_in_range((start,), query, point):
+                    yield units, start, end, point
 
 
 def _coord_in_range(coord: Optional[tuple], query: PointQuery, point: Any = None) -> bool:
@@ -6388,31 +6398,113 @@ def _csv_cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _csv_value(value: Any) -> Any:
+    """A point's value as a raw CSV cell: :func:`_csv_cell`, and a text that starts like a
+    formula with its leading ``'`` (as :func:`_csv_lines` writes it)."""
+    value = _csv_cell(value)
+    if type(value) is str and value and (value[0] in _FORMULA_FIRST or value[0].isspace()) \
+            and _FORMULA.match(value):
+        return "'" + value
+    return value
+
+
+_CSV_PLAIN = frozenset((int, float))
+"""Types of a value a CSV cell holds as it is (no text: never a formula)."""
+_CSV_SAFE_FIRST = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+"""First characters of a text that can start no formula (nor space): such a text is a
+cell as it is."""
+_CSV_ROWS_HELD = 512
+"""Raw CSV rows handed to the csv module at once (one call for many rows)."""
+
+
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     fields: dict = {}  # every key seen, first-seen order (a first pass over the range)
     for _, raw, whole in _objects(conn, query):
-        for point in loads_body(raw):
-            if type(point) is dict and (whole or _in_range(point, query)):
-                for key in point:
-                    fields.setdefault(key, None)
+        points = loads_body(raw)
+        if whole:  # every point's keys, first-seen order, in one C loop
+            fields.update(dict.fromkeys(itertools.chain.from_iterable(
+                point for point in points if type(point) is dict)))
+            continue
+        for point in points:
+            if type(point) is dict and _in_range(point, query):
+                fields.update(dict.fromkeys(point))
     names = list(fields)
+    yield from _csv_lines(iter([list(RAW_CSV_COLUMNS) + [
+        name + "_" if name in RAW_CSV_COLUMNS else name for name in names]]))
+    yield from _csv_rows(_raw_csv_rows(conn, query, names))
+
+
+def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> Iterator[list]:
+    """Lists of raw CSV rows (a few hundred at a time) whose cells are ready to be written:
+    text values already checked for formulas (:func:`_csv_value`); the row's own texts
+    (times, dates) start with a digit, units are checked once per run.
+
+    This loop sees every point of a raw CSV, so it writes the texts of
+    :func:`format_instant` and :func:`local_iso` from their caches itself (the same texts:
+    it calls them where a cache has not the piece) and, ``tz=local``, reads the offset of
+    HAE's own timestamps from their last six characters once per distinct tail."""
     zone = query.zone
+    local = zone is LOCAL_ZONE
     sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
+    plain, safe, value_cell = _CSV_PLAIN, _CSV_SAFE_FIRST, _csv_value
+    minute_second, utc_hours, local_hours = _MINUTE_SECOND, _HOUR_TEXT, _LOCAL_HOUR
+    offset_texts, fromordinal = _OFFSET_TEXT, _dt.date.fromordinal
+    tails: dict = {}  # " +hhmm" -> seconds east of UTC (HAE's own timestamps, tz=local)
+    dates: dict = {}  # local date ordinal -> its ISO text
+    held: list = []
+    units_now, units_cell = object(), ""
+    for units, start, end, point in _spans_in_range(conn, query):
+        if units != units_now:
+            units_now, units_cell = units, _csv_value(units or "")
+        if local:
+            raw = raw_start(point)
+            offset = tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
+            if offset is None:
+                offset = text_offset(raw, start)
+                if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
+                    tails[raw[19:]] = offset
+        else:
+            offset = zone.point_offset(raw_start(point), start)
+        local_s = start // US + offset
+        hour, rest = divmod(local_s, 3600)
+        prefix, zone_text = local_hours.get(hour), offset_texts.get(offset)
+        local_text = (local_iso(start, offset) if prefix is None or zone_text is None
+                      else prefix + minute_second[rest] + zone_text)
+        hour, rest = divmod(start, HOUR_US)
+        prefix = utc_hours.get(hour)
+        utc = (format_instant(start) if prefix is None or rest % US
+               else prefix + minute_second[rest // US] + "Z")
+        day = None if sleep is None else sleep.of(point, (start, end))
+        if day is None:
+            day = local_s // 86400 + _EPOCH_ORDINAL
+        date = dates.get(day)
+        if date is None:
+            date = dates[day] = fromordinal(day).isoformat()
+        held.append([utc, utc if end == start else format_instant(end), units_cell,
+                     local_text, date]
+                    + [value if type(value) in plain or (type(value) is str and value[:1]
+                                                         in safe) else value_cell(value)
+                       for value in map(point.get, names)])
+        if len(held) >= _CSV_ROWS_HELD:
+            yield held
+            held = []
+    if held:
+        yield held
 
-    def rows() -> Iterator[list]:
-        yield list(RAW_CSV_COLUMNS) + [name + "_" if name in RAW_CSV_COLUMNS else name
-                                       for name in names]
-        for units, coord, point in iter_points(conn, query):
-            start = format_instant(coord[0])
-            end = start if coord[1] == coord[0] else format_instant(coord[1])
-            offset = zone.point_offset(raw_start(point), coord[0])
-            day = sleep.of(point, coord) if sleep is not None else None
-            yield ([start, end, units or "", local_iso(coord[0], offset),
-                    _dt.date.fromordinal(local_ordinal(coord[0], offset) if day is None
-                                         else day).isoformat()]
-                   + [_csv_cell(point.get(key)) for key in names])
 
-    yield from _csv_lines(rows())
+def _csv_rows(batches: Iterator[list]) -> Iterator[bytes]:
+    """Lists of CSV rows whose cells are ready (no formula left), written a list at a time
+    in pieces of about :data:`STREAM_CHUNK` bytes."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    for rows in batches:
+        writer.writerows(rows)
+        if out.tell() >= STREAM_CHUNK:
+            yield out.getvalue().encode()
+            out.seek(0)
+            out.truncate()
+    if out.tell():
+        yield out.getvalue().encode()
 
 
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
