@@ -6126,18 +6126,25 @@ its tally or its stored text stand for its points)."""
 
 
 class DecodeCount:
-    """How many stored objects the read side has decompressed (and so decoded) since the
-    module was loaded: the one measure of whether a read took its fast path (a whole hour
-    counted from its tally, or an object outside the range, costs none).  Tests read it
+    """What the read side has done with stored objects since the module was loaded:
+    ``objects`` decompressed (and so decoded), and of those ``checked``, read point by point
+    (each point's time read or its bucket found, not its object's tally or stored text and
+    spans taken whole).  The one measure of whether a read took its fast path: a whole hour
+    counted from its tally, or an object outside the range, costs neither.  Tests read it
     around a request; a lock keeps concurrent reads from losing a count."""
 
     def __init__(self) -> None:
         self.objects = 0
+        self.checked = 0
         self._lock = threading.Lock()
 
     def add(self) -> None:
         with self._lock:
             self.objects += 1
+
+    def check(self) -> None:
+        with self._lock:
+            self.checked += 1
 
 
 READ_DECODES = DecodeCount()
@@ -6149,11 +6156,15 @@ def _read_blob(blob: bytes) -> bytes:
     return decompress_blob(blob)
 
 
-def _local_second_bounds(first_at: int, last_at: int, tally_text: Optional[str]) -> tuple:
-    """(lowest, highest) local second (UTC second plus the offset written in the point, as
-    ``tz=local`` dates a point) that a point of an object can have, both included: from
-    the offsets its tally names when it names them, else from :data:`WRITTEN_OFFSET_MAX_S`
-    (which holds for any offset)."""
+def _local_second_bounds(query: PointQuery, first_at: int, last_at: int,
+                         tally_text: Optional[str]) -> tuple:
+    """(lowest, highest) local second (UTC second plus the offset the query places a point
+    in) that a point of an object can have, both included: ``tz=local``, from the offsets
+    its tally names when it names them, else from :data:`WRITTEN_OFFSET_MAX_S` (which holds
+    for any offset); a zone or an offset, from its offsets at the first and last start."""
+    if query.zone is not LOCAL_ZONE:
+        offsets = (query.zone.offset_at(first_at * US), query.zone.offset_at(last_at * US))
+        return first_at + min(offsets), last_at + max(offsets)
     if tally_text:
         offsets = json.loads(tally_text).get("o")
         if offsets:
@@ -6164,12 +6175,13 @@ def _local_second_bounds(first_at: int, last_at: int, tally_text: Optional[str])
 def _object_part(query: PointQuery, first_at: int, last_at: int,
                  tally_text: Optional[str]) -> int:
     """:data:`NONE`, :data:`SOME` or :data:`ALL`: how much of an object lies in the query's
-    range, from its first and last start (whole seconds, as stored) and, where local date
-    bounds (``tz=local``) leave it open within a day of their edges, the offsets its tally
-    names.  Exact where it answers ALL or NONE: a point's start is in the range when its
-    instant is in ``[start, end)`` and (local date bounds) the date written in it is in
-    ``[day_from, day_to)``; every object more than a day inside date bounds is ALL, so only
-    the objects at a range's edges are read point by point."""
+    range, from its first and last start (whole seconds, as stored) and, where date bounds
+    leave it open within a day of their edges, the offsets its points are placed in (the
+    offsets its tally names, ``tz=local``; the zone's).  Exact where it answers ALL or NONE:
+    a point's start is in the range when its instant is in ``[start, end)`` and (date
+    bounds) its local date is in ``[day_from, day_to)``; every object more than a day
+    inside date bounds is ALL, so only the objects at a range's edges are read point by
+    point."""
     if ((query.start is not None and (last_at + 1) * US <= query.start)
             or (query.end is not None and first_at * US >= query.end)):
         return NONE
@@ -6181,9 +6193,9 @@ def _object_part(query: PointQuery, first_at: int, last_at: int,
     high_day = None if query.day_to is None else (query.day_to - _EPOCH_ORDINAL) * 86400
     part = _dates_part(low_day, high_day, first_at - WRITTEN_OFFSET_MAX_S,
                        last_at + WRITTEN_OFFSET_MAX_S)
-    if part == SOME and tally_text:  # an edge: the offsets the points were written in
+    if part == SOME:  # an edge: the offsets its points are placed in
         part = _dates_part(low_day, high_day,
-                           *_local_second_bounds(first_at, last_at, tally_text))
+                           *_local_second_bounds(query, first_at, last_at, tally_text))
     if part == NONE:
         return NONE
     return ALL if inside and part == ALL else SOME
@@ -6249,14 +6261,16 @@ def _spans_in_range(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tup
             continue
         points = loads_body(_read_blob(blob))
         known = decode_spans(spans, len(points))
+        if known is not None and -1 not in known[0] and part == ALL:
+            for start, end, point in zip(known[0], known[1], points):
+                yield units, start, end, point
+            continue
+        READ_DECODES.check()
         if known is None or -1 in known[0]:
             for point in points:
                 coord = point_coordinate(point) if type(point) is dict else None
                 if _coord_in_range(coord, query, point):
                     yield units, coord[0], coord[1], point
-        elif part == ALL:
-            for start, end, point in zip(known[0], known[1], points):
-                yield units, start, end, point
         else:
             for start, end, point in zip(known[0], known[1], points):
                 if _coord_in_range((start,), query, point):
@@ -6336,6 +6350,7 @@ def _raw_json(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
                 continue
             pieces = [inner]
         else:
+            READ_DECODES.check()
             pieces = [dumps_points([point])[1:-1] for point in json.loads(raw)
                       if _in_range(point, query)]
             if not pieces:
@@ -6425,6 +6440,7 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
             fields.update(dict.fromkeys(itertools.chain.from_iterable(
                 point for point in points if type(point) is dict)))
             continue
+        READ_DECODES.check()
         for point in points:
             if type(point) is dict and _in_range(point, query):
                 fields.update(dict.fromkeys(point))
@@ -6677,6 +6693,7 @@ def _object_shares(query: PointQuery, raw: bytes) -> dict:
     """Bucket key -> :class:`_Bucket` of one object's points in the range: each bucket's
     share of the object, aggregated over its points in stored order as the object's tally
     was (:func:`hour_tally`), so that adding it to a bucket gives what the tally gives."""
+    READ_DECODES.check()
     shares: dict = {}
     for point in loads_body(raw):
         coord = point_coordinate(point) if type(point) is dict else None
@@ -7317,6 +7334,7 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
             "SELECT units, blob FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN"
             " ? AND ? ORDER BY hour DESC", (query.metric, query.layer, low, high)):
         found = []
+        READ_DECODES.check()
         for point in loads_body(_read_blob(blob)):
             coord = point_coordinate(point) if type(point) is dict else None
             if _coord_in_range(coord, query, point):
