@@ -6423,13 +6423,28 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
+_CSV_QUOTED = re.compile(r'[,"\r\n]')
+"""What makes the csv module quote a cell (its ``QUOTE_MINIMAL`` with ``\r\n`` lines)."""
+
+
+def _csv_text(value: Any) -> str:
+    """A point's value as the text of a raw CSV cell, exactly as the csv module writes
+    :func:`_csv_value` of it: a number as ``str`` spells it, a text quoted when it holds a
+    comma, a quote or a line break (its quotes doubled)."""
+    value = _csv_value(value)
+    if type(value) is not str:
+        return str(value)
+    if _CSV_QUOTED.search(value):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
 _CSV_PLAIN = frozenset((int, float))
 """Types of a value a CSV cell holds as it is (no text: never a formula)."""
 _CSV_SAFE_FIRST = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-"""First characters of a text that can start no formula (nor space): such a text is a
-cell as it is."""
+"""First characters of a text that can start no formula (nor space)."""
 _CSV_ROWS_HELD = 512
-"""Raw CSV rows handed to the csv module at once (one call for many rows)."""
+"""Raw CSV lines joined at once."""
 
 
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
@@ -6447,22 +6462,25 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     names = list(fields)
     yield from _csv_lines(iter([list(RAW_CSV_COLUMNS) + [
         name + "_" if name in RAW_CSV_COLUMNS else name for name in names]]))
-    yield from _csv_rows(_raw_csv_rows(conn, query, names))
+    for lines in _raw_csv_rows(conn, query, names):
+        yield ("\r\n".join(lines) + "\r\n").encode()
 
 
 def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> Iterator[list]:
-    """Lists of raw CSV rows (a few hundred at a time) whose cells are ready to be written:
-    text values already checked for formulas (:func:`_csv_value`); the row's own texts
-    (times, dates) start with a digit, units are checked once per run.
+    """Lists of raw CSV lines (a few hundred at a time, without their ``\r\n``), each the
+    bytes the csv module writes for the row (:func:`_csv_text`: a text value checked for a
+    formula and quoted where it must be; the row's own texts, times and dates, need
+    neither; units are written once per run).
 
-    This loop sees every point of a raw CSV, so it writes the texts of
-    :func:`format_instant` and :func:`local_iso` from their caches itself (the same texts:
-    it calls them where a cache has not the piece) and, ``tz=local``, reads the offset of
-    HAE's own timestamps from their last six characters once per distinct tail."""
+    This loop sees every point of a raw CSV, so it joins the cells itself (the csv module
+    takes as long again), writes the texts of :func:`format_instant` and :func:`local_iso`
+    from their caches (the same texts: it calls them where a cache has not the piece) and,
+    ``tz=local``, reads the offset of HAE's own timestamps from their last six characters
+    once per distinct tail."""
     zone = query.zone
     local = zone is LOCAL_ZONE
     sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
-    plain, safe, value_cell = _CSV_PLAIN, _CSV_SAFE_FIRST, _csv_value
+    plain, safe, text_of, quoted = _CSV_PLAIN, _CSV_SAFE_FIRST, _csv_text, _CSV_QUOTED.search
     minute_second, utc_hours, local_hours = _MINUTE_SECOND, _HOUR_TEXT, _LOCAL_HOUR
     offset_texts, fromordinal = _OFFSET_TEXT, _dt.date.fromordinal
     tails: dict = {}  # " +hhmm" -> seconds east of UTC (HAE's own timestamps, tz=local)
@@ -6471,7 +6489,7 @@ def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> I
     units_now, units_cell = object(), ""
     for units, start, end, point in _spans_in_range(conn, query):
         if units != units_now:
-            units_now, units_cell = units, _csv_value(units or "")
+            units_now, units_cell = units, _csv_text(units or "")
         if local:
             raw = raw_start(point)
             offset = tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
@@ -6496,31 +6514,16 @@ def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> I
         date = dates.get(day)
         if date is None:
             date = dates[day] = fromordinal(day).isoformat()
-        held.append([utc, utc if end == start else format_instant(end), units_cell,
-                     local_text, date]
-                    + [value if type(value) in plain or (type(value) is str and value[:1]
-                                                         in safe) else value_cell(value)
-                       for value in map(point.get, names)])
+        held.append(",".join([utc, utc if end == start else format_instant(end), units_cell,
+                              local_text, date]
+                             + [str(value) if type(value) in plain else value if type(
+                                 value) is str and value[:1] in safe and not quoted(value)
+                                else text_of(value) for value in map(point.get, names)]))
         if len(held) >= _CSV_ROWS_HELD:
             yield held
             held = []
     if held:
         yield held
-
-
-def _csv_rows(batches: Iterator[list]) -> Iterator[bytes]:
-    """Lists of CSV rows whose cells are ready (no formula left), written a list at a time
-    in pieces of about :data:`STREAM_CHUNK` bytes."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    for rows in batches:
-        writer.writerows(rows)
-        if out.tell() >= STREAM_CHUNK:
-            yield out.getvalue().encode()
-            out.seek(0)
-            out.truncate()
-    if out.tell():
-        yield out.getvalue().encode()
 
 
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")

@@ -323,21 +323,29 @@ def timed(function, runs: int) -> list:
 
 
 def page_view(serve: Serve, metric: str, view: str, runs: int) -> tuple:
-    """The page's two requests for a view (the plan, then the points it names), and the
-    same buckets with epoch bounds: (date figure, epoch figure, plan)."""
+    """The page's two requests for a view (the plan, then the points it names), its points
+    alone, and the same buckets with epoch bounds (the UTC instants of the same midnights
+    in the phone's home zone; 24 hours: the plan's own instants in milliseconds): figures
+    (page, None, points, epoch points)."""
     plan_runs = timed(lambda: serve.get("/api/plan", metric=metric, range=view, tz="local"),
                       runs)
     plan = json.loads(plan_runs[0][1])
-    first, last = (dt.date.fromisoformat(plan[k]) for k in ("from", "to"))
     dated = timed(lambda: serve.get("/api/points", metric=metric, bucket=plan["bucket"],
                                     from_=plan["from"], to=plan["to"], tz="local"), runs)
-    epoch = timed(lambda: serve.get(
-        "/api/points", metric=metric, bucket=plan["bucket"], from_=epoch_ms(first, HOME),
-        to=epoch_ms(last + dt.timedelta(days=1), HOME), tz="local"), runs)
+    if len(plan["from"]) == 10:
+        first, last = (dt.date.fromisoformat(plan[k]) for k in ("from", "to"))
+        bounds = epoch_ms(first, HOME), epoch_ms(last + dt.timedelta(days=1), HOME)
+    else:
+        bounds = tuple(str(int(dt.datetime.fromisoformat(plan[k].replace("Z", "+00:00"))
+                               .timestamp() * 1000)) for k in ("from", "to"))
+    epoch = timed(lambda: serve.get("/api/points", metric=metric, bucket=plan["bucket"],
+                                    from_=bounds[0], to=bounds[1], tz="local"), runs)
     both = [(p[0] + d[0], d[1], p[2] + d[2]) for p, d in zip(plan_runs, dated)]
     label = "%s %s (%s by %s, %s to %s)" % (metric, view, plan["layer"], plan["bucket"],
                                              plan["from"], plan["to"])
-    return Figure(label + ": plan + points", both), Figure("same, epoch bounds", epoch), plan
+    return (Figure("the page's %s: plan + points" % label, both), None,
+            Figure("  its points, dates (tz=local)", dated),
+            Figure("same, epoch bounds", epoch))
 
 
 def export_seconds(python: str, root: Path, data_dir: Path, runs: int, **query) -> list:
@@ -359,9 +367,10 @@ def measure(serve: Serve, info: dict, args: argparse.Namespace) -> list:
     runs = args.runs
     end_day = (START + dt.timedelta(days=info["days"] - 1)).date()
     pairs = []
-    for metric, view in (("step_count", "1y"), ("heart_rate", "30d"), ("heart_rate", "7d")):
-        dated, epoch, _ = page_view(serve, metric, view, runs)
-        pairs.append((dated, epoch))
+    for metric, view in (("step_count", "1y"), ("heart_rate", "30d"), ("heart_rate", "7d"),
+                         ("heart_rate", "24h")):
+        page, nothing, dated, epoch = page_view(serve, metric, view, runs)
+        pairs += [(page, nothing), (dated, epoch)]
     month = [end_day - dt.timedelta(days=29), end_day]
     for tz in ("local", "Europe/Berlin", "+01:00"):
         dated = timed(lambda tz=tz: serve.get(

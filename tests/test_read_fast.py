@@ -23,7 +23,9 @@ range).
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import sqlite3
 import zoneinfo
@@ -427,3 +429,39 @@ def test_read_18_4_the_summary_costs_the_same_whatever_the_history_before_its_wi
         # the same work: a few seeks more for the layer the history added, never a scan of
         # its 17,472 hours (a scan takes at least one step of the handler's 100 an hour)
         assert long_steps <= short_steps + 10, (name, short_steps, long_steps)
+
+
+TRICKY = ["plain", "", "a,b", 'say "hi"', '"', "line\nbreak", "cr\rhere", "\r\n", " lead",
+          "=1+1", "+SUM(1,2)", "-2", "@A1", "|cmd", "\uff1d1", "\tx", "Antons\u2019 Watch",
+          "\u00e9\u00e8,\u00ea", "\U0001f600"]
+"""Texts a raw CSV must write as the csv module does: commas, quotes and line breaks
+quoted (quotes doubled), formulas made harmless with a leading ``'``, any other text as it
+is."""
+
+
+def test_read_18_3_raw_csv_is_what_the_csv_module_writes(start_service):
+    """Raw CSV is written without the csv module (READ-18's speed): its bytes are those the
+    csv module writes for the cells it holds, whatever the texts and numbers."""
+    service = start_service(log_level="INFO")
+    points = []
+    for minute, text in enumerate(TRICKY):
+        points.append({"date": "2024-10-27 02:%02d:00 +0100" % minute, "qty": [
+            -5, 0.1, 1e-07, 1e16, 2 ** 62, 123456.789, -0.0][minute % 7], "note": text,
+            "nested": {"a": [text, 1.5]} if minute % 3 else None, "flag": minute % 2 == 0,
+            "source": text})
+    body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", points, "cou,nt")]))
+    assert Client(*service.address).ingest(body, headers={"automation-aggregation":
+                                                          "Minutes"})[0] == 200
+    wait_for(lambda: db_rows(service.config.data_dir, "SELECT parse_status FROM delivery")[0][
+        "parse_status"] == "parsed", what="the delivery folded")
+    for query in ({}, {"from_": "2024-10-27", "to": "2024-10-27"}, {"tz": "Asia/Kolkata"}):
+        reply = get(service.address, "/api/points", metric="step_count", format="csv", **query)
+        assert reply.status == 200
+        rows = list(csv.reader(io.StringIO(reply.body.decode(), newline="")))
+        assert len(rows) == len(points) + 1
+        written = io.StringIO()
+        csv.writer(written, lineterminator="\r\n").writerows(rows)
+        assert written.getvalue().encode() == reply.body, query
+        notes = [row[rows[0].index("note")] for row in rows[1:]]
+        assert [note.lstrip("'") if note.startswith("'") and note[1:] in TRICKY else note
+                for note in notes] == TRICKY
