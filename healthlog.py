@@ -6156,6 +6156,17 @@ def _read_blob(blob: bytes) -> bytes:
     return decompress_blob(blob)
 
 
+def _tally_of(text: str) -> dict:
+    """An object's stored tally (:func:`hour_tally`), parsed: by orjson when the host has
+    it (a year of hours is 8,760 of them), else, or for a text orjson refuses, by json."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(text)
+        except ValueError:
+            pass
+    return json.loads(text)
+
+
 def _local_second_bounds(query: PointQuery, first_at: int, last_at: int,
                          tally_text: Optional[str]) -> tuple:
     """(lowest, highest) local second (UTC second plus the offset the query places a point
@@ -6166,7 +6177,7 @@ def _local_second_bounds(query: PointQuery, first_at: int, last_at: int,
         offsets = (query.zone.offset_at(first_at * US), query.zone.offset_at(last_at * US))
         return first_at + min(offsets), last_at + max(offsets)
     if tally_text:
-        offsets = json.loads(tally_text).get("o")
+        offsets = _tally_of(tally_text).get("o")
         if offsets:
             return first_at + min(offsets), last_at + max(offsets)
     return first_at - WRITTEN_OFFSET_MAX_S, last_at + WRITTEN_OFFSET_MAX_S
@@ -6646,10 +6657,17 @@ def _tally_bucket(query: PointQuery, hour: int, tally: Optional[dict]) -> Option
     if not offsets or len(offsets) != 1:
         return None
     offset = offsets[0]
-    key = bucket_key(hour * HOUR_US, offset, query.bucket)
-    if bucket_key((hour + 1) * HOUR_US - 1, offset, query.bucket) != key:
+    # bucket_key of the hour's first and last second, as integer arithmetic: this runs for
+    # every hour of a year
+    if query.bucket == "hour":
+        return None if offset % 3600 else (hour * HOUR_US, offset)
+    first, last = (hour * 3600 + offset) // 86400, (hour * 3600 + 3599 + offset) // 86400
+    if query.bucket == "week":  # their Mondays (ordinal 1 was a Monday)
+        first -= (first + _EPOCH_ORDINAL - 1) % 7
+        last -= (last + _EPOCH_ORDINAL - 1) % 7
+    if first != last:
         return None  # a half-hour offset: the hour straddles two local hours or days
-    return key, offset
+    return first + _EPOCH_ORDINAL, offset
 
 
 def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
@@ -6676,7 +6694,7 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
         if part == NONE:
             continue  # no point of it in the range (its units still end a run, as read)
         buckets = runs[-1].buckets
-        tally = json.loads(tally_text) if tally_text and part == ALL else None
+        tally = _tally_of(tally_text) if tally_text and part == ALL else None
         placed = _tally_bucket(query, hour, tally)
         if placed is not None:
             target = buckets.setdefault(placed[0], _Bucket())
