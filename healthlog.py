@@ -6271,21 +6271,35 @@ def _spans_in_range(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tup
         if part == NONE:
             continue
         points = loads_body(_read_blob(blob))
-        known = decode_spans(spans, len(points))
-        if known is not None and -1 not in known[0] and part == ALL:
+        known = _known_spans(spans, points)
+        if part == ALL and known is not None:
             for start, end, point in zip(known[0], known[1], points):
                 yield units, start, end, point
-            continue
-        READ_DECODES.check()
-        if known is None or -1 in known[0]:
-            for point in points:
-                coord = point_coordinate(point) if type(point) is dict else None
-                if _coord_in_range(coord, query, point):
-                    yield units, coord[0], coord[1], point
         else:
-            for start, end, point in zip(known[0], known[1], points):
-                if _coord_in_range((start,), query, point):
-                    yield units, start, end, point
+            for start, end, point in _points_checked(query, points, known):
+                yield units, start, end, point
+
+
+def _known_spans(spans: Optional[bytes], points: list) -> Optional[tuple]:
+    """(starts, ends) of an object's points from the spans stored beside it, or None where
+    they are not (an object written before them, or a point without a time)."""
+    known = decode_spans(spans, len(points))
+    return None if known is None or -1 in known[0] else known
+
+
+def _points_checked(query: PointQuery, points: list, known: Optional[tuple]) -> Iterator[tuple]:
+    """(start, end, point) of the points of an object, read point by point, that lie in the
+    range (``known``: their spans, else their times are read)."""
+    READ_DECODES.check()
+    if known is None:
+        for point in points:
+            coord = point_coordinate(point) if type(point) is dict else None
+            if _coord_in_range(coord, query, point):
+                yield coord[0], coord[1], point
+        return
+    for start, end, point in zip(known[0], known[1], points):
+        if _coord_in_range((start,), query, point):
+            yield start, end, point
 
 
 def _coord_in_range(coord: Optional[tuple], query: PointQuery, point: Any = None) -> bool:
@@ -6478,63 +6492,129 @@ def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 
 
 def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> Iterator[list]:
-    """Lists of raw CSV lines (a few hundred at a time, without their ``\r\n``), each the
-    bytes the csv module writes for the row (:func:`_csv_text`: a text value checked for a
-    formula and quoted where it must be; the row's own texts, times and dates, need
-    neither; units are written once per run).
-
-    This loop sees every point of a raw CSV, so it joins the cells itself (the csv module
-    takes as long again), writes the texts of :func:`format_instant` and :func:`local_iso`
-    from their caches (the same texts: it calls them where a cache has not the piece) and,
-    ``tz=local``, reads the offset of HAE's own timestamps from their last six characters
-    once per distinct tail."""
-    zone = query.zone
-    local = zone is LOCAL_ZONE
-    sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
-    plain, safe, text_of, quoted = _CSV_PLAIN, _CSV_SAFE_FIRST, _csv_text, _CSV_QUOTED.search
-    minute_second, utc_hours, local_hours = _MINUTE_SECOND, _HOUR_TEXT, _LOCAL_HOUR
-    offset_texts, fromordinal = _OFFSET_TEXT, _dt.date.fromordinal
-    tails: dict = {}  # " +hhmm" -> seconds east of UTC (HAE's own timestamps, tz=local)
-    dates: dict = {}  # local date ordinal -> its ISO text
+    """Lists of raw CSV lines (a few hundred at a time, without their ``\r\n``), an object
+    at a time: the lines of a whole hour whose points share one whole-hour offset written
+    from the hour's own texts (:meth:`_RawCsvLines.whole_hour`), any other point's by
+    :meth:`_RawCsvLines.line`."""
+    lines = _RawCsvLines(query, names, SleepDates(sleep_nights(conn, query), query.zone)
+                         if query.sleep_stages else None)
     held: list = []
     units_now, units_cell = object(), ""
-    for units, start, end, point in _spans_in_range(conn, query):
+    for hour, units, part, (blob, spans, tally_text) in _in_range_rows(
+            conn, query, "blob, spans, summary"):
+        if part == NONE:
+            continue
         if units != units_now:
             units_now, units_cell = units, _csv_text(units or "")
-        if local:
-            raw = raw_start(point)
-            offset = tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
-            if offset is None:
-                offset = text_offset(raw, start)
-                if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
-                    tails[raw[19:]] = offset
+        points = loads_body(_read_blob(blob))
+        known = _known_spans(spans, points)
+        offset = (lines.hour_offset(hour, tally_text)
+                  if part == ALL and known is not None else None)
+        if offset is not None:
+            held += lines.whole_hour(hour, units_cell, points, known, offset)
         else:
-            offset = zone.point_offset(raw_start(point), start)
-        local_s = start // US + offset
-        hour, rest = divmod(local_s, 3600)
-        prefix, zone_text = local_hours.get(hour), offset_texts.get(offset)
-        local_text = (local_iso(start, offset) if prefix is None or zone_text is None
-                      else prefix + minute_second[rest] + zone_text)
-        hour, rest = divmod(start, HOUR_US)
-        prefix = utc_hours.get(hour)
-        utc = (format_instant(start) if prefix is None or rest % US
-               else prefix + minute_second[rest // US] + "Z")
-        day = None if sleep is None else sleep.of(point, (start, end))
-        if day is None:
-            day = local_s // 86400 + _EPOCH_ORDINAL
-        date = dates.get(day)
-        if date is None:
-            date = dates[day] = fromordinal(day).isoformat()
-        held.append(",".join([utc, utc if end == start else format_instant(end), units_cell,
-                              local_text, date]
-                             + [str(value) if type(value) in plain else value if type(
-                                 value) is str and value[:1] in safe and not quoted(value)
-                                else text_of(value) for value in map(point.get, names)]))
+            line = lines.line
+            held += [line(units_cell, start, end, point) for start, end, point in (
+                zip(known[0], known[1], points) if part == ALL and known is not None
+                else _points_checked(query, points, known))]
         if len(held) >= _CSV_ROWS_HELD:
             yield held
             held = []
     if held:
         yield held
+
+
+class _RawCsvLines:
+    """The lines of raw CSV, each the bytes the csv module writes for its row
+    (:func:`_csv_text`: a text value checked for a formula and quoted where it must be; the
+    row's own texts, times and dates, need neither).
+
+    Its loops see every point of a raw CSV, so they join the cells themselves (the csv
+    module takes as long again) and write the texts of :func:`format_instant` and
+    :func:`local_iso` from pieces: a whole hour of one whole-hour offset from the hour's
+    own (its points share their date, UTC and local hour, and minute and second), any other
+    point from the caches of those two functions (calling them where a cache has not the
+    piece) and, ``tz=local``, the offset of HAE's own timestamps from their last six
+    characters, read once per distinct tail."""
+
+    def __init__(self, query: PointQuery, names: list, sleep: Optional[SleepDates]):
+        self.zone, self.names, self.sleep = query.zone, names, sleep
+        self.tails: dict = {}  # " +hhmm" -> seconds east of UTC (tz=local)
+        self.dates: dict = {}  # local date ordinal -> its ISO text
+
+    def hour_offset(self, hour: int, tally_text: Optional[str]) -> Optional[int]:
+        """The one whole-hour offset every point of a whole hour is placed in, when known
+        without reading them (``tz=local``: the one its tally names; a zone's the same at
+        the hour's start and end), else None; and None for sleep, whose dates are its
+        nights'."""
+        if self.sleep is not None:
+            return None
+        zone = self.zone
+        if zone is LOCAL_ZONE:
+            offsets = _tally_of(tally_text).get("o") if tally_text else None
+            offset = offsets[0] if offsets and len(offsets) == 1 else None
+        else:
+            offset = zone.offset_at(hour * HOUR_US)
+            if zone.offset_at((hour + 1) * HOUR_US - 1) != offset:
+                return None
+        return offset if type(offset) is int and offset % 3600 == 0 else None
+
+    def values(self, point: dict) -> list:
+        """The cells of a point's own keys."""
+        plain, safe, quoted, text_of = _CSV_PLAIN, _CSV_SAFE_FIRST, _CSV_QUOTED.search, _csv_text
+        return [str(value) if type(value) in plain else value if type(value) is str
+                and value[:1] in safe and not quoted(value) else text_of(value)
+                for value in map(point.get, self.names)]
+
+    def whole_hour(self, hour: int, units_cell: str, points: list, known: tuple,
+                   offset: int) -> list:
+        """The lines of a whole hour's points, all placed in ``offset`` (a whole hour)."""
+        base = hour * HOUR_US
+        start_text, local_text = format_instant(base), local_iso(base, offset)
+        utc_hour, local_hour, date = start_text[:14], local_text[:14], local_text[:10]
+        zone_text = local_text[19:]
+        minute_second, values, line = _MINUTE_SECOND, self.values, self.line
+        out = []
+        for start, end, point in zip(known[0], known[1], points):
+            rest = start - base
+            if rest % US:  # a fraction of a second: the general line
+                out.append(line(units_cell, start, end, point))
+                continue
+            piece = minute_second[rest // US]
+            utc = utc_hour + piece + "Z"
+            out.append(",".join([utc, utc if end == start else format_instant(end),
+                                 units_cell, local_hour + piece + zone_text, date]
+                                + values(point)))
+        return out
+
+    def line(self, units_cell: str, start: int, end: int, point: dict) -> str:
+        """The line of any point."""
+        if self.zone is LOCAL_ZONE:
+            raw = raw_start(point)
+            offset = self.tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
+            if offset is None:
+                offset = text_offset(raw, start)
+                if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
+                    self.tails[raw[19:]] = offset
+        else:
+            offset = self.zone.point_offset(raw_start(point), start)
+        local_s = start // US + offset
+        hour, rest = divmod(local_s, 3600)
+        prefix, zone_text = _LOCAL_HOUR.get(hour), _OFFSET_TEXT.get(offset)
+        local_text = (local_iso(start, offset) if prefix is None or zone_text is None
+                      else prefix + _MINUTE_SECOND[rest] + zone_text)
+        hour, rest = divmod(start, HOUR_US)
+        prefix = _HOUR_TEXT.get(hour)
+        utc = (format_instant(start) if prefix is None or rest % US
+               else prefix + _MINUTE_SECOND[rest // US] + "Z")
+        day = None if self.sleep is None else self.sleep.of(point, (start, end))
+        if day is None:
+            day = local_s // 86400 + _EPOCH_ORDINAL
+        date = self.dates.get(day)
+        if date is None:
+            date = self.dates[day] = _dt.date.fromordinal(day).isoformat()
+        return ",".join([utc, utc if end == start else format_instant(end), units_cell,
+                         local_text, date] + self.values(point))
 
 
 RAW_CSV_COLUMNS = ("utc_start", "utc_end", "units", "local_start", "local_date")
