@@ -8328,8 +8328,8 @@ def metric_facts(conn: sqlite3.Connection, imports: ImportedDeliveries,
     route) is decoded once."""
     cache = newest_cache if newest_cache is not None else {}
     found = []
-    tops = conn.execute("SELECT metric, layer, min(hour), max(hour) FROM object"
-                        " GROUP BY metric, layer ORDER BY metric, layer").fetchall()
+    tops = [(metric, layer, first, last) for metric in stored_metrics(conn)  # seeks, not a
+            for layer, (first, last) in layer_hours(conn, metric).items()]  # scan of years
     wanted_ids: dict = {}
     for metric, layer, first_hour, top in tops:
         if not watched_metric(metric):
