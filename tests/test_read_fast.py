@@ -245,8 +245,7 @@ def test_read_18_1_the_pages_requests_decode_only_the_hours_at_their_edges(store
     assert touched >= 150 and must <= touched // 10, (must, touched)
 
 
-def test_read_18_1_grafana_and_export_decode_only_the_hours_at_their_edges(store,
-                                                                           capsysbinary):
+def test_read_18_1_grafana_and_export_decode_only_the_hours_at_their_edges(store):
     points = store.corpus.points["step_count"]
     # Grafana: epoch milliseconds, hours of tz=local, over the whole journey
     start = int(dt.datetime(2024, 10, 24, 7, 30, tzinfo=UTC).timestamp())
@@ -258,12 +257,14 @@ def test_read_18_1_grafana_and_export_decode_only_the_hours_at_their_edges(store
     assert decoded <= must, (decoded, must, touched)
     # export --bucket day with dates, in this process (it only reads, beside the server)
     for tz in ("local", "Asia/Kolkata"):
+        args = healthlog.build_parser().parse_args([
+            "export", "--data", str(store.data_dir), "--metric", "step_count", "--bucket",
+            "day", "--from", "2024-10-26", "--to", "2024-11-03", "--tz", tz])
+        out = io.BytesIO()
         before = healthlog.READ_DECODES.objects
-        assert healthlog.main(["export", "--data", str(store.data_dir), "--metric",
-                               "step_count", "--bucket", "day", "--from", "2024-10-26",
-                               "--to", "2024-11-03", "--tz", tz]) == 0
+        assert healthlog.run_export(healthlog.build_config(args, {}), args, out) == 0
         decoded = healthlog.READ_DECODES.objects - before
-        answer = json.loads(capsysbinary.readouterr().out)
+        answer = json.loads(out.getvalue())
         assert answer["runs"] and answer["from"] in ("2024-10-26", "2024-10-25T18:30:00Z")
         must, touched = must_read(points, tz, "2024-10-26", "2024-11-03", "day")
         assert decoded <= must and touched >= 100, (tz, decoded, must, touched)
