@@ -37,8 +37,10 @@ started on that directory and measured with http.client, each figure the median 
 * ``/api/summary`` of a day one month into the history, one year, two years and at its end:
   what a long history costs the summary.
 
-The server's VmRSS (/proc/PID/status) is sampled every 50 ms while each answer streams: a
-streamed answer keeps it flat, whatever the span.  A re-run with the same ``--data`` skips
+Beside each time, the CPU the server spent on the request (/proc/PID/stat; the rest of the
+time is the client reading, the loopback and other processes), and the server's VmRSS
+(/proc/PID/status), sampled every 50 ms while each answer streams: a streamed answer keeps
+it flat, whatever the span.  A re-run with the same ``--data`` skips
 the build.  The machine is shared and noisy: compare figures within one run, and the ratios
 of a pair above all.
 """
@@ -261,8 +263,13 @@ class Serve:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user and system) the server has spent so far."""
+        fields = Path("/proc/%d/stat" % self.proc.pid).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def get(self, path: str, **query) -> tuple:
-        """(seconds, body, rss samples in MiB) of one streamed GET."""
+        """(seconds, body, rss samples in MiB, server CPU seconds) of one streamed GET."""
         pairs = [(k.rstrip("_"), v) for k, v in query.items() if v is not None]
         target = path + "?" + urllib.parse.urlencode(pairs)
         samples, done = [self.rss_mib()], threading.Event()
@@ -274,6 +281,7 @@ class Serve:
         sampler = threading.Thread(target=sample)
         sampler.start()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        cpu = self.cpu_s()
         try:
             started = time.perf_counter()
             conn.request("GET", target, headers={"Authorization": "Bearer " + TOKEN})
@@ -290,10 +298,11 @@ class Serve:
             done.set()
             sampler.join()
         samples.append(self.rss_mib())
+        cpu = self.cpu_s() - cpu
         if response.status != 200:
             raise SystemExit("GET %s answered %d: %s" % (target, response.status,
                                                          b"".join(pieces)[:300]))
-        return elapsed, b"".join(pieces), samples
+        return elapsed, b"".join(pieces), samples, cpu
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -316,6 +325,7 @@ class Figure:
         self.points = points
         samples = [s for r in runs for s in r[2]]
         self.growth = max(samples) - runs[0][2][0]
+        self.cpu = statistics.median(r[3] for r in runs)  # the server's (nan: a command)
 
 
 def timed(function, runs: int) -> list:
@@ -340,7 +350,7 @@ def page_view(serve: Serve, metric: str, view: str, runs: int) -> tuple:
                                .timestamp() * 1000)) for k in ("from", "to"))
     epoch = timed(lambda: serve.get("/api/points", metric=metric, bucket=plan["bucket"],
                                     from_=bounds[0], to=bounds[1], tz="local"), runs)
-    both = [(p[0] + d[0], d[1], p[2] + d[2]) for p, d in zip(plan_runs, dated)]
+    both = [(p[0] + d[0], d[1], p[2] + d[2], p[3] + d[3]) for p, d in zip(plan_runs, dated)]
     label = "%s %s (%s by %s, %s to %s)" % (metric, view, plan["layer"], plan["bucket"],
                                              plan["from"], plan["to"])
     return (Figure("the page's %s: plan + points" % label, both), None,
@@ -358,7 +368,7 @@ def export_seconds(python: str, root: Path, data_dir: Path, runs: int, **query) 
     for _ in range(runs):
         started = time.perf_counter()
         done = subprocess.run(args, capture_output=True, check=True)
-        out.append((time.perf_counter() - started, done.stdout, [float("nan")]))
+        out.append((time.perf_counter() - started, done.stdout, [float("nan")], float("nan")))
     return out
 
 
@@ -432,12 +442,13 @@ def report(pairs: list, info: dict, args: argparse.Namespace) -> None:
           % (args.root, python_version(args.python), info["days"], info["points"],
              info["build_s"], info["fold_s"], info["points"] / max(info["fold_s"], 1e-9),
              args.runs))
-    print("%-72s %9s %10s %11s %8s | %9s %7s" % (
-        "request", "ms", "bytes", "points/s", "RSS +MiB", "epoch ms", "ratio"))
+    print("%-72s %9s %8s %10s %11s %8s | %9s %7s" % (
+        "request", "ms", "CPU ms", "bytes", "points/s", "RSS +MiB", "epoch ms", "ratio"))
     for first, epoch in pairs:
         rate = "%11.0f" % (first.points / first.seconds) if first.points else " " * 11
-        line = "%-72s %9.1f %10d %s %+8.1f" % (first.label[:72], first.seconds * 1000,
-                                               first.size, rate, first.growth)
+        line = "%-72s %9.1f %8.1f %10d %s %+8.1f" % (
+            first.label[:72], first.seconds * 1000, first.cpu * 1000, first.size, rate,
+            first.growth)
         if epoch is not None:
             line += " | %9.1f %6.2fx" % (epoch.seconds * 1000, first.seconds / epoch.seconds)
             if epoch.points:
