@@ -31,7 +31,8 @@ started on that directory and measured with http.client, each figure the median 
 * 30 days of heart rate per hour, the dates of the phone (``tz=local``), an IANA zone and
   an offset beside epoch bounds;
 * what Grafana asks (epoch milliseconds, ``tz=local``, per hour, 7 days);
-* the raw CSV of a year of heart rate, dates beside epoch bounds, in points/s;
+* the raw CSV of a year of heart rate, dates beside epoch bounds, and of steps, and the raw
+  JSON of the year of heart rate, in points/s;
 * ``healthlog export --bucket day`` of a year of steps, dates beside epoch bounds (a
   subprocess beside ``serve``: export only reads);
 * ``/api/summary`` of a day one month into the history, one year, two years and at its end:
@@ -409,6 +410,15 @@ def measure(serve: Serve, info: dict, args: argparse.Namespace) -> list:
     rows = dated[0][1].count(b"\n") - 1
     pairs.append((Figure("raw CSV, heart_rate, a year, dates", dated, rows),
                   Figure("same, epoch bounds", epoch, epoch[0][1].count(b"\n") - 1)))
+    steps = timed(lambda: serve.get("/api/points", metric="step_count", format="csv",
+                                    from_=year[0].isoformat(), to=year[1].isoformat(),
+                                    tz="local"), csv_runs)
+    pairs.append((Figure("raw CSV, step_count, a year, dates", steps,
+                         steps[0][1].count(b"\n") - 1), None))
+    raw = timed(lambda: serve.get("/api/points", metric="heart_rate", from_=year[0].isoformat(),
+                                  to=year[1].isoformat(), tz="local"), csv_runs)
+    pairs.append((Figure("raw JSON, heart_rate, a year, dates", raw,
+                         raw[0][1].count(b'"date"')), None))
     dated = export_seconds(args.python, args.root, args.data, max(1, runs // 2),
                            metric="step_count", bucket="day", from_=year[0].isoformat(),
                            to=year[1].isoformat())
