@@ -1213,6 +1213,8 @@ def local_day_and_second(value: Any) -> Optional[tuple]:
     return days + _EPOCH_ORDINAL, rest / US
 
 
+_MINUTE_SECOND = tuple("%02d:%02d" % divmod(second, 60) for second in range(3600))
+"""``MM:SS`` of each second of an hour: texts of instants written a piece at a time."""
 _HOUR_TEXT: dict = {}
 """UTC hour (epoch hours) → ``YYYY-MM-DDTHH:``: exports format the hours once."""
 
@@ -1232,7 +1234,7 @@ def format_instant(instant_us: int) -> str:
             _HOUR_TEXT.clear()
         prefix = _HOUR_TEXT[hour] = _hour_prefix(moment)
     seconds, micros = divmod(rest, US)
-    text = "%s%02d:%02d" % (prefix, seconds // 60, seconds % 60)
+    text = prefix + _MINUTE_SECOND[seconds]
     if micros:
         text += (".%06d" % micros).rstrip("0")
     return text + "Z"
@@ -1385,7 +1387,7 @@ def local_iso(instant_us: int, offset_s: int) -> str:
     zone = _OFFSET_TEXT.get(offset_s)
     if zone is None:
         zone = _OFFSET_TEXT[offset_s] = format_offset(offset_s)
-    return "%s%02d:%02d%s" % (prefix, rest // 60, rest % 60, zone)
+    return prefix + _MINUTE_SECOND[rest] + zone
 
 
 def local_ordinal(instant_us: int, offset_s: int) -> int:
@@ -6312,6 +6314,44 @@ else was recorded on the day, whatever its group.  Served with each summary as i
 titles."""
 
 
+def stored_metrics(conn: sqlite3.Connection) -> list:
+    """The metrics the store holds, in order, each found by one seek of the primary key
+    (a skip scan): never a scan of the hours, whatever the length of the history."""
+    return [row[0] for row in conn.execute(
+        "WITH RECURSIVE found(metric) AS (SELECT min(metric) FROM object UNION ALL SELECT"
+        " (SELECT min(metric) FROM object WHERE metric > found.metric) FROM found WHERE"
+        " metric IS NOT NULL) SELECT metric FROM found WHERE metric IS NOT NULL")]
+
+
+def metric_layers(conn: sqlite3.Connection, metric: str) -> list:
+    """The layers of a metric, in order, each found by one seek (as :func:`stored_metrics`)."""
+    return [row[0] for row in conn.execute(
+        "WITH RECURSIVE found(layer) AS (SELECT min(layer) FROM object WHERE metric = ?1"
+        " UNION ALL SELECT (SELECT min(layer) FROM object WHERE metric = ?1 AND layer >"
+        " found.layer) FROM found WHERE layer IS NOT NULL) SELECT layer FROM found WHERE"
+        " layer IS NOT NULL", (metric,))]
+
+
+def layer_hours(conn: sqlite3.Connection, metric: str, low: int = -(1 << 62),
+                high: int = 1 << 62) -> dict:
+    """Layer -> (first hour, last hour) of a metric's objects in the hours ``low``..``high``
+    (layers without one left out): two seeks a layer."""
+    found = {}
+    for layer in metric_layers(conn, metric):
+        first, last = conn.execute(
+            "SELECT (SELECT min(hour) FROM object WHERE metric = ?1 AND layer = ?2 AND hour"
+            " BETWEEN ?3 AND ?4), (SELECT max(hour) FROM object WHERE metric = ?1 AND layer"
+            " = ?2 AND hour BETWEEN ?3 AND ?4)", (metric, layer, low, high)).fetchone()
+        if first is not None:
+            found[layer] = (first, last)
+    return found
+
+
+def _layers_between(conn: sqlite3.Connection, metric: str, low: int, high: int) -> list:
+    """The layers of a metric with an object in the hours ``low``..``high``."""
+    return list(layer_hours(conn, metric, low, high))
+
+
 def catalog(conn: sqlite3.Connection) -> list:
     """Per (metric, layer): units, first and last point start, objects, points.  Reads the
     objects' bounds only; never decompresses a blob."""
@@ -6494,11 +6534,9 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
         raise BadRequest("format must be json or csv")
     if bucket is not None and metric == SLEEP_METRIC and bucket == "hour":
         raise BadRequest("sleep is counted per night: bucket must be day or week")
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
+    layers = metric_layers(conn, metric)
     if not layers:
-        raise UnknownMetric([loggable_metric(row[0])
-                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
     layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
     coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
     if coarsened:
@@ -6535,9 +6573,8 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
 
     low = -(1 << 62) if start is None else start // HOUR_US
     high = (1 << 62) if end is None else (end - 1) // HOUR_US
-    reach = dict(conn.execute(
-        "SELECT layer, min(hour) FROM object WHERE metric = ? AND hour BETWEEN ? AND ?"
-        " GROUP BY layer", (metric, low, high)))
+    reach = {layer: first for layer, (first, _) in layer_hours(conn, metric, low,
+                                                                high).items()}
     if not reach:
         return min(layers, key=order)
     if start is None:
@@ -6547,47 +6584,193 @@ def _finest_layer(conn: sqlite3.Connection, metric: str, layers: list,
     return min(covering, key=order)
 
 
+WRITTEN_OFFSET_MAX_S = 86400 - 1
+"""More than any offset written in a timestamp can say (``±23:59``, the most a time's text
+can spell, beyond any zone's ``±14:00``): an object whose starts lie further than this
+inside local date bounds has every point's written date inside them, whatever the offsets
+of its points."""
+
+NONE, SOME, ALL = 0, 1, 2
+"""How much of an object lies in a query's range (:func:`_object_part`): none of its points
+(nothing to read), some (its points are read one by one), or all of them (a whole object:
+its tally or its stored text stand for its points)."""
+
+
+class DecodeCount:
+    """What the read side has done with stored objects since the module was loaded:
+    ``objects`` decompressed (and so decoded), and of those ``checked``, read point by point
+    (each point's time read or its bucket found, not its object's tally or stored text and
+    spans taken whole).  The one measure of whether a read took its fast path: a whole hour
+    counted from its tally, or an object outside the range, costs neither.  Tests read it
+    around a request; a lock keeps concurrent reads from losing a count."""
+
+    def __init__(self) -> None:
+        self.objects = 0
+        self.checked = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.objects += 1
+
+    def check(self) -> None:
+        with self._lock:
+            self.checked += 1
+
+
+READ_DECODES = DecodeCount()
+
+
+def _read_blob(blob: bytes) -> bytes:
+    """An object's points as stored (JSON bytes), decompressed for a read and counted."""
+    READ_DECODES.add()
+    return decompress_blob(blob)
+
+
+def _tally_of(text: str) -> dict:
+    """An object's stored tally (:func:`hour_tally`), parsed: by orjson when the host has
+    it (a year of hours is 8,760 of them), else, or for a text orjson refuses, by json."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(text)
+        except ValueError:
+            pass
+    return json.loads(text)
+
+
+def _local_second_bounds(query: PointQuery, first_at: int, last_at: int,
+                         tally_text: Optional[str]) -> tuple:
+    """(lowest, highest) local second (UTC second plus the offset the query places a point
+    in) that a point of an object can have, both included: ``tz=local``, from the offsets
+    its tally names when it names them, else from :data:`WRITTEN_OFFSET_MAX_S` (which holds
+    for any offset); a zone or an offset, from its offsets at the first and last start."""
+    if query.zone is not LOCAL_ZONE:
+        offsets = (query.zone.offset_at(first_at * US), query.zone.offset_at(last_at * US))
+        return first_at + min(offsets), last_at + max(offsets)
+    if tally_text:
+        offsets = _tally_of(tally_text).get("o")
+        if offsets:
+            return first_at + min(offsets), last_at + max(offsets)
+    return first_at - WRITTEN_OFFSET_MAX_S, last_at + WRITTEN_OFFSET_MAX_S
+
+
+def _object_part(query: PointQuery, first_at: int, last_at: int,
+                 tally_text: Optional[str]) -> int:
+    """:data:`NONE`, :data:`SOME` or :data:`ALL`: how much of an object lies in the query's
+    range, from its first and last start (whole seconds, as stored) and, where date bounds
+    leave it open within a day of their edges, the offsets its points are placed in (the
+    offsets its tally names, ``tz=local``; the zone's).  Exact where it answers ALL or NONE:
+    a point's start is in the range when its instant is in ``[start, end)`` and (date
+    bounds) its local date is in ``[day_from, day_to)``; every object more than a day
+    inside date bounds is ALL, so only the objects at a range's edges are read point by
+    point."""
+    if ((query.start is not None and (last_at + 1) * US <= query.start)
+            or (query.end is not None and first_at * US >= query.end)):
+        return NONE
+    inside = ((query.start is None or first_at * US >= query.start)
+              and (query.end is None or (last_at + 1) * US <= query.end))
+    if query.day_from is None and query.day_to is None:
+        return ALL if inside else SOME
+    low_day = None if query.day_from is None else (query.day_from - _EPOCH_ORDINAL) * 86400
+    high_day = None if query.day_to is None else (query.day_to - _EPOCH_ORDINAL) * 86400
+    part = _dates_part(low_day, high_day, first_at - WRITTEN_OFFSET_MAX_S,
+                       last_at + WRITTEN_OFFSET_MAX_S)
+    if part == SOME:  # an edge: the offsets its points are placed in
+        part = _dates_part(low_day, high_day,
+                           *_local_second_bounds(query, first_at, last_at, tally_text))
+    if part == NONE:
+        return NONE
+    return ALL if inside and part == ALL else SOME
+
+
+def _dates_part(low_day: Optional[int], high_day: Optional[int], lowest: int,
+                highest: int) -> int:
+    """How much of the local seconds ``lowest``..``highest`` lies in ``[low_day,
+    high_day)`` (local seconds of the bounds' midnights; None: open)."""
+    if (low_day is not None and highest < low_day) or (high_day is not None
+                                                        and lowest >= high_day):
+        return NONE
+    if (low_day is None or lowest >= low_day) and (high_day is None or highest < high_day):
+        return ALL
+    return SOME
+
+
 def _in_range_rows(conn: sqlite3.Connection, query: PointQuery, column: str) -> Iterator[tuple]:
-    """(hour, units, whole, ``column``) of each object that may hold points of the range,
-    in time order (``column`` may name several, given as a tuple); ``whole``: every point
-    of it is in the range."""
+    """(hour, units, part, ``column``) of each object that may hold points of the range,
+    in time order (``column`` may name several, given as a tuple); ``part``: how much of it
+    lies in the range (:func:`_object_part`: :data:`NONE`, :data:`SOME`, :data:`ALL`).
+    With local date bounds the tally is read too, for the objects at the range's edges."""
     low = -(1 << 62) if query.start is None else query.start // HOUR_US
     high = (1 << 62) if query.end is None else (query.end - 1) // HOUR_US
+    dated = query.day_from is not None or query.day_to is not None
+    columns = [name.strip() for name in column.split(",")]
+    tally_at = (columns.index("summary") if "summary" in columns
+                else len(columns) if dated else None)
+    if tally_at == len(columns):
+        columns.append("summary")
     for row in conn.execute(
             "SELECT hour, units, first_at, last_at, %s FROM object WHERE metric = ?"
-            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % column,
+            " AND layer = ? AND hour BETWEEN ? AND ? ORDER BY hour" % ", ".join(columns),
             (query.metric, query.layer, low, high)):
         hour, units, first_at, last_at = row[:4]
-        value = row[4] if len(row) == 5 else row[4:]  # several columns: a tuple of them
-        whole = ((query.start is None or first_at * US >= query.start)
-                 and (query.end is None or (last_at + 1) * US <= query.end)
-                 and query.day_from is None and query.day_to is None)
-        yield hour, units, whole, value
+        part = _object_part(query, first_at, last_at,
+                            None if tally_at is None or not dated else row[4 + tally_at])
+        value = row[4] if "," not in column else row[4:4 + column.count(",") + 1]
+        yield hour, units, part, value
 
 
 def _objects(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
-    """(units, raw points array bytes, whole) of each object of the range."""
-    for _, units, whole, blob in _in_range_rows(conn, query, "blob"):
-        yield units, decompress_blob(blob), whole
+    """(units, raw points array bytes, whole) of each object of the range that holds
+    points of it."""
+    for _, units, part, blob in _in_range_rows(conn, query, "blob"):
+        if part != NONE:
+            yield units, _read_blob(blob), part == ALL
 
 
 def iter_points(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
     """(units, coordinate, point) of every point in the range, in time order.  The spans
     the fold stored beside each object give the coordinates without reading a timestamp
     again (objects written before them are read as they are)."""
-    for _, units, whole, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
-        points = loads_body(decompress_blob(blob))
-        known = decode_spans(spans, len(points))
-        if known is None or -1 in known[0]:
-            for point in points:
-                coord = point_coordinate(point) if type(point) is dict else None
-                if _coord_in_range(coord, query, point):
-                    yield units, coord, point
+    for units, start, end, point in _spans_in_range(conn, query):
+        yield units, (start, end, _category(point)), point
+
+
+def _spans_in_range(conn: sqlite3.Connection, query: PointQuery) -> Iterator[tuple]:
+    """(units, start, end, point) of every point in the range, in time order:
+    :func:`iter_points` without the category (raw CSV has no use for it)."""
+    for _, units, part, (blob, spans) in _in_range_rows(conn, query, "blob, spans"):
+        if part == NONE:
             continue
-        for start, end, point in zip(known[0], known[1], points):
-            coord = (start, end, _category(point))
-            if whole or _coord_in_range(coord, query, point):
-                yield units, coord, point
+        points = loads_body(_read_blob(blob))
+        known = _known_spans(spans, points)
+        if part == ALL and known is not None:
+            for start, end, point in zip(known[0], known[1], points):
+                yield units, start, end, point
+        else:
+            for start, end, point in _points_checked(query, points, known):
+                yield units, start, end, point
+
+
+def _known_spans(spans: Optional[bytes], points: list) -> Optional[tuple]:
+    """(starts, ends) of an object's points from the spans stored beside it, or None where
+    they are not (an object written before them, or a point without a time)."""
+    known = decode_spans(spans, len(points))
+    return None if known is None or -1 in known[0] else known
+
+
+def _points_checked(query: PointQuery, points: list, known: Optional[tuple]) -> Iterator[tuple]:
+    """(start, end, point) of the points of an object, read point by point, that lie in the
+    range (``known``: their spans, else their times are read)."""
+    READ_DECODES.check()
+    if known is None:
+        for point in points:
+            coord = point_coordinate(point) if type(point) is dict else None
+            if _coord_in_range(coord, query, point):
+                yield coord[0], coord[1], point
+        return
+    for start, end, point in zip(known[0], known[1], points):
+        if _coord_in_range((start,), query, point):
+            yield start, end, point
 
 
 def _coord_in_range(coord: Optional[tuple], query: PointQuery, point: Any = None) -> bool:
@@ -6663,6 +6846,7 @@ def _raw_json(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
                 continue
             pieces = [inner]
         else:
+            READ_DECODES.check()
             pieces = [dumps_points([point])[1:-1] for point in json.loads(raw)
                       if _in_range(point, query)]
             if not pieces:
@@ -6771,30 +6955,182 @@ def csv_field_order(metric: str, seen: Iterator[str]) -> list:
     return list(dict.fromkeys(lead)) + sorted(present.difference(lead))
 
 
+def _csv_value(value: Any) -> Any:
+    """A point's value as a raw CSV cell: :func:`_csv_cell`, and a text that starts like a
+    formula with its leading ``'`` (as :func:`_csv_lines` writes it)."""
+    value = _csv_cell(value)
+    if type(value) is str and value and value[0] not in _PLAIN_FIRST and starts_formula(value):
+        return "'" + value
+    return value
+
+
+_CSV_QUOTED = re.compile(r'[,"\r\n]')
+"""What makes the csv module quote a cell (its ``QUOTE_MINIMAL`` with ``\r\n`` lines)."""
+
+
+def _csv_text(value: Any) -> str:
+    """A point's value as the text of a raw CSV cell, exactly as the csv module writes
+    :func:`_csv_value` of it: a number as ``str`` spells it, a text quoted when it holds a
+    comma, a quote or a line break (its quotes doubled)."""
+    value = _csv_value(value)
+    if type(value) is not str:
+        return str(value)
+    if _CSV_QUOTED.search(value):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+_CSV_PLAIN = frozenset((int, float))
+"""Types of a value a CSV cell holds as it is (no text: never a formula)."""
+_CSV_SAFE_FIRST = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+"""First characters of a text that can start no formula (nor space)."""
+_CSV_ROWS_HELD = 512
+"""Raw CSV lines joined at once."""
+
+
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
     fields: set = set()  # every key seen (a first pass over the range)
     for _, raw, whole in _objects(conn, query):
-        for point in loads_body(raw):
-            if type(point) is dict and (whole or _in_range(point, query)):
-                fields.update(point)
+        points = loads_body(raw)
+        if whole:  # every point's keys, first-seen order, in one C loop
+            fields.update(dict.fromkeys(itertools.chain.from_iterable(
+                point for point in points if type(point) is dict)))
+            continue
+        READ_DECODES.check()
+        for point in points:
+            if type(point) is dict and _in_range(point, query):
+                fields.update(dict.fromkeys(point))
     names = csv_field_order(query.metric, iter(fields))
-    zone = query.zone
-    sleep = SleepDates(sleep_nights(conn, query), zone) if query.sleep_stages else None
+    yield from _csv_lines(iter([list(RAW_CSV_COLUMNS) + [
+        name + "_" if name in RAW_CSV_COLUMNS else name for name in names]]))
+    for lines in _raw_csv_rows(conn, query, names):
+        yield ("\r\n".join(lines) + "\r\n").encode()
 
-    def rows() -> Iterator[list]:
-        yield list(RAW_CSV_COLUMNS) + [name + "_" if name in RAW_CSV_COLUMNS else name
-                                       for name in names]
-        for units, coord, point in iter_points(conn, query):
-            start = format_instant(coord[0])
-            end = start if coord[1] == coord[0] else format_instant(coord[1])
-            offset = zone.point_offset(raw_start(point), coord[0])
-            day = sleep.of(point, coord) if sleep is not None else None
-            yield ([start, end, units or "", local_iso(coord[0], offset),
-                    _dt.date.fromordinal(local_ordinal(coord[0], offset) if day is None
-                                         else day).isoformat()]
-                   + [_csv_cell(point.get(key)) for key in names])
 
-    yield from _csv_lines(rows())
+def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> Iterator[list]:
+    """Lists of raw CSV lines (a few hundred at a time, without their ``\r\n``), an object
+    at a time: the lines of a whole hour whose points share one whole-hour offset written
+    from the hour's own texts (:meth:`_RawCsvLines.whole_hour`), any other point's by
+    :meth:`_RawCsvLines.line`."""
+    lines = _RawCsvLines(query, names, SleepDates(sleep_nights(conn, query), query.zone)
+                         if query.sleep_stages else None)
+    held: list = []
+    units_now, units_cell = object(), ""
+    for hour, units, part, (blob, spans, tally_text) in _in_range_rows(
+            conn, query, "blob, spans, summary"):
+        if part == NONE:
+            continue
+        if units != units_now:
+            units_now, units_cell = units, _csv_text(units or "")
+        points = loads_body(_read_blob(blob))
+        known = _known_spans(spans, points)
+        offset = (lines.hour_offset(hour, tally_text)
+                  if part == ALL and known is not None else None)
+        if offset is not None:
+            held += lines.whole_hour(hour, units_cell, points, known, offset)
+        else:
+            line = lines.line
+            held += [line(units_cell, start, end, point) for start, end, point in (
+                zip(known[0], known[1], points) if part == ALL and known is not None
+                else _points_checked(query, points, known))]
+        if len(held) >= _CSV_ROWS_HELD:
+            yield held
+            held = []
+    if held:
+        yield held
+
+
+class _RawCsvLines:
+    """The lines of raw CSV, each the bytes the csv module writes for its row
+    (:func:`_csv_text`: a text value checked for a formula and quoted where it must be; the
+    row's own texts, times and dates, need neither).
+
+    Its loops see every point of a raw CSV, so they join the cells themselves (the csv
+    module takes as long again) and write the texts of :func:`format_instant` and
+    :func:`local_iso` from pieces: a whole hour of one whole-hour offset from the hour's
+    own (its points share their date, UTC and local hour, and minute and second), any other
+    point from the caches of those two functions (calling them where a cache has not the
+    piece) and, ``tz=local``, the offset of HAE's own timestamps from their last six
+    characters, read once per distinct tail."""
+
+    def __init__(self, query: PointQuery, names: list, sleep: Optional[SleepDates]):
+        self.zone, self.names, self.sleep = query.zone, names, sleep
+        self.tails: dict = {}  # " +hhmm" -> seconds east of UTC (tz=local)
+        self.dates: dict = {}  # local date ordinal -> its ISO text
+
+    def hour_offset(self, hour: int, tally_text: Optional[str]) -> Optional[int]:
+        """The one whole-hour offset every point of a whole hour is placed in, when known
+        without reading them (``tz=local``: the one its tally names; a zone's the same at
+        the hour's start and end), else None; and None for sleep, whose dates are its
+        nights'."""
+        if self.sleep is not None:
+            return None
+        zone = self.zone
+        if zone is LOCAL_ZONE:
+            offsets = _tally_of(tally_text).get("o") if tally_text else None
+            offset = offsets[0] if offsets and len(offsets) == 1 else None
+        else:
+            offset = zone.offset_at(hour * HOUR_US)
+            if zone.offset_at((hour + 1) * HOUR_US - 1) != offset:
+                return None
+        return offset if type(offset) is int and offset % 3600 == 0 else None
+
+    def values(self, point: dict) -> list:
+        """The cells of a point's own keys."""
+        plain, safe, quoted, text_of = _CSV_PLAIN, _CSV_SAFE_FIRST, _CSV_QUOTED.search, _csv_text
+        return [str(value) if type(value) in plain else value if type(value) is str
+                and value[:1] in safe and not quoted(value) else text_of(value)
+                for value in map(point.get, self.names)]
+
+    def whole_hour(self, hour: int, units_cell: str, points: list, known: tuple,
+                   offset: int) -> list:
+        """The lines of a whole hour's points, all placed in ``offset`` (a whole hour)."""
+        base = hour * HOUR_US
+        start_text, local_text = format_instant(base), local_iso(base, offset)
+        utc_hour, local_hour, date = start_text[:14], local_text[:14], local_text[:10]
+        zone_text = local_text[19:]
+        minute_second, values, line = _MINUTE_SECOND, self.values, self.line
+        out = []
+        for start, end, point in zip(known[0], known[1], points):
+            rest = start - base
+            if rest % US:  # a fraction of a second: the general line
+                out.append(line(units_cell, start, end, point))
+                continue
+            piece = minute_second[rest // US]
+            utc = utc_hour + piece + "Z"
+            out.append(",".join([utc, utc if end == start else format_instant(end),
+                                 units_cell, local_hour + piece + zone_text, date]
+                                + values(point)))
+        return out
+
+    def line(self, units_cell: str, start: int, end: int, point: dict) -> str:
+        """The line of any point."""
+        if self.zone is LOCAL_ZONE:
+            raw = raw_start(point)
+            offset = self.tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
+            if offset is None:
+                offset = text_offset(raw, start)
+                if type(raw) is str and len(raw) == 25 and raw[19] == " " and raw[20] in "+-":
+                    self.tails[raw[19:]] = offset
+        else:
+            offset = self.zone.point_offset(raw_start(point), start)
+        local_s = start // US + offset
+        hour, rest = divmod(local_s, 3600)
+        prefix, zone_text = _LOCAL_HOUR.get(hour), _OFFSET_TEXT.get(offset)
+        local_text = (local_iso(start, offset) if prefix is None or zone_text is None
+                      else prefix + _MINUTE_SECOND[rest] + zone_text)
+        hour, rest = divmod(start, HOUR_US)
+        prefix = _HOUR_TEXT.get(hour)
+        utc = (format_instant(start) if prefix is None or rest % US
+               else prefix + _MINUTE_SECOND[rest // US] + "Z")
+        day = None if self.sleep is None else self.sleep.of(point, (start, end))
+        if day is None:
+            day = local_s // 86400 + _EPOCH_ORDINAL
+        date = self.dates.get(day)
+        if date is None:
+            date = self.dates[day] = _dt.date.fromordinal(day).isoformat()
+        return ",".join([utc, utc if end == start else format_instant(end), units_cell,
+                         local_text, date] + self.values(point))
 
 
 RAW_CSV_TIMES = ("date", "start", "end", "startDate", "endDate")
@@ -6910,20 +7246,26 @@ def _hour_offsets(query: PointQuery, hour: int, tally: dict) -> Optional[list]:
     return [start] if end == start else [start, end]
 
 
-def _tally_bucket(query: PointQuery, hour: int, whole: bool, tally: Optional[dict]
-                    ) -> Optional[tuple]:
+def _tally_bucket(query: PointQuery, hour: int, tally: Optional[dict]) -> Optional[tuple]:
     """(key, offset) of the one bucket a whole hour falls in, when its tally can stand for
     its points, else None (the points are read)."""
-    if not whole or tally is None:
+    if tally is None:
         return None
     offsets = _hour_offsets(query, hour, tally)
     if not offsets or len(offsets) != 1:
         return None
     offset = offsets[0]
-    key = bucket_key(hour * HOUR_US, offset, query.bucket)
-    if bucket_key((hour + 1) * HOUR_US - 1, offset, query.bucket) != key:
+    # bucket_key of the hour's first and last second, as integer arithmetic: this runs for
+    # every hour of a year
+    if query.bucket == "hour":
+        return None if offset % 3600 else (hour * HOUR_US, offset)
+    first, last = (hour * 3600 + offset) // 86400, (hour * 3600 + 3599 + offset) // 86400
+    if query.bucket == "week":  # their Mondays (ordinal 1 was a Monday)
+        first -= (first + _EPOCH_ORDINAL - 1) % 7
+        last -= (last + _EPOCH_ORDINAL - 1) % 7
+    if first != last:
         return None  # a half-hour offset: the hour straddles two local hours or days
-    return key, offset
+    return first + _EPOCH_ORDINAL, offset
 
 
 def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
@@ -6932,37 +7274,58 @@ def bucket_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
 
     An object wholly inside the range whose points all fall in one bucket is counted
     from its stored tally (:func:`hour_tally`) without decoding its points: a year of
-    minute data is 8,760 tallies instead of half a million points.  A run holds at
-    least one bucket.
+    minute data is 8,760 tallies instead of half a million points; so with local date
+    bounds (``tz=local``), where an object more than a day inside them is whole whatever
+    its offsets (:func:`_object_part`).  An object whose points are read adds them to a
+    bucket as its tally would, an object's share at a time (:func:`_object_shares`): the
+    same sums to the last bit whichever way an hour is counted.  A run holds at least one
+    bucket.
     """
     if query.fill:
         return _filled_runs(conn, query)
     runs: list = []
-    for hour, units, whole, tally_text in _in_range_rows(conn, query, "summary"):
-        tally = json.loads(tally_text) if tally_text else None
+    for hour, units, part, tally_text in _in_range_rows(conn, query, "summary"):
         if not runs or runs[-1].units != units:
             if runs and not runs[-1].buckets:
                 runs.pop()  # nothing of the last run fell in the range
             runs.append(_Run(units))
+        if part == NONE:
+            continue  # no point of it in the range (its units still end a run, as read)
         buckets = runs[-1].buckets
-        placed = _tally_bucket(query, hour, whole, tally)
+        tally = _tally_of(tally_text) if tally_text and part == ALL else None
+        placed = _tally_bucket(query, hour, tally)
         if placed is not None:
             target = buckets.setdefault(placed[0], _Bucket())
             target.saw(hour * HOUR_US, placed[1])
             _add_tally(target, tally)
             continue
-        for point in loads_body(_object_blob(conn, query, hour)):
-            coord = point_coordinate(point) if type(point) is dict else None
-            if _coord_in_range(coord, query, point):
-                offset = query.zone.point_offset(raw_start(point), coord[0])
-                target = buckets.setdefault(bucket_key(coord[0], offset, query.bucket),
-                                            _Bucket())
-                target.saw(coord[0], offset)
-                target.count += 1
-                accumulate(target.fields, (point,))
+        for key, share in _object_shares(query, _object_blob(conn, query, hour)).items():
+            target = buckets.setdefault(key, _Bucket())
+            target.saw(share.first, share.offset)
+            _add_tally(target, {"n": share.count, "f": share.fields})
     if runs and not runs[-1].buckets:
         runs.pop()
     return runs
+
+
+def _object_shares(query: PointQuery, raw: bytes) -> dict:
+    """Bucket key -> :class:`_Bucket` of one object's points in the range: each bucket's
+    share of the object, aggregated over its points in stored order as the object's tally
+    was (:func:`hour_tally`), so that adding it to a bucket gives what the tally gives."""
+    READ_DECODES.check()
+    shares: dict = {}
+    for point in loads_body(raw):
+        coord = point_coordinate(point) if type(point) is dict else None
+        if _coord_in_range(coord, query, point):
+            offset = query.zone.point_offset(raw_start(point), coord[0])
+            key = bucket_key(coord[0], offset, query.bucket)
+            share = shares.get(key)
+            if share is None:
+                share = shares[key] = _Bucket()
+            share.saw(coord[0], offset)
+            share.count += 1
+            accumulate(share.fields, (point,))
+    return shares
 
 
 def _filled_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
@@ -6986,7 +7349,7 @@ def _filled_runs(conn: sqlite3.Connection, query: PointQuery) -> list:
 
 
 def _object_blob(conn: sqlite3.Connection, query: PointQuery, hour: int) -> bytes:
-    return decompress_blob(conn.execute(
+    return _read_blob(conn.execute(
         "SELECT blob FROM object WHERE metric = ? AND layer = ? AND hour = ?",
         (query.metric, query.layer, hour)).fetchone()[0])
 
@@ -7828,7 +8191,8 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
             "SELECT units, blob FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN"
             " ? AND ? ORDER BY hour DESC", (query.metric, query.layer, low, high)):
         found = []
-        for point in loads_body(decompress_blob(blob)):
+        READ_DECODES.check()
+        for point in loads_body(_read_blob(blob)):
             coord = point_coordinate(point) if type(point) is dict else None
             if _coord_in_range(coord, query, point):
                 found.append((units, coord, point))
@@ -8828,11 +9192,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     if view not in VIEW_RANGES and view not in ("all", "custom"):
         raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
     zone = parse_zone(args.get("tz"))
-    layers = dict(conn.execute("SELECT layer, max(hour) FROM object WHERE metric = ?"
-                               " GROUP BY layer", (metric,)))
+    hours = layer_hours(conn, metric)
+    layers = {layer: last for layer, (_, last) in hours.items()}
     if not layers:
-        raise UnknownMetric([loggable_metric(row[0])
-                             for row in conn.execute("SELECT DISTINCT metric FROM object")])
+        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
     asked = args.get("layer") or None
     if asked is not None and asked not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
@@ -8850,8 +9213,7 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
         day_to = last + 1
         days = day_to - day_from
     elif view == "all":
-        first_hour = conn.execute("SELECT min(hour) FROM object WHERE metric = ?",
-                                  (metric,)).fetchone()[0]
+        first_hour = min(first for first, _ in hours.values())
         days = (max(layers.values()) - first_hour) / 24 + 1
         day_from = day_to = None
     else:
@@ -8953,41 +9315,74 @@ before, when the recent window holds at least 30 days with a value and the basel
 is flagged when the difference exceeds one standard deviation of the baseline days."""
 
 
+_DAY_SHIFT = 1 << 20
+"""Days SQLite adds to a local second before it divides by a day, and takes off after:
+its integer division truncates toward zero, so a dividend kept positive floors, as a date
+does (2,870 years: before any day a query can ask)."""
+
+
 def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
-                    offset: Optional[int], low: int, high: int) -> Optional[tuple]:
+                    zone: Zone, low: int, high: int) -> Optional[tuple]:
     """([(epoch day, units, count, sum)], [hours left]): per local day, from the hours'
-    tallies, summed inside SQLite, for the hours whose points all lie in one local day
-    (their one offset a whole hour; ``offset`` None: the offsets the fold wrote); the
-    other hours (two offsets, a half-hour one, a tally from before offsets were kept)
-    are left to be read from their points.  One statement, each tally parsed once (one
-    json_extract of several paths); an hour left over is a group of its own.  None where
-    this SQLite has no JSON functions, or for a zone of a half-hour offset (every hour
-    straddles two local days there)."""
+    tallies, summed inside SQLite, for the hours whose points all lie in one local day:
+    one offset (the one the fold wrote for them, ``tz=local``; the zone's) under which the
+    hour crosses no local midnight; the other hours (two offsets, the hour a day in which
+    a half-hour offset's midnight falls, a tally from before offsets were kept) are left
+    to be read from their points.  One statement; each tally's JSON read by four scalar
+    ``json_extract`` (one call of several paths costs more: the small array it builds is
+    parsed again for each use).  An IANA zone: :func:`_zone_day_values`.  None where this
+    SQLite has no JSON functions."""
     path = '$.f."%s"' % field.replace('"', "")
-    if offset is None:
-        shift = "json_extract(v, '$[0]')"
-        good = "coalesce(has AND %s %% 3600 = 0 AND json_extract(v, '$[1]') IS NULL, 0)" % shift
-    elif offset % 3600:
-        return None  # a half-hour zone: every hour straddles two local days, read points
-    else:
-        shift, good = str(int(offset)), "has"
+    if isinstance(zone, NamedZone):
+        return _zone_day_values(conn, metric, layer, path, zone, low, high)
+    local = "hour * 3600 + %s + %d" % ("o0" if zone is LOCAL_ZONE else int(zone.offset_s),
+                                       _DAY_SHIFT * 86400)
+    single = "o0 IS NOT NULL AND o1 IS NULL AND " if zone is LOCAL_ZONE else "has AND "
     # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
-    # repeat its json_extract (a parse of the whole tally) for every use of ``v``.
+    # repeat its json_extract calls (each a parse of the whole tally) for every use.
     try:
         rows = conn.execute(
-            "SELECT CASE WHEN ok THEN (hour * 3600 + %s) / 86400 END, CASE WHEN ok THEN NULL"
-            " ELSE hour END, units, sum(json_extract(v, '$[2]')), sum(json_extract(v, '$[3]'))"
-            " FROM (SELECT hour, units, v, %s AS ok FROM (SELECT hour, units, summary IS NOT"
-            " NULL AS has, json_extract(summary, '$.o[0]', '$.o[1]', ? || '[0]', ? || '[3]')"
-            " AS v FROM object WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ?"
-            " LIMIT -1 OFFSET 0) LIMIT -1 OFFSET 0)"
-            " WHERE NOT ok OR json_extract(v, '$[2]') IS NOT NULL GROUP BY 1, 2, 3"
-            % (shift, good), (path, path, metric, layer, low, high)).fetchall()
+            "SELECT CASE WHEN ok THEN (%s) / 86400 - %d END, CASE WHEN ok THEN NULL ELSE hour"
+            " END, units, sum(c), sum(s) FROM (SELECT hour, units, o0, c, s, coalesce(%s(%s)"
+            " %% 86400 <= 82800, 0) AS ok FROM (SELECT hour, units, summary IS NOT NULL AS"
+            " has, json_extract(summary, '$.o[0]') AS o0, json_extract(summary, '$.o[1]') AS"
+            " o1, json_extract(summary, ?) AS c, json_extract(summary, ?) AS s FROM object"
+            " WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ? LIMIT -1 OFFSET 0)"
+            " LIMIT -1 OFFSET 0) WHERE NOT ok OR c IS NOT NULL GROUP BY 1, 2, 3"
+            % (local, _DAY_SHIFT, single, local),
+            (path + "[0]", path + "[3]", metric, layer, low, high)).fetchall()
     except sqlite3.OperationalError:
         return None
     return ([(day, units, count, total) for day, hour, units, count, total in rows
              if hour is None],
             sorted({hour for _, hour, _, _, _ in rows if hour is not None}))
+
+
+def _zone_day_values(conn: sqlite3.Connection, metric: str, layer: str, path: str,
+                     zone: "NamedZone", low: int, high: int) -> Optional[tuple]:
+    """:func:`_day_values_sql` in an IANA zone: SQLite reads each tally's count and sum,
+    and the hours are placed on the zone's days here (an hour whose offset at its start
+    differs from the next hour's, a DST change, is read from its points)."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, units, summary IS NOT NULL, json_extract(summary, ?),"
+            " json_extract(summary, ?) FROM object WHERE metric = ? AND layer = ? AND hour"
+            " BETWEEN ? AND ?", (path + "[0]", path + "[3]", metric, layer, low, high))
+        rows = rows.fetchall()
+    except sqlite3.OperationalError:
+        return None
+    days: dict = {}
+    left = []
+    for hour, units, has, count, total in rows:
+        offset = zone.offset_at(hour * HOUR_US)
+        local = hour * 3600 + offset
+        if not has or offset != zone.offset_at((hour + 1) * HOUR_US) or local % 86400 > 82800:
+            left.append(hour)
+        elif count is not None:
+            slot = days.setdefault((local // 86400, units), [0, 0.0])
+            slot[0] += count
+            slot[1] += total or 0.0
+    return [(day, units, count, total) for (day, units), (count, total) in days.items()], left
 
 
 def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
@@ -8999,15 +9394,12 @@ def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
     field = meaning.fields[0]
     low = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
     high = ((last + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ? AND hour BETWEEN ? AND ?",
-        (metric, low, high))]
+    layers = _layers_between(conn, metric, low, high)
     found: dict = {}
     for layer in sorted((layer for layer in layers if layer in DAY_LAYERS),
                         key=DAY_LAYERS.index):
         totals: dict = {}  # (ordinal, units) -> [count, sum]
-        fast = None if isinstance(zone, NamedZone) else _day_values_sql(
-            conn, metric, layer, field, getattr(zone, "offset_s", None), low, high)
+        fast = _day_values_sql(conn, metric, layer, field, zone, low, high)
         if fast is None:
             hours = None
         else:
@@ -9100,9 +9492,7 @@ def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
     """Last night: the night that ended on the day, its stages in the sleep meaning's order
     (``stage_order``), its fields (the main one first) with their labels, against the
     usual night."""
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (SLEEP_METRIC,))]
-    if RECORD_LAYER not in layers:
+    if RECORD_LAYER not in metric_layers(conn, SLEEP_METRIC):
         return None
     query = PointQuery(SLEEP_METRIC, RECORD_LAYER, None, None, "day", zone,
                        day_from=day - USUAL_DAYS, day_to=day + 1)
@@ -9171,10 +9561,8 @@ def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Opti
     time of day means nothing."""
     meaning = meaning_of(metric)
     end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
-    layers = [row[0] for row in conn.execute(
-        "SELECT DISTINCT layer FROM object WHERE metric = ?", (metric,))]
     best = None
-    for layer in layers:
+    for layer in metric_layers(conn, metric):
         query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
         for units, coord, point in iter_points_newest(conn, query):
             if best is None or coord[0] > best[1][0]:
@@ -9195,8 +9583,8 @@ def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> 
     """Everything else recorded on the day: a value per series, a count per list."""
     low = ((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
     high = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    metrics = sorted({row[0] for row in conn.execute(
-        "SELECT DISTINCT metric FROM object WHERE hour BETWEEN ? AND ?", (low, high))} - shown)
+    metrics = [metric for metric in stored_metrics(conn)
+               if metric not in shown and _layers_between(conn, metric, low, high)]
     out = []
     for metric in metrics:
         meaning = meaning_of(metric)
@@ -9224,7 +9612,7 @@ def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
     :data:`TREND_MIN_BASELINE`)."""
     first = day - TREND_RECENT_DAYS - TREND_BASELINE_DAYS + 1
     out = []
-    for (metric,) in conn.execute("SELECT DISTINCT metric FROM object ORDER BY metric"):
+    for metric in stored_metrics(conn):
         meaning = meaning_of(metric)
         if meaning.kind not in ("total", "average") or meaning.better is None:
             continue
@@ -9271,12 +9659,19 @@ def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> lis
 def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
     """The local date of the newest point of any series or night (today, for a phone that
     pushes): where a person opening the page expects to land."""
-    row = conn.execute("SELECT metric, layer, hour FROM object WHERE layer != 'record'"
-                       " OR metric = ? ORDER BY last_at DESC LIMIT 1",
-                       (SLEEP_METRIC,)).fetchone()
+    row = None  # (last_at, metric, layer, hour) of the object with the newest start
+    for metric in stored_metrics(conn):  # a seek per metric and layer: never a scan
+        for layer in metric_layers(conn, metric):
+            if layer == RECORD_LAYER and metric != SLEEP_METRIC:
+                continue
+            last_at, hour = conn.execute(
+                "SELECT last_at, hour FROM object WHERE metric = ? AND layer = ?"
+                " ORDER BY hour DESC LIMIT 1", (metric, layer)).fetchone()
+            if row is None or last_at > row[0]:
+                row = (last_at, metric, layer, hour)
     if row is None:
         return utc_now().date().toordinal()
-    metric, layer, hour = row
+    _, metric, layer, hour = row
     query = PointQuery(metric, layer, hour * HOUR_US, (hour + 1) * HOUR_US, None, zone)
     newest = None
     for _, coord, point in iter_points(conn, query):
@@ -9622,8 +10017,8 @@ def metric_facts(conn: sqlite3.Connection, imports: ImportedDeliveries,
     route) is decoded once."""
     cache = newest_cache if newest_cache is not None else {}
     found = []
-    tops = conn.execute("SELECT metric, layer, min(hour), max(hour) FROM object"
-                        " GROUP BY metric, layer ORDER BY metric, layer").fetchall()
+    tops = [(metric, layer, first, last) for metric in stored_metrics(conn)  # seeks, not a
+            for layer, (first, last) in layer_hours(conn, metric).items()]  # scan of years
     wanted_ids: dict = {}
     for metric, layer, first_hour, top in tops:
         if not watched_metric(metric):
