@@ -5,6 +5,7 @@ on every test, and a check that no test leaves threads or connections behind."""
 import contextlib
 import dataclasses
 import fcntl
+import gzip
 import http.client
 import importlib.util
 import io
@@ -181,9 +182,24 @@ def leaves_nothing_running(what: str):
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_running():
-    """Every test ends what it started."""
+def nothing_left_running(request):
+    """Every test ends what it started; in a module marked ``module_lifetime`` (its service
+    and browser live for the module) the same check runs once, after the module
+    (:func:`module_leaves_nothing_running`)."""
+    if request.node.get_closest_marker("module_lifetime") is not None:
+        yield
+        return
     with leaves_nothing_running("the test"):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_leaves_nothing_running(request):
+    """A ``module_lifetime`` module ends what it started (a service, a browser)."""
+    if request.node.get_closest_marker("module_lifetime") is None:
+        yield
+        return
+    with leaves_nothing_running("the module"):
         yield
 
 
@@ -499,3 +515,172 @@ def serve_process(tmp_path):
         if proc.proc.poll() is None:
             proc.kill()
         assert_no_leaks(proc.log_lines())
+
+
+# -- helpers of several test files ------------------------------------------------------------
+# What more than one test file needs lives here, once (tests/test_test_helpers.py fails when a
+# top-level helper is defined in two test files, or a test file imports from another): the
+# command line, the journal's rows, a clock the test moves, HTTP servers of a test's own, the
+# browser.  Helpers of one family keep their own module: the read tests' oracle and module
+# store (read_helpers.py), the fold tests' Journal and Store (fold_helpers.py), the page's
+# browser session and in-process store (dashboard_browser.py), HAE's bodies (hae_factory.py)
+# and the workouts' corpus (workout_corpus.py).
+
+
+def run_cli(*args, timeout: float = 120, env: dict = None, cwd=None, text: bool = True,
+            output_is_data: bool = False, extra_canaries=()) -> subprocess.CompletedProcess:
+    """``python -m healthlog ARGS`` as a subprocess, its output captured (str, or bytes
+    with ``text=False``).  Run as a module, it imports healthlog.py compiled once for the
+    whole run (above), where ``python healthlog.py`` would compile it at every start.
+
+    Nothing it writes may leak health data or the token (:func:`assert_no_leaks`, with
+    ``extra_canaries``): stderr always, stdout too unless it is the data asked for
+    (``output_is_data``: an export)."""
+    result = subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
+                            capture_output=True, text=text, timeout=timeout, env=env,
+                            cwd=None if cwd is None else str(cwd))
+
+    def lines(out) -> list:
+        return (out if text else out.decode("utf-8", "replace")).splitlines()
+
+    assert_no_leaks(lines(result.stderr) + ([] if output_is_data else lines(result.stdout)),
+                    extra=extra_canaries)
+    return result
+
+
+def run_export(*args, **kw) -> subprocess.CompletedProcess:
+    """``healthlog export ARGS`` (:func:`run_cli`): its stdout is the data, as bytes."""
+    return run_cli("export", *args, text=False, output_is_data=True, **kw)
+
+
+def log_records(lines) -> list:
+    """Log lines (logfmt, or JSON with ``--log-format json``) as dicts."""
+    return [json.loads(line) if line.startswith("{") else parse_logfmt(line) for line in lines]
+
+
+def find_records(lines, msg_part: str, level: str = None) -> list:
+    """The records of ``lines`` whose message contains ``msg_part`` (at ``level``)."""
+    return [r for r in log_records(lines) if msg_part in r.get("msg", "")
+            and (level is None or r.get("level") == level)]
+
+
+JOURNAL_HISTORY = ("folded_at", "journaled_at", "attempts")
+"""The journal columns that tell this machine's history, not what was delivered: when a fold
+ran, when the row was inserted (a restore from the archive alone does not know it) and how
+many tries the live fold took (a rebuild counts none)."""
+
+
+def journal_rows(data_dir: Path, leave_out=(), order: str = "id", only=None) -> list:
+    """Every row of the journal (the ``delivery`` table) as a dict, in ``order``: its
+    ``only`` columns if given, else all but the ``leave_out`` ones."""
+    return [{k: v for k, v in row.items() if (k in only if only else k not in leave_out)}
+            for row in db_rows(data_dir, "SELECT * FROM delivery ORDER BY " + order)]
+
+
+def statuses(data_dir: Path) -> dict:
+    """Delivery id -> its parse status, for every journal row."""
+    return {r["id"]: r["parse_status"] for r in db_rows(data_dir)}
+
+
+def wait_folded(data_dir: Path, count: int = None, timeout: float = 60.0) -> dict:
+    """Wait until no delivery is pending (and ``count`` are journaled, if given): the
+    journal's statuses then (:func:`statuses`)."""
+    def settled():
+        found = statuses(data_dir)
+        done = "pending" not in found.values() and (count is None or len(found) == count)
+        return (found,) if done else None  # a tuple: true for an empty journal too
+
+    return wait_for(settled, timeout=timeout, what="every delivery folded")[0]
+
+
+def delivery_row(data_dir: Path, delivery_id: int) -> dict:
+    """The journal row of one delivery."""
+    [found] = db_rows(data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
+    return found
+
+
+class Clock:
+    """A service's clock (``Config.clock``): epoch seconds the test sets and moves, instead
+    of waiting for the time to pass.  It starts at ``now`` (the real time if not given)."""
+
+    def __init__(self, now: float = None):
+        self.now = time.time() if now is None else float(now)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LocalServer:
+    """An HTTP server of the test's own on 127.0.0.1:0 in a thread (a notice receiver, a
+    relay, a proxy, a tile server, a package index): ``handler`` is its
+    ``BaseHTTPRequestHandler`` class.  Its request threads are joined when it is closed
+    (:meth:`close`, or the end of a ``with`` block), so no test leaves one running."""
+
+    def __init__(self, handler, name: str = "test-http-server"):
+        import http.server
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = False  # server_close() joins the handlers
+
+        self.server = Server(("127.0.0.1", 0), handler)
+        self.address = self.server.server_address[:2]
+        self.port = self.address[1]
+        self.origin = "http://127.0.0.1:%d" % self.port
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       name=name)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module (tests/dashboard_browser.py says which and how)."""
+    from dashboard_browser import launched
+
+    yield from launched()
+
+
+def one_line(text: str) -> str:
+    """The only line of ``text`` (a command's message); fails on a traceback or on more
+    lines."""
+    assert "Traceback" not in text, text
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def live_fingerprint(data_dir: Path) -> str:
+    """The fingerprint of the store in ``data_dir``, read from its database."""
+    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
+        return healthlog.fingerprint(conn)
+
+
+def object_rows(data_dir: Path, metric: str = None) -> list:
+    """Every object row (of ``metric``, if given) as a dict, in (metric, layer, hour)
+    order."""
+    where, args = ("WHERE metric = ?", (metric,)) if metric else ("", ())
+    return db_rows(data_dir, "SELECT * FROM object %s ORDER BY metric, layer, hour" % where,
+                   args)
+
+
+def stored_points(data_dir: Path, metric: str, layer: str = None) -> list:
+    """(point, delivery id) of every stored point of ``metric`` (in ``layer``, if given),
+    in hour order: the objects' blobs decoded here, apart from healthlog's reading."""
+    sql = "SELECT blob, point_deliveries FROM object WHERE metric = ?"
+    args = (metric,)
+    if layer is not None:
+        sql, args = sql + " AND layer = ?", args + (layer,)
+    out = []
+    for row in db_rows(data_dir, sql + " ORDER BY hour", args):
+        out += zip(json.loads(gzip.decompress(row["blob"])), json.loads(row["point_deliveries"]))
+    return out

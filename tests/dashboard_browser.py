@@ -16,7 +16,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, Client, db_rows, leaves_nothing_running, wait_for
+from conftest import TOKEN, Client, db_rows, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -56,20 +56,6 @@ def launched():
 
 
 # -- a store for the module ----------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_running():
-    """conftest's check runs per test; a browser module's service and browser live for the
-    module, so :func:`module_leaves_nothing_running` makes the same check after it (a test
-    module imports both to override conftest's)."""
-    yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_leaves_nothing_running():
-    with leaves_nothing_running("the module"):
-        yield
 
 
 class Store:

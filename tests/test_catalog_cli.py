@@ -5,17 +5,10 @@ to it, not to /api/catalog (openspec/specs/read/spec.md)."""
 import datetime as dt
 import json
 import re
-import subprocess
-import sys
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for
-
-
-def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=60)
+from conftest import Client, db_rows, run_cli, wait_for
 
 
 def test_read_1_3_the_catalog_command_prints_what_the_route_answers(start_service, data_dir):

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, TOKEN, parse_logfmt
+from conftest import TOKEN, parse_logfmt, run_cli
 
 pytestmark = pytest.mark.json_agnostic
 
@@ -140,11 +140,6 @@ def percentile(values, fraction: float) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # The CLI and the data directory.
-
-def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=timeout)
-
 
 def fingerprint_line(output: str) -> str:
     lines = [line for line in output.splitlines() if line.startswith("fingerprint: ")]
@@ -282,7 +277,7 @@ def copy_without(data_dir: Path, target: Path, leave_out: set) -> None:
 
 
 def _cli(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
+    return subprocess.Popen([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -455,9 +450,7 @@ def crash_torture(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies,
         data_dir, "SELECT id, error FROM delivery WHERE parse_status = 'failed'")
         if error == "fold_attempts_exhausted"]
     if exhausted:
-        refolded = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "refold",
-                                   "--data", str(data_dir), "--failed"],
-                                  capture_output=True, text=True, timeout=60)
+        refolded = run_cli("refold", "--data", data_dir, "--failed", timeout=60)
         assert refolded.returncode == 0, refolded.stderr
         serve = serve_process(data_dir)
         logs.append(serve.log_path)

@@ -33,9 +33,10 @@ import pytest
 
 import hae_factory as hf
 from conftest import Lazy
-from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
-                               long_date, module_leaves_nothing_running, nothing_left_running,
-                               serving, shown_number, sign_in)
+from dashboard_browser import OVERFLOW, Session, long_date, serving, shown_number, sign_in
+
+# Its service and browser live for the module: nothing may be left running after it.
+pytestmark = pytest.mark.module_lifetime
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -194,11 +195,6 @@ def store(tmp_path_factory):
     with serving(tmp_path_factory.mktemp("dashboard") / "data",
                  [(item["automation"], item["body"]) for item in CORPUS.deliveries]) as store:
         yield store
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -18,14 +18,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import healthlog
-from dashboard_browser import launched
 
 ZONES = ("Pacific/Kiritimati", "Pacific/Honolulu", "Asia/Kathmandu")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 @pytest.fixture(scope="module", params=ZONES)

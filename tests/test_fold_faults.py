@@ -43,7 +43,7 @@ import hae_factory as hf
 import healthlog
 from test_fold import write_lock
 from conftest import (ROOT, TOKEN, Client, GatedWorker, Passes, assert_no_leaks, db_rows,
-                      parse_logfmt, wait_for)
+                      parse_logfmt, run_cli, wait_for)
 
 pytestmark = pytest.mark.json_agnostic  # faults of the machine: no JSON library plays a part
 
@@ -73,14 +73,6 @@ def one_point_body() -> bytes:
     return hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
         {"date": "2024-03-08 10:17:00 -0800", "qty": 41, "source": hf.OWNER_WATCH}],
         "count")]))
-
-
-def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python3 healthlog.py ARGS``; its output must not leak health data or the token."""
-    result = subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
-                            capture_output=True, text=True, timeout=timeout)
-    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
-    return result
 
 
 def import_bodies(data_dir: Path, folder: Path, bodies: list, first: dt.datetime) -> list:

@@ -27,8 +27,10 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import TOKEN, db_rows, wait_for
-from dashboard_browser import (OVERFLOW, Session, Store, launched,  # noqa: F401 (fixtures)
-                               module_leaves_nothing_running, nothing_left_running)
+from dashboard_browser import OVERFLOW, Session, Store
+
+# Its service and browser live for the module: nothing may be left running after it.
+pytestmark = pytest.mark.module_lifetime
 
 PHONE = hf.Phone(zone=hf.BERLIN, sources="single")
 DAYS = [dt.date(2025, 5, 24) + dt.timedelta(days=k) for k in range(10)]
@@ -115,11 +117,6 @@ def store(tmp_path_factory):
         yield store
     finally:
         assert service.stop(), "the service did not stop within its budget"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,6 @@ import os
 import random
 import re
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import Passes, archive_files, assert_no_leaks, db_rows, wait_for
+from conftest import Passes, archive_files, db_rows, run_cli, wait_for
 from fold_helpers import Journal, Store
 
 
@@ -246,15 +244,6 @@ WRITERS = ("delivery_id", "updated_by")
 
 # ---------------------------------------------------------------------------------------------
 # Running the CLI (tests/test_reindex.py).
-
-def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python3 healthlog.py ARGS`` as a subprocess; its output must not leak either."""
-    result = subprocess.run([sys.executable, "-m", "healthlog"] + [str(a) for a in args],
-                            capture_output=True, text=True, timeout=timeout)
-    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
 
 # =============================================================================================
 # STORAGE-8.1: two sleep records of different stages with the same span are both kept.

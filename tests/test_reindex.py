@@ -16,17 +16,13 @@ Names carry the scenario IDs of openspec/specs/reindex/spec.md (REINDEX-n.m).
 
 import contextlib
 import datetime as dt
-import gzip
 import hashlib
 import json
-import logging
 import os
 import pty
-import random
 import re
 import select
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -37,52 +33,23 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import (ROOT, TOKEN, Client, LogCapture, archive_files, assert_no_leaks, db_rows,
-                      parse_logfmt, wait_for)
+from conftest import (ROOT, Client, assert_no_leaks, db_rows,
+                      live_fingerprint, object_rows, parse_logfmt, run_cli, stored_points,
+                      wait_folded, wait_for)
+from reindex_helpers import (DAY, body, body_paths, by_path, cli_args,
+                             copy_store, headers, journal_facts, module_service, post,
+                             printed_fingerprint, pt, tables, when)
 
 # One JSON mode (orjson): a rebuild folds with the live fold's code, which test_fold*.py
 # run with and without orjson; REINDEX-10.3 rebuilds the same archive both ways itself.
 pytestmark = [pytest.mark.usefixtures("json_mode"), pytest.mark.json_agnostic]
 
-DAY = dt.date(2024, 3, 8)
-FAST = hf.Automation("Reindex fast", "Minutes", "Since Last Sync")
-FINGERPRINT = re.compile(r"^fingerprint: ([0-9a-f]{64})$", re.M)
 PROGRESS = re.compile(r"reindex: (\d+)/(\d+) deliveries, (\d+\.\d) MB/s, ETA (\S+)")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
 # Running the CLI.
-
-def cli_args(*args) -> list:
-    return [sys.executable, "-m", "healthlog"] + [str(a) for a in args]
-
-
-def run_cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python3 healthlog.py ARGS`` as a subprocess; its output must not leak either."""
-    result = subprocess.run(cli_args(*args), capture_output=True, text=True, timeout=timeout)
-    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
-    return result
-
-
-def start_cli(*args) -> subprocess.Popen:
-    # SIGINT back to its default, so the child turns it into KeyboardInterrupt even when
-    # the test runner itself was started with SIGINT ignored (a background job).
-    return subprocess.Popen(cli_args(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                        signal.SIG_DFL))
-
-
-def printed_fingerprint(text: str) -> str:
-    [value] = FINGERPRINT.findall(text)
-    return value
-
-
-def one_line(text: str) -> str:
-    lines = text.splitlines()
-    assert len(lines) == 1 and "Traceback" not in text, text
-    return lines[0]
-
 
 def run_on_terminal(*args, timeout: float = 120) -> tuple:
     """Run the CLI with stderr on a pseudo-terminal: (returncode, stdout, terminal text)."""
@@ -118,64 +85,6 @@ def run_on_terminal(*args, timeout: float = 120) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # Reading a data directory.
 
-def live_fingerprint(data_dir: Path) -> str:
-    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
-    try:
-        return healthlog.fingerprint(conn)
-    finally:
-        conn.close()
-
-
-def journal(data_dir: Path) -> list:
-    """Every journal row and column but the three readings of this machine's history:
-    ``folded_at`` (when a fold ran), ``journaled_at`` (when the row was inserted; a
-    restore from the archive alone does not know it) and ``attempts`` (how many tries
-    the live fold took; a rebuild counts none)."""
-    return [{k: v for k, v in row.items() if k not in ("folded_at", "journaled_at",
-                                                       "attempts")}
-            for row in db_rows(data_dir)]
-
-
-def by_path(rows: list) -> dict:
-    """Journal rows keyed by archive path, ids left out and an error naming an earlier
-    delivery by id ("duplicate of delivery N") naming it by its archive path instead."""
-    paths = {row["id"]: row["archive_path"] for row in rows}
-    out = {}
-    for row in rows:
-        row = {k: v for k, v in row.items() if k != "id"}
-        if (row["error"] or "").startswith("duplicate of delivery "):
-            row["error"] = "duplicate of " + paths[int(row["error"].rsplit(" ", 1)[1])]
-        out[row["archive_path"]] = row
-    return out
-
-
-def objects(data_dir: Path) -> list:
-    return db_rows(data_dir, "SELECT * FROM object ORDER BY metric, layer, hour")
-
-
-def tables(data_dir: Path) -> set:
-    return {row["name"] for row in db_rows(data_dir, "SELECT name FROM sqlite_master"
-                                                     " WHERE type = 'table'")}
-
-
-def count_pending(data_dir: Path) -> int:
-    return db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
-                             " WHERE parse_status = 'pending'")[0]["n"]
-
-
-def wait_folded(data_dir: Path, timeout: float = 60.0) -> None:
-    wait_for(lambda: count_pending(data_dir) == 0, timeout)
-
-
-def stored_points(data_dir: Path, metric: str) -> list:
-    """(point, delivery id) of every stored point of ``metric``, decoded independently."""
-    out = []
-    for row in db_rows(data_dir, "SELECT blob, point_deliveries FROM object WHERE metric = ?"
-                                 " ORDER BY hour", (metric,)):
-        out += zip(json.loads(gzip.decompress(row["blob"])), json.loads(row["point_deliveries"]))
-    return out
-
-
 def status_counts(data_dir: Path) -> dict:
     counts = dict.fromkeys(healthlog.STATUSES, 0)
     counts.update((r["parse_status"], r["n"]) for r in db_rows(
@@ -183,51 +92,8 @@ def status_counts(data_dir: Path) -> dict:
     return counts
 
 
-def body_paths(data_dir: Path) -> list:
-    return [f for f in archive_files(data_dir) if f.startswith("archive/")
-            and f.endswith(".json") and not f.endswith(".meta.json")]
-
-
-def copy_store(source: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "data"
-    shutil.copytree(str(source), str(target))
-    return target
-
-
 # ---------------------------------------------------------------------------------------------
 # Building bodies and journals.
-
-def when(hour: int, minute: int = 0, day: dt.date = DAY) -> str:
-    """HAE's timestamp of an instant of ``day`` in UTC (``yyyy-MM-dd HH:mm:ss Z``)."""
-    return "%s %02d:%02d:00 +0000" % (day.isoformat(), hour, minute)
-
-
-def pt(at: str, **values) -> dict:
-    point = {"date": at}
-    point.update(values)
-    point["source"] = hf.CANARY_SOURCE  # a device name that must never reach a log
-    return point
-
-
-def body(*metrics: tuple, **sections) -> bytes:
-    """An HAE body with ``(name, units, points)`` metrics and other ``data`` sections."""
-    data = {"metrics": [hf.metric(name, points, units) for name, units, points in metrics]}
-    data.update(sections)
-    return hf.dumps_hae({"data": data})
-
-
-def headers(automation: hf.Automation = FAST, aggregation: bool = True) -> dict:
-    out = hf.headers_for(automation, hf.new_uuid(random.Random(automation.name)))
-    if not aggregation:
-        del out["automation-aggregation"]
-    return out
-
-
-def post(client: Client, payload: bytes, path: str = "/api/ingest", **kw) -> int:
-    status, answer = client.ingest(payload, path=path, **kw)
-    assert status == 200, answer
-    return answer["delivery_id"]
-
 
 def post_and_fold(start_service, payload: bytes, **kw) -> int:
     """Post one delivery to a running server and let its live worker fold it."""
@@ -301,25 +167,6 @@ def _week_deliveries() -> list:
     return arrival
 
 
-@contextlib.contextmanager
-def _module_service(data_dir: Path, **overrides):
-    """A real server for a module fixture, with its own log capture and leak check."""
-    capture = LogCapture()
-    handler = healthlog.setup_logging(healthlog.Config(data_dir=Path("."), log_level="DEBUG"),
-                                      stream=capture.stream)
-    values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                  busy_timeout_s=10.0, stop_budget_s=30.0)
-    values.update(overrides)
-    service = healthlog.Service(healthlog.Config(**values), announce=lambda token: None)
-    service.start()
-    try:
-        yield service
-    finally:
-        service.stop()
-        logging.getLogger().removeHandler(handler)
-    assert_no_leaks(capture.lines())
-
-
 @pytest.fixture(scope="module")
 def week_store(tmp_path_factory, json_mode) -> Path:
     """A data directory whose live worker folded `_week_deliveries()` (tests copy it)."""
@@ -327,7 +174,7 @@ def week_store(tmp_path_factory, json_mode) -> Path:
     export = data_dir.parent / "export.json"  # a backfill exported by hand in the app
     export.write_bytes(hf.dumps_hae(hf.metrics_payload(
         9, ("step_count", "heart_rate"), DAY - dt.timedelta(days=30), grouping="Hours")))
-    with _module_service(data_dir, fold_wake_s=0.2) as service:
+    with module_service(data_dir, fold_wake_s=0.2) as service:
         client = Client(*service.address)
         for index, (path, sent_headers, payload) in enumerate(_week_deliveries()):
             post(client, payload, path, headers=sent_headers)
@@ -352,7 +199,7 @@ def test_reindex_2_1_live_store_equals_the_rebuild_for_realistic_traffic(week_st
         "minutes", "hours", "days", "default", "record", None}
     assert db_rows(data_dir, "SELECT count(*) AS n FROM delivery"
                              " WHERE error LIKE 'duplicate of delivery %'")[0]["n"] >= 1
-    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
     before = live_fingerprint(data_dir)
 
     service = start_service()  # verify runs beside a running server
@@ -369,8 +216,8 @@ def test_reindex_2_1_live_store_equals_the_rebuild_for_realistic_traffic(week_st
 
     assert reindexed.returncode == 0, reindexed.stderr
     assert printed_fingerprint(reindexed.stdout) == before == live_fingerprint(data_dir)
-    assert journal(data_dir) == before_journal  # statuses, layers, errors, counters
-    assert objects(data_dir) == before_objects  # every column, blobs and provenance included
+    assert journal_facts(data_dir) == before_journal  # statuses, layers, errors, counters
+    assert object_rows(data_dir) == before_objects  # every column, blobs and provenance included
     assert tables(data_dir) == {"delivery", "object", "session"}
 
 
@@ -408,7 +255,7 @@ def test_reindex_2_2_delivery_folded_after_its_journal_successor_ends_as_the_reb
 def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(week_store,
                                                                             tmp_path):
     data_dir = copy_store(week_store, tmp_path)
-    before_journal, before = journal(data_dir), live_fingerprint(data_dir)
+    before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     # The layer of Default-grouped automations came from their automation-aggregation header.
     defaults = {r["archive_path"]: r["layer"] for r in before_journal
                 if r["automation_aggregation"] == "Default" and r["layer"] != "record"}
@@ -430,7 +277,7 @@ def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(wee
     # receive times, paths, sizes, hashes, HAE headers, path names, statuses, layers,
     # uncovered keys, errors and counters: all of it comes back.  Ids are given anew in
     # journal order, so rows are compared by archive path.
-    assert by_path(journal(data_dir)) == by_path(before_journal)
+    assert by_path(journal_facts(data_dir)) == by_path(before_journal)
 
 
 def test_reindex_3_2_orphan_bodies_are_adopted_and_folded(start_service, data_dir):
@@ -579,17 +426,17 @@ def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(star
 def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_in(week_store,
                                                                                   tmp_path):
     data_dir = copy_store(week_store, tmp_path)
-    before_journal, before = journal(data_dir), live_fingerprint(data_dir)
+    before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     shutil.copytree(str(data_dir / "archive"), str(tmp_path / "intact"))
-    for body in healthlog.archive_bodies(data_dir):  # a disk that gives back damaged files
-        (data_dir / body).write_bytes(b"\0" * 64)
+    for archived in healthlog.archive_bodies(data_dir):  # a disk that gives back damaged files
+        (data_dir / archived).write_bytes(b"\0" * 64)
 
     refused = run_cli("reindex", "--data", data_dir)
 
     assert refused.returncode == 1
     assert "nothing was replaced" in refused.stderr and refused.stderr.count("\n") == 1
     assert "Traceback" not in refused.stderr
-    assert live_fingerprint(data_dir) == before and journal(data_dir) == before_journal
+    assert live_fingerprint(data_dir) == before and journal_facts(data_dir) == before_journal
     assert not {"delivery_rebuild", "object_rebuild"} & tables(data_dir)
 
     forced = run_cli("reindex", "--data", data_dir, "--force")
@@ -605,7 +452,7 @@ def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_
 def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(week_store,
                                                                            tmp_path):
     data_dir = copy_store(week_store, tmp_path)
-    before_journal, before = journal(data_dir), live_fingerprint(data_dir)
+    before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     shutil.move(str(data_dir / "archive"), str(tmp_path / "unmounted"))
     (data_dir / "archive").mkdir()  # the mount point of a disk that is not mounted
 
@@ -613,7 +460,7 @@ def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(week_
         refused = run_cli("reindex", "--data", data_dir, *args)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert "is missing or empty: is the disk that holds it mounted?" in refused.stderr
-        assert live_fingerprint(data_dir) == before and journal(data_dir) == before_journal
+        assert live_fingerprint(data_dir) == before and journal_facts(data_dir) == before_journal
         assert not {"delivery_rebuild", "object_rebuild"} & tables(data_dir)
         assert list((data_dir / "archive").iterdir()) == []
 
@@ -667,7 +514,7 @@ def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(week_
     service = start_service(data_dir=data_dir, paused=True)
     post(Client(*service.address), body(("step_count", "count", [pt(when(6), qty=1)])),
          headers=headers())
-    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
 
     result = run_cli("verify", "--data", data_dir)
 
@@ -675,7 +522,7 @@ def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(week_
     assert "verify: equal" in result.stdout
     assert "not compared: 1 delivery still pending" in result.stdout
     assert printed_fingerprint(result.stdout) == live_fingerprint(data_dir)
-    assert journal(data_dir) == before_journal and objects(data_dir) == before_objects
+    assert journal_facts(data_dir) == before_journal and object_rows(data_dir) == before_objects
     assert tables(data_dir) == {"delivery", "object", "session"}
     assert list((data_dir / "tmp").iterdir()) == []  # its scratch database is gone
     service.worker.gate.set()  # and the server goes on folding
@@ -1037,11 +884,11 @@ def test_reindex_2_3_a_delivery_the_live_fold_fails_fails_alike_in_a_rebuild(sta
     rows = {row["id"]: row for row in db_rows(data_dir)}
     assert (rows[first]["parse_status"], rows[second]["parse_status"],
             rows[second]["error"]) == ("parsed", "failed", "nesting_too_deep")
-    before, fingerprint = journal(data_dir), live_fingerprint(data_dir)
+    before, fingerprint = journal_facts(data_dir), live_fingerprint(data_dir)
 
     checked = run_cli("verify", "--data", data_dir)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rebuilt = run_cli("reindex", "--data", data_dir)
 
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert journal(data_dir) == before and live_fingerprint(data_dir) == fingerprint
+    assert journal_facts(data_dir) == before and live_fingerprint(data_dir) == fingerprint

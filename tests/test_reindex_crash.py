@@ -20,10 +20,10 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, Client, db_rows, wait_for
-from test_reindex import (DAY, _module_service, body, body_paths, copy_store, headers, journal,
-                          live_fingerprint, objects, one_line, post, printed_fingerprint, pt,
-                          run_cli, start_cli, stored_points, tables, wait_folded, when)
+from conftest import (TOKEN, Client, db_rows, live_fingerprint, object_rows, one_line, run_cli,
+                      stored_points, wait_folded, wait_for)
+from reindex_helpers import (DAY, body, body_paths, copy_store, headers, journal_facts,
+                             module_service, post, printed_fingerprint, pt, start_cli, tables, when)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # agnostic tests run in one mode only
 
@@ -37,7 +37,7 @@ def big_store(tmp_path_factory, json_mode) -> Path:
     (~180k points), folded live."""
     data_dir = tmp_path_factory.mktemp("big") / "data"
     backfill = headers(hf.Automation("Reindex backfill", "Minutes", "Default"))
-    with _module_service(data_dir) as service:
+    with module_service(data_dir) as service:
         client = Client(*service.address)
         for i in range(BIG_DELIVERIES):
             post(client, hf.big_metrics_body(2 << 20, seed=i, start=DAY + dt.timedelta(days=2 * i)),
@@ -78,7 +78,7 @@ def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir
     post(Client(*service.address), body(("step_count", "count", [pt(when(8), qty=5)])),
          headers=headers())
     wait_folded(data_dir)
-    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
 
     result = run_cli("reindex", "--data", data_dir)
 
@@ -86,7 +86,7 @@ def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir
     line = one_line(result.stderr)
     assert "in use" in line and "serve" in line and str(data_dir) in line
     assert result.stdout == ""
-    assert journal(data_dir) == before_journal and objects(data_dir) == before_objects
+    assert journal_facts(data_dir) == before_journal and object_rows(data_dir) == before_objects
     assert tables(data_dir) == {"delivery", "object", "session"}
 
 
@@ -122,7 +122,7 @@ def test_reindex_1_2_serve_and_import_are_refused_while_reindex_runs(big_store, 
 def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_completes(
         big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
-    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
     before = live_fingerprint(data_dir)
     proc = start_cli("reindex", "--data", data_dir)
     try:
@@ -134,7 +134,7 @@ def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_com
 
     assert "delivery_rebuild" in tables(data_dir)  # it really died mid-way
     assert live_fingerprint(data_dir) == before
-    assert objects(data_dir) == before_objects and journal(data_dir) == before_journal
+    assert object_rows(data_dir) == before_objects and journal_facts(data_dir) == before_journal
     status = run_cli("status", "--data", data_dir, "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["fingerprint"] == before
     verified = run_cli("verify", "--data", data_dir)
@@ -144,7 +144,7 @@ def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_com
 
     assert rerun.returncode == 0, rerun.stderr
     assert printed_fingerprint(rerun.stdout) == before == live_fingerprint(data_dir)
-    assert journal(data_dir) == before_journal
+    assert journal_facts(data_dir) == before_journal
     assert tables(data_dir) == {"delivery", "object", "session"}
 
 
@@ -152,7 +152,7 @@ def test_reindex_5_1_sigkill_during_reindex_leaves_the_old_store_and_a_rerun_com
 @pytest.mark.torture  # acts during a long reindex of big_store: with the torture runs
 def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
-    before_journal, before_objects = journal(data_dir), objects(data_dir)
+    before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
     proc = start_cli("reindex", "--data", data_dir)
     try:
         wait_rebuilding(data_dir, proc)
@@ -163,7 +163,7 @@ def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_p
     assert proc.returncode == 130
     assert "reindex interrupted; the previous store is unchanged" in one_line(stderr.strip())
     assert "fingerprint" not in stdout
-    assert objects(data_dir) == before_objects and journal(data_dir) == before_journal
+    assert object_rows(data_dir) == before_objects and journal_facts(data_dir) == before_journal
     assert tables(data_dir) == {"delivery", "object", "session"}
 
 

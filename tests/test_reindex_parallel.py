@@ -30,8 +30,8 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, assert_no_leaks, db_rows, wait_for
-from test_reindex import by_path, journal, objects, printed_fingerprint, run_cli, start_cli
+from conftest import assert_no_leaks, db_rows, object_rows, run_cli, wait_for
+from reindex_helpers import by_path, journal_facts, printed_fingerprint, start_cli
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
@@ -174,8 +174,8 @@ def rebuilt(store: Path, tmp_path: Path, name: str, *args) -> tuple:
 
 def assert_same_store(one: Path, many: Path) -> None:
     """The same journal outcomes and the same objects, byte for byte."""
-    assert by_path(journal(many)) == by_path(journal(one))
-    assert objects(many) == objects(one)
+    assert by_path(journal_facts(many)) == by_path(journal_facts(one))
+    assert object_rows(many) == object_rows(one)
 
 
 @pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.json_agnostic),
@@ -298,9 +298,8 @@ def test_reindex_11_4_no_semaphore_and_no_shared_memory_is_needed(slow_store, tm
                "def refuse(*args, **kwargs):\n"
                "    raise OSError(28, 'No space left on device (/dev/shm)')\n"
                "_multiprocessing.SemLock = refuse\n"
-               "sys.argv = [sys.argv[1]] + sys.argv[2:]\n"
-               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    result = subprocess.run([sys.executable, "-c", breaker, str(ROOT / "healthlog.py"),
+               "runpy.run_module('healthlog', run_name='__main__', alter_sys=True)\n")
+    result = subprocess.run([sys.executable, "-c", breaker,
                              "reindex", "--data", str(data_dir), "--jobs", "2"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -356,7 +355,7 @@ def test_reindex_11_6_jobs_default_to_the_usable_cores_and_are_checked(slow_stor
     assert refused.returncode == 2 and "--jobs" in refused.stderr
     if shutil.which("taskset") is None:
         pytest.skip("taskset is not installed")
-    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, str(ROOT / "healthlog.py"),
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "healthlog",
                              "reindex", "--data", str(data_dir)],
                             capture_output=True, text=True, timeout=300)
     assert pinned.returncode == 0, pinned.stderr
@@ -470,4 +469,4 @@ def test_reindex_2_4_folds_that_hold_a_bounded_batch_build_the_store_they_always
         assert_same_store(tmp_path / "one", tmp_path / name)
     rows = db_rows(tmp_path / "one")
     assert sum(row["objects_written"] or 0 for row in rows[-2:]) >= 2  # the changes count
-    assert len(objects(tmp_path / "one")) > 500
+    assert len(object_rows(tmp_path / "one")) > 500

@@ -18,14 +18,9 @@ import threading
 import pytest
 
 import healthlog
-from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt, wait_for
+from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt, run_cli, wait_for
 from test_build import require_python
 from test_ingest import HAE_HEADERS, hae_body
-
-
-def run_cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def messages(lines) -> list:

@@ -15,13 +15,11 @@ import csv
 import datetime as dt
 import io
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
 import hae_factory as hf
-from conftest import ROOT, Client, db_rows, wait_for
+from conftest import Client, db_rows, run_cli, wait_for
 from read_helpers import get
 
 PHONE = hf.Phone(zone=hf.NEW_YORK, sources="single")
@@ -116,9 +114,7 @@ def served(tmp_path_factory):
     finally:
         assert service.stop()
     out = data_dir.parent / "export.sqlite"
-    run = subprocess.run([sys.executable, str(ROOT / "healthlog.py"), "export", "--data",
-                          str(data_dir), "--format", "sqlite", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    run = run_cli("export", "--data", data_dir, "--format", "sqlite", out)
     assert run.returncode == 0, run.stderr
     return {"day_csv": day_csv, "raw_csv": raw_csv, "sqlite": out}
 

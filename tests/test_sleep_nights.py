@@ -45,9 +45,11 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import TOKEN, assert_no_leaks, db_rows, wait_for
-from dashboard_browser import (Session, Store, launched,  # noqa: F401 (fixtures)
-                               module_leaves_nothing_running, nothing_left_running)
+from dashboard_browser import Session, Store
 from read_helpers import get, get_json, nights_by_date, written
+
+# Its service and browser live for the module: nothing may be left running after it.
+pytestmark = pytest.mark.module_lifetime
 
 PHONE = hf.Phone(zone=hf.NEW_YORK, sources="single")
 YEAR = [dt.date(2025, 1, 1) + dt.timedelta(days=k) for k in range(365)]
@@ -551,11 +553,6 @@ def test_fresh_5_3_the_calendar_counts_a_night_on_its_wake_day(store):
 
 
 # -- the page --------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
-
 
 @pytest.fixture(scope="module")
 def page(browser, store):

@@ -30,8 +30,8 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import (ROOT, TOKEN, Client, archive_files, assert_no_leaks, db_rows,
-                      parse_logfmt, wait_for)
+from conftest import (TOKEN, Client, archive_files, assert_no_leaks, db_rows, parse_logfmt,
+                      run_cli, wait_for)
 from test_reindex import live_fingerprint
 
 AUTOMATION = hf.Automation("Storage faults", "Minutes", "Since Last Sync")
@@ -55,14 +55,6 @@ def small_body(seed: int) -> bytes:
     return hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
         {"date": "2024-03-%02d 10:%02d:00 -0800" % (1 + seed % 28, minute), "qty": seed + minute}
         for minute in (1, 2, 3)], "count")]))
-
-
-def run_cli(*args, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``python3 healthlog.py ARGS``; its output must not leak health data or the token."""
-    result = subprocess.run([sys.executable, str(ROOT / "healthlog.py")] + [str(a) for a in args],
-                            capture_output=True, text=True, timeout=timeout)
-    assert_no_leaks(result.stdout.splitlines() + result.stderr.splitlines())
-    return result
 
 
 def one_line(text: str) -> str:
@@ -589,7 +581,7 @@ def test_rely_3_5_corrupt_store_pages_never_turn_an_acknowledged_delivery_into_f
     log_path = tmp_path / "serve.log"
     with open(str(log_path), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
              "--listen", "127.0.0.1:0", "--token", TOKEN], stdout=subprocess.DEVNULL, stderr=log)
     try:
         port = wait_for(lambda: proc.poll() is not None or next(

@@ -42,9 +42,10 @@ import pytest
 
 import hae_factory as hf
 from conftest import Lazy
-from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
-                               long_date, module_leaves_nothing_running, nothing_left_running,
-                               serving, shown_number)
+from dashboard_browser import OVERFLOW, Session, long_date, serving, shown_number
+
+# Its service and browser live for the module: nothing may be left running after it.
+pytestmark = pytest.mark.module_lifetime
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
@@ -349,11 +350,6 @@ def store(tmp_path_factory):
     with serving(tmp_path_factory.mktemp("summary-page") / "data", CORPUS.deliveries,
                  clock=lambda: evening) as store:
         yield store
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 @pytest.fixture(scope="module")

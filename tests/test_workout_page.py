@@ -21,9 +21,11 @@ import urllib.parse
 import pytest
 
 import workout_corpus as wc
-from dashboard_browser import (OVERFLOW, Session, launched,  # noqa: F401 (fixtures)
-                               module_leaves_nothing_running, nothing_left_running, serving)
+from dashboard_browser import OVERFLOW, Session, serving
 from read_helpers import written
+
+# Its service and browser live for the module: nothing may be left running after it.
+pytestmark = pytest.mark.module_lifetime
 
 MAX_HR = 190.0
 WORLD_M = 40075016.686  # the equator on Web Mercator's sphere (6,378,137 m)
@@ -41,11 +43,6 @@ def store(tmp_path_factory, corpus):
     with serving(tmp_path_factory.mktemp("workout-page") / "data", corpus.deliveries,
                  max_heart_rate=MAX_HR) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 class Tiles:

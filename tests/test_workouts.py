@@ -14,8 +14,6 @@ import contextlib
 import datetime as dt
 import io
 import sqlite3
-import subprocess
-import sys
 import urllib.parse
 
 import gpxpy
@@ -24,7 +22,7 @@ import pytest
 import hae_factory as hf
 import healthlog
 import workout_corpus as wc
-from conftest import ROOT, TOKEN
+from conftest import TOKEN, run_export
 from read_helpers import assert_error, call, get, get_json, instant_us, serve_corpus, written
 
 UTC = dt.timezone.utc
@@ -351,19 +349,14 @@ def test_wkt_6_1_the_gpx_is_the_route_point_by_point_with_the_nearest_heart_rate
     check_gpx(get(store.address, "/api/workouts/%s.gpx" % ride["id"]).text, ride, "cycling")
 
 
-def run_cli(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "healthlog"] + list(args), cwd=str(ROOT),
-                          capture_output=True, timeout=120, **kw)
-
-
 def test_wkt_6_2_export_gpx_of_one_workout_and_of_a_range_into_a_folder(store, tmp_path):
     run = store.corpus.workouts["run"]
     data = str(store.data_dir)
-    one = run_cli("export", "--data", data, "--format", "gpx", "--workout", run["id"])
+    one = run_export("--data", data, "--format", "gpx", "--workout", run["id"])
     assert one.returncode == 0, one.stderr
     assert one.stdout == get(store.address, "/api/workouts/%s.gpx" % run["id"]).body
     folder = tmp_path / "gpx"
-    done = run_cli("export", "--data", data, "--format", "gpx", "--from", "2025-06-01",
+    done = run_export("--data", data, "--format", "gpx", "--from", "2025-06-01",
                    "--to", "2025-06-08", "--out", str(folder))
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in folder.iterdir())
@@ -371,12 +364,12 @@ def test_wkt_6_2_export_gpx_of_one_workout_and_of_a_range_into_a_folder(store, t
                      "2025-06-06-0800-walking.gpx", "2025-06-08-0630-running.gpx"]
     check_gpx((folder / names[1]).read_text(), store.corpus.workouts["ride"], "cycling")
     assert (folder / names[0]).read_bytes() == one.stdout
-    again = run_cli("export", "--data", data, "--format", "gpx", "--from", "2025-06-01",
+    again = run_export("--data", data, "--format", "gpx", "--from", "2025-06-01",
                     "--to", "2025-06-08", "--out", str(folder))
     assert again.returncode == 2 and again.stdout == b""
     assert len(again.stderr.decode().strip().splitlines()) == 1 and b"exists" in again.stderr
     for bad in (["--workout", "nope"], ["--workout", store.corpus.workouts["swim"]["id"]], []):
-        refused = run_cli("export", "--data", data, "--format", "gpx", *bad)
+        refused = run_export("--data", data, "--format", "gpx", *bad)
         assert refused.returncode == 2 and refused.stdout == b"", bad
         assert len(refused.stderr.decode().strip().splitlines()) == 1
 
@@ -412,7 +405,7 @@ def test_wkt_7_1_a_workout_recorded_twice_is_shown_once_and_counted_once(store):
 
 def test_wkt_8_1_the_sqlite_export_has_workouts_and_their_routes(store, tmp_path):
     out = tmp_path / "out.db"
-    done = run_cli("export", "--data", str(store.data_dir), "--format", "sqlite", str(out))
+    done = run_export("--data", str(store.data_dir), "--format", "sqlite", str(out))
     assert done.returncode == 0, done.stderr
     db = sqlite3.connect(str(out))
     db.row_factory = sqlite3.Row
