@@ -5,6 +5,7 @@ on every test, and a check that no test leaves threads or connections behind."""
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import gzip
 import http.client
 import importlib.util
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -582,6 +584,17 @@ def statuses(data_dir: Path) -> dict:
     return {r["id"]: r["parse_status"] for r in db_rows(data_dir)}
 
 
+def statuses_of(data_dir: Path, ids) -> list:
+    """The parse statuses of the deliveries ``ids``, in that order."""
+    found = statuses(data_dir)
+    return [found[i] for i in ids]
+
+
+def healthz(client: Client) -> tuple:
+    """(status, answer) of ``GET /healthz`` (no token: a monitor's request)."""
+    return client.request("GET", "/healthz", token=False)
+
+
 def wait_folded(data_dir: Path, count: int = None, timeout: float = 60.0) -> dict:
     """Wait until no delivery is pending (and ``count`` are journaled, if given): the
     journal's statuses then (:func:`statuses`)."""
@@ -684,3 +697,189 @@ def stored_points(data_dir: Path, metric: str, layer: str = None) -> list:
     for row in db_rows(data_dir, sql + " ORDER BY hour", args):
         out += zip(json.loads(gzip.decompress(row["blob"])), json.loads(row["point_deliveries"]))
     return out
+
+
+class WriteLock:
+    """A second real connection that holds SQLite's write lock (``BEGIN IMMEDIATE``) until
+    the test releases it (:meth:`release`, or the end of a ``with`` block): a busy database.
+    (A stronger lock cannot be had while serve runs: in WAL mode ``locking_mode=EXCLUSIVE``
+    needs every other connection gone.)"""
+
+    def __init__(self, db_path: Path):
+        self.conn = sqlite3.connect(str(db_path), isolation_level=None)
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        if self.conn is not None:
+            self.conn.execute("ROLLBACK")
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@pytest.fixture
+def write_locks():
+    """hold(db_path) -> a :class:`WriteLock`; every lock still held is released after the
+    test."""
+    held = []
+
+    def hold(db_path: Path) -> WriteLock:
+        held.append(WriteLock(db_path))
+        return held[-1]
+
+    yield hold
+    for lock in held:
+        lock.release()
+
+
+class RawAnswer:
+    """An answer read off the socket by :func:`raw_request`: the status, the header lines as
+    sent (``header_list``; ``headers`` by lower-case name) and the body."""
+
+    def __init__(self, status: int, headers: list, body: bytes):
+        self.status, self.header_list, self.body = status, headers, body
+        self.headers = {name.lower(): value for name, value in headers}
+
+    def all(self, name: str) -> list:
+        return [value for key, value in self.header_list if key.lower() == name.lower()]
+
+    def text(self) -> str:
+        return "\r\n".join("%s: %s" % pair for pair in self.header_list) + "\r\n\r\n" + \
+            self.body.decode("utf-8", "replace")
+
+
+def raw_request(service, method: str, path: str, headers: dict = None, body: bytes = None,
+                token: bool = False, source: str = "127.0.0.1") -> RawAnswer:
+    """One request on a fresh connection; header values may be str or raw bytes.
+    ``source``: the client's address (any of 127.0.0.0/8 on Linux)."""
+    all_headers = {"Host": "127.0.0.1", "Connection": "close"}
+    if token:
+        all_headers["Authorization"] = "Bearer " + TOKEN
+    if body is not None:
+        all_headers["Content-Length"] = str(len(body))
+        all_headers.setdefault("Content-Type", "application/json")
+    all_headers.update(headers or {})
+    head = ("%s %s HTTP/1.1\r\n" % (method, path)).encode("latin-1")
+    for name, value in all_headers.items():
+        value = value if isinstance(value, bytes) else value.encode("utf-8")
+        head += name.encode("latin-1") + b": " + value + b"\r\n"
+    with socket.create_connection(service.address, timeout=30,
+                                  source_address=(source, 0)) as sock:
+        sock.sendall(head + b"\r\n" + (body or b""))
+        data = read_to_end(sock)
+    head_part, _, payload = data.partition(b"\r\n\r\n")
+    lines = head_part.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    pairs = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
+    return RawAnswer(status, pairs, payload)
+
+
+
+# -- other Pythons (the .pyz's tests) ---------------------------------------------------------
+
+
+@functools.lru_cache
+def pyenv_root() -> Path:
+    """$PYENV_ROOT, else what `pyenv root` prints, else ~/.pyenv."""
+    if os.environ.get("PYENV_ROOT"):
+        return Path(os.environ["PYENV_ROOT"])
+    try:
+        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+        if out.returncode == 0 and out.stdout.strip():
+            return Path(out.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return Path.home() / ".pyenv"
+
+
+def find_python(version: str) -> Optional[Path]:
+    """The newest pyenv interpreter `version`.N (e.g. "3.9" → .../3.9.18/bin/python3), or None.
+
+    Only plain releases count: "3.13.0t" (free-threaded) or "3.13-dev" are not 3.13.N.
+    """
+    found = []
+    for folder in (pyenv_root() / "versions").glob(version + ".*"):
+        match = re.fullmatch(re.escape(version) + r"\.(\d+)", folder.name)
+        exe = folder / "bin" / "python3"
+        if not exe.exists():
+            exe = folder / "bin" / "python"  # Python 2 has no python3
+        if match and exe.exists():
+            found.append((int(match.group(1)), exe))
+    return max(found)[1] if found else None
+
+
+def require_python(version: str, required: bool = True) -> Path:
+    """find_python(version), or skip the test; a failure instead when CI demands pyenv."""
+    exe = find_python(version)
+    if exe is not None:
+        return exe
+    message = f"no Python {version} under {pyenv_root()}/versions"
+    if required and os.environ.get("HEALTHLOG_REQUIRE_PYENV") == "1":
+        pytest.fail(message + " (HEALTHLOG_REQUIRE_PYENV=1)")
+    pytest.skip(message)
+
+
+
+# -- a small delivery, and a request written by hand ------------------------------------------
+
+
+def hae_body(canary_value: float = 72.123456789) -> bytes:
+    """A small HAE-shaped metrics delivery, pretty-printed the iOS way.
+
+    It carries a canary point value and a canary device name, which the autouse
+    leak check looks for in every log record.
+    """
+    return (
+        '{\n  "data" : {\n    "metrics" : [\n      {\n        "units" : "count/min",\n'
+        '        "data" : [\n          {\n            "Max" : 116,\n'
+        '            "date" : "2026-05-19 00:00:00 -0700",\n'
+        '            "source" : "Zebulon\u2019s Apple Watch|iPhone",\n'
+        '            "Avg" : %r,\n            "Min" : 52\n          }\n        ],\n'
+        '        "name" : "heart_rate"\n      }\n    ],\n    "workouts" : [ ]\n  }\n}'
+        % canary_value
+    ).encode("utf-8")
+
+HAE_HEADERS = {
+    "automation-name": "Health tracker",
+    "automation-id": "788509F9-3AFA-42CE-850C-E4D2DDB02F12",
+    "automation-aggregation": "Days",
+    "automation-period": "Previous 7 Days",
+    "session-id": "0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F",
+}
+
+
+def raw_post(port: int, body: bytes, headers: dict = None, path: str = "/api/ingest") -> bytes:
+    lines = ["POST %s HTTP/1.1" % path, "Host: 127.0.0.1",
+             "Authorization: Bearer " + TOKEN, "Content-Type: application/json",
+             "Content-Length: %d" % len(body)]
+    lines += ["%s: %s" % item for item in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_response(sock: socket.socket) -> tuple:
+    """Read one HTTP response from a raw socket: (status, json body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, json.loads(rest[:length]) if length else None

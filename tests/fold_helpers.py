@@ -1,5 +1,6 @@
 """Helpers of the fold tests (test_fold.py, test_real_exports.py, test_fold_properties.py,
-test_fold_stream.py): the two ways they get deliveries into a real journal.
+test_fold_stream.py, test_fold_faults.py, test_late_disk.py): the two ways they get
+deliveries into a real journal, and the fold faults' small deliveries and quick server.
 
 * `Journal`: really posting them to a running Cheroot server on 127.0.0.1:0 (usually a
   paused one, whose fold thread waits for ``worker.gate``), then reading or editing the
@@ -13,11 +14,13 @@ import datetime as dt
 import gzip
 import io
 import json
+import os
 import sqlite3
 from pathlib import Path
 
+import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for
+from conftest import Client, GatedWorker, db_rows, run_cli, wait_for
 
 #: The headers `Journal.post` sends unless told otherwise: a Minutes automation.
 AUTOMATION = {
@@ -167,3 +170,66 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+
+
+# -- the fold faults' deliveries and server (test_fold_faults.py, test_late_disk.py) ---------
+
+#: The automation the fold faults' deliveries come from, and its headers.
+FAULTS = hf.Automation("Fold faults", "Minutes", "Since Last Sync")
+HEADERS = hf.headers_for(FAULTS, session_id="5E0B7C1A-3F2D-4C8B-9A61-7D2E4F6A8B90")
+DAY = dt.date(2024, 3, 8)
+
+
+def small_body(seed: int, day: dt.date = DAY) -> bytes:
+    """A real-shaped HAE delivery of two hours of step counts (about 5 KB)."""
+    start = dt.datetime.combine(day, dt.time(9))
+    return hf.dumps_hae(hf.metrics_payload(seed, ("step_count",), start,
+                                           start + dt.timedelta(hours=2)))
+
+
+def import_bodies(data_dir: Path, folder: Path, bodies: list, first: dt.datetime) -> list:
+    """Journal ``bodies`` with ``healthlog import``, one second apart from ``first`` in
+    journal order (import takes a file's modification time as its ``received_at``, and
+    files it as received that day); returns their delivery ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, body in enumerate(bodies):
+        path = folder / ("export-%d.json" % index)
+        path.write_bytes(body)
+        moment = (first + dt.timedelta(seconds=index)).timestamp()
+        os.utime(str(path), (moment, moment))
+        paths.append(path)
+    result = run_cli("import", "--data", data_dir, "--aggregation", "Minutes", *paths)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ids = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
+           if line.startswith("accepted ")]
+    assert len(ids) == len(bodies), result.stdout
+    return ids
+
+QUICK_SERVE = """
+import sys
+sys.path.insert(0, %r)
+import healthlog
+healthlog.FoldWorker.restart_pauses_s = (0.2,)  # the loop tries again every 0.2 s
+sys.exit(healthlog.main(sys.argv[1:]))
+"""
+
+
+class QuickRetryWorker(GatedWorker):
+    """The real worker, held until ``gate`` is set, that starts its loop again 0.1 s after
+    a fault instead of 1, 5 and 15 s."""
+
+    restart_pauses_s = (0.1,)
+
+
+def post_small(service: healthlog.Service, count: int) -> list:
+    """The ids of ``count`` small deliveries posted, one day apart."""
+    client = Client(*service.address)
+    ids = []
+    for n in range(count):
+        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
+                                        headers=HEADERS)
+        assert status == 200
+        ids.append(payload["delivery_id"])
+    return ids

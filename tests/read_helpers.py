@@ -1,5 +1,7 @@
-"""Helpers of the read-side tests (test_read.py, test_read_time.py, test_read_records.py):
-HTTP calls that keep the headers, and the tests' own reading of times, buckets and nights.
+"""Helpers of the read-side tests (test_read*.py, test_summary*.py, test_sleep_*.py,
+test_mcp*.py, test_workout*.py, test_view_plan.py, test_grafana.py and the pages): HTTP calls
+that keep the headers, the module store (a corpus posted to a serve subprocess), and the
+tests' own reading of times, buckets and nights.
 
 The reading here is the oracle: it is written from the read spec (openspec/specs/read/
 spec.md) and from what HAE writes, apart from healthlog's read code, and never calls
@@ -302,7 +304,17 @@ def aggregate(items: list, bucket: str, tz: str = "local") -> list:
 
 
 def close(a, b, rel: float = 1e-9) -> bool:
+    """Two figures equal to ``rel`` of the larger (None only equals None)."""
+    if a is None or b is None:
+        return a is b
     return a == b or abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def approx(value):
+    """``value`` compared to 1e-9 (relative or absolute); None stays None."""
+    import pytest
+
+    return None if value is None else pytest.approx(value, rel=1e-9, abs=1e-9)
 
 
 def assert_buckets_equal(got: list, want: list) -> None:
@@ -885,3 +897,71 @@ def serve_corpus(base, corpus, deliveries, extra_canaries=(), all_parsed: bool =
     finally:
         proc.terminate()
     assert_no_leaks(proc.log_lines(), extra=extra_canaries)
+
+
+
+# -- a phone in New York (test_summary.py, test_mcp.py) ------------------------------------------
+
+NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
+
+
+def ny_stamp(day: dt.date, minute: int = 0) -> str:
+    """HAE's timestamp of the moment ``minute`` minutes after local midnight in New York
+    (elapsed time: a DST day has 23 or 25 hours), with the offset of that moment."""
+    midnight = dt.datetime(day.year, day.month, day.day, tzinfo=NEW_YORK).astimezone(UTC)
+    moment = (midnight + dt.timedelta(minutes=minute)).astimezone(NEW_YORK)
+    offset = int(moment.utcoffset().total_seconds()) // 60
+    return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
+                              abs(offset) // 60, abs(offset) % 60)
+
+
+def written_date(text: str) -> dt.date:
+    """The local date the phone wrote in a timestamp."""
+    return dt.date.fromisoformat(text[:10])
+
+
+def ny_steps(day: dt.date, source: str) -> list:
+    """Steps every 4 minutes of one local day of a phone in New York (all of a 23- or 25-hour
+    day), the values a function of the day and the minute."""
+    seed = day.toordinal()
+    points = [{"date": ny_stamp(day, m), "qty": 5 + (seed * 7 + m * 13) % 17, "source": source}
+              for m in range(0, 25 * 60, 4)]
+    return [p for p in points if written_date(p["date"]) == day]  # that local day only
+
+
+
+# -- answers' shapes -------------------------------------------------------------------------------
+
+
+#: The Content-Security-Policy every page and answer carries.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+def assert_security_headers(headers) -> None:
+    """The headers every page and answer carries (any mapping; names in any case)."""
+    found = {name.lower(): value for name, value in dict(headers).items()}
+    assert found["content-security-policy"] == CSP
+    assert found["x-content-type-options"] == "nosniff"
+    assert found["referrer-policy"] == "no-referrer"
+    assert found["x-frame-options"] == "DENY"
+
+
+def select(document, path: str) -> list:
+    """A dotted path as JSONata reads it (arrays on the way are mapped and flattened), the
+    only selector syntax the dashboard may use; a trailing ``[]`` keeps a list."""
+    assert _PATH.fullmatch(path), "selector outside the tested subset: %r" % path
+    values = [document]
+    for step in path.rstrip("[]").split("."):
+        found = []
+        for item in values:
+            value = item.get(step) if isinstance(item, dict) else None
+            found += value if isinstance(value, list) else [] if value is None else [value]
+        values = found
+    return values
+
+_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(\[\])?")
+
+
+def raw_runs(items: list) -> list:
+    return [{"units": units, "points": points} for units, points in runs_of(items)]

@@ -9,13 +9,11 @@ The pyenv interpreters are looked up under `$(pyenv root)/versions/3.X.Y/bin/pyt
 one is missing the test is skipped, unless HEALTHLOG_REQUIRE_PYENV=1 (CI sets it), which
 turns the skip into a failure so the pyz is never silently left untested on 3.9 and 3.13.
 
-Helpers for other modules (the serve smoke test): find_python(), require_python(),
-pyz_command() and run_pyz(); the `pyz` fixture lives in conftest.py.
+The `pyz` fixture and the pyenv lookup (find_python(), require_python()) are conftest.py's.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -30,53 +28,13 @@ import pytest
 
 import build_zipapp
 import healthlog
+from conftest import LocalServer, require_python
 
 SUPPORTED = ("3.9", "3.13")  # the oldest and newest Python the pyz promises (README)
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers: finding interpreters and running the pyz.
-
-@functools.lru_cache
-def pyenv_root() -> Path:
-    """$PYENV_ROOT, else what `pyenv root` prints, else ~/.pyenv."""
-    if os.environ.get("PYENV_ROOT"):
-        return Path(os.environ["PYENV_ROOT"])
-    try:
-        out = run(["pyenv", "root"], timeout=30)
-        if out.returncode == 0 and out.stdout.strip():
-            return Path(out.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return Path.home() / ".pyenv"
-
-
-def find_python(version: str) -> Path | None:
-    """The newest pyenv interpreter `version`.N (e.g. "3.9" → .../3.9.18/bin/python3), or None.
-
-    Only plain releases count: "3.13.0t" (free-threaded) or "3.13-dev" are not 3.13.N.
-    """
-    found = []
-    for folder in (pyenv_root() / "versions").glob(version + ".*"):
-        match = re.fullmatch(re.escape(version) + r"\.(\d+)", folder.name)
-        exe = folder / "bin" / "python3"
-        if not exe.exists():
-            exe = folder / "bin" / "python"  # Python 2 has no python3
-        if match and exe.exists():
-            found.append((int(match.group(1)), exe))
-    return max(found)[1] if found else None
-
-
-def require_python(version: str, required: bool = True) -> Path:
-    """find_python(version), or skip the test; a failure instead when CI demands pyenv."""
-    exe = find_python(version)
-    if exe is not None:
-        return exe
-    message = f"no Python {version} under {pyenv_root()}/versions"
-    if required and os.environ.get("HEALTHLOG_REQUIRE_PYENV") == "1":
-        pytest.fail(message + " (HEALTHLOG_REQUIRE_PYENV=1)")
-    pytest.skip(message)
-
 
 def pyz_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without PYTHON* variables (a PYTHONPATH from the test run
@@ -233,14 +191,13 @@ def test_downloaded_wheel_with_wrong_hash_stops_the_build(tmp_path, monkeypatch)
         build_zipapp.fetch_wheels(tmp_path, [wheel])
 
 
-class _Index:
+class _Index(LocalServer):
     """A PEP 503 simple index on 127.0.0.1 for the builder to fetch from, in a thread:
     ``/simple/<project>/`` lists each wheel of ``files`` by its name; every path asked
     is remembered."""
 
     def __init__(self, root: Path, files: dict):
         import http.server
-        import threading
 
         for name, data in files.items():
             (root / "files").mkdir(parents=True, exist_ok=True)
@@ -260,15 +217,8 @@ class _Index:
             def log_message(self, *args):
                 asked.append(self.path)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = "http://127.0.0.1:%d/simple/" % self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__init__(Handler, name="test-index")
+        self.url = self.origin + "/simple/"
 
 
 def build_without_pip(tmp_path: Path, index: _Index) -> subprocess.CompletedProcess:

@@ -83,7 +83,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import wait_for
+from conftest import db_rows, wait_for
 
 pytestmark = pytest.mark.json_agnostic
 
@@ -566,7 +566,7 @@ def delivery(seed: int, names: tuple, start: dt.datetime, hours: float, received
     return Sent(hf.dumps_hae(payload), headers, received_at)
 
 
-def journal(archive: healthlog.Archive, conn, sent: Sent) -> int:
+def accept_sent(archive: healthlog.Archive, conn, sent: Sent) -> int:
     """Receive and accept one delivery exactly as the ingest route does."""
     upload = archive.receive(io.BytesIO(sent.body).read, len(sent.body), 1 << 30,
                              lambda: None)
@@ -578,7 +578,7 @@ OBJECT_COLUMNS = ("metric, layer, hour, units, first_at, last_at, points, delive
                   " updated_by, hash, sealed, point_deliveries")
 
 
-def object_rows(conn) -> list:
+def conn_objects(conn) -> list:
     return [tuple(row) for row in conn.execute(
         "SELECT %s FROM object ORDER BY metric, layer, hour" % OBJECT_COLUMNS)]
 
@@ -602,12 +602,12 @@ class References:
         conn = healthlog.open_database(config)
         try:
             archive = healthlog.Archive(folder)
-            ids = [journal(archive, conn, self.sent[i]) for i in indices]
+            ids = [accept_sent(archive, conn, self.sent[i]) for i in indices]
             engine = healthlog.FoldEngine(conn, config, verbose=False)
-            after = [object_rows(conn)]
+            after = [conn_objects(conn)]
             for delivery_id in ids:
                 assert engine.fold(delivery_id).kind == "folded"
-                after.append(object_rows(conn))
+                after.append(conn_objects(conn))
             return after if rows else healthlog.fingerprint(conn)
         finally:
             conn.close()
@@ -672,7 +672,7 @@ class Recording:
     def post(self, sent: Sent) -> int:
         """One delivery received and accepted as the route does: the service's archive, its
         pool's connection."""
-        return journal(self.service.archive, self.ingest, sent)
+        return accept_sent(self.service.archive, self.ingest, sent)
 
     engine: Optional[healthlog.FoldEngine] = None
 
@@ -719,15 +719,6 @@ def record(data_dir: Path, monkeypatch, steps) -> tuple:
 # Recovery and the invariants.
 
 
-def _rows(data_dir: Path, sql: str) -> list:
-    conn = sqlite3.connect(str(data_dir / healthlog.DB_NAME))
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(row) for row in conn.execute(sql)]
-    finally:
-        conn.close()
-
-
 def store_fingerprint(state: Path) -> str:
     conn = sqlite3.connect(str(state / healthlog.DB_NAME))
     try:
@@ -746,7 +737,7 @@ def check_before_recovery(state: Path, scenario: Scenario, config) -> list:
             return ["database damaged: %s" % integrity]
         rows = conn.execute("SELECT id, body_sha256, parse_status, folded_at FROM delivery"
                             " ORDER BY received_at, id").fetchall()
-        objects = object_rows(conn)
+        objects = conn_objects(conn)
     finally:
         conn.close()
     index_of = {sent.sha256: i for i, sent in enumerate(scenario.sent)}
@@ -789,7 +780,7 @@ def check_journal(state: Path, scenario: Scenario, when: str) -> tuple:
     """Every row points to a body identical to the one sent; (rows, problems)."""
     problems = []
     by_sha = {sent.sha256: sent for sent in scenario.sent}
-    rows = _rows(state, "SELECT * FROM delivery ORDER BY id")
+    rows = db_rows(state, "SELECT * FROM delivery ORDER BY id")
     for row in rows:
         path = state / row["archive_path"]
         sent = by_sha.get(row["body_sha256"])
@@ -990,7 +981,7 @@ def fold_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
     config = healthlog.Config(data_dir=data_dir, log_level="ERROR")
     conn = healthlog.open_database(config)
     try:
-        ids = [journal(healthlog.Archive(data_dir), conn, s) for s in sent]
+        ids = [accept_sent(healthlog.Archive(data_dir), conn, s) for s in sent]
         assert healthlog.FoldEngine(conn, config).fold(ids[0]).kind == "folded"
     finally:
         conn.close()

@@ -34,6 +34,7 @@ import pytest
 import hae_factory as hf
 from conftest import Lazy
 from dashboard_browser import OVERFLOW, Session, long_date, serving, shown_number, sign_in
+from read_helpers import assert_security_headers
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -41,10 +42,6 @@ pytestmark = pytest.mark.module_lifetime
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SCREENSHOTS = ROOT / "contrib" / "screenshots"
-
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
-       " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-
 
 # -- the data --------------------------------------------------------------------------
 
@@ -230,13 +227,6 @@ def readout_of(page, selector: str) -> str:
     """The readout a person gets by pointing at (focusing) one bar, point or night."""
     page.focus(selector)
     return page.inner_text("#readout")
-
-
-def assert_security_headers(headers: dict) -> None:
-    assert headers["content-security-policy"] == CSP
-    assert headers["x-content-type-options"] == "nosniff"
-    assert headers["referrer-policy"] == "no-referrer"
-    assert headers["x-frame-options"] == "DENY"
 
 
 def screenshot(page, name: str, tracked: bool = False) -> None:

@@ -19,7 +19,6 @@ Names carry the seed scenario IDs (ING-n.m, the user's original requirements; se
 openspec/README.md) and this project's FOLD-n.m from openspec/specs/fold/spec.md.
 """
 
-import contextlib
 import copy
 import datetime as dt
 import gzip
@@ -36,7 +35,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Passes, db_rows, wait_for, without_source
+from conftest import Passes, WriteLock, db_rows, wait_for, without_source
 from fold_helpers import AUTOMATION, Journal
 
 
@@ -105,18 +104,6 @@ def passes(journal):
     yield make
     for driver in made:
         driver.close()
-
-
-@contextlib.contextmanager
-def write_lock(config: healthlog.Config):
-    """A second real connection holding SQLite's write lock: a busy database."""
-    conn = sqlite3.connect(str(config.db_path), isolation_level=None)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    finally:
-        conn.execute("ROLLBACK")
-        conn.close()
 
 
 def clear(logs) -> None:
@@ -363,7 +350,7 @@ def test_ing_3_1_a_busy_database_leaves_the_delivery_pending_for_the_next_pass(
         journal, passes, logs):
     delivery = journal.post(body_of(steps(MINUTES)))
     driver = passes()
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
         assert journal.statuses(delivery) == ["pending"]
         assert journal.row(delivery)["folded_at"] is None
@@ -383,7 +370,7 @@ def test_ing_4_2_a_deferred_delivery_holds_its_successors_until_the_next_pass(
     ids = [journal.post(body_of(steps(MINUTES, 10 * n, day="2024-03-%02d" % (8 + n))))
            for n in range(3)]
     driver = passes()
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
         assert journal.statuses(*ids) == ["pending"] * 3
     # The pass tried the head only, and stopped there instead of stepping over it.
@@ -437,7 +424,7 @@ def test_ing_4_5_a_pending_delivery_is_retried_by_the_periodic_wake_up(start_ser
     service = start_service(paused=True, fold_wake_s=0.3, busy_timeout_s=0.1)
     journal = Journal(service)
     delivery = journal.post(body_of(steps(MINUTES)))  # the ingest's one wake-up
-    with write_lock(service.config):
+    with WriteLock(service.config.db_path):
         service.worker.gate.set()
         # Pass 1 ran on the ingest's wake-up and pass 2 on the same (already set) event;
         # once two passes were deferred, only the periodic wake-up can start another.
@@ -507,7 +494,7 @@ def test_fold_6_2_a_deferred_fold_is_not_reported_until_it_happens(journal, pass
     assert driver.run() == 1
     late = journal.post(body_of(steps(MINUTES, 20, day="2024-03-09")))
     journal.set_received_at(late, journal.received_at(successor) - dt.timedelta(seconds=1))
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
         assert driver.run() == 0
     assert len(logs.find("fold deferred")) == 2
@@ -750,7 +737,7 @@ def test_fold_9_1_a_pass_stopped_at_the_barrier_still_names_the_lag(journal, pas
     for delivery in old:  # queued ten minutes before this worker started
         journal.set_received_at(delivery, now - dt.timedelta(minutes=10))
     driver = passes(busy_timeout_s=0.05)
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
         assert driver.run() == 0
     # Backlog from before the start does not count until a first pass has *completed*,
@@ -763,7 +750,7 @@ def test_fold_9_1_a_pass_stopped_at_the_barrier_still_names_the_lag(journal, pas
              for n in range(2)]
     for delivery in stuck:
         journal.set_received_at(delivery, healthlog.utc_now() - dt.timedelta(minutes=10))
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
     [warn] = lag_warnings(logs)
     assert warn["worst_delivery_id"] == str(stuck[0])  # the head the queue is stuck at
@@ -782,7 +769,7 @@ def test_fold_9_2_a_queue_stuck_since_the_first_pass_is_not_silent(journal, pass
     # changed here): the deliveries have waited longer than five minutes.
     real_now = healthlog.utc_now
     monkeypatch.setattr(healthlog, "utc_now", lambda: real_now() + dt.timedelta(minutes=6))
-    with write_lock(journal.config):
+    with WriteLock(journal.config.db_path):
         assert driver.run() == 0
     after = real_now()
     [warn] = lag_warnings(logs)

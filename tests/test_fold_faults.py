@@ -41,15 +41,14 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from test_fold import write_lock
-from conftest import (ROOT, TOKEN, Client, GatedWorker, Passes, assert_no_leaks, db_rows,
-                      parse_logfmt, run_cli, wait_for)
+from conftest import (ROOT, TOKEN, Client, Passes, WriteLock, assert_no_leaks, db_rows,
+                      delivery_row, find_records, healthz, journal_rows, log_records, run_cli,
+                      statuses_of, wait_for)
+from fold_helpers import (DAY, HEADERS, QUICK_SERVE, QuickRetryWorker, import_bodies, post_small,
+                          small_body)
 
 pytestmark = pytest.mark.json_agnostic  # faults of the machine: no JSON library plays a part
 
-AUTOMATION = hf.Automation("Fold faults", "Minutes", "Since Last Sync")
-HEADERS = hf.headers_for(AUTOMATION, session_id="5E0B7C1A-3F2D-4C8B-9A61-7D2E4F6A8B90")
-DAY = dt.date(2024, 3, 8)
 MIB = 1 << 20
 
 DEFERRED_MEMORY = "fold deferred: memory ran out"
@@ -61,13 +60,6 @@ GAVE_UP = "without an outcome"
 # Bodies, the journal, the command line.
 
 
-def small_body(seed: int, day: dt.date = DAY) -> bytes:
-    """A real-shaped HAE delivery of two hours of step counts (about 5 KB)."""
-    start = dt.datetime.combine(day, dt.time(9))
-    return hf.dumps_hae(hf.metrics_payload(seed, ("step_count",), start,
-                                           start + dt.timedelta(hours=2)))
-
-
 def one_point_body() -> bytes:
     """One step count and no automation headers: no rule can tell its layer."""
     return hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
@@ -75,51 +67,9 @@ def one_point_body() -> bytes:
         "count")]))
 
 
-def import_bodies(data_dir: Path, folder: Path, bodies: list, first: dt.datetime) -> list:
-    """Journal ``bodies`` with ``healthlog import``, one second apart from ``first`` in
-    journal order (import takes a file's modification time as its ``received_at``, and
-    files it as received that day); returns their delivery ids."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for index, body in enumerate(bodies):
-        path = folder / ("export-%d.json" % index)
-        path.write_bytes(body)
-        moment = (first + dt.timedelta(seconds=index)).timestamp()
-        os.utime(str(path), (moment, moment))
-        paths.append(path)
-    result = run_cli("import", "--data", data_dir, "--aggregation", "Minutes", *paths)
-    assert result.returncode == 0, result.stdout + result.stderr
-    ids = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines()
-           if line.startswith("accepted ")]
-    assert len(ids) == len(bodies), result.stdout
-    return ids
-
-
-def row(data_dir: Path, delivery_id: int) -> dict:
-    [found] = db_rows(data_dir, "SELECT * FROM delivery WHERE id = ?", (delivery_id,))
-    return found
-
-
-def statuses(data_dir: Path, ids) -> list:
-    return [row(data_dir, i)["parse_status"] for i in ids]
-
-
 def objects_of(data_dir: Path, delivery_id: int) -> int:
     return db_rows(data_dir, "SELECT count(*) AS n FROM object WHERE delivery_id = ?"
                    " OR updated_by = ?", (delivery_id, delivery_id))[0]["n"]
-
-
-def records(lines) -> list:
-    return [json.loads(line) if line.startswith("{") else parse_logfmt(line) for line in lines]
-
-
-def find(lines, msg_part: str, level: str = None) -> list:
-    return [r for r in records(lines) if msg_part in r.get("msg", "")
-            and (level is None or r.get("level") == level)]
-
-
-def healthz(client: Client) -> tuple:
-    return client.request("GET", "/healthz", token=False)
 
 
 def healthy(client: Client) -> bool:
@@ -183,7 +133,7 @@ def serve_command(data_dir: Path) -> list:
 
 def port_of(log_path: Path) -> int:
     """The port a serve process logged with ``serving`` (0 before it has)."""
-    for record in records(log_path.read_text(errors="replace").splitlines()):
+    for record in log_records(log_path.read_text(errors="replace").splitlines()):
         if record.get("msg") == "serving":
             return int(record["listen"].rsplit(":", 1)[1])
     return 0
@@ -240,9 +190,9 @@ def test_fold_14_1_a_delivery_that_kills_the_process_three_times_is_failed_and_t
                                 first)
 
     def settled() -> bool:
-        assert statuses(data_dir, [big]) != ["parsed"], "the watchdog let the big fold through"
-        return (statuses(data_dir, [big]) == ["failed"]
-                and statuses(data_dir, small) == ["parsed", "parsed"])
+        assert statuses_of(data_dir, [big]) != ["parsed"], "the watchdog let the big fold through"
+        return (statuses_of(data_dir, [big]) == ["failed"]
+                and statuses_of(data_dir, small) == ["parsed", "parsed"])
 
     kills = []
     with watched_serves(tmp_path) as start:
@@ -255,7 +205,7 @@ def test_fold_14_1_a_delivery_that_kills_the_process_three_times_is_failed_and_t
             watchdog.finish()
             assert proc.returncode == -signal.SIGKILL and watchdog.killed_at, (
                 "serve died, not by the watchdog:\n" + log_path.read_text())
-            kills.append(row(data_dir, big)["attempts"])
+            kills.append(delivery_row(data_dir, big)["attempts"])
         else:
             raise AssertionError("the big delivery still stops the queue after 4 restarts")
         # Each death left its counted attempt; the fourth start gave up before folding.
@@ -269,10 +219,10 @@ def test_fold_14_1_a_delivery_that_kills_the_process_three_times_is_failed_and_t
         assert sha256_of(archived) == hashlib.sha256(big_body).hexdigest() \
             == failed["body_sha256"]
         for delivery_id in small:
-            assert row(data_dir, delivery_id)["attempts"] == 1
+            assert delivery_row(data_dir, delivery_id)["attempts"] == 1
 
         lines = log_path.read_text(errors="replace").splitlines()
-        [error] = find(lines, "", level="ERROR")
+        [error] = find_records(lines, "", level="ERROR")
         assert GAVE_UP in error["msg"] and "healthlog refold %d" % big in error["msg"]
         assert error["delivery_id"] == str(big)
         assert float(error["body_mib"]) == round(len(big_body) / MIB, 1)
@@ -339,7 +289,7 @@ def test_fold_14_2_attempts_the_database_deferred_are_not_counted(start_service,
     driver = Passes(service.config)
     try:
         if when == "before its attempt":  # the lock is held through the whole pass
-            with write_lock(service.config):
+            with WriteLock(service.config.db_path):
                 for _ in range(5):
                     assert driver.run() == 0
             expected_between = 0  # the count itself was deferred
@@ -353,14 +303,14 @@ def test_fold_14_2_attempts_the_database_deferred_are_not_counted(start_service,
             expected_between = 1  # the deferred fold's attempt is taken back at the next
         deferred = logs.find("fold deferred", level="INFO")
         assert [r["delivery_id"] for r in deferred] == [str(delivery)] * 5
-        found = row(data_dir, delivery)
+        found = delivery_row(data_dir, delivery)
         assert (found["parse_status"], found["attempts"]) == ("pending", expected_between)
 
         assert driver.run() == 1  # the lock is gone
     finally:
         driver.close()
 
-    found = row(data_dir, delivery)
+    found = delivery_row(data_dir, delivery)
     assert (found["parse_status"], found["attempts"], found["error"]) == ("parsed", 1, None)
     assert logs.find("", level="ERROR") == []
 
@@ -399,14 +349,14 @@ def test_fold_15_1_memory_running_out_during_a_fold_leaves_the_delivery_pending(
 
     proc = serve_process(data_dir, python=address_space_limited(limit), env=env)
     assert resource.prlimit(proc.proc.pid, resource.RLIMIT_AS)[0] == limit
-    wait_for(lambda: find(proc.log_lines(), DEFERRED_MEMORY, level="ERROR"), timeout=60,
+    wait_for(lambda: find_records(proc.log_lines(), DEFERRED_MEMORY, level="ERROR"), timeout=60,
              what="the fold runs out of memory")
     # /healthz answers 503 and names the fault while the fold loop pauses (1 s after the
     # first try, 5 s after the second): poll, it may be folding again for a moment.
     status, health = wait_for(lambda: (lambda h: h[0] == 503 and h)(healthz(proc.client)),
                               timeout=30, what="/healthz answers 503 during the pause")
     assert (health["status"], health.get("fault")) == ("failing", "memory")
-    found = row(data_dir, delivery)
+    found = delivery_row(data_dir, delivery)
     assert (found["parse_status"], found["error"]) == ("pending", "retrying:memory")
     # Memory running out is the machine's (the process survived it): no attempt is kept,
     # and the delivery waits as long as it takes; raise the limit now, as freeing memory
@@ -414,17 +364,17 @@ def test_fold_15_1_memory_running_out_during_a_fold_leaves_the_delivery_pending(
     resource.prlimit(proc.proc.pid, resource.RLIMIT_AS,
                      (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
-    wait_for(lambda: statuses(data_dir, [delivery]) != ["pending"], timeout=90,
+    wait_for(lambda: statuses_of(data_dir, [delivery]) != ["pending"], timeout=90,
              what="the delivery is folded once memory is there")
-    found = row(data_dir, delivery)
+    found = delivery_row(data_dir, delivery)
     assert (found["parse_status"], found["error"]) == ("parsed", None)
     assert found["attempts"] == 1  # only the try that folded it is kept
     assert objects_of(data_dir, delivery) == found["objects_written"] > 0
     lines = proc.log_lines()
-    deferrals = find(lines, DEFERRED_MEMORY, level="ERROR")
+    deferrals = find_records(lines, DEFERRED_MEMORY, level="ERROR")
     assert len(deferrals) >= 1
     assert all((r["delivery_id"], r["fault"]) == (str(delivery), "memory") for r in deferrals)
-    assert find(lines, GAVE_UP) == []
+    assert find_records(lines, GAVE_UP) == []
     # The fault is cleared when fold_one returns, a moment after the outcome's commit.
     wait_for(lambda: healthy(proc.client), what="/healthz says ok and names no fault")
     assert proc.terminate() == 0
@@ -473,12 +423,12 @@ def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
     first = dt.datetime(2024, 3, 8, 10, tzinfo=dt.timezone.utc)
     [folded] = import_bodies(data_dir, tmp_path / "exports-1", [small_body(1)], first)
     proc = serve_process(data_dir)
-    wait_for(lambda: statuses(data_dir, [folded]) == ["parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, [folded]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     ids = import_bodies(data_dir, tmp_path / "exports-2",
                         [small_body(n, DAY + dt.timedelta(days=n)) for n in (2, 3, 4)],
                         first + dt.timedelta(minutes=1))
-    day_folder = {(data_dir / row(data_dir, i)["archive_path"]).parent
+    day_folder = {(data_dir / delivery_row(data_dir, i)["archive_path"]).parent
                   for i in [folded] + ids}
     assert len(day_folder) == 1
     [day_folder] = day_folder
@@ -489,7 +439,7 @@ def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
         head = ids[0]
         # Two tries: the first pass at start, and the one after the first pause (1 s).
         deferrals = wait_for(lambda: (lambda d: len(d) >= 2 and d)(
-            find(proc.log_lines(), DEFERRED_ARCHIVE, level="ERROR")), timeout=60,
+            find_records(proc.log_lines(), DEFERRED_ARCHIVE, level="ERROR")), timeout=60,
             what="two tries meet the unreadable archive")
         assert all((r["delivery_id"], r["fault"]) == (str(head), "archive:EACCES")
                    for r in deferrals)
@@ -501,7 +451,7 @@ def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
         # the pass stops at it (the others are not even tried).  Polled: during a try the
         # attempt is counted for a moment.
         def untouched() -> bool:
-            rows = [row(data_dir, i) for i in ids]
+            rows = [delivery_row(data_dir, i) for i in ids]
             return ([(r["parse_status"], r["attempts"], r["folded_at"]) for r in rows]
                     == [("pending", 0, None)] * 3
                     and [r["error"] for r in rows] == ["retrying:archive:EACCES", None, None])
@@ -511,30 +461,21 @@ def test_fold_15_2_an_archive_that_cannot_be_read_for_a_while_fails_nothing(
     finally:
         day_folder.chmod(0o755)
 
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed"] * 3, timeout=90,
+    wait_for(lambda: statuses_of(data_dir, ids) == ["parsed"] * 3, timeout=90,
              what="the deliveries are folded once the archive can be read")
     for delivery_id in ids:
-        found = row(data_dir, delivery_id)
+        found = delivery_row(data_dir, delivery_id)
         assert (found["attempts"], found["error"]) == (1, None)
     # Each fold logs "delivery folded" after the commit the statuses were read from:
     # read the log once the last of those records is there.
-    lines = wait_for(lambda: (lambda found: len(find(found, "delivery folded")) >= len(ids)
+    lines = wait_for(lambda: (lambda found: len(find_records(found, "delivery folded")) >= len(ids)
                               and found)(proc.log_lines()),
                      what="the folds' records")
-    assert find(lines, GAVE_UP) == []
-    assert [int(r["delivery_id"]) for r in find(lines, "delivery folded")] == ids
+    assert find_records(lines, GAVE_UP) == []
+    assert [int(r["delivery_id"]) for r in find_records(lines, "delivery folded")] == ids
     # The fault is cleared when fold_one returns, a moment after the outcome's commit.
     wait_for(lambda: healthy(proc.client), what="/healthz says ok and names no fault")
     assert proc.terminate() == 0
-
-
-QUICK_SERVE = """
-import sys
-sys.path.insert(0, %r)
-import healthlog
-healthlog.FoldWorker.restart_pauses_s = (0.2,)  # the loop tries again every 0.2 s
-sys.exit(healthlog.main(sys.argv[1:]))
-"""
 
 
 def test_fold_15_4_an_unreadable_day_folder_fails_nothing_while_the_newest_folded_is_elsewhere(
@@ -548,50 +489,44 @@ def test_fold_15_4_an_unreadable_day_folder_fails_nothing_while_the_newest_folde
     yesterday = dt.datetime(2024, 3, 8, 23, 58, tzinfo=dt.timezone.utc)
     [folded] = import_bodies(data_dir, tmp_path / "exports-1", [small_body(1)], yesterday)
     proc = serve_process(data_dir)
-    wait_for(lambda: statuses(data_dir, [folded]) == ["parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, [folded]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     ids = import_bodies(data_dir, tmp_path / "exports-2",
                         [small_body(n, DAY + dt.timedelta(days=n)) for n in (2, 3, 4)],
                         yesterday + dt.timedelta(minutes=5))  # after UTC midnight
-    today = {(data_dir / row(data_dir, i)["archive_path"]).parent for i in ids}
+    today = {(data_dir / delivery_row(data_dir, i)["archive_path"]).parent for i in ids}
     assert len(today) == 1
     [today] = today
-    assert (data_dir / row(data_dir, folded)["archive_path"]).parent != today
+    assert (data_dir / delivery_row(data_dir, folded)["archive_path"]).parent != today
 
     today.chmod(0)
     try:
         proc = serve_process(data_dir, python=python, program=str(quick))
         tries = 3 * healthlog.FOLD_ATTEMPTS_MAX
-        wait_for(lambda: len(find(proc.log_lines(), DEFERRED_ARCHIVE, level="ERROR")) >= tries,
+        wait_for(lambda: len(find_records(proc.log_lines(), DEFERRED_ARCHIVE,
+                                          level="ERROR")) >= tries,
                  timeout=90, what="%d tries meet the unreadable folder" % tries)
 
         def untouched() -> bool:  # polled: during a try the attempt is counted for a moment
-            rows = [row(data_dir, i) for i in ids]
+            rows = [delivery_row(data_dir, i) for i in ids]
             return ([(r["parse_status"], r["attempts"]) for r in rows]
                     == [("pending", 0)] * 3 and rows[0]["error"] == "retrying:archive:EACCES")
 
         wait_for(untouched, timeout=30, what="pending, no attempt kept")
-        assert find(proc.log_lines(), GAVE_UP) == []
+        assert find_records(proc.log_lines(), GAVE_UP) == []
     finally:
         today.chmod(0o755)
 
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed"] * 3, timeout=60,
+    wait_for(lambda: statuses_of(data_dir, ids) == ["parsed"] * 3, timeout=60,
              what="the deliveries are folded once the folder can be read")
-    assert [(row(data_dir, i)["attempts"], row(data_dir, i)["error"]) for i in ids] == [
-        (1, None)] * 3
+    rows = [delivery_row(data_dir, i) for i in ids]
+    assert [(r["attempts"], r["error"]) for r in rows] == [(1, None)] * 3
     assert proc.terminate() == 0
-    assert find(proc.log_lines(), GAVE_UP) == []
+    assert find_records(proc.log_lines(), GAVE_UP) == []
     assert db_rows(data_dir, "SELECT count(*) AS n FROM delivery WHERE parse_status ="
                    " 'failed'")[0]["n"] == 0
     verified = run_cli("verify", "--data", data_dir)
     assert verified.returncode == 0 and "verify: equal" in verified.stdout, verified.stdout
-
-
-class QuickRetryWorker(GatedWorker):
-    """The real worker, held until ``gate`` is set, that starts its loop again 0.1 s after
-    a fault instead of 1, 5 and 15 s."""
-
-    restart_pauses_s = (0.1,)
 
 
 @pytest.fixture
@@ -607,18 +542,6 @@ def quick_service(make_config):
     assert service.stop()
 
 
-def post_small(service: healthlog.Service, count: int) -> list:
-    """The ids of ``count`` small deliveries posted, one day apart."""
-    client = Client(*service.address)
-    ids = []
-    for n in range(count):
-        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
-                                        headers=HEADERS)
-        assert status == 200
-        ids.append(payload["delivery_id"])
-    return ids
-
-
 def exhaust_one_body(service: healthlog.Service) -> tuple:
     """(first, exhausted, after): four deliveries posted, the second one left with the
     attempts three deaths during its fold leave (FOLD-14.1 kills real processes for
@@ -630,7 +553,7 @@ def exhaust_one_body(service: healthlog.Service) -> tuple:
         conn.execute("UPDATE delivery SET attempts = ? WHERE id = ?",
                      (healthlog.FOLD_ATTEMPTS_MAX, exhausted))
     service.worker.gate.set()
-    wait_for(lambda: statuses(service.config.data_dir, ids)
+    wait_for(lambda: statuses_of(service.config.data_dir, ids)
              == ["parsed", "failed", "parsed", "parsed"],
              timeout=60, what="the exhausted delivery is failed and the others are folded")
     wait_for(lambda: service.worker.state == "idle")
@@ -643,7 +566,7 @@ def test_fold_14_1_an_exhausted_delivery_is_failed_loudly_and_the_queue_moves(qu
     and `healthlog refold`, the deliveries after it folded after it, /healthz degraded."""
     first, exhausted, after = exhaust_one_body(quick_service)
     data_dir = quick_service.config.data_dir
-    found = row(data_dir, exhausted)
+    found = delivery_row(data_dir, exhausted)
     assert (found["parse_status"], found["error"], found["attempts"]) == (
         "failed", healthlog.ATTEMPTS_EXHAUSTED, healthlog.FOLD_ATTEMPTS_MAX)
     assert objects_of(data_dir, exhausted) == 0
@@ -669,8 +592,8 @@ def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
     data_dir = quick_service.config.data_dir
     client = Client(*quick_service.address)
     assert healthz(client)[1]["status"] == "degraded"
-    path = data_dir / row(data_dir, broken)["archive_path"]
-    assert sha256_of(path) == row(data_dir, broken)["body_sha256"]  # the body is intact
+    path = data_dir / delivery_row(data_dir, broken)["archive_path"]
+    assert sha256_of(path) == delivery_row(data_dir, broken)["body_sha256"]  # the body is intact
 
     result = run_cli("refold", "--data", data_dir, "--failed")
 
@@ -678,9 +601,9 @@ def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
     assert "refold: 1 delivery set back to pending (%d)" % broken in result.stdout
     assert "healthlog reindex" in result.stdout  # later deliveries are folded already
     # The running service's periodic pass folds it; nobody restarts anything.
-    wait_for(lambda: statuses(data_dir, [broken]) == ["parsed"], timeout=60,
+    wait_for(lambda: statuses_of(data_dir, [broken]) == ["parsed"], timeout=60,
              what="the running service folds the refolded delivery")
-    found = row(data_dir, broken)
+    found = delivery_row(data_dir, broken)
     assert (found["attempts"], found["error"]) == (1, None)
     assert objects_of(data_dir, broken) == found["objects_written"] > 0
     # The warning follows the commit the status was read from: wait for it as well.
@@ -692,10 +615,6 @@ def test_fold_16_1_refold_beside_a_running_serve(quick_service, logs):
     assert (status, health["failed_after_attempts"]) == (200, 0)
 
 
-def journal(data_dir: Path) -> list:
-    return db_rows(data_dir)
-
-
 def parsed_and_unlayered(start_service, data_dir: Path) -> tuple:
     """(parsed, unlayered): a delivery folded and one whose layer no rule can tell (failed),
     posted to a service that is stopped again."""
@@ -703,7 +622,7 @@ def parsed_and_unlayered(start_service, data_dir: Path) -> tuple:
     client = Client(*service.address)
     parsed = client.ingest(small_body(1), headers=HEADERS)[1]["delivery_id"]
     unlayered = client.ingest(one_point_body())[1]["delivery_id"]
-    wait_for(lambda: statuses(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
+    wait_for(lambda: statuses_of(data_dir, [parsed, unlayered]) == ["parsed", "failed"])
     assert service.stop()
     return parsed, unlayered
 
@@ -715,44 +634,44 @@ def test_fold_16_2_refold_without_serve_and_what_it_refuses(start_service, data_
     service = start_service(fold_deadline_s=1e-9)
     slow = Client(*service.address).ingest(small_body(2, DAY.replace(day=9)),
                                            headers=HEADERS)[1]["delivery_id"]
-    wait_for(lambda: statuses(data_dir, [slow]) == ["failed"])
+    wait_for(lambda: statuses_of(data_dir, [slow]) == ["failed"])
     assert service.stop()
-    assert [row(data_dir, i)["error"] for i in (unlayered, slow)] == [
+    assert [delivery_row(data_dir, i)["error"] for i in (unlayered, slow)] == [
         "layer_not_inferable", "fold_deadline_exceeded"]
 
-    before = journal(data_dir)
+    before = journal_rows(data_dir)
     result = run_cli("refold", "--data", data_dir, slow, parsed)
     assert result.returncode == 0, result.stderr
     assert "delivery %d is parsed, not failed: left as it is" % parsed in result.stdout
     assert "refold: 1 delivery set back to pending (%d)" % slow in result.stdout
-    found = row(data_dir, slow)
+    found = delivery_row(data_dir, slow)
     assert (found["parse_status"], found["attempts"], found["error"], found["folded_at"],
             found["layer"], found["points"]) == ("pending", 0, None, None, None, None)
-    assert [r for r in journal(data_dir) if r["id"] != slow] == [
+    assert [r for r in journal_rows(data_dir) if r["id"] != slow] == [
         r for r in before if r["id"] != slow]
 
-    before = journal(data_dir)
+    before = journal_rows(data_dir)
     for ids in ([999], [unlayered, 999]):  # an unknown id, alone or beside a failed one
         result = run_cli("refold", "--data", data_dir, *ids)
         assert result.returncode == 2, result.stdout
         assert "no delivery 999" in result.stderr
-        assert journal(data_dir) == before
+        assert journal_rows(data_dir) == before
     result = run_cli("refold", "--data", data_dir)  # no id, no --failed
     assert result.returncode == 2, result.stdout
     assert "--failed" in result.stderr
-    assert journal(data_dir) == before
+    assert journal_rows(data_dir) == before
 
     result = run_cli("refold", "--data", data_dir, unlayered)
     assert result.returncode == 0, result.stderr
-    assert statuses(data_dir, [unlayered]) == ["pending"]
+    assert statuses_of(data_dir, [unlayered]) == ["pending"]
 
     service = start_service()  # the next start folds them
-    wait_for(lambda: "pending" not in statuses(data_dir, [slow, unlayered]), timeout=60)
+    wait_for(lambda: "pending" not in statuses_of(data_dir, [slow, unlayered]), timeout=60)
     assert service.stop()
-    found = row(data_dir, slow)
+    found = delivery_row(data_dir, slow)
     assert (found["parse_status"], found["attempts"], found["error"]) == ("parsed", 1, None)
     assert objects_of(data_dir, slow) == found["objects_written"] > 0
-    found = row(data_dir, unlayered)  # the body decides: it fails again, the same way
+    found = delivery_row(data_dir, unlayered)  # the body decides: it fails again, the same way
     assert (found["parse_status"], found["error"]) == ("failed", "layer_not_inferable")
 
 
@@ -761,14 +680,14 @@ def test_fold_16_2_an_unknown_id_beside_failed_changes_nothing(start_service, da
     and changes nothing, and one that is not failed is named and left alone."""
     parsed, unlayered = parsed_and_unlayered(start_service, data_dir)
 
-    before = journal(data_dir)
+    before = journal_rows(data_dir)
     result = run_cli("refold", "--data", data_dir, "--failed", 999)
-    assert (result.returncode, journal(data_dir)) == (2, before), result.stdout
+    assert (result.returncode, journal_rows(data_dir)) == (2, before), result.stdout
     assert "no delivery 999" in result.stderr
 
     result = run_cli("refold", "--data", data_dir, "--failed", parsed)
     assert result.returncode == 0, result.stderr
     assert "delivery %d is parsed, not failed: left as it is" % parsed in result.stdout
-    assert statuses(data_dir, [parsed, unlayered]) == ["parsed", "pending"]
+    assert statuses_of(data_dir, [parsed, unlayered]) == ["parsed", "pending"]
 
 

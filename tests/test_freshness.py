@@ -27,7 +27,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, Client, db_rows, wait_for
+from conftest import TOKEN, Client, Clock, LocalServer, db_rows, wait_for
 
 PHONE = hf.Phone(zone=hf.BERLIN, sources="single")
 T0 = dt.datetime(2025, 6, 2, 6, 0, tzinfo=dt.timezone.utc).timestamp()  # a Monday, 08:00 CEST
@@ -40,17 +40,7 @@ SECRETS = (hf.OWNER_WATCH, hf.CANARY_SOURCE, "Anton", "Zebulon", repr(hf.CANARY_
            TOKEN)
 
 
-class Clock:
-    """The service's clock: epoch seconds the test sets and moves."""
-
-    def __init__(self, now: float = T0):
-        self.now = float(now)
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Receiver:
+class Receiver(LocalServer):
     """A notice receiver on 127.0.0.1:0: answers 200 (``ok``), 500 (``fail``) or nothing
     until it is closed (``hang``); keeps every request's headers and body."""
 
@@ -74,17 +64,11 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = False  # server_close() joins the handlers
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       name="test-receiver")
-        self.thread.start()
+        super().__init__(Handler, name="test-receiver")
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d/healthlog-topic" % self.server.server_address[1]
+        return self.origin + "/healthlog-topic"
 
     def notices(self) -> list:
         """(Title header or JSON title, body text) of each request, in arrival order."""
@@ -99,9 +83,7 @@ class Receiver:
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().close()
 
 
 @pytest.fixture
@@ -231,7 +213,7 @@ def no_secrets(receiver: Receiver) -> None:
 
 def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and_back_once(
         start_service, data_dir, receivers, logs):
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     late_after = 45 * MIN
     phone = start(start_service, clock, data_dir, notify_url=receiver.url,
                   late_after_s=late_after)
@@ -279,7 +261,7 @@ def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and
 
 def test_fresh_1_2_of_two_automations_only_the_one_that_stops_is_late(
         start_service, data_dir, receivers):
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     late_after = HOUR
     phone = start(start_service, clock, data_dir, notify_url=receiver.url,
                   late_after_s=late_after)
@@ -315,7 +297,7 @@ def test_fresh_1_2_of_two_automations_only_the_one_that_stops_is_late(
 
 def test_fresh_1_3_without_headers_the_path_names_the_automation_then_one_anonymous(
         start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     nightly = [T0 + k * 10 * MIN for k in range(4)]
     anonymous = [T0 - 31 * MIN + k * 15 * MIN for k in range(3)]
@@ -343,7 +325,7 @@ def test_fresh_1_5_an_automation_that_writes_nothing_new_is_told_its_dates_on_th
     UTC the next day) it is late, and every word said of it is on the phone's clock: its
     last delivery at 12:00 -08:00, and the day to export is the phone's 2026-12-05 only,
     not the UTC 2026-12-06; the status and the coverage calendar's today agree."""
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     phone = start(start_service, clock, data_dir, notify_url=receiver.url, late_after_s=HOUR)
     la = hf.Phone(zone=hf.PACIFIC, sources="single")
     health = hf.Automation("Health", "Minutes", "Since Last Sync")
@@ -378,7 +360,7 @@ def test_fresh_1_5_an_automation_that_writes_nothing_new_is_told_its_dates_on_th
 
 def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data_dir,
                                                              tmp_path):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     times = [T0 + k * 10 * MIN for k in range(3)]
     for at in times:
@@ -408,7 +390,7 @@ def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data
 
 def test_fresh_2_1_a_metric_that_stops_while_its_automation_delivers_is_stale_once(
         start_service, data_dir, receivers):
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     late_after = HOUR
     phone = start(start_service, clock, data_dir, notify_url=receiver.url,
                   late_after_s=late_after)
@@ -457,7 +439,7 @@ def test_fresh_2_1_a_metric_that_stops_while_its_automation_delivers_is_stale_on
 
 def test_fresh_2_2_a_weekly_metric_is_stale_only_after_three_of_its_weeks(
         start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     late_after = 6 * HOUR
     phone = start(start_service, clock, data_dir, late_after_s=late_after)
     weighed = sorted(T0 - k * 7 * DAY for k in range(5))
@@ -479,7 +461,7 @@ def test_fresh_2_2_a_weekly_metric_is_stale_only_after_three_of_its_weeks(
 
 def test_fresh_2_3_a_delivery_not_folded_yet_says_nothing_of_what_it_carries(
         start_service, data_dir, receivers):
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     service = start_service(paused=True, clock=clock, freshness_check_s=0.05,
                             notify_url=receiver.url, late_after_s=HOUR)
     phone = Phone(service, clock, data_dir)
@@ -534,7 +516,7 @@ def late_once(phone: Phone, late_after: float) -> float:
 
 def test_fresh_3_1_a_notifier_that_answers_500_is_retried_and_ingest_goes_on(
         start_service, data_dir, receivers, logs):
-    clock, receiver = Clock(), receivers("fail")
+    clock, receiver = Clock(T0), receivers("fail")
     phone = start(start_service, clock, data_dir, notify_url=receiver.url, late_after_s=HOUR,
                   notify_retry_s=(0.05,) * 200)
     when = late_once(phone, HOUR)
@@ -556,7 +538,7 @@ def test_fresh_3_1_a_notifier_that_answers_500_is_retried_and_ingest_goes_on(
 
 def test_fresh_3_2_a_notifier_that_hangs_never_holds_ingest_or_the_fold(
         start_service, data_dir, receivers, logs):
-    clock, receiver = Clock(), receivers("hang")
+    clock, receiver = Clock(T0), receivers("hang")
     phone = start(start_service, clock, data_dir, notify_url=receiver.url, late_after_s=HOUR,
                   notify_timeout_s=0.3)
     when = late_once(phone, HOUR)
@@ -570,7 +552,7 @@ def test_fresh_3_2_a_notifier_that_hangs_never_holds_ingest_or_the_fold(
 
 def test_fresh_3_3_a_json_notice_is_one_object_of_names_and_times(
         start_service, data_dir, receivers):
-    clock, receiver = Clock(), receivers("ok")
+    clock, receiver = Clock(T0), receivers("ok")
     phone = start(start_service, clock, data_dir, notify_url=receiver.url, late_after_s=HOUR,
                   notify_format="json")
     late_once(phone, HOUR)
@@ -591,7 +573,7 @@ def test_fresh_3_3_a_json_notice_is_one_object_of_names_and_times(
 
 def test_fresh_4_1_reindex_leaves_freshness_and_coverage_as_they_were(start_service, data_dir,
                                                                       make_config):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     for k in range(4):
         at = T0 + k * 10 * MIN
@@ -621,7 +603,7 @@ def test_fresh_4_1_reindex_leaves_freshness_and_coverage_as_they_were(start_serv
 
 def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thin_day(
         start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir)
     first = dt.date(2025, 5, 26)
     days = [first + dt.timedelta(days=k) for k in range(8)]
@@ -704,7 +686,7 @@ def test_fresh_5_2_coverage_refuses_a_range_it_cannot_read(service):
 
 
 def test_fresh_6_1_metrics_has_gauges_of_every_automation_and_metric(start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     when = late_once(phone, HOUR)
     text = phone.client.request("GET", "/metrics")[1].decode()
@@ -725,7 +707,7 @@ def test_fresh_6_1_metrics_has_gauges_of_every_automation_and_metric(start_servi
 
 
 def test_fresh_6_2_status_lists_what_is_late_or_stale(start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     late_once(phone, HOUR)
     config = healthlog.Config(data_dir=data_dir, late_after_s=HOUR,
@@ -746,7 +728,7 @@ def test_fresh_6_2_status_lists_what_is_late_or_stale(start_service, data_dir):
 
 
 def test_fresh_6_3_healthz_stays_about_the_server(start_service, data_dir):
-    clock = Clock()
+    clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     late_once(phone, HOUR)
     status, health = phone.client.request("GET", "/healthz", token=False)

@@ -26,7 +26,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, db_rows, wait_for
+from conftest import TOKEN, Clock, db_rows, wait_for
 from dashboard_browser import OVERFLOW, Session, Store
 
 # Its service and browser live for the module: nothing may be left running after it.
@@ -87,18 +87,10 @@ class Corpus:
 CORPUS = Corpus()
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("freshness-page") / "data"
-    clock = Clock()
+    clock = Clock(0)
     config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
                               busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
                               log_level="DEBUG", clock=clock)

@@ -16,7 +16,7 @@ import pytest
 
 import hae_factory as hf
 from conftest import ROOT, Client, db_rows, wait_for
-from read_helpers import serve_corpus
+from read_helpers import select, serve_corpus
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
 NEW_YORK = hf.Zone("America/New_York", -300, -240, "us")
@@ -80,19 +80,6 @@ def grafana_url(target: dict, start: dt.datetime, end: dt.datetime, tz: str,
     params = [(p["key"], values.get(p["value"], p["value"]))
               for p in target["url_options"]["params"]]
     return target["url"] + "?" + urllib.parse.urlencode(params)
-
-
-def select(answer: dict, root: str) -> list:
-    """JSONata's `a.b[]` and `a[]` as the dashboard uses them: the items under the path,
-    every list on the way flattened."""
-    items = [answer]
-    for part in root.rstrip("[]").split("."):
-        found = []
-        for item in items:
-            value = item.get(part) if isinstance(item, dict) else None
-            found += value if isinstance(value, list) else ([value] if value is not None else [])
-        items = found
-    return items
 
 
 def column(item: dict, selector: str):

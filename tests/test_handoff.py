@@ -15,7 +15,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, db_rows, wait_for
+from conftest import Client, db_rows, journal_rows, wait_for
 
 # One JSON mode (orjson): only orjson's parse is handed over (FOLD-17); without it there
 # is nothing to hand over, and REINDEX-10.3 compares the store both ways.
@@ -40,10 +40,6 @@ def fold_all(service: healthlog.Service, deliveries: list) -> None:
         assert status == 200, answer
         wait_for(lambda: all(r["parse_status"] != "pending" for r in db_rows(data_dir)),
                  timeout=120, what="the delivery folded")
-
-
-def journal(data_dir) -> list:
-    return [{k: v for k, v in row.items() if k not in IGNORED} for row in db_rows(data_dir)]
 
 
 def fingerprint(data_dir) -> str:
@@ -81,7 +77,8 @@ def test_fold_17_1_the_same_store_with_and_without_the_handoff(start_service, tm
     assert len(logs.find("delivery folded")) == before + len(deliveries)
     assert [r for r in logs.find("delivery folded")[before:]
             if r.get("parsed") == "at ingest"] == []
-    assert journal(handed.config.data_dir) == journal(read_again.config.data_dir)
+    assert (journal_rows(handed.config.data_dir, IGNORED)
+            == journal_rows(read_again.config.data_dir, IGNORED))
     live = fingerprint(handed.config.data_dir)
     assert fingerprint(read_again.config.data_dir) == live
     assert reindexed(handed.config.data_dir) == live
@@ -119,4 +116,4 @@ def test_fold_17_2_documents_past_the_budget_are_read_from_the_archive(start_ser
              timeout=60, what="every delivery folded")
     none.stop()
     assert fingerprint(data_dir) == fingerprint(none.config.data_dir)
-    assert journal(data_dir) == journal(none.config.data_dir)
+    assert journal_rows(data_dir, IGNORED) == journal_rows(none.config.data_dir, IGNORED)

@@ -16,64 +16,8 @@ import time
 import pytest
 
 import healthlog
-from conftest import TOKEN, Client, archive_files, db_rows, wait_for
-
-
-def hae_body(canary_value: float = 72.123456789) -> bytes:
-    """A small HAE-shaped metrics delivery, pretty-printed the iOS way.
-
-    It carries a canary point value and a canary device name, which the autouse
-    leak check looks for in every log record.
-    """
-    return (
-        '{\n  "data" : {\n    "metrics" : [\n      {\n        "units" : "count/min",\n'
-        '        "data" : [\n          {\n            "Max" : 116,\n'
-        '            "date" : "2026-05-19 00:00:00 -0700",\n'
-        '            "source" : "Zebulon\u2019s Apple Watch|iPhone",\n'
-        '            "Avg" : %r,\n            "Min" : 52\n          }\n        ],\n'
-        '        "name" : "heart_rate"\n      }\n    ],\n    "workouts" : [ ]\n  }\n}'
-        % canary_value
-    ).encode("utf-8")
-
-
-HAE_HEADERS = {
-    "automation-name": "Health tracker",
-    "automation-id": "788509F9-3AFA-42CE-850C-E4D2DDB02F12",
-    "automation-aggregation": "Days",
-    "automation-period": "Previous 7 Days",
-    "session-id": "0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F",
-}
-
-
-def raw_post(port: int, body: bytes, headers: dict = None, path: str = "/api/ingest") -> bytes:
-    lines = ["POST %s HTTP/1.1" % path, "Host: 127.0.0.1",
-             "Authorization: Bearer " + TOKEN, "Content-Type: application/json",
-             "Content-Length: %d" % len(body)]
-    lines += ["%s: %s" % item for item in (headers or {}).items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def read_response(sock: socket.socket) -> tuple:
-    """Read one HTTP response from a raw socket: (status, json body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return status, json.loads(rest[:length]) if length else None
+from conftest import (HAE_HEADERS, TOKEN, Client, archive_files, db_rows, hae_body, raw_post,
+                      read_response, wait_for)
 
 
 # -- 200 -------------------------------------------------------------------------
@@ -333,26 +277,9 @@ def test_ingest_10_1_every_http_error_has_the_one_json_shape(service, client):
 # -- 500: the row cannot be written ----------------------------------------------
 
 
-@pytest.fixture
-def write_lock(data_dir):
-    """A second real connection holding SQLite's write lock."""
-    holders = []
-
-    def hold() -> sqlite3.Connection:
-        conn = sqlite3.connect(str(data_dir / "healthlog.sqlite3"), isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        holders.append(conn)
-        return conn
-
-    yield hold
-    for conn in holders:
-        conn.execute("ROLLBACK")
-        conn.close()
-
-
 def test_ing_9_1_busy_database_while_recording_is_logged_with_its_marker(
-        service, client, data_dir, write_lock, logs):
-    write_lock()
+        service, client, data_dir, write_locks, logs):
+    write_locks(data_dir / healthlog.DB_NAME)
     status, payload = client.ingest(hae_body())
     assert status == 500
     assert_error_shape(payload, 500, "internal_error")

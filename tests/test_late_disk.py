@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 import healthlog
-from conftest import ROOT, TOKEN, Client, db_rows, wait_for
-from test_fold_faults import (DAY, HEADERS, QUICK_SERVE, QuickRetryWorker, find, healthz,
-                              import_bodies, row, run_cli, small_body, statuses)
+from conftest import (ROOT, TOKEN, Client, Clock, db_rows, delivery_row, find_records, healthz,
+                      run_cli, statuses_of, wait_for)
+from fold_helpers import (DAY, HEADERS, QUICK_SERVE, QuickRetryWorker, import_bodies, post_small,
+                          small_body)
 
 UNMOUNTED_S = 11.0
 """How long the disk stays away in the subprocess runs (the report's 11 s)."""
@@ -46,8 +47,8 @@ def pending_store(data_dir: Path, tmp_path: Path, count: int = 3) -> tuple:
     later = [small_body(n, DAY + dt.timedelta(days=n)) for n in range(2, 2 + count)]
     pending = import_bodies(data_dir, tmp_path / "exports-2", later,
                             first + dt.timedelta(minutes=1))
-    assert statuses(data_dir, folded) == ["parsed"]
-    assert statuses(data_dir, pending) == ["pending"] * count
+    assert statuses_of(data_dir, folded) == ["parsed"]
+    assert statuses_of(data_dir, pending) == ["pending"] * count
     return folded, pending
 
 
@@ -76,7 +77,7 @@ def test_rely_11_1_serve_started_before_the_archive_disk_waits_and_fails_nothing
 
     proc = quick_serve(serve_process, data_dir, tmp_path)
     try:
-        warned = wait_for(lambda: find(proc.log_lines(), WAIT_ARCHIVE, level="WARN"),
+        warned = wait_for(lambda: find_records(proc.log_lines(), WAIT_ARCHIVE, level="WARN"),
                           timeout=30, what="the start-up WARN naming the archive")
         assert str(archive) in warned[0]["msg"]
         status, health = wait_for(lambda: (lambda h: h[0] == 503 and h)(healthz(proc.client)),
@@ -88,26 +89,26 @@ def test_rely_11_1_serve_started_before_the_archive_disk_waits_and_fails_nothing
         assert status == 503 and answer["error"]["code"] == "archive_unavailable"
         # Nothing written where the disk's files should be: no archive made, none filled.
         assert files_under(archive) == [] and archive.exists() == (absent != "missing")
-        wait_for(lambda: len(find(proc.log_lines(), DEFERRED, level="ERROR")) >= 3, timeout=30,
-                 what="three tries meet the missing archive")
-        wait_for(lambda: [row(data_dir, i)["error"] for i in pending[:1]]
+        wait_for(lambda: len(find_records(proc.log_lines(), DEFERRED, level="ERROR")) >= 3,
+                 timeout=30, what="three tries meet the missing archive")
+        wait_for(lambda: [delivery_row(data_dir, i)["error"] for i in pending[:1]]
                  == ["retrying:archive:archive_missing"], timeout=30)
         threading.Event().wait(max(0.0, UNMOUNTED_S - 3))  # the disk stays away 11 s
         assert failed_count(data_dir) == 0
-        assert statuses(data_dir, pending) == ["pending"] * len(pending)
-        assert all(row(data_dir, i)["attempts"] <= 1 for i in pending)
+        assert statuses_of(data_dir, pending) == ["pending"] * len(pending)
+        assert all(delivery_row(data_dir, i)["attempts"] <= 1 for i in pending)
     finally:
         if archive.exists():
             archive.rmdir()  # the empty mount point, or fails loudly if anything was written
         elsewhere.rename(archive)  # the disk is mounted
 
-    wait_for(lambda: statuses(data_dir, pending) == ["parsed"] * len(pending), timeout=60,
+    wait_for(lambda: statuses_of(data_dir, pending) == ["parsed"] * len(pending), timeout=60,
              what="the pending deliveries fold once the disk is there")
     wait_for(lambda: healthz(proc.client)[0] == 200, timeout=30)
     status, answer = proc.client.ingest(small_body(9, DAY + dt.timedelta(days=9)),
                                         headers=HEADERS)
     assert status == 200
-    wait_for(lambda: statuses(data_dir, [answer["delivery_id"]]) == ["parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, [answer["delivery_id"]]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     assert failed_count(data_dir) == 0
     verified = run_cli("verify", "--data", data_dir)
@@ -121,20 +122,20 @@ def test_rely_11_1_serve_started_before_the_archive_disk_waits_and_fails_nothing
 def test_rely_11_2_a_day_folder_gone_while_serving_fails_nothing(serve_process, data_dir,
                                                                  tmp_path):
     folded, pending = pending_store(data_dir, tmp_path)
-    [folder] = {(data_dir / row(data_dir, i)["archive_path"]).parent for i in pending}
+    [folder] = {(data_dir / delivery_row(data_dir, i)["archive_path"]).parent for i in pending}
     moved = tmp_path / "in-flight"
     folder.rename(moved)
     try:
         proc = quick_serve(serve_process, data_dir, tmp_path, "--missing-body-wait", "1s")
-        wait_for(lambda: len(find(proc.log_lines(), DEFERRED, level="ERROR")) >= 3, timeout=30,
-                 what="three tries meet the missing day folder")
+        wait_for(lambda: len(find_records(proc.log_lines(), DEFERRED, level="ERROR")) >= 3,
+                 timeout=30, what="three tries meet the missing day folder")
         threading.Event().wait(UNMOUNTED_S)  # eleven times the wait: still nothing fails
         assert failed_count(data_dir) == 0
-        assert row(data_dir, pending[0])["error"] == "retrying:archive:folder_missing"
-        assert find(proc.log_lines(), STAYED_MISSING) == []
+        assert delivery_row(data_dir, pending[0])["error"] == "retrying:archive:folder_missing"
+        assert find_records(proc.log_lines(), STAYED_MISSING) == []
     finally:
         moved.rename(folder)
-    wait_for(lambda: statuses(data_dir, pending) == ["parsed"] * len(pending), timeout=60)
+    wait_for(lambda: statuses_of(data_dir, pending) == ["parsed"] * len(pending), timeout=60)
     assert proc.terminate() == 0 and failed_count(data_dir) == 0
 
 
@@ -146,21 +147,22 @@ def test_rely_11_6_a_body_gone_for_good_fails_after_the_wait_and_says_how_back(
         serve_process, data_dir, tmp_path):
     folded, pending = pending_store(data_dir, tmp_path)
     lost = pending[1]
-    body_path = data_dir / row(data_dir, lost)["archive_path"]
+    body_path = data_dir / delivery_row(data_dir, lost)["archive_path"]
     body = body_path.read_bytes()
     body_path.unlink()
 
     proc = quick_serve(serve_process, data_dir, tmp_path, "--missing-body-wait", "3s")
-    wait_for(lambda: statuses(data_dir, pending[:1]) == ["parsed"], timeout=60)
-    waited = wait_for(lambda: find(proc.log_lines(), STAYED_MISSING, level="ERROR"),
+    wait_for(lambda: statuses_of(data_dir, pending[:1]) == ["parsed"], timeout=60)
+    waited = wait_for(lambda: find_records(proc.log_lines(), STAYED_MISSING, level="ERROR"),
                       timeout=60, what="the missing body fails after the wait")
     assert int(waited[0]["delivery_id"]) == lost and int(waited[0]["missing_s"]) >= 3
     assert "healthlog refold %d" % lost in waited[0]["msg"]
-    deferred = [r for r in find(proc.log_lines(), DEFERRED, level="ERROR")
+    deferred = [r for r in find_records(proc.log_lines(), DEFERRED, level="ERROR")
                 if r["delivery_id"] == str(lost)]
     assert len(deferred) >= 2 and {r["fault"] for r in deferred} == {"archive:body_missing"}
-    wait_for(lambda: statuses(data_dir, pending) == ["parsed", "failed", "parsed"], timeout=60)
-    assert (row(data_dir, lost)["error"], row(data_dir, lost)["attempts"]) == ("body_missing", 0)
+    wait_for(lambda: statuses_of(data_dir, pending) == ["parsed", "failed", "parsed"], timeout=60)
+    lost_row = delivery_row(data_dir, lost)
+    assert (lost_row["error"], lost_row["attempts"]) == ("body_missing", 0)
     status, page = proc.client.request("GET", "/api/deliveries?status=failed")
     assert status == 200 and "refold %d" % lost in page["deliveries"][0]["remedy"]
     assert proc.terminate() == 0
@@ -174,23 +176,13 @@ def test_rely_11_6_a_body_gone_for_good_fails_after_the_wait_and_says_how_back(
         " `healthlog refold --failed` folds them again" in verified.stdout, verified.stdout
     assert run_cli("refold", "--data", data_dir, "--failed").returncode == 0
     proc = serve_process(data_dir)
-    wait_for(lambda: statuses(data_dir, [lost]) == ["parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, [lost]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     assert run_cli("verify", "--data", data_dir).returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------
 # FOLD-15.3, FOLD-15.5, FOLD-15.6 with an in-process service and a clock the test moves.
-
-
-class Clock:
-    """The service's clock (Config.clock), moved by the test instead of waiting an hour."""
-
-    def __init__(self):
-        self.now = healthlog.time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -205,24 +197,13 @@ def clocked_service(make_config):
     assert service.stop()
 
 
-def post(service, count: int) -> list:
-    client = Client(*service.address)
-    ids = []
-    for n in range(count):
-        status, payload = client.ingest(small_body(n, DAY + dt.timedelta(days=n)),
-                                        headers=HEADERS)
-        assert status == 200, payload
-        ids.append(payload["delivery_id"])
-    return ids
-
-
 @pytest.mark.parametrize("how", ["deleted", "folder"])
 def test_fold_15_3_a_body_gone_from_its_readable_folder_waits_then_fails_alone(
         clocked_service, logs, how):
     service, data_dir = clocked_service, clocked_service.config.data_dir
-    ids = post(service, 3)
+    ids = post_small(service, 3)
     gone = ids[1]
-    path = data_dir / row(data_dir, gone)["archive_path"]
+    path = data_dir / delivery_row(data_dir, gone)["archive_path"]
     body = path.read_bytes()
     path.unlink()
     if how == "folder":
@@ -231,17 +212,17 @@ def test_fold_15_3_a_body_gone_from_its_readable_folder_waits_then_fails_alone(
     wait_for(lambda: len([r for r in logs.find(DEFERRED, level="ERROR")
                           if r["delivery_id"] == str(gone)]) >= 3, timeout=30,
              what="three tries meet the missing body")
-    wait_for(lambda: (row(data_dir, gone)["parse_status"], row(data_dir, gone)["attempts"],
-                      row(data_dir, gone)["error"])
-             == ("pending", 0, "retrying:archive:body_missing"), timeout=30)
-    assert statuses(data_dir, ids) == ["parsed", "pending", "pending"]  # the barrier holds
+    wait_for(lambda: (lambda r: (r["parse_status"], r["attempts"], r["error"]))(
+        delivery_row(data_dir, gone)) == ("pending", 0, "retrying:archive:body_missing"),
+        timeout=30)
+    assert statuses_of(data_dir, ids) == ["parsed", "pending", "pending"]  # the barrier holds
     assert logs.find(STAYED_MISSING) == []
 
     service.clock.now += healthlog.MISSING_BODY_WAIT_S  # the wait is over
 
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed", "failed", "parsed"], timeout=30,
+    wait_for(lambda: statuses_of(data_dir, ids) == ["parsed", "failed", "parsed"], timeout=30,
              what="the lost body fails alone and the one after it folds")
-    assert row(data_dir, gone)["error"] == "body_missing"
+    assert delivery_row(data_dir, gone)["error"] == "body_missing"
     [said] = logs.find(STAYED_MISSING, level="ERROR")
     assert said["delivery_id"] == str(gone) and "healthlog refold %d" % gone in said["msg"]
 
@@ -251,29 +232,29 @@ def test_fold_15_3_a_body_gone_from_its_readable_folder_waits_then_fails_alone(
     status, page = Client(*service.address).request("GET", "/api/deliveries?status=failed")
     assert "`healthlog refold %d`" % gone in page["deliveries"][0]["remedy"]
     assert healthlog.run_refold(service.config, [], True, out=open(os.devnull, "w")) == 0
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed"] * 3, timeout=30)
+    wait_for(lambda: statuses_of(data_dir, ids) == ["parsed"] * 3, timeout=30)
 
 
 def test_fold_15_6_a_day_folder_gone_for_longer_than_the_wait_fails_nothing(
         clocked_service, logs):
     """The wait over, the folder gone at the moment of judgement: nothing fails."""
     service, data_dir = clocked_service, clocked_service.config.data_dir
-    ids = post(service, 2)
-    path = data_dir / row(data_dir, ids[0])["archive_path"]
+    ids = post_small(service, 2)
+    path = data_dir / delivery_row(data_dir, ids[0])["archive_path"]
     path.unlink()
     service.worker.gate.set()
-    wait_for(lambda: row(data_dir, ids[0])["error"] == "retrying:archive:body_missing",
+    wait_for(lambda: delivery_row(data_dir, ids[0])["error"] == "retrying:archive:body_missing",
              timeout=30)
     moved = path.parent.with_name("moved")
     path.parent.rename(moved)
     service.clock.now += 2 * healthlog.MISSING_BODY_WAIT_S
-    wait_for(lambda: row(data_dir, ids[0])["error"] == "retrying:archive:folder_missing",
+    wait_for(lambda: delivery_row(data_dir, ids[0])["error"] == "retrying:archive:folder_missing",
              timeout=30)
     wait_for(lambda: len(logs.find(DEFERRED, level="ERROR")) >= 6, timeout=30)
     assert failed_count(data_dir) == 0 and logs.find(STAYED_MISSING) == []
     moved.rename(path.parent)
     # Back, still without its file: a fresh wait starts (the clock does not move now).
-    wait_for(lambda: row(data_dir, ids[0])["error"] == "retrying:archive:body_missing",
+    wait_for(lambda: delivery_row(data_dir, ids[0])["error"] == "retrying:archive:body_missing",
              timeout=30)
     assert failed_count(data_dir) == 0
 
@@ -282,7 +263,7 @@ def test_fold_15_6_a_day_folder_gone_for_longer_than_the_wait_fails_nothing(
 def test_fold_15_5_the_archive_folder_missing_while_serving_is_a_fault_of_the_machine(
         clocked_service, logs, absent):
     service, data_dir = clocked_service, clocked_service.config.data_dir
-    ids = post(service, 2)
+    ids = post_small(service, 2)
     archive = data_dir / healthlog.ARCHIVE_DIR
     archive.rename(data_dir / "archive-unmounted")
     if absent == "empty":
@@ -293,7 +274,7 @@ def test_fold_15_5_the_archive_folder_missing_while_serving_is_a_fault_of_the_ma
                  what="four tries meet the missing archive")
         service.clock.now += 2 * healthlog.MISSING_BODY_WAIT_S  # no wait fails it
         wait_for(lambda: [(r["parse_status"], r["attempts"], r["error"]) for r in
-                          (row(data_dir, i) for i in ids)]
+                          (delivery_row(data_dir, i) for i in ids)]
                  == [("pending", 0, "retrying:archive:archive_missing"), ("pending", 0, None)],
                  timeout=30, what="pending, no attempt kept")
         client = Client(*service.address)
@@ -308,7 +289,7 @@ def test_fold_15_5_the_archive_folder_missing_while_serving_is_a_fault_of_the_ma
         if archive.exists():
             archive.rmdir()
         (data_dir / "archive-unmounted").rename(archive)
-    wait_for(lambda: statuses(data_dir, ids) == ["parsed", "parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, ids) == ["parsed", "parsed"], timeout=60)
     assert failed_count(data_dir) == 0
 
 
@@ -344,7 +325,7 @@ def test_rely_11_3_commands_refuse_a_journal_whose_archive_is_missing(data_dir, 
 def test_rely_11_3_reindex_and_verify_refuse_a_day_folder_that_cannot_be_read(data_dir,
                                                                               tmp_path):
     folded, pending = pending_store(data_dir, tmp_path, count=1)
-    [folder] = {(data_dir / row(data_dir, i)["archive_path"]).parent for i in pending}
+    [folder] = {(data_dir / delivery_row(data_dir, i)["archive_path"]).parent for i in pending}
     folder.rename(tmp_path / "in-flight")
     before = db_rows(data_dir)
     for command in ("reindex", "verify"):
@@ -380,14 +361,14 @@ def test_rely_11_4_serve_adopts_orphan_bodies_and_removes_metadata_without_a_bod
     # What kills leave: a body whose row was never written (the phone got no 200), and a
     # .meta.json whose body was never renamed in.  And a journaled body that went missing,
     # whose metadata must stay.
-    orphan_row = row(data_dir, pending[0])
+    orphan_row = delivery_row(data_dir, pending[0])
     orphan = data_dir / orphan_row["archive_path"]
     with sqlite3.connect(str(data_dir / healthlog.DB_NAME)) as conn:
         conn.execute("DELETE FROM delivery WHERE id = ?", (pending[0],))
     conn.close()
     stray = orphan.with_name("20240308T100500.000000Z-0badc0de.meta.json")
     stray.write_text(orphan.with_name(orphan.name[:-5] + ".meta.json").read_text())
-    kept_meta = (data_dir / row(data_dir, pending[1])["archive_path"])
+    kept_meta = (data_dir / delivery_row(data_dir, pending[1])["archive_path"])
     kept_meta = kept_meta.with_name(kept_meta.name[:-5] + ".meta.json")
     # An orphan years older than the newest journaled body: reindex's, not a start's.
     old_orphan = data_dir / "archive/2020/01/01" / "20200101T000000.000000Z-00000001.json"
@@ -395,14 +376,15 @@ def test_rely_11_4_serve_adopts_orphan_bodies_and_removes_metadata_without_a_bod
     old_orphan.write_bytes(small_body(11))
 
     proc = serve_process(data_dir)
-    adopted = wait_for(lambda: find(proc.log_lines(), "archive settled at start"), timeout=30)
+    adopted = wait_for(lambda: find_records(proc.log_lines(), "archive settled at start"),
+                       timeout=30)
     assert (adopted[0]["adopted"], adopted[0]["meta_removed"]) == ("1", "1")
     assert not stray.exists() and kept_meta.exists()
     [again] = db_rows(data_dir, "SELECT * FROM delivery WHERE archive_path = ?",
                       (orphan_row["archive_path"],))
     assert again["received_at"] == orphan_row["received_at"]
     assert again["body_sha256"] == orphan_row["body_sha256"]
-    wait_for(lambda: statuses(data_dir, [again["id"]]) == ["parsed"], timeout=60)
+    wait_for(lambda: statuses_of(data_dir, [again["id"]]) == ["parsed"], timeout=60)
     assert proc.terminate() == 0
     verified = run_cli("verify", "--data", data_dir)
     assert verified.returncode == 0, verified.stdout

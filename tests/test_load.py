@@ -18,9 +18,9 @@ import pytest
 
 import hae_factory as hf
 from conftest import TOKEN, parse_logfmt
-from test_crash_torture import (KIB, MIB, SEED_ENV, Bodies, Sent, archive_bodies,
-                                check_store_matches_rebuild, get, half_folded, log_records,
-                                lost_deliveries, percentile, post, query, wait_drained)
+from load_helpers import (KIB, MIB, SEED_ENV, Acknowledged, Bodies, archive_bodies,
+                          check_store_matches_rebuild, half_folded, logged, lost_deliveries,
+                          percentile, snapshot_rows, timed_get, timed_post, wait_drained)
 
 pytestmark = pytest.mark.json_agnostic
 
@@ -59,7 +59,7 @@ def _poster(port: int, bodies: Bodies, rng: random.Random, count: int, client: i
         body = bodies.make(size, serial)
         digest = hashlib.sha256(body).hexdigest()
         while True:
-            answer = post(port, body, headers)
+            answer = timed_post(port, body, headers)
             with lock:
                 out["attempts"].append((size, answer))
             if answer.status != 503:
@@ -69,7 +69,7 @@ def _poster(port: int, bodies: Bodies, rng: random.Random, count: int, client: i
             time.sleep(min(float(answer.retry_after or 1), RETRY_AFTER_CAP_S))
         if answer.status == 200:
             with lock:
-                out["sent"].append(Sent(answer.delivery_id, digest, len(body), serial))
+                out["sent"].append(Acknowledged(answer.delivery_id, digest, len(body), serial))
         else:  # a failure: recorded in attempts; the delivery is not sent again
             with lock:
                 out["failed"].append((serial, size, answer.status, answer.error))
@@ -80,7 +80,7 @@ def _reader(port: int, stop: threading.Event, out: list) -> None:
     for path in itertools.cycle(READS):
         if stop.is_set():
             return
-        status, body, seconds = get(port, path)
+        status, body, seconds = timed_get(port, path)
         out.append((path, status, seconds, len(body)))
 
 
@@ -94,7 +94,7 @@ def fold_order(data_dir: Path) -> tuple:
     folded after a later one, the first such later one C to be folded must have entered the
     journal first: ``C.journaled_at < A.journaled_at`` (both are read inside the write
     transaction that inserts the row). Fold order is ``folded_at`` order."""
-    rows = query(data_dir, "SELECT id, received_at, journaled_at, folded_at FROM delivery")
+    rows = snapshot_rows(data_dir, "SELECT id, received_at, journaled_at, folded_at FROM delivery")
     position = {row[0]: n for n, row in enumerate(sorted(rows, key=lambda r: (r[1], r[0])))}
     by_fold = sorted(rows, key=lambda r: (r[3], r[0]))
     highest, top = [], -1  # highest journal position folded so far, per fold step
@@ -164,7 +164,7 @@ def load(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies, per_clie
     assert reads, "%s: the reader read nothing" % context
     lost = lost_deliveries(data_dir, sent, hash_files=True)
     assert not lost, "%s: acknowledged deliveries lost:\n%s" % (context, "\n".join(lost[:20]))
-    statuses = dict(query(data_dir, "SELECT id, parse_status FROM delivery"))
+    statuses = dict(snapshot_rows(data_dir, "SELECT id, parse_status FROM delivery"))
     assert len(statuses) == len(sent), "%s: %d rows for %d deliveries" % (
         context, len(statuses), len(sent))
     not_parsed = sorted((i, s) for i, s in statuses.items() if s != "parsed")
@@ -184,9 +184,9 @@ def load(serve_process, data_dir: Path, tmp_path: Path, bodies: Bodies, per_clie
     assert warned == set(late), (
         "%s: the out-of-order WARN names %s, but these were folded after a later delivery: %s"
         % (context, sorted(warned), sorted(late)))
-    errors = log_records([serve.log_path])
+    errors = logged([serve.log_path])
     assert not errors, "%s: serve logged errors: %s" % (context, errors[:10])
-    journaled = {row[0] for row in query(data_dir, "SELECT archive_path FROM delivery")}
+    journaled = {row[0] for row in snapshot_rows(data_dir, "SELECT archive_path FROM delivery")}
     orphans = archive_bodies(data_dir) - journaled
     assert not orphans, "%s: archived bodies without a row: %s" % (context, sorted(orphans))
     figures = check_store_matches_rebuild(data_dir, tmp_path, orphans, context)

@@ -12,8 +12,6 @@ compared with what the read API answers for the same question, and steps, a summ
 and sleep also with what the test computes from the bodies in its own words.
 """
 
-import asyncio
-import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -31,16 +29,11 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, assert_no_leaks, db_rows, wait_for
-from read_helpers import call, get_json, serve_corpus
+from conftest import ROOT, TOKEN, LocalServer, assert_no_leaks, db_rows, wait_for
+from mcp_helpers import TRANSPORTS, Session, answer, converse  # skips the module without the SDK
+from read_helpers import call, close, get_json, ny_stamp, ny_steps, serve_corpus, written_date
 
-mcp_client = pytest.importorskip("mcp.client", reason="the MCP SDK (test extra) needs Python"
-                                                      " 3.10 or newer")
-from mcp.client import Client  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
+from mcp.shared.exceptions import MCPError  # noqa: E402 (after mcp_helpers: its skip first)
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 24)
@@ -63,44 +56,22 @@ META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 # ---------------------------------------------------------------------------------------------
 # The bodies, as HAE writes them
 
-def stamp(day: dt.date, minute: int = 0) -> str:
-    """HAE's timestamp of the moment ``minute`` minutes after local midnight in New York
-    (elapsed time: a DST day has 23 hours), with the offset of that moment."""
-    midnight = dt.datetime(day.year, day.month, day.day, tzinfo=NY).astimezone(dt.timezone.utc)
-    moment = (midnight + dt.timedelta(minutes=minute)).astimezone(NY)
-    offset = int(moment.utcoffset().total_seconds()) // 60
-    return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
-                              abs(offset) // 60, abs(offset) % 60)
-
-
-def written_date(text: str) -> dt.date:
-    """The local date the phone wrote in a timestamp."""
-    return dt.date.fromisoformat(text[:10])
-
-
-def steps_of(day: dt.date) -> list:
-    seed = day.toordinal()
-    points = [{"date": stamp(day, m), "qty": 5 + (seed * 7 + m * 13) % 17, "source": WATCH}
-              for m in range(0, 24 * 60, 4)]
-    return [p for p in points if written_date(p["date"]) == day]
-
-
 def heart_of(day: dt.date) -> list:
-    return [{"date": stamp(day, m), "Min": 52 + m % 7, "Avg": 61 + (m // 10) % 13,
+    return [{"date": ny_stamp(day, m), "Min": 52 + m % 7, "Avg": 61 + (m // 10) % 13,
              "Max": 80 + m % 11, "source": WATCH} for m in range(0, 22 * 60, 10)]
 
 
 def night_of(n: int, day: dt.date) -> dict:
     """HAE's nightly record (the aggregated form, §2.5) of the night that ended on ``day``:
     ``date`` is the wake time; ``totalSleep`` the sum of the stages; well within its window."""
-    start, wake = stamp(day - dt.timedelta(days=1), 23 * 60 + 10), stamp(day, 6 * 60 + 40 + n)
+    start, wake = ny_stamp(day - dt.timedelta(days=1), 23 * 60 + 10), ny_stamp(day, 6 * 60 + 40 + n)
     return {"date": wake, "totalSleep": 6.4 + n / 30, "asleep": 0, "core": 3.9 + n / 30,
             "deep": 1.1, "rem": 1.4, "awake": 0.2, "sleepStart": start, "sleepEnd": wake,
             "inBed": 7.4 + n / 100, "inBedStart": start, "inBedEnd": wake, "source": WATCH}
 
 
 def nap_of(day: dt.date) -> dict:
-    start, end = stamp(day, 14 * 60), stamp(day, 14 * 60 + 45)
+    start, end = ny_stamp(day, 14 * 60), ny_stamp(day, 14 * 60 + 45)
     return {"date": end, "totalSleep": 0.6, "asleep": 0, "core": 0.6, "sleepStart": start,
             "sleepEnd": end, "inBed": 0.7, "inBedStart": start, "inBedEnd": end,
             "source": WATCH}
@@ -114,17 +85,17 @@ def corpus() -> tuple:
     for day in DAYS:
         if day in MISSING:
             continue
-        steps = steps_of(day)
+        steps = ny_steps(day, WATCH)
         bodies["steps"][day] = steps
         metrics = [hf.metric("step_count", steps, "count")]
         if day >= LAST - dt.timedelta(days=2):
             bodies["heart"][day] = heart_of(day)
             metrics.append(hf.metric("heart_rate", bodies["heart"][day], "count/min"))
         deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=metrics))))
-    bodies["resting"] = [{"date": stamp(day), "qty": 50 + day.day % 6, "source": WATCH}
+    bodies["resting"] = [{"date": ny_stamp(day), "qty": 50 + day.day % 6, "source": WATCH}
                          for day in DAYS]
     weeks = [LAST - dt.timedelta(weeks=n) for n in range(WEEKS - 1, -1, -1)]
-    bodies["weight"] = [{"date": stamp(day, 7 * 60 + 5),
+    bodies["weight"] = [{"date": ny_stamp(day, 7 * 60 + 5),
                          "qty": hf.CANARY_QTY if n == WEEKS - 3 else 70 + (n % 30) / 10,
                          "source": "Scale"} for n, day in enumerate(weeks)]
     deliveries.append((DAILY, hf.dumps_hae(hf.envelope(metrics=[
@@ -154,87 +125,8 @@ def steps_by_day(bodies: dict) -> dict:
     return out
 
 
-def close(a, b, rel: float = 1e-9) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None
-                                         and abs(a - b) <= rel * max(1.0, abs(b)))
-
-
 # ---------------------------------------------------------------------------------------------
 # The SDK's client, over both transports
-
-def environment() -> dict:
-    return {"PYTHONPATH": os.environ["PYTHONPATH"]}
-
-
-@contextlib.asynccontextmanager
-async def http_transport(address: tuple, headers: dict = None):
-    """Streamable HTTP to ``serve``'s /mcp with the token (the SDK's own HTTP client)."""
-    sent = {"Authorization": "Bearer " + TOKEN}
-    sent.update(headers or {})
-    async with create_mcp_http_client(headers=sent) as http:
-        async with streamable_http_client("http://%s:%d/mcp" % address,
-                                          http_client=http) as streams:
-            yield streams
-
-
-def stdio_transport(data_dir: Path, errlog):
-    return stdio_client(StdioServerParameters(
-        command=sys.executable, args=["-m", "healthlog", "mcp", "--data", str(data_dir)],
-        env=environment(), cwd=str(ROOT)), errlog=errlog)
-
-
-class Session:
-    """What one SDK session saw: the negotiated version, the server's identity and
-    instructions, the tools listed and each call's result."""
-
-    def __init__(self, transport: str, mode: str):
-        self.transport, self.mode = transport, mode
-        self.version = self.info = self.instructions = None
-        self.tools: list = []
-        self.results: list = []
-        self.log: list = []
-
-
-async def _converse(transport, mode: str, calls: list, out: Session) -> None:
-    async with Client(transport, mode=mode) as client:
-        out.version, out.info = client.protocol_version, client.server_info
-        out.instructions = client.instructions
-        out.tools = (await client.list_tools()).tools
-        for name, arguments in calls:
-            try:
-                out.results.append(await client.call_tool(name, arguments))
-            except MCPError as exc:
-                out.results.append(exc)
-
-
-def converse(store, transport: str, calls: list = (), mode: str = "auto",
-             tmp_path: Path = None) -> Session:
-    """One SDK session over ``transport`` (``stdio`` or ``http``): the tools listed, then
-    each ``(tool, arguments)`` called in order.  The stdio server's log is kept and checked
-    for leaks."""
-    out = Session(transport, mode)
-    if transport == "http":
-        asyncio.run(_converse(http_transport(store.address), mode, list(calls), out))
-        return out
-    log_path = (tmp_path or store.data_dir.parent) / ("mcp-stdio-%d.log" % time.monotonic_ns())
-    with open(str(log_path), "w") as errlog:
-        asyncio.run(_converse(stdio_transport(store.data_dir, errlog), mode, list(calls), out))
-    out.log = [line for line in log_path.read_text().splitlines() if line]
-    assert_no_leaks(out.log)
-    return out
-
-
-def answer(result) -> dict:
-    """A tool's structured answer, checked to be a success with its text rendering."""
-    assert not isinstance(result, Exception), result
-    assert result.is_error is False, result.content
-    assert result.content and result.content[0].type == "text" and result.content[0].text
-    return result.structured_content
-
-
-TRANSPORTS = [pytest.param(("stdio", "legacy"), id="stdio-handshake"),
-              pytest.param(("http", "auto"), id="http-2026")]
-
 
 # ---------------------------------------------------------------------------------------------
 # Raw JSON-RPC over stdio
@@ -711,7 +603,7 @@ def test_mcp_4_2_stdio_opens_the_store_read_only(tmp_path, serve_process):
     data_dir = tmp_path / "data"
     serve = serve_process(data_dir)
     status, _ = serve.client.ingest(hf.dumps_hae(hf.envelope(metrics=[
-        hf.metric("step_count", steps_of(DAYS[0]), "count")])), headers=MINUTES)
+        hf.metric("step_count", ny_steps(DAYS[0], WATCH), "count")])), headers=MINUTES)
     assert status == 200
     wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed", what="the fold")
     assert serve.terminate() == 0
@@ -743,15 +635,15 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
     data_dir = tmp_path / "data"
     serve = serve_process(data_dir)
     day = DAYS[10]
-    old = [p for p in steps_of(day) if p["date"][11:13] < "12"]
+    old = [p for p in ny_steps(day, WATCH) if p["date"][11:13] < "12"]
     status, _ = serve.client.ingest(hf.dumps_hae(hf.envelope(metrics=[
         hf.metric("step_count", old, "count")])), headers=MINUTES)
     assert status == 200
     wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed", what="the first fold")
     # steps between the first delivery's (minutes 2, 6, 10…: no point is sent twice), and a
     # week of heart rate by the minute in the same delivery, so that its fold takes a while
-    new = [{"date": stamp(day, m), "qty": 3, "source": WATCH} for m in range(2, 24 * 60, 4)]
-    heart = [{"date": stamp(day - dt.timedelta(days=d), m), "Min": 50, "Avg": 60 + m % 9,
+    new = [{"date": ny_stamp(day, m), "qty": 3, "source": WATCH} for m in range(2, 24 * 60, 4)]
+    heart = [{"date": ny_stamp(day - dt.timedelta(days=d), m), "Min": 50, "Avg": 60 + m % 9,
               "Max": 80, "source": WATCH} for d in range(7) for m in range(0, 24 * 60)]
     proc = subprocess.Popen([sys.executable, "-m", "healthlog", "mcp", "--data", str(data_dir)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -909,7 +801,7 @@ def conformance() -> str:
     return found
 
 
-class TokenRelay:
+class TokenRelay(LocalServer):
     """A relay on 127.0.0.1:0 that adds the token to each request for ``serve``: the
     conformance CLI has no way to send one."""
 
@@ -946,18 +838,7 @@ class TokenRelay:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="token-relay")
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__init__(Handler, name="token-relay")
 
 
 @pytest.mark.parametrize("scenario", CONFORMANCE_SCENARIOS)

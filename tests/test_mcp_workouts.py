@@ -15,15 +15,11 @@ import pytest
 import hae_factory as hf
 import workout_corpus as wc
 from read_helpers import get_json, serve_corpus
-from test_mcp import answer, converse
+from mcp_helpers import TRANSPORTS, answer, converse
 
 pytest.importorskip("mcp.client", reason="the MCP SDK (test extra) needs Python 3.10 or newer")
 
 RANGE = {"from": "2025-05-25", "to": "2025-06-07"}
-TRANSPORTS = [pytest.param(("stdio", "legacy"), id="stdio-handshake"),
-              pytest.param(("http", "auto"), id="http-2026")]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     rng = random.Random(wc.SEED)

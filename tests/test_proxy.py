@@ -16,15 +16,14 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, db_rows
-from test_security import request
+from conftest import TOKEN, LocalServer, db_rows, raw_request
 
 STRANGER, PHONE, OTHER = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 WRONG = {"Authorization": "Bearer wrong-" + TOKEN}
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
-class Proxy:
+class Proxy(LocalServer):
     """A forwarding proxy: ``address`` is where clients connect."""
 
     def __init__(self, upstream: tuple):
@@ -63,16 +62,7 @@ class Proxy:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.address = self.server.server_address
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__init__(Handler, name="test-proxy")
 
 
 @pytest.fixture
@@ -100,8 +90,8 @@ def stranger_guesses(proxy, stop: threading.Event, answers: list, headers=None) 
         for _ in range(60):
             if stop.is_set():
                 return
-            answers.append(request(proxy, "GET", "/api/catalog", dict(WRONG, **(headers or {})),
-                                   source=STRANGER).status)
+            answers.append(raw_request(proxy, "GET", "/api/catalog", dict(WRONG, **(headers or {})),
+                                       source=STRANGER).status)
 
     threads = [threading.Thread(target=guess) for _ in range(3)]
     for thread in threads:
@@ -111,11 +101,11 @@ def stranger_guesses(proxy, stop: threading.Event, answers: list, headers=None) 
 
 def phone_and_owner(proxy) -> tuple:
     """The phone's eight deliveries and the owner's two sign-ins, in the stranger's storm."""
-    posts = [request(proxy, "POST", "/api/ingest", {"automation-name": "Proxy test"},
-                     hf.dumps_hae(hf.canary_payload(n)), token=True, source=PHONE).status
+    posts = [raw_request(proxy, "POST", "/api/ingest", {"automation-name": "Proxy test"},
+                         hf.dumps_hae(hf.canary_payload(n)), token=True, source=PHONE).status
              for n in range(8)]
-    sign_ins = [request(proxy, "POST", "/login", FORM, ("token=" + TOKEN).encode(),
-                        source=PHONE) for _ in range(2)]
+    sign_ins = [raw_request(proxy, "POST", "/login", FORM, ("token=" + TOKEN).encode(),
+                            source=PHONE) for _ in range(2)]
     return posts, sign_ins
 
 
@@ -132,7 +122,7 @@ def test_rely_7_11_a_stranger_behind_the_proxy_never_keeps_the_phone_out(
     # The stranger first locks its address out (ten wrong tokens), then keeps guessing
     # beside the phone, as in the report: a right token must still get through.
     for _ in range(healthlog.GUESSES_BEFORE_LOCKOUT):
-        request(proxy, "GET", "/api/catalog", WRONG, source=STRANGER)
+        raw_request(proxy, "GET", "/api/catalog", WRONG, source=STRANGER)
     stop, answers = threading.Event(), []
     threads = stranger_guesses(proxy, stop, answers)
     try:
@@ -149,9 +139,9 @@ def test_rely_7_11_a_stranger_behind_the_proxy_never_keeps_the_phone_out(
     locked = logs.find("too many failed authentications", level="WARN")
     assert [r["address"] for r in locked] == [STRANGER if trusted else "127.0.0.1"]
     # Another client of the proxy: counted apart only when the proxy is trusted.
-    other = request(proxy, "GET", "/api/catalog", WRONG, source=OTHER).status
+    other = raw_request(proxy, "GET", "/api/catalog", WRONG, source=OTHER).status
     assert other == (401 if trusted else 429)
-    assert request(proxy, "GET", "/api/catalog", token=True, source=OTHER).status == 200
+    assert raw_request(proxy, "GET", "/api/catalog", token=True, source=OTHER).status == 200
     hints = logs.find("not named in --trusted-proxy", level="WARN")
     assert [r["address"] for r in hints] == ([] if trusted else ["127.0.0.1"])  # said once
 
@@ -163,7 +153,7 @@ def test_rely_7_11_a_hop_the_client_wrote_is_never_believed(behind_proxy, logs):
     service, proxy = behind_proxy("127.0.0.1")
     spoof = {"X-Forwarded-For": "198.51.100.23"}
     for _ in range(healthlog.GUESSES_BEFORE_LOCKOUT + 1):
-        request(proxy, "GET", "/api/catalog", dict(WRONG, **spoof), source=STRANGER)
+        raw_request(proxy, "GET", "/api/catalog", dict(WRONG, **spoof), source=STRANGER)
     warnings = logs.find("authentication", level="WARN")
     assert {r["address"] for r in warnings} == {STRANGER}
     assert service.app.guesses.refused_for(STRANGER) > 0
@@ -186,9 +176,9 @@ def test_rely_7_12_forwarding_headers_from_an_untrusted_address_are_ignored_and_
     service = start_service(**overrides)
     name, _, value = header.partition(": ")
     for _ in range(healthlog.GUESSES_BEFORE_LOCKOUT + 1):
-        request(service, "GET", "/api/catalog", dict(WRONG, **{name: value}), source=OTHER)
-    assert request(service, "GET", "/api/catalog", {name: value}, token=True,
-                   source=OTHER).status == 200
+        raw_request(service, "GET", "/api/catalog", dict(WRONG, **{name: value}), source=OTHER)
+    assert raw_request(service, "GET", "/api/catalog", {name: value}, token=True,
+                       source=OTHER).status == 200
     locked = logs.find("too many failed authentications", level="WARN")
     assert [r["address"] for r in locked] == [OTHER]
     hints = logs.find("not named in --trusted-proxy", level="WARN")

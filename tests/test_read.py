@@ -45,20 +45,18 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, Client, assert_no_leaks, db_rows, wait_for
-from read_helpers import (Reply, aggregate, assert_buckets_equal, assert_error,
-                          assert_nights_equal, call, close, coordinate, get, get_json, in_range,
-                          instant_us, iso_local, nights_by_date, numeric, raw_start, read_csv,
-                          runs_of, serve_corpus, sleep_dates, Store, pending, utc_iso,
-                          week_items, night_items, written)
+from conftest import ROOT, TOKEN, Client, db_rows, run_export, wait_for
+from read_helpers import (Reply, Store, aggregate, assert_buckets_equal, assert_error,
+                          assert_nights_equal, assert_security_headers, call, close, coordinate,
+                          get, get_json, in_range, instant_us, iso_local, night_items,
+                          nights_by_date, numeric, pending, raw_runs, raw_start, read_csv, select,
+                          serve_corpus, sleep_dates, utc_iso, week_items, written)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
 
 US = 1_000_000
 HOUR_US = 3600 * US
 DAY0 = 1709856000  # 2024-03-08T00:00:00Z (a Friday; the US DST change is on the 10th)
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 SESSION_MAX_AGE = 2592000
 #: Strings of the posted bodies that no journal or monitoring answer may carry.
 BODY_STRINGS = (hf.CANARY_SOURCE, "Zebulon", "72.123456789", hf.OWNER_WATCH, "Anton",
@@ -204,17 +202,8 @@ def objects(data_dir: Path, metric: str = None) -> list:
                              " FROM object %s ORDER BY metric, layer, hour" % where, args)
 
 
-def iso(us: int) -> str:
-    """The read spec's reply time: ISO-8601 UTC with ``Z`` (a fraction only when not zero)."""
-    return utc_iso(us)
-
-
 # ---------------------------------------------------------------------------------------------
 # The test's own reading of the points (runs and bucket aggregates: tests/read_helpers.py).
-
-def raw_runs(items: list) -> list:
-    return [{"units": units, "points": points} for units, points in runs_of(items)]
-
 
 # ---------------------------------------------------------------------------------------------
 # READ-1: /api/catalog
@@ -232,8 +221,8 @@ def expected_catalog(data_dir: Path) -> list:
         entry["last"] = max(entry["last"], row["last_at"])
         entry["objects"] += 1
         entry["points"] += row["points"]
-    return [dict(e, units=sorted(e["units"]), first=iso(e["first"] * US),
-                 last=iso(e["last"] * US)) for _, e in sorted(entries.items())]
+    return [dict(e, units=sorted(e["units"]), first=utc_iso(e["first"] * US),
+                 last=utc_iso(e["last"] * US)) for _, e in sorted(entries.items())]
 
 
 def test_read_1_1_catalog_lists_every_metric_and_layer_with_exact_counts_and_span(store):
@@ -247,8 +236,8 @@ def test_read_1_1_catalog_lists_every_metric_and_layer_with_exact_counts_and_spa
         items = store.corpus.points(entry["metric"], entry["layer"])
         starts = [coordinate(p)[0] for p, _ in items]
         assert entry["points"] == len(items), entry
-        assert entry["first"] == iso(min(starts) // US * US), entry
-        assert entry["last"] == iso(max(starts) // US * US), entry
+        assert entry["first"] == utc_iso(min(starts) // US * US), entry
+        assert entry["last"] == utc_iso(max(starts) // US * US), entry
         assert entry["units"] == sorted({u for _, u in items if u is not None}), entry
         assert entry["objects"] == len({s // HOUR_US for s in starts}), entry
     energy = next(e for e in catalog if e["metric"] == "active_energy")
@@ -325,7 +314,7 @@ def test_read_2_3_from_and_to_select_starts_in_a_half_open_range_in_any_spelling
     assert [b["count"] for b in buckets["runs"][0]["buckets"]] == [30, 45]
     rows = read_csv(get(store.address, "/api/points", metric="step_count", format="csv",
                         from_=spellings[3][0], to=spellings[3][1]))
-    assert [row[0] for row in rows[1:]] == [iso(coordinate(p)[0]) for p in want[0]["points"]]
+    assert [row[0] for row in rows[1:]] == [utc_iso(coordinate(p)[0]) for p in want[0]["points"]]
     # a date alone with tz an offset is a whole day of that offset: `from` its midnight,
     # `to` up to the next one (it includes its day), echoed as the UTC instants; with
     # tz=local (the default) it is the date written in each point, echoed as the date;
@@ -574,7 +563,7 @@ def test_read_4_1_raw_csv_parses_back_to_the_stored_points(store, metric, layer)
         start, end, _ = coordinate(point)
         moment = written(raw_start(point))  # the local start and date as the point wrote them
         date = wake_days.get(coordinate(point), moment.date())  # sleep: its wake day
-        assert row[:5] == [iso(start), iso(end), units or "", iso_local(moment),
+        assert row[:5] == [utc_iso(start), utc_iso(end), units or "", iso_local(moment),
                            date.isoformat()]
         for key, cell in zip(keys, row[5:]):
             if key in point:
@@ -1123,13 +1112,6 @@ def session_cookie(expiry: int, token: str = TOKEN, session_id: str = "ab" * 16)
     return "healthlog_session=%s.%d.%s" % (session_id, expiry, mac)
 
 
-def assert_security_headers(reply: Reply) -> None:
-    assert reply.headers["Content-Security-Policy"] == CSP
-    assert reply.headers["X-Content-Type-Options"] == "nosniff"
-    assert reply.headers["Referrer-Policy"] == "no-referrer"
-    assert reply.headers["X-Frame-Options"] == "DENY"
-
-
 def assert_page(reply: Reply) -> str:
     """HTML that loads nothing but /static/app.css and /static/app.js (the sign-in page
     too: the script carries a bookmarked view through the form): no inline code or
@@ -1314,13 +1296,6 @@ def test_read_7_11_static_assets_are_served_without_auth(store):
 # ---------------------------------------------------------------------------------------------
 # READ-8: healthlog export
 
-def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "healthlog", "export"]
-                            + [str(a) for a in args], capture_output=True, timeout=timeout)
-    assert_no_leaks(result.stderr.decode(errors="replace").splitlines())
-    return result
-
-
 @pytest.mark.parametrize("query", [
     dict(metric="step_count", format="csv"),
     dict(metric="heart_rate", format="json", from_="2024-03-09", to="2024-03-10T06:00:00-08:00"),
@@ -1339,7 +1314,7 @@ def test_read_8_1_export_prints_the_bytes_the_route_answers(store, query):
     assert route.status == 200, route.body[:300]
     # --tz=-07:00: a separate "-07:00" reads as an option to argparse
     args = ["--%s=%s" % (key.rstrip("_"), val) for key, val in query.items()]
-    result = export("--data", store.data_dir, *args)  # beside the running serve
+    result = run_export("--data", store.data_dir, *args)  # beside the running serve
     assert result.returncode == 0, result.stderr
     assert result.stdout == route.body
 
@@ -1352,12 +1327,12 @@ def test_read_8_1_export_reads_in_local_time_by_default(store):
                   dict(metric="sleep_analysis", bucket="day")):
         route = get(store.address, "/api/points", tz="local", **query)
         assert route.status == 200, route.body[:300]
-        result = export("--data", store.data_dir,
-                        *["--%s=%s" % (key, val) for key, val in query.items()])
+        result = run_export("--data", store.data_dir,
+                            *["--%s=%s" % (key, val) for key, val in query.items()])
         assert result.returncode == 0, result.stderr
         assert result.stdout == route.body, query
-    exported = export("--data", store.data_dir, "--metric=heart_rate", "--bucket=day",
-                      "--format=csv")
+    exported = run_export("--data", store.data_dir, "--metric=heart_rate", "--bucket=day",
+                          "--format=csv")
     days = list(csv.reader(io.StringIO(exported.stdout.decode(), newline="")))
     written_dates = sorted({raw_start(p)[:10]
                             for p, _ in store.corpus.points("heart_rate", "minutes")})
@@ -1366,7 +1341,7 @@ def test_read_8_1_export_reads_in_local_time_by_default(store):
 
 
 def test_read_8_2_export_of_an_unknown_metric_exits_2_with_one_line(store):
-    result = export("--data", store.data_dir, "--metric", "steps")
+    result = run_export("--data", store.data_dir, "--metric", "steps")
     assert result.returncode == 2
     assert result.stdout == b""
     lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
@@ -1384,7 +1359,7 @@ TIME_KEYS = {"date", "start", "end", "startDate", "endDate"}
 
 def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_path):
     out = tmp_path / "export.db"
-    result = export("--data", store.data_dir, "--format", "sqlite", out)
+    result = run_export("--data", store.data_dir, "--format", "sqlite", out)
     assert result.returncode == 0, result.stderr
     conn = sqlite3.connect(str(out))
     conn.row_factory = sqlite3.Row
@@ -1418,7 +1393,7 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
             starts = sorted((coordinate(p)[0], n) for n, (p, _) in enumerate(
                 store.corpus.points(entry["metric"], entry["layer"])))
             posted = store.corpus.points(entry["metric"], entry["layer"])
-            assert iso(starts[0][0]) == entry["first"]
+            assert utc_iso(starts[0][0]) == entry["first"]
             assert (row["first_local"], row["last_local"]) == tuple(
                 iso_local(written(raw_start(posted[n][0]))) for n in (
                     starts[0][1], max(n for at, n in starts if at == starts[-1][0])))
@@ -1451,7 +1426,8 @@ def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
     """One row of the SQLite export against the point posted; ``wake_day``: a sleep point's
     date (READ-12.5), else the date its start was written on."""
     start, end, _ = coordinate(point)
-    assert (row["start"], row["end"], row["units"]) == (iso(start), iso(end), units), dict(row)
+    assert (row["start"], row["end"], row["units"]) == (utc_iso(start), utc_iso(end),
+                                                        units), dict(row)
     moment = written(raw_start(point))
     assert (row["local_start"], row["local_date"]) == (
         iso_local(moment), (wake_day or moment.date()).isoformat()), dict(row)
@@ -1475,7 +1451,7 @@ def assert_export_row(row: sqlite3.Row, point: dict, units: Optional[str],
 def test_read_8_4_export_refuses_to_overwrite_an_existing_file(store, tmp_path):
     out = tmp_path / "taken.db"
     out.write_bytes(b"mine")
-    result = export("--data", store.data_dir, "--format", "sqlite", out)
+    result = run_export("--data", store.data_dir, "--format", "sqlite", out)
     assert result.returncode == 2
     assert out.read_bytes() == b"mine"
     lines = [line for line in result.stderr.decode().splitlines() if line.strip()]
@@ -1498,8 +1474,8 @@ def test_read_8_5_a_date_only_to_includes_its_day_on_the_command_line_as_on_the_
         route = get(store.address, "/api/points", **{("from_" if k == "from" else k): v
                                                      for k, v in query.items()})
         assert route.status == 200, route.body[:300]
-        result = export("--data", store.data_dir, "--metric", "heart_rate", "--from", low,
-                        "--to", high, "--format", fmt)
+        result = run_export("--data", store.data_dir, "--metric", "heart_rate", "--from", low,
+                            "--to", high, "--format", fmt)
         assert result.returncode == 0, result.stderr
         assert result.stdout == route.body, (low, high, fmt)
         want = on(low, high)
@@ -1516,11 +1492,11 @@ def test_read_8_5_a_date_only_to_includes_its_day_on_the_command_line_as_on_the_
     low_us = int(dt.datetime.fromisoformat(first + "T00:00:00+00:00").timestamp()) * US
     high_us = int(dt.datetime.fromisoformat(last + "T00:00:00+00:00").timestamp()) * US
     high_us += 86400 * US
-    result = export("--data", store.data_dir, "--metric=heart_rate", "--tz=+00:00",
-                    "--from=" + first, "--to=" + last)
+    result = run_export("--data", store.data_dir, "--metric=heart_rate", "--tz=+00:00",
+                        "--from=" + first, "--to=" + last)
     assert result.returncode == 0, result.stderr
     reply = json.loads(result.stdout)
-    assert (reply["from"], reply["to"]) == (iso(low_us), iso(high_us))
+    assert (reply["from"], reply["to"]) == (utc_iso(low_us), utc_iso(high_us))
     assert reply["runs"] == raw_runs(in_range(heart, low_us, high_us))
     # the help says it
     helped = subprocess.run([sys.executable, "-m", "healthlog", "export", "--help"],
@@ -1545,23 +1521,6 @@ def test_read_2_7_the_object_table_holds_exactly_the_posted_points(store):
 # READ-9: the Grafana dashboard in contrib/ asks what the API answers
 
 DASHBOARD = ROOT / "contrib" / "grafana" / "healthlog-infinity.json"
-_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(\[\])?")
-
-
-def select(document, path: str) -> list:
-    """A dotted path as JSONata reads it (arrays on the way are mapped and flattened), the
-    only selector syntax the dashboard may use; a trailing ``[]`` keeps a list."""
-    assert _PATH.fullmatch(path), "selector outside the tested subset: %r" % path
-    values = [document]
-    for step in path.rstrip("[]").split("."):
-        found = []
-        for item in values:
-            value = item.get(step) if isinstance(item, dict) else None
-            found += value if isinstance(value, list) else [] if value is None else [value]
-        values = found
-    return values
-
-
 def test_read_9_1_the_grafana_dashboard_asks_what_the_api_answers(store):
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     assert dashboard["schemaVersion"] >= 39

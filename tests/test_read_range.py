@@ -18,14 +18,13 @@ import json
 import random
 import sqlite3
 import subprocess
-import sys
 import threading
 
 import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, assert_no_leaks, db_rows, wait_for
+from conftest import Client, db_rows, run_export, wait_for
 from read_helpers import call, serve_corpus, url
 
 RANGE = "from 1900-01-01 to 9998-12-31"
@@ -153,13 +152,6 @@ def test_read_2_9_the_days_at_the_ends_of_the_range_answer_whole(store):
         assert reply.status == 200, path  # no date taken: the parameters are not read
 
 
-def export(*args) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "healthlog", "export"]
-                            + [str(a) for a in args], capture_output=True, timeout=120)
-    assert_no_leaks(result.stderr.decode(errors="replace").splitlines())
-    return result
-
-
 def _exit_2_naming_the_range(result: subprocess.CompletedProcess, what) -> None:
     assert result.returncode == 2, (what, result.stderr)
     assert result.stdout == b"", what
@@ -180,14 +172,14 @@ def test_read_2_9_export_refuses_a_date_it_cannot_read_in_every_format(store, tm
                 fmt = formats[runs % 2]
                 runs += 1
                 what = (date, tz, flag, fmt)
-                _exit_2_naming_the_range(export(  # "--tz -12:00" too, as a person types it
+                _exit_2_naming_the_range(run_export(  # "--tz -12:00" too, as a person types it
                     "--data", store.data_dir, "--metric", "heart_rate", flag, date, "--tz", tz,
                     "--format", fmt), what)
     for tz in ZONES:
         for n, fmt in enumerate(formats):
             metric, bucket = ("step_count", "week") if n else ("sleep_analysis", "day")
-            result = export("--data", store.data_dir, "--metric", metric, "--bucket", bucket,
-                            "--from", ENDS[0], "--to", ENDS[1], "--tz", tz, "--format", fmt)
+            result = run_export("--data", store.data_dir, "--metric", metric, "--bucket", bucket,
+                                "--from", ENDS[0], "--to", ENDS[1], "--tz", tz, "--format", fmt)
             assert result.returncode == 0, result.stderr
             route = call(store.address, "GET", url(
                 "/api/points", metric=metric, bucket=bucket, tz=tz, format=fmt,
@@ -195,8 +187,8 @@ def test_read_2_9_export_refuses_a_date_it_cannot_read_in_every_format(store, tm
             assert route.status == 200
             assert result.stdout == route.body, (tz, fmt)
     out = tmp_path / "all.db"
-    result = export("--data", store.data_dir, "--format", "sqlite", "--from", FAR[0],
-                    "--tz", ZONES[0], out)
+    result = run_export("--data", store.data_dir, "--format", "sqlite", "--from", FAR[0],
+                        "--tz", ZONES[0], out)
     assert result.returncode == 2 and not out.exists()
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and "--from, --tz go with --format csv or json" in lines[0], lines

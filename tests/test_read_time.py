@@ -34,7 +34,6 @@ import json
 import os
 import random
 import sqlite3
-import subprocess
 import sys
 import zoneinfo
 from pathlib import Path
@@ -43,11 +42,11 @@ from typing import NamedTuple
 import pytest
 
 import hae_factory as hf
-from conftest import Lazy, assert_no_leaks, db_rows, wait_for
-from read_helpers import (US, aggregate, assert_buckets_equal, assert_error,
+from conftest import Lazy, db_rows, run_export, wait_for
+from read_helpers import (US, Store, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, call, close, coordinate, get, get_json, in_zone,
                           instant_us, iso_local, local_midnight_us, night_items, nights_by_date,
-                          raw_start, read_csv, runs_of, serve_corpus, sleep_dates, Store,
+                          raw_runs, raw_start, read_csv, runs_of, serve_corpus, sleep_dates,
                           utc_iso, week_items, written)
 
 SEED = 2025
@@ -225,10 +224,6 @@ def store(tmp_path_factory) -> Store:
     running for the module (export runs beside it)."""
     yield from serve_corpus(tmp_path_factory.mktemp("read-time"), CORPUS, CORPUS.deliveries,
                             EXTRA_CANARIES)
-
-
-def raw_runs(items: list) -> list:
-    return [{"units": units, "points": points} for units, points in runs_of(items)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -650,13 +645,6 @@ def test_read_12_3_mixed_forms_in_one_range_and_a_night_sent_twice(store):
 # ---------------------------------------------------------------------------------------------
 # READ-8: export in the phone's time
 
-def export(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "healthlog", "export"]
-                            + [str(a) for a in args], capture_output=True, timeout=timeout)
-    assert_no_leaks(result.stderr.decode(errors="replace").splitlines(), extra=EXTRA_CANARIES)
-    return result
-
-
 def test_read_8_1_export_gives_the_days_of_the_phone_without_tz(store):
     """``healthlog export`` beside serve: ``--tz`` defaults to ``local``, so a year of
     Sydney's days comes out on the dates written in them, byte for byte the route's."""
@@ -664,8 +652,9 @@ def test_read_8_1_export_gives_the_days_of_the_phone_without_tz(store):
                  from_="2022-07-01", to="2023-06-30")
     route = get(store.address, "/api/points", tz="local", **query)
     assert route.status == 200
-    result = export("--data", store.data_dir,
-                    *["--%s=%s" % (key.rstrip("_"), val) for key, val in query.items()])
+    result = run_export("--data", store.data_dir,
+                        *["--%s=%s" % (key.rstrip("_"), val) for key, val in query.items()],
+                        extra_canaries=EXTRA_CANARIES)
     assert result.returncode == 0, result.stderr
     assert result.stdout == route.body
     rows = list(csv.reader(io.StringIO(result.stdout.decode(), newline="")))
@@ -677,7 +666,8 @@ def test_read_8_1_export_gives_the_days_of_the_phone_without_tz(store):
 
 def test_read_8_3_the_sqlite_export_keeps_each_points_local_start_and_date(store, tmp_path):
     out = tmp_path / "export.db"
-    result = export("--data", store.data_dir, "--format", "sqlite", out)
+    result = run_export("--data", store.data_dir, "--format", "sqlite", out,
+                        extra_canaries=EXTRA_CANARIES)
     assert result.returncode == 0, result.stderr
     conn = sqlite3.connect(str(out))
     try:

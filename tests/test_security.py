@@ -15,7 +15,6 @@ import json
 import os
 import random
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, assert_no_leaks, read_to_end, wait_for
+from conftest import (TOKEN, RawAnswer, assert_no_leaks, journal_rows, raw_request, wait_for)
 
 DEVICE = "Quillon\u2019s Oura Ring"
 VALUE = 8.642097531
@@ -47,45 +46,6 @@ AUTOMATION = {"automation-name": "Security tracker", "automation-aggregation": "
 
 
 # -- HTTP over a raw socket: any bytes in the head, every header of the answer -------------
-
-
-class Answer:
-    def __init__(self, status: int, headers: list, body: bytes):
-        self.status, self.header_list, self.body = status, headers, body
-        self.headers = {name.lower(): value for name, value in headers}
-
-    def all(self, name: str) -> list:
-        return [value for key, value in self.header_list if key.lower() == name.lower()]
-
-    def text(self) -> str:
-        return "\r\n".join("%s: %s" % pair for pair in self.header_list) + "\r\n\r\n" + \
-            self.body.decode("utf-8", "replace")
-
-
-def request(service, method: str, path: str, headers: dict = None, body: bytes = None,
-            token: bool = False, source: str = "127.0.0.1") -> Answer:
-    """One request on a fresh connection; header values may be str or raw bytes.
-    ``source``: the client's address (any of 127.0.0.0/8 on Linux)."""
-    all_headers = {"Host": "127.0.0.1", "Connection": "close"}
-    if token:
-        all_headers["Authorization"] = "Bearer " + TOKEN
-    if body is not None:
-        all_headers["Content-Length"] = str(len(body))
-        all_headers.setdefault("Content-Type", "application/json")
-    all_headers.update(headers or {})
-    head = ("%s %s HTTP/1.1\r\n" % (method, path)).encode("latin-1")
-    for name, value in all_headers.items():
-        value = value if isinstance(value, bytes) else value.encode("utf-8")
-        head += name.encode("latin-1") + b": " + value + b"\r\n"
-    with socket.create_connection(service.address, timeout=30,
-                                  source_address=(source, 0)) as sock:
-        sock.sendall(head + b"\r\n" + (body or b""))
-        data = read_to_end(sock)
-    head_part, _, payload = data.partition(b"\r\n\r\n")
-    lines = head_part.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    pairs = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
-    return Answer(status, pairs, payload)
 
 
 # -- health data to protect ----------------------------------------------------------------
@@ -118,9 +78,9 @@ def canary_body(value: float = VALUE, units: str = "count", bad: bool = False) -
     return hf.dumps_hae(body)
 
 
-def ingest(service, body: bytes, headers: dict = None, path: str = "/api/ingest") -> Answer:
-    answer = request(service, "POST", path, dict(AUTOMATION, **(headers or {})), body,
-                     token=True)
+def ingest(service, body: bytes, headers: dict = None, path: str = "/api/ingest") -> RawAnswer:
+    answer = raw_request(service, "POST", path, dict(AUTOMATION, **(headers or {})), body,
+                         token=True)
     assert answer.status == 200, answer.text()
     return answer
 
@@ -129,7 +89,7 @@ def drained(service) -> None:
     """Nothing pending and the fold pass returned: a fold's records (its WARNs, "delivery
     folded") are written after its commit, so an empty backlog alone is too early."""
     def none_pending() -> bool:
-        answer = request(service, "GET", "/healthz")
+        answer = raw_request(service, "GET", "/healthz")
         if answer.status != 200:
             return False
         health = json.loads(answer.body)
@@ -144,21 +104,12 @@ def stocked(service):
     ingest(service, canary_body())
     ingest(service, hf.dumps_hae(hf.canary_payload(2)))
     drained(service)
-    catalog = request(service, "GET", "/api/catalog", token=True)
+    catalog = raw_request(service, "GET", "/api/catalog", token=True)
     assert catalog.status == 200 and METRIC.encode() in catalog.body  # data to leak is there
     return service
 
 
-def journal(service) -> int:
-    """Deliveries in the journal."""
-    conn = sqlite3.connect(str(service.config.db_path))
-    try:
-        return conn.execute("SELECT count(*) FROM delivery").fetchone()[0]
-    finally:
-        conn.close()
-
-
-def assert_no_data(answer: Answer, what: str) -> None:
+def assert_no_data(answer: RawAnswer, what: str) -> None:
     text = answer.text()
     for canary in DATA_CANARIES + [TOKEN]:
         assert canary not in text, "%s leaks %r: %s" % (what, canary, text[:500])
@@ -166,9 +117,9 @@ def assert_no_data(answer: Answer, what: str) -> None:
 
 def sign_in(service) -> str:
     """The session cookie a real sign-in sets (name=value)."""
-    answer = request(service, "POST", "/login", {"Content-Type":
+    answer = raw_request(service, "POST", "/login", {"Content-Type":
                                                  "application/x-www-form-urlencoded"},
-                     ("token=" + TOKEN).encode())
+                         ("token=" + TOKEN).encode())
     assert answer.status == 303, answer.text()
     return answer.headers["set-cookie"].split(";", 1)[0]
 
@@ -200,7 +151,7 @@ def test_rely_7_1_no_route_but_healthz_and_the_sign_in_page_answers_without_the_
     for method in METHODS:
         for path in PATHS:
             body = b'{"data": {"metrics": []}}' if method in ("POST", "PUT", "PATCH") else None
-            answer = request(stocked, method, path, body=body)
+            answer = raw_request(stocked, method, path, body=body)
             seen[(method, path)] = answer.status
             assert_no_data(answer, "%s %s" % (method, path))
             if (method, path) in PUBLIC:
@@ -211,11 +162,11 @@ def test_rely_7_1_no_route_but_healthz_and_the_sign_in_page_answers_without_the_
                 assert answer.status in (400, 401, 403, 404, 405), (method, path, answer.text())
     assert seen[("GET", "/api/catalog")] == seen[("GET", "/metrics")] == 401
     assert seen[("POST", "/api/ingest")] == seen[("GET", "/api/deliveries")] == 401
-    page = request(stocked, "GET", "/")
+    page = raw_request(stocked, "GET", "/")
     assert b'name="token"' in page.body and b'id="catalog"' not in page.body  # sign-in only
-    assert json.loads(request(stocked, "GET", "/healthz").body).keys() == {
+    assert json.loads(raw_request(stocked, "GET", "/healthz").body).keys() == {
         "status", "version", "backlog", "worker", "failed_after_attempts"}
-    assert journal(stocked) == 2  # nothing was ingested without the token
+    assert len(journal_rows(stocked.config.data_dir)) == 2  # nothing was ingested without the token
 
 
 # -- RELY-7.2: wrong credentials and forged cookies -----------------------------------------
@@ -287,8 +238,8 @@ def test_rely_7_2_wrong_tokens_and_forged_cookies_get_401_or_403_never_data(stoc
     body = canary_body(value=1.5)
     for headers in WRONG:
         for method, path in DATA_ROUTES:
-            answer = request(stocked, method, path, headers,
-                             body if method == "POST" else None)
+            answer = raw_request(stocked, method, path, headers,
+                                 body if method == "POST" else None)
             nul = any(isinstance(v, bytes) and b"\x00" in v for v in headers.values())
             assert answer.status in ((400, 401) if nul else (401,)), (headers, path,
                                                                       answer.text())
@@ -296,24 +247,25 @@ def test_rely_7_2_wrong_tokens_and_forged_cookies_get_401_or_403_never_data(stoc
     for value in forged_cookies(TOKEN.encode()):
         cookie = {"Cookie": ("healthlog_session=" + value).encode("utf-8")}
         for method, path in DATA_ROUTES:
-            answer = request(stocked, method, path, cookie, body if method == "POST" else None)
+            answer = raw_request(stocked, method, path, cookie, body if method == "POST" else None)
             assert answer.status == 401, (value, path, answer.text())
             assert_no_data(answer, "%s %s with cookie %r" % (method, path, value))
-        page = request(stocked, "GET", "/", cookie)
+        page = raw_request(stocked, "GET", "/", cookie)
         assert b'name="token"' in page.body, value  # the sign-in page, not the dashboard
     for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
-        answer = request(stocked, "POST", "/login", dict(
+        answer = raw_request(stocked, "POST", "/login", dict(
             headers, **{"Content-Type": "application/x-www-form-urlencoded"}),
             ("token=" + TOKEN).encode())
         assert answer.status == 403 and "set-cookie" not in answer.headers, answer.text()
-    wrong_form = request(stocked, "POST", "/login", {
+    wrong_form = raw_request(stocked, "POST", "/login", {
         "Content-Type": "application/x-www-form-urlencoded"}, b"token=" + TOKEN[:-1].encode())
     assert wrong_form.status == 401 and "set-cookie" not in wrong_form.headers
     genuine = {"Cookie": sign_in(stocked)}
-    assert request(stocked, "GET", "/api/catalog", genuine).status == 200  # the control
-    assert b'name="token"' not in request(stocked, "GET", "/", genuine).body
-    assert request(stocked, "POST", "/api/ingest", genuine, body).status == 401
-    assert journal(stocked) == 2, "a delivery was accepted with a wrong credential"
+    assert raw_request(stocked, "GET", "/api/catalog", genuine).status == 200  # the control
+    assert b'name="token"' not in raw_request(stocked, "GET", "/", genuine).body
+    assert raw_request(stocked, "POST", "/api/ingest", genuine, body).status == 401
+    assert len(journal_rows(stocked.config.data_dir)) == 2, (
+        "a delivery was accepted with a wrong credential")
 
 
 # -- RELY-7.3: constant-time comparison -------------------------------------------------------
@@ -464,31 +416,31 @@ def test_rely_7_8_wrong_tokens_from_one_address_are_slowed_then_refused(service,
     first failure and the lockout, and every other failure's access-log record is
     DEBUG."""
     bearer = {"Authorization": "Bearer wrong-" + TOKEN}
-    answers = [request(service, "GET", "/api/catalog", bearer) for _ in range(4)]
-    answers += [request(service, "GET", "/api/catalog", {"X-API-Key": "x" * 20})
+    answers = [raw_request(service, "GET", "/api/catalog", bearer) for _ in range(4)]
+    answers += [raw_request(service, "GET", "/api/catalog", {"X-API-Key": "x" * 20})
                 for _ in range(3)]
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    answers += [request(service, "POST", "/login", form, b"token=wrong") for _ in range(2)]
-    answers += [request(service, "POST", "/api/ingest", bearer, hf.dumps_hae(
+    answers += [raw_request(service, "POST", "/login", form, b"token=wrong") for _ in range(2)]
+    answers += [raw_request(service, "POST", "/api/ingest", bearer, hf.dumps_hae(
         hf.canary_payload(1)))]
     assert [a.status for a in answers] == [401] * 10
-    refused = [request(service, "GET", "/api/catalog", bearer),
-               request(service, "POST", "/api/ingest", {"X-API-Key": "y" * 20}, b"{}"),
-               request(service, "POST", "/login", form, b"token=wrong-again")]
+    refused = [raw_request(service, "GET", "/api/catalog", bearer),
+               raw_request(service, "POST", "/api/ingest", {"X-API-Key": "y" * 20}, b"{}"),
+               raw_request(service, "POST", "/login", form, b"token=wrong-again")]
     assert [a.status for a in refused] == [429, 429, 429]
     for answer in refused:
         assert 1 <= int(answer.headers["retry-after"]) <= healthlog.GUESS_LOCKOUT_MAX_S
         assert "set-cookie" not in answer.headers
     assert json.loads(refused[0].body)["error"]["code"] == "too_many_requests"
-    served = [request(service, "GET", "/api/catalog", token=True),
-              request(service, "POST", "/api/ingest", {"X-API-Key": TOKEN},
-                      hf.dumps_hae(hf.canary_payload(2))),
-              request(service, "POST", "/login", form, ("token=" + TOKEN).encode())]
+    served = [raw_request(service, "GET", "/api/catalog", token=True),
+              raw_request(service, "POST", "/api/ingest", {"X-API-Key": TOKEN},
+                          hf.dumps_hae(hf.canary_payload(2))),
+              raw_request(service, "POST", "/login", form, ("token=" + TOKEN).encode())]
     assert [a.status for a in served] == [200, 200, 303]
     assert "healthlog_session=" in served[2].headers["set-cookie"]
-    assert request(service, "GET", "/api/catalog", bearer).status == 429  # still locked
-    assert request(service, "GET", "/api/catalog", token=True, source="127.0.0.2").status == 200
-    assert request(service, "GET", "/api/catalog", source="127.0.0.2").status == 401  # no token
+    assert raw_request(service, "GET", "/api/catalog", bearer).status == 429  # still locked
+    assert raw_request(service, "GET", "/api/catalog", token=True, source="127.0.0.2").status == 200
+    assert raw_request(service, "GET", "/api/catalog", source="127.0.0.2").status == 401  # no token
     warnings = [r for r in logs.records() if r.get("level") == "WARN"]
     assert [r["msg"] for r in warnings] == [
         "authentication failed; more failures from this address are counted, not logged",
@@ -507,8 +459,8 @@ def test_rely_7_8_a_right_token_leaves_the_burst_counted(service, logs):
     bearer = {"Authorization": "Bearer wrong-" + TOKEN}
     for _ in range(2):
         for _ in range(healthlog.GUESSES_FREE):
-            assert request(service, "GET", "/api/catalog", bearer).status == 401
-        assert request(service, "GET", "/api/catalog", token=True).status == 200
+            assert raw_request(service, "GET", "/api/catalog", bearer).status == 401
+        assert raw_request(service, "GET", "/api/catalog", token=True).status == 200
     assert len(logs.find("authentication failed", level="WARN")) == 1
     assert service.app.guesses.failed("127.0.0.1")[0] == 2 * healthlog.GUESSES_FREE + 1
 
@@ -523,25 +475,25 @@ def test_rely_7_9_sign_out_ends_that_session_and_sign_out_everywhere_ends_all(st
     first, second, third = (sign_in(stocked) for _ in range(3))
     assert len({first, second, third}) == 3
     for cookie in (first, second, third):
-        assert request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 200
-    out = request(stocked, "POST", "/logout", {"Cookie": first})
+        assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 200
+    out = raw_request(stocked, "POST", "/logout", {"Cookie": first})
     assert out.status == 303 and "max-age=0" in out.headers["set-cookie"].lower()
-    assert request(stocked, "GET", "/api/catalog", {"Cookie": first}).status == 401
-    assert b'name="token"' in request(stocked, "GET", "/", {"Cookie": first}).body
-    assert request(stocked, "GET", "/api/catalog", {"Cookie": second}).status == 200
-    everywhere = request(stocked, "POST", "/logout?everywhere=1", {"Cookie": second})
+    assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": first}).status == 401
+    assert b'name="token"' in raw_request(stocked, "GET", "/", {"Cookie": first}).body
+    assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": second}).status == 200
+    everywhere = raw_request(stocked, "POST", "/logout?everywhere=1", {"Cookie": second})
     assert everywhere.status == 303
     for cookie in (first, second, third):
-        assert request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 401
+        assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 401
     assert [r["everywhere"] for r in logs.find("signed out", level="INFO")] == ["false", "true"]
     fresh = sign_in(stocked)
-    assert request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
-    page = request(stocked, "GET", "/", {"Cookie": fresh}).body
+    assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
+    page = raw_request(stocked, "GET", "/", {"Cookie": fresh}).body
     assert b'formaction="/logout?everywhere=1"' in page
-    cross = request(stocked, "POST", "/logout?everywhere=1", {"Cookie": fresh,
+    cross = raw_request(stocked, "POST", "/logout?everywhere=1", {"Cookie": fresh,
                                                               "Sec-Fetch-Site": "cross-site"})
     assert cross.status == 403
-    assert request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
+    assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
 
 
 def test_rely_7_9_an_ended_session_stays_ended_across_a_restart(start_service):
@@ -549,11 +501,11 @@ def test_rely_7_9_an_ended_session_stays_ended_across_a_restart(start_service):
     and one still open is still open."""
     service = start_service()
     kept, ended = sign_in(service), sign_in(service)
-    assert request(service, "POST", "/logout", {"Cookie": ended}).status == 303
+    assert raw_request(service, "POST", "/logout", {"Cookie": ended}).status == 303
     assert service.stop()
     again = start_service(data_dir=service.config.data_dir)
-    assert request(again, "GET", "/api/catalog", {"Cookie": kept}).status == 200
-    assert request(again, "GET", "/api/catalog", {"Cookie": ended}).status == 401
+    assert raw_request(again, "GET", "/api/catalog", {"Cookie": kept}).status == 200
+    assert raw_request(again, "GET", "/api/catalog", {"Cookie": ended}).status == 401
 
 
 # -- RELY-7.10: a token anyone could guess is refused ----------------------------------------
@@ -599,32 +551,35 @@ def test_rely_7_4_the_token_never_reaches_a_log_record_the_journal_or_an_answer(
     service = start_service(log_level="DEBUG")
     answers = [
         ingest(service, canary_body()),
-        request(service, "POST", "/api/ingest/phone", dict(AUTOMATION, **{"X-API-Key": TOKEN}),
-                canary_body(value=2.5)),
-        request(service, "POST", "/api/ingest", {"Authorization": "Bearer " + TOKEN + "x"},
-                canary_body()),
-        request(service, "GET", "/api/catalog?token=" + TOKEN),
-        request(service, "GET", "/api/points?metric=%s&api_key=%s" % (METRIC, TOKEN),
-                token=True),
-        request(service, "GET", "/api/catalog", {"Cookie": "healthlog_session=" + TOKEN}),
-        request(service, "GET", "/metrics", {"X-API-Key": TOKEN + TOKEN}),
-        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
-                ("token=" + TOKEN).encode()),
-        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
-                ("token=" + TOKEN + "x").encode()),
-        request(service, "POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"},
-                ("token=" + TOKEN + "&" + "x" * 5000).encode()),
-        request(service, "GET", "/api/catalog", {"X-Padding": "p" * (70 << 10)}, token=True),
-        request(service, "GET", "/api/catalog", {"Bad Header Line": TOKEN}, token=True),
-        request(service, "POST", "/api/ingest", {"Content-Length": "x" + TOKEN}, b"{}",
-                token=True),
-        request(service, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a,b",
-                token=True),
-        request(service, "GET", "/api/points?metric=" + TOKEN, token=True),
+        raw_request(service, "POST", "/api/ingest/phone", dict(AUTOMATION, **{"X-API-Key": TOKEN}),
+                    canary_body(value=2.5)),
+        raw_request(service, "POST", "/api/ingest", {"Authorization": "Bearer " + TOKEN + "x"},
+                    canary_body()),
+        raw_request(service, "GET", "/api/catalog?token=" + TOKEN),
+        raw_request(service, "GET", "/api/points?metric=%s&api_key=%s" % (METRIC, TOKEN),
+                    token=True),
+        raw_request(service, "GET", "/api/catalog", {"Cookie": "healthlog_session=" + TOKEN}),
+        raw_request(service, "GET", "/metrics", {"X-API-Key": TOKEN + TOKEN}),
+        raw_request(service, "POST", "/login",
+                    {"Content-Type": "application/x-www-form-urlencoded"},
+                    ("token=" + TOKEN).encode()),
+        raw_request(service, "POST", "/login",
+                    {"Content-Type": "application/x-www-form-urlencoded"},
+                    ("token=" + TOKEN + "x").encode()),
+        raw_request(service, "POST", "/login",
+                    {"Content-Type": "application/x-www-form-urlencoded"},
+                    ("token=" + TOKEN + "&" + "x" * 5000).encode()),
+        raw_request(service, "GET", "/api/catalog", {"X-Padding": "p" * (70 << 10)}, token=True),
+        raw_request(service, "GET", "/api/catalog", {"Bad Header Line": TOKEN}, token=True),
+        raw_request(service, "POST", "/api/ingest", {"Content-Length": "x" + TOKEN}, b"{}",
+                    token=True),
+        raw_request(service, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a,b",
+                    token=True),
+        raw_request(service, "GET", "/api/points?metric=" + TOKEN, token=True),
     ]
     drained(service)
-    answers.append(request(service, "GET", "/api/deliveries?limit=500", token=True))
-    answers.append(request(service, "GET", "/metrics", token=True))
+    answers.append(raw_request(service, "GET", "/api/deliveries?limit=500", token=True))
+    answers.append(raw_request(service, "GET", "/metrics", token=True))
     assert answers[0].status == answers[1].status == 200
     for answer in answers:
         assert TOKEN not in answer.text(), answer.text()[:500]
@@ -649,10 +604,10 @@ def test_rely_7_4_a_token_put_in_the_url_path_is_neither_logged_nor_stored(
     ``/api/ingest/<token>``: a plausible HAE misconfiguration, and the token is a valid
     ingest name), THEN no log record, journal row or .meta.json holds the token."""
     service = start_service(log_level="DEBUG")
-    request(service, "GET", "/" + TOKEN)
-    request(service, "GET", "/api/catalog/" + TOKEN)
-    request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body(), token=True)
-    request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body())
+    raw_request(service, "GET", "/" + TOKEN)
+    raw_request(service, "GET", "/api/catalog/" + TOKEN)
+    raw_request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body(), token=True)
+    raw_request(service, "POST", "/api/ingest/" + TOKEN, AUTOMATION, canary_body())
     drained(service)
     leaks = [line for line in logs.lines() if TOKEN in line]
     service.stop()
@@ -694,13 +649,13 @@ def test_rely_7_5_path_like_names_never_touch_the_file_system_outside_the_archiv
     accepted = {}
     for name in HEADER_NAMES:
         for header in healthlog.AUTOMATION_HEADERS:
-            answer = request(service, "POST", "/api/ingest", dict(AUTOMATION, **{header: name}),
-                             body, token=True)
+            answer = raw_request(service, "POST", "/api/ingest", dict(AUTOMATION, **{header: name}),
+                                 body, token=True)
             assert answer.status in (200, 400), (header, name, answer.text())
             if answer.status == 200:
                 accepted[json.loads(answer.body)["delivery_id"]] = (header, name)
     for name in PATH_NAMES:
-        answer = request(service, "POST", "/api/ingest/" + name, AUTOMATION, body, token=True)
+        answer = raw_request(service, "POST", "/api/ingest/" + name, AUTOMATION, body, token=True)
         assert answer.status in (200, 400, 404), (name, answer.text())
         if answer.status == 200:
             name = urllib.parse.unquote(name)  # the server decodes the path
@@ -770,24 +725,24 @@ def test_rely_7_7_every_answer_carries_the_security_headers_and_cookies_are_http
     only behind https, and hold no token."""
     cookie = sign_in(stocked)
     answers = {
-        "sign-in page": request(stocked, "GET", "/"),
-        "dashboard": request(stocked, "GET", "/", {"Cookie": cookie}),
-        "catalog": request(stocked, "GET", "/api/catalog", token=True),
-        "points": request(stocked, "GET", "/api/points?metric=" + METRIC, token=True),
-        "csv": request(stocked, "GET", "/api/points?format=csv&metric=" + METRIC, token=True),
-        "deliveries": request(stocked, "GET", "/api/deliveries", {"Cookie": cookie}),
-        "metrics": request(stocked, "GET", "/metrics", token=True),
-        "static": request(stocked, "GET", "/static/app.js"),
-        "healthz": request(stocked, "GET", "/healthz"),
-        "ingest": request(stocked, "POST", "/api/ingest", AUTOMATION, b'{"data":{}}',
-                          token=True),
-        "400": request(stocked, "POST", "/api/ingest", AUTOMATION, b"[]", token=True),
-        "401": request(stocked, "GET", "/api/catalog"),
-        "404": request(stocked, "GET", "/nope"),
-        "405": request(stocked, "GET", "/api/ingest"),
-        "415": request(stocked, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a",
-                       token=True),
-        "unknown metric": request(stocked, "GET", "/api/points?metric=nope", token=True),
+        "sign-in page": raw_request(stocked, "GET", "/"),
+        "dashboard": raw_request(stocked, "GET", "/", {"Cookie": cookie}),
+        "catalog": raw_request(stocked, "GET", "/api/catalog", token=True),
+        "points": raw_request(stocked, "GET", "/api/points?metric=" + METRIC, token=True),
+        "csv": raw_request(stocked, "GET", "/api/points?format=csv&metric=" + METRIC, token=True),
+        "deliveries": raw_request(stocked, "GET", "/api/deliveries", {"Cookie": cookie}),
+        "metrics": raw_request(stocked, "GET", "/metrics", token=True),
+        "static": raw_request(stocked, "GET", "/static/app.js"),
+        "healthz": raw_request(stocked, "GET", "/healthz"),
+        "ingest": raw_request(stocked, "POST", "/api/ingest", AUTOMATION, b'{"data":{}}',
+                              token=True),
+        "400": raw_request(stocked, "POST", "/api/ingest", AUTOMATION, b"[]", token=True),
+        "401": raw_request(stocked, "GET", "/api/catalog"),
+        "404": raw_request(stocked, "GET", "/nope"),
+        "405": raw_request(stocked, "GET", "/api/ingest"),
+        "415": raw_request(stocked, "POST", "/api/ingest", {"Content-Type": "text/csv"}, b"a",
+                           token=True),
+        "unknown metric": raw_request(stocked, "GET", "/api/points?metric=nope", token=True),
     }
     expected = dict(healthlog.SECURITY_HEADERS)
     assert "default-src 'none'" in expected["Content-Security-Policy"]
@@ -804,10 +759,11 @@ def test_rely_7_7_every_answer_carries_the_security_headers_and_cookies_are_http
     for what in ("sign-in page", "dashboard", "catalog", "points", "deliveries", "metrics"):
         assert answers[what].headers.get("cache-control") == "no-store", what
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    plain = request(stocked, "POST", "/login", form, ("token=" + TOKEN).encode())
-    behind_tls = request(stocked, "POST", "/login", dict(form, **{"X-Forwarded-Proto": "https"}),
-                         ("token=" + TOKEN).encode())
-    signed_out = request(stocked, "POST", "/logout", {"Cookie": cookie})
+    plain = raw_request(stocked, "POST", "/login", form, ("token=" + TOKEN).encode())
+    behind_tls = raw_request(stocked, "POST", "/login",
+                             dict(form, **{"X-Forwarded-Proto": "https"}),
+                             ("token=" + TOKEN).encode())
+    signed_out = raw_request(stocked, "POST", "/logout", {"Cookie": cookie})
     for answer, secure in ((plain, False), (behind_tls, True), (signed_out, False)):
         [set_cookie] = answer.all("set-cookie")
         flags = [part.strip().lower() for part in set_cookie.split(";")[1:]]

@@ -18,9 +18,8 @@ import threading
 import pytest
 
 import healthlog
-from conftest import ROOT, TOKEN, Client, archive_files, db_rows, parse_logfmt, run_cli, wait_for
-from test_build import require_python
-from test_ingest import HAE_HEADERS, hae_body
+from conftest import (HAE_HEADERS, ROOT, TOKEN, Client, archive_files, db_rows, hae_body,
+                      parse_logfmt, require_python, run_cli, wait_for)
 
 
 def messages(lines) -> list:

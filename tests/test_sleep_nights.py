@@ -37,14 +37,12 @@ import math
 import random
 import sqlite3
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, assert_no_leaks, db_rows, wait_for
+from conftest import TOKEN, Clock, db_rows, run_export, wait_for
 from dashboard_browser import Session, Store
 from read_helpers import get, get_json, nights_by_date, written
 
@@ -270,14 +268,6 @@ def mean(values):
 
 # -- the store -------------------------------------------------------------------------------
 
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def deliveries():
     """The nightly records in four bodies (a quarter each), on four days at 08:00 New York
     time; the stage records with the second."""
@@ -328,12 +318,10 @@ def store(tmp_path_factory):
         assert service.stop(), "the service did not stop within its budget"
 
 
-def export(store, *args) -> bytes:
-    result = subprocess.run([sys.executable, "-m", "healthlog", "export", "--data",
-                             str(store.data_dir)] + [str(a) for a in args],
-                            capture_output=True, timeout=120)
+def export_output(store, *args) -> bytes:
+    """``healthlog export --data STORE ARGS``'s output; the command must succeed."""
+    result = run_export("--data", store.data_dir, *args, extra_canaries=EXTRA_CANARIES)
     assert result.returncode == 0, result.stderr
-    assert_no_leaks(result.stderr.decode(errors="replace").splitlines(), extra=EXTRA_CANARIES)
     return result.stdout
 
 
@@ -345,9 +333,9 @@ def exported(store, tmp_path_factory):
                  to="2025-12-31")
     route = get(store.address, "/api/points", **query)
     assert route.status == 200
-    command = export(store, *["--%s=%s" % (k.rstrip("_"), v) for k, v in query.items()])
+    command = export_output(store, *["--%s=%s" % (k.rstrip("_"), v) for k, v in query.items()])
     out = tmp_path_factory.mktemp("sleep-nights-export") / "export.sqlite"
-    export(store, "--format", "sqlite", out)
+    export_output(store, "--format", "sqlite", out)
     with sqlite3.connect(str(out)) as conn:
         conn.row_factory = sqlite3.Row
         rows = [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY date, \"end\"")]

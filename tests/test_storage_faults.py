@@ -30,9 +30,8 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import (TOKEN, Client, archive_files, assert_no_leaks, db_rows, parse_logfmt,
-                      run_cli, wait_for)
-from test_reindex import live_fingerprint
+from conftest import (TOKEN, Client, archive_files, assert_no_leaks, db_rows, journal_rows,
+                      live_fingerprint, parse_logfmt, run_cli, wait_for)
 
 AUTOMATION = hf.Automation("Storage faults", "Minutes", "Since Last Sync")
 HEADERS = hf.headers_for(AUTOMATION, session_id="0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F")
@@ -101,41 +100,6 @@ def bodies_in_archive(data_dir: Path) -> list:
 JOURNAL_FIELDS = ("received_at", "archive_path", "body_bytes", "body_sha256", "automation_id",
                   "automation_name", "automation_aggregation", "automation_period",
                   "session_id", "path_name")
-
-
-def journal(data_dir: Path) -> list:
-    """What each delivery is (not its outcome), in journal order."""
-    return [tuple(r[k] for k in JOURNAL_FIELDS) for r in db_rows(
-        data_dir, "SELECT * FROM delivery ORDER BY received_at, id")]
-
-
-class WriteLock:
-    """A second real connection that holds SQLite's write lock (``BEGIN IMMEDIATE``) until
-    the test releases it.  (A stronger lock cannot be had while serve runs: in WAL mode
-    ``locking_mode=EXCLUSIVE`` needs every other connection gone.)"""
-
-    def __init__(self, db_path: Path):
-        self.conn = sqlite3.connect(str(db_path), isolation_level=None)
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def release(self) -> None:
-        if self.conn is not None:
-            self.conn.execute("ROLLBACK")
-            self.conn.close()
-            self.conn = None
-
-
-@pytest.fixture
-def write_locks():
-    held = []
-
-    def hold(db_path: Path) -> WriteLock:
-        held.append(WriteLock(db_path))
-        return held[-1]
-
-    yield hold
-    for lock in held:
-        lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +499,7 @@ def test_rely_3_5_the_documented_recovery_from_a_corrupt_database_brings_everyth
     the fingerprint it had before the damage, `verify` passes and `serve` takes new
     deliveries there."""
     fingerprint = folded_store(start_service, data_dir)
-    before = journal(data_dir)
+    before = journal_rows(data_dir, order="received_at, id", only=JOURNAL_FIELDS)
     corrupt(data_dir / healthlog.DB_NAME, "garbage")
 
     fresh = tmp_path / "restored"
@@ -545,7 +509,7 @@ def test_rely_3_5_the_documented_recovery_from_a_corrupt_database_brings_everyth
     assert result.returncode == 0, result.stderr
     assert "orphans adopted: %d" % len(before) in result.stdout
     assert "fingerprint: %s" % fingerprint in result.stdout
-    assert journal(fresh) == before
+    assert journal_rows(fresh, order="received_at, id", only=JOURNAL_FIELDS) == before
     assert set(statuses(fresh).values()) == {"parsed"}
     result = run_cli("verify", "--data", fresh)
     assert result.returncode == 0, result.stdout + result.stderr

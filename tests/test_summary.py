@@ -17,7 +17,7 @@ import pytest
 
 import hae_factory as hf
 from conftest import db_rows, wait_for
-from read_helpers import serve_corpus
+from read_helpers import close, ny_stamp, ny_steps, serve_corpus, written_date
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 20)
@@ -29,30 +29,9 @@ DAILY = {"automation-name": "Daily", "automation-aggregation": "Days"}
 RECORDS = {"automation-name": "Sleep"}
 
 
-def stamp(day: dt.date, minute: int = 0) -> str:
-    """HAE's timestamp of the moment ``minute`` minutes after local midnight in New York
-    (elapsed time: a DST day has 23 or 25 hours), with the offset of that moment."""
-    midnight = dt.datetime(day.year, day.month, day.day, tzinfo=NY).astimezone(dt.timezone.utc)
-    moment = (midnight + dt.timedelta(minutes=minute)).astimezone(NY)
-    offset = int(moment.utcoffset().total_seconds()) // 60
-    return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
-                              abs(offset) // 60, abs(offset) % 60)
-
-
-def written_date(text: str) -> dt.date:
-    return dt.date.fromisoformat(text[:10])
-
-
-def steps_of(day: dt.date) -> list:
-    seed = day.toordinal()
-    points = [{"date": stamp(day, m), "qty": 5 + (seed * 7 + m * 13) % 17, "source": "Watch"}
-              for m in range(0, 25 * 60, 4)]
-    return [p for p in points if written_date(p["date"]) == day]  # that local day only
-
-
 def energy_of(day: dt.date) -> tuple:
     kj = day >= KJ_FROM
-    points = [{"date": stamp(day, m), "qty": (1.5 + m % 5) * (4.184 if kj else 1.0),
+    points = [{"date": ny_stamp(day, m), "qty": (1.5 + m % 5) * (4.184 if kj else 1.0),
                "source": "Watch"} for m in range(6 * 60, 22 * 60, 10)]
     return points, "kJ" if kj else "kcal"
 
@@ -67,16 +46,16 @@ def served(tmp_path_factory):
     for day in DAYS:
         if day in MISSING:
             continue
-        steps = steps_of(day)
+        steps = ny_steps(day, "Watch")
         energy, units = energy_of(day)
         bodies["steps"] += steps
         bodies["energy"] += [(p, units) for p in energy]
         deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=[
             hf.metric("step_count", steps, "count"),
             hf.metric("active_energy", energy, units)]))))
-    resting = [{"date": stamp(day), "qty": 50 + day.day % 6, "source": "Watch"}
+    resting = [{"date": ny_stamp(day), "qty": 50 + day.day % 6, "source": "Watch"}
                for day in DAYS if day not in MISSING]
-    weight = [{"date": stamp(day, 7 * 60 + 5), "qty": 70 + day.day / 10, "source": "Scale"}
+    weight = [{"date": ny_stamp(day, 7 * 60 + 5), "qty": 70 + day.day / 10, "source": "Scale"}
               for day in DAYS[::6]]
     bodies["resting"], bodies["weight"] = resting, weight
     deliveries.append((DAILY, hf.dumps_hae(hf.envelope(metrics=[
@@ -84,8 +63,8 @@ def served(tmp_path_factory):
         hf.metric("weight_body_mass", weight, "kg")]))))
     nights = []
     for n, day in enumerate(DAYS[-12:]):
-        wake = stamp(day, 6 * 60 + 40 + n)
-        start = stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
+        wake = ny_stamp(day, 6 * 60 + 40 + n)
+        start = ny_stamp(day - dt.timedelta(days=1), 23 * 60 + 10)
         # HAE's `date`: the wake time some nights, the sleep start the evening before on
         # others; form (a) old, (b) stages beside the unspecified minutes in a non-zero
         # asleep, (c) asleep: 0 beside totalSleep (their sum, as on every real record).
@@ -127,11 +106,6 @@ def usual_of(days: dict, day: dt.date):
 def card(answer: dict, group: str, metric: str) -> dict:
     [found] = [c for c in answer["cards"][group] if c["metric"] == metric]
     return found
-
-
-def close(a, b) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None
-                                         and abs(a - b) <= 1e-9 * max(1.0, abs(b)))
 
 
 @pytest.mark.parametrize("day", [dt.date(2025, 3, 9), dt.date(2025, 3, 10),
@@ -296,7 +270,7 @@ def trending(tmp_path_factory):
         "body_fat_percentage": [(d, 22 + (d.day % 3) * 0.5) for d in days],
         "vo2_max": [(d, 40 + d.day % 4) for d in days if d not in recent or d.day == 1],
     }
-    metrics = [hf.metric(name, [{"date": stamp(d), "qty": v, "source": "Watch"}
+    metrics = [hf.metric(name, [{"date": ny_stamp(d), "qty": v, "source": "Watch"}
                                 for d, v in points], "x")
                for name, points in series.items()]
     yield from serve_corpus(tmp_path_factory.mktemp("trends"), (last, series),

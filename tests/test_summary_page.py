@@ -43,6 +43,7 @@ import pytest
 import hae_factory as hf
 from conftest import Lazy
 from dashboard_browser import OVERFLOW, Session, long_date, serving, shown_number
+from read_helpers import approx
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -391,10 +392,6 @@ def ready(page, on):
 
 def num(data, key):
     return float(data[key]) if key in data else None
-
-
-def approx(value):
-    return None if value is None else pytest.approx(value, rel=1e-9, abs=1e-9)
 
 
 def runs(dates) -> int:

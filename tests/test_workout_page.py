@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.server
 import math
-import threading
 import urllib.parse
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 import workout_corpus as wc
 from dashboard_browser import OVERFLOW, Session, serving
 from read_helpers import written
+from conftest import LocalServer
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -45,7 +45,7 @@ def store(tmp_path_factory, corpus):
         yield running
 
 
-class Tiles:
+class Tiles(LocalServer):
     """A tile server of the test's own: a 1×1 PNG for every tile, the paths asked kept."""
 
     def __init__(self):
@@ -63,15 +63,7 @@ class Tiles:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.origin = "http://127.0.0.1:%d" % self.server.server_address[1]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(10)
+        super().__init__(Handler, name="test-tiles")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ import hae_factory as hf
 import healthlog
 import workout_corpus as wc
 from conftest import TOKEN, run_export
-from read_helpers import assert_error, call, get, get_json, instant_us, serve_corpus, written
+from read_helpers import (approx, assert_error, call, get, get_json, instant_us, serve_corpus,
+                          written)
 
 UTC = dt.timezone.utc
 RANGE = {"from_": "2025-05-01", "to": "2025-06-30"}
@@ -59,10 +60,6 @@ def workout(store, name: str, **query) -> dict:
 
 def figures(answer) -> dict:
     return {f["key"]: f for f in answer["figures"]}
-
-
-def approx(value):
-    return pytest.approx(value, rel=1e-9, abs=1e-9)
 
 
 def connect(store):
