@@ -31,7 +31,7 @@ import build_zipapp
 import healthlog
 
 pytest.register_assert_rewrite("read_helpers")  # the read tests' oracle: say what differed
-pytest.register_assert_rewrite("fold_helpers")  # the fold tests' Journal and Store
+pytest.register_assert_rewrite("fold_helpers")  # the fold tests' Journal and DirectStore
 
 
 @pytest.fixture(scope="session")
@@ -524,7 +524,7 @@ def serve_process(tmp_path):
 # top-level helper is defined in two test files, or a test file imports from another): the
 # command line, the journal's rows, a clock the test moves, HTTP servers of a test's own, the
 # browser.  Helpers of one family keep their own module: the read tests' oracle and module
-# store (read_helpers.py), the fold tests' Journal and Store (fold_helpers.py), the page's
+# store (read_helpers.py), the fold tests' Journal and DirectStore (fold_helpers.py), the page's
 # browser session and in-process store (dashboard_browser.py), HAE's bodies (hae_factory.py)
 # and the workouts' corpus (workout_corpus.py).
 

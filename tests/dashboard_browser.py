@@ -16,7 +16,8 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, Client, db_rows, wait_for
+from conftest import TOKEN, db_rows, wait_for
+from read_helpers import Store
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -58,30 +59,27 @@ def launched():
 # -- a store for the module ----------------------------------------------------------------
 
 
-class Store:
-    def __init__(self, service, data_dir):
-        host, port = service.address
-        self.base = "http://%s:%d" % (host, port)
-        self.client = Client(host, port)
-        self.data_dir = data_dir
-
-
 @contextlib.contextmanager
-def serving(data_dir: Path, deliveries, **overrides):
+def serving(data_dir: Path, deliveries, clock=None, **overrides):
     """A real Service on 127.0.0.1:0 (as conftest's ``start_service`` starts one, here for a
-    module) holding ``deliveries`` — (hf.Automation, body bytes) pairs, posted through
-    /api/ingest in that order with the automation's headers — folded, every one parsed.
-    ``overrides``: more of its Config (``clock``: the time the corpus is received at and
-    its freshness judged)."""
+    module) holding ``deliveries`` — (hf.Automation, body bytes) pairs, or (hf.Automation,
+    body bytes, received at) with ``clock`` (conftest's Clock, the service's clock) set to
+    each one's time before it is posted — posted through /api/ingest in that order with the
+    automation's headers, folded, every one parsed: a read_helpers Store (its ``corpus``
+    None). ``clock`` also judges freshness; ``overrides``: more of its Config."""
     deliveries = list(deliveries)
-    config = healthlog.Config(**dict(dict(
-        data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=0.5,
-        http_timeout_s=5.0, stop_budget_s=5.0, log_level="DEBUG"), **overrides))
-    service = healthlog.Service(config, announce=lambda token: None)
+    values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=0.5,
+                  http_timeout_s=5.0, stop_budget_s=5.0, log_level="DEBUG")
+    if clock is not None:
+        values["clock"] = clock
+    values.update(overrides)
+    service = healthlog.Service(healthlog.Config(**values), announce=lambda token: None)
     service.start()
     try:
-        store = Store(service, data_dir)
-        for automation, body in deliveries:
+        store = Store(data_dir, service.address, None)
+        for automation, body, *received in deliveries:
+            if received:
+                clock.now = received[0]
             status, answer = store.client.ingest(body, headers=hf.headers_for(automation),
                                                  token=True)
             assert status == 200, answer

@@ -5,7 +5,7 @@ deliveries into a real journal, and the fold faults' small deliveries and quick 
 * `Journal`: really posting them to a running Cheroot server on 127.0.0.1:0 (usually a
   paused one, whose fold thread waits for ``worker.gate``), then reading or editing the
   journal it keeps.
-* `Store`: journaling them through the ingest path (``accept_delivery``: archive +
+* `DirectStore`: journaling them through the ingest path (``accept_delivery``: archive +
   journal) into a fresh data directory, without HTTP, and folding them with the worker's
   own ``FoldEngine``; one per hypothesis example.
 """
@@ -98,7 +98,7 @@ class Journal:
             or delivery_id in json.loads(o["point_deliveries"])]
 
 
-class Store:
+class DirectStore:
     """A fresh data directory with a journal, folded by the real FoldEngine.
 
     A delivery is received ``seconds`` after ``t0``; ``headers`` are what `journal` sends
@@ -233,3 +233,14 @@ def post_small(service: healthlog.Service, count: int) -> list:
         assert status == 200
         ids.append(payload["delivery_id"])
     return ids
+
+
+
+# -- bodies ----------------------------------------------------------------------------------------
+
+
+def body_of(*metrics, **sections) -> bytes:
+    """An HAE body written the iOS way (``"key" : value``, 2-space indent)."""
+    data = {"metrics": list(metrics)} if metrics else {}
+    data.update(sections)
+    return hf.dumps_hae({"data": data})

@@ -603,6 +603,14 @@ def envelope(**sections: list) -> dict:
     return {"data": dict(sections)}
 
 
+
+def body(*metrics: tuple, pretty: bool = True, **sections: list) -> bytes:
+    """HAE's bytes of a body with ``(name, units, points)`` metrics and the other ``data``
+    sections given, in that order."""
+    data = {"metrics": [metric(name, points, units) for name, units, points in metrics]}
+    data.update(sections)
+    return dumps_hae({"data": data}, pretty=pretty)
+
 #: Metrics a typical "health metrics" automation selects.
 DEFAULT_METRICS = ("step_count", "active_energy", "heart_rate", "resting_heart_rate",
                    "heart_rate_variability", "blood_oxygen_saturation", "blood_pressure")
@@ -944,7 +952,7 @@ def sleep_summary_so_far(row: dict, at: Any, *, phone: Phone = PHONE) -> dict:
     unlocked at 3 am, the watch's samples synced so far): the night until ``at``, with
     ``sleepEnd``/``inBedEnd`` (and ``date`` when it held the wake time) at ``at`` and the
     hours scaled to the part slept. The morning's summary of the same night follows."""
-    start, end = _epoch_text(row["sleepStart"]), _epoch_text(row["sleepEnd"])
+    start, end = epoch_of_text(row["sleepStart"]), epoch_of_text(row["sleepEnd"])
     t = _epoch(at, phone.zone)
     if not start < t < end:
         raise ValueError("``at`` must lie inside the night")
@@ -956,11 +964,11 @@ def sleep_summary_so_far(row: dict, at: Any, *, phone: Phone = PHONE) -> dict:
     if out["date"] == row["sleepEnd"]:
         out["date"] = phone.time(t)
     out["sleepEnd"] = out["inBedEnd"] = phone.time(t)
-    out["inBed"] = (t - _epoch_text(row["inBedStart"])) / 3600
+    out["inBed"] = (t - epoch_of_text(row["inBedStart"])) / 3600
     return out
 
 
-def _epoch_text(text: str) -> float:
+def epoch_of_text(text: str) -> float:
     """Epoch seconds of a 24-hour HAE timestamp (the factory's own, for its own rows)."""
     stamp = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z")
     return stamp.timestamp()

@@ -47,7 +47,7 @@ def stdio_transport(data_dir: Path, errlog):
         env=environment(), cwd=str(ROOT)), errlog=errlog)
 
 
-class Session:
+class SdkSession:
     """What one SDK session saw: the negotiated version, the server's identity and
     instructions, the tools listed and each call's result."""
 
@@ -58,7 +58,7 @@ class Session:
         self.results: list = []
         self.log: list = []
 
-async def _converse(transport, mode: str, calls: list, out: Session) -> None:
+async def _converse(transport, mode: str, calls: list, out: SdkSession) -> None:
     async with Client(transport, mode=mode) as client:
         out.version, out.info = client.protocol_version, client.server_info
         out.instructions = client.instructions
@@ -71,11 +71,11 @@ async def _converse(transport, mode: str, calls: list, out: Session) -> None:
 
 
 def converse(store, transport: str, calls: list = (), mode: str = "auto",
-             tmp_path: Path = None) -> Session:
+             tmp_path: Path = None) -> SdkSession:
     """One SDK session over ``transport`` (``stdio`` or ``http``): the tools listed, then
     each ``(tool, arguments)`` called in order.  The stdio server's log is kept and checked
     for leaks."""
-    out = Session(transport, mode)
+    out = SdkSession(transport, mode)
     if transport == "http":
         asyncio.run(_converse(http_transport(store.address), mode, list(calls), out))
         return out

@@ -26,6 +26,7 @@ import io
 import json
 import math
 import re
+import statistics
 import urllib.parse
 import zoneinfo
 from typing import Any, NamedTuple, Optional
@@ -151,6 +152,12 @@ def iso_local(moment: dt.datetime) -> str:
     """``2025-04-15T07:30:00-04:00``: an aware datetime as the read spec writes local times
     (to the second)."""
     return moment.replace(microsecond=0).isoformat()
+
+
+def local_iso(text: Any) -> Optional[str]:
+    """HAE's ``2025-03-08 15:59:00 -0500`` as a reply writes it, ``2025-03-08T15:59:00-05:00``
+    (None stays None)."""
+    return None if text is None else iso_local(written(text))
 
 
 def utc_iso(us: int) -> str:
@@ -864,6 +871,9 @@ def assert_nights_equal(got: list, want: list, week: bool = False) -> None:
 
 
 class Store(NamedTuple):
+    """A running server holding a module's data: its data directory, address and the
+    corpus it was built from (what the test knows it sent)."""
+
     data_dir: Any
     address: tuple
     corpus: Any
@@ -871,6 +881,11 @@ class Store(NamedTuple):
     @property
     def client(self) -> Client:
         return Client(*self.address)
+
+    @property
+    def base(self) -> str:
+        """The page's origin, ``http://127.0.0.1:PORT``."""
+        return "http://%s:%d" % self.address
 
 
 def pending(data_dir) -> int:
@@ -940,7 +955,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 def assert_security_headers(headers) -> None:
     """The headers every page and answer carries (any mapping; names in any case)."""
-    found = {name.lower(): value for name, value in dict(headers).items()}
+    found = {name.lower(): value for name, value in headers.items()}
     assert found["content-security-policy"] == CSP
     assert found["x-content-type-options"] == "nosniff"
     assert found["referrer-policy"] == "no-referrer"
@@ -965,3 +980,22 @@ _PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(\[\])?"
 
 def raw_runs(items: list) -> list:
     return [{"units": units, "points": points} for units, points in runs_of(items)]
+
+
+def hours_between(first: str, last: str) -> float:
+    """Elapsed hours between two times as HAE writes them (each in its own offset)."""
+    return (written(last) - written(first)).total_seconds() / 3600
+
+
+
+# -- the summary's usual ----------------------------------------------------------------------
+
+USUAL_DAYS, USUAL_MIN_DAYS = 30, 5
+"""The usual of a day: the median of the days before it within USUAL_DAYS, given at least
+USUAL_MIN_DAYS of them (the summary spec)."""
+
+
+def usual_of(values: dict, on: dt.date):
+    """The usual of day ``on`` from ``values`` (date -> value), or None (too few days)."""
+    before = [v for d, v in values.items() if on - dt.timedelta(days=USUAL_DAYS) <= d < on]
+    return statistics.median(before) if len(before) >= USUAL_MIN_DAYS else None

@@ -92,13 +92,6 @@ def pt(at: str, **values) -> dict:
     return point
 
 
-def body(*metrics: tuple, **sections) -> bytes:
-    """An HAE body with ``(name, units, points)`` metrics and other ``data`` sections."""
-    data = {"metrics": [hf.metric(name, points, units) for name, units, points in metrics]}
-    data.update(sections)
-    return hf.dumps_hae({"data": data})
-
-
 def headers(automation: hf.Automation = FAST, aggregation: bool = True) -> dict:
     out = hf.headers_for(automation, hf.new_uuid(random.Random(automation.name)))
     if not aggregation:

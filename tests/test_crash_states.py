@@ -539,7 +539,7 @@ class RecordingConnection:
 
 
 @dataclasses.dataclass
-class Sent:
+class SentBody:
     body: bytes
     headers: dict
     received_at: dt.datetime
@@ -557,16 +557,16 @@ EXTRA_META = {"content_type": "application/json"}  # what the ingest route adds
 
 
 def delivery(seed: int, names: tuple, start: dt.datetime, hours: float, received_at,
-             cutoff=None) -> Sent:
+             cutoff=None) -> SentBody:
     payload = hf.metrics_payload(seed, names, start=start,
                                  end=start + dt.timedelta(hours=hours), cutoff=cutoff)
     automation = hf.Automation("Crash states", "Minutes", "Since Last Sync")
     headers = hf.headers_for(automation, session_id="0C6B1C53-0000-4000-8000-%012d" % seed)
     headers = {h: headers.get(h) for h in healthlog.AUTOMATION_HEADERS}
-    return Sent(hf.dumps_hae(payload), headers, received_at)
+    return SentBody(hf.dumps_hae(payload), headers, received_at)
 
 
-def accept_sent(archive: healthlog.Archive, conn, sent: Sent) -> int:
+def accept_sent(archive: healthlog.Archive, conn, sent: SentBody) -> int:
     """Receive and accept one delivery exactly as the ingest route does."""
     upload = archive.receive(io.BytesIO(sent.body).read, len(sent.body), 1 << 30,
                              lambda: None)
@@ -583,7 +583,7 @@ def conn_objects(conn) -> list:
         "SELECT %s FROM object ORDER BY metric, layer, hour" % OBJECT_COLUMNS)]
 
 
-class References:
+class CleanFolds:
     """Clean folds in fresh directories: the object rows after folding the first m of the
     deliveries (journaled in order), and the fingerprint of any subset folded alone."""
 
@@ -628,7 +628,7 @@ class Scenario:
     ops: list
     sent: list
     acked_after: dict  # sent index -> the crash point from which its 200 was sent
-    refs: References
+    refs: CleanFolds
 
 
 @dataclasses.dataclass
@@ -669,7 +669,7 @@ class Recording:
     fold: RecordingConnection
     acknowledged: Callable[[int], None]  # sent index i got its 200 (its row commit returned)
 
-    def post(self, sent: Sent) -> int:
+    def post(self, sent: SentBody) -> int:
         """One delivery received and accepted as the route does: the service's archive, its
         pool's connection."""
         return accept_sent(self.service.archive, self.ingest, sent)
@@ -963,7 +963,7 @@ def ingest_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
 
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
     return Scenario("RELY-2.1 ingest", base, base_db, ops, sent, acked,
-                    References(tmp_path / "refs", sent))
+                    CleanFolds(tmp_path / "refs", sent))
 
 
 def fold_sends() -> list:
@@ -993,7 +993,7 @@ def fold_scenario(data_dir: Path, tmp_path: Path, monkeypatch) -> Scenario:
     # Per delivery: its attempt counted (FOLD-14), then its fold.
     assert [op.kind for op in ops] == ["commit"] * 4, [op.text for op in ops]
     return Scenario("RELY-2.2 fold", base, base_db, ops, sent, dict.fromkeys(range(3), 0),
-                    References(tmp_path / "refs", sent))
+                    CleanFolds(tmp_path / "refs", sent))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1145,7 +1145,7 @@ def test_rely_2_4_a_body_refused_after_its_meta_json_leaves_no_meta_json_in_any_
     assert states and not kept, "a .meta.json without its body survives the crash: %s\nops: %s" % (
         kept[:3], "; ".join(texts))
     scenario = Scenario("RELY-2.4 refused", base, base_db, ops, [sent], acked,
-                        References(tmp_path / "refs", [sent]))
+                        CleanFolds(tmp_path / "refs", [sent]))
     report = explore(scenario, tmp_path / "states", make_config, points=[len(ops)])
     report.show()
     assert report.recovered >= 1
@@ -1176,7 +1176,7 @@ def test_rely_2_1_rely_2_2_torture_ingests_and_folds_interleaved_over_two_days(
     base, base_db, ops, acked = record(data_dir, monkeypatch, steps)
     assert len({op.text for op in ops if op.kind == "mkdir"}) == 4  # 2026/11/29, 11/30
     scenario = Scenario("RELY-2.1/2.2 torture", base, base_db, ops, sent, acked,
-                        References(tmp_path / "refs", sent))
+                        CleanFolds(tmp_path / "refs", sent))
     report = explore(scenario, tmp_path / "states", make_config)
     report.show()
     assert report.vulnerabilities == [], "\n".join(report.vulnerabilities[:5])

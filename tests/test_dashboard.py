@@ -74,10 +74,6 @@ def _stamp_parts(stamp: str) -> tuple:
     return stamp[:10], int(stamp[11:13]), offset[:3] + ":" + offset[3:]
 
 
-def _epoch(stamp: str) -> float:
-    return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S %z").timestamp()
-
-
 def _metrics_body(**points) -> bytes:
     return hf.dumps_hae(hf.envelope(metrics=[hf.metric(name, data)
                                              for name, data in points.items()]))
@@ -429,15 +425,15 @@ def nights_truth() -> dict:
         stages, asleep, in_bed = {}, 0.0, None
         for r in points:
             stage = {"In Bed": "in_bed"}.get(r["value"], r["value"].lower())
-            span = (_epoch(r["endDate"]) - _epoch(r["startDate"])) / 3600
+            span = (hf.epoch_of_text(r["endDate"]) - hf.epoch_of_text(r["startDate"])) / 3600
             if stage == "in_bed":
                 in_bed = span
                 continue
             stages[stage] = stages.get(stage, 0.0) + r["qty"]
             if stage != "awake":
                 asleep += span
-        last = max(points, key=lambda r: _epoch(r["endDate"]))
-        first = min(points, key=lambda r: _epoch(r["startDate"]))
+        last = max(points, key=lambda r: hf.epoch_of_text(r["endDate"]))
+        first = min(points, key=lambda r: hf.epoch_of_text(r["startDate"]))
         out[last["endDate"][:10]] = {"form": form, "asleep": asleep, "in_bed": in_bed,
                                      "stages": stages, "bed": _hhmm(first["startDate"]),
                                      "wake": _hhmm(last["endDate"])}
@@ -490,7 +486,8 @@ def workouts_truth() -> list:
     out = []
     for w in CORPUS.workouts:
         date, hour, offset = _stamp_parts(w["start"])
-        seconds = w["duration"] if "duration" in w else _epoch(w["end"]) - _epoch(w["start"])
+        seconds = (w["duration"] if "duration" in w
+                   else hf.epoch_of_text(w["end"]) - hf.epoch_of_text(w["start"]))
         energy = w.get("activeEnergyBurned") or w.get("activeEnergy")
         out.append({"local": "%sT%s%s" % (date, w["start"][11:19], offset), "date": date,
                     "seconds": seconds, "energy": (energy["qty"], energy["units"]),
@@ -740,7 +737,8 @@ def test_read_10_10_the_address_keeps_the_view_and_the_zone(session):
     assert "tz=UTC" in page.url
     utc = {}
     for p in CORPUS.days["Australia/Sydney"]["step_count"]:
-        date = dt.datetime.fromtimestamp(_epoch(p["date"]), dt.timezone.utc).date().isoformat()
+        date = dt.datetime.fromtimestamp(hf.epoch_of_text(p["date"]),
+                                         dt.timezone.utc).date().isoformat()
         utc[date] = utc.get(date, 0) + p["qty"]
     shown = buckets(page)
     assert shown[-1]["date"] == "2025-12-30"  # the latest point, 2025-12-30T13:00Z

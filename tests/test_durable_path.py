@@ -35,7 +35,7 @@ AUTOMATION = hf.Automation("Durable path", "Minutes", "Since Last Sync")
 HEADERS = hf.headers_for(AUTOMATION, session_id="0C6B1C53-9000-4000-8000-000000000009")
 
 
-def body(seed: int) -> bytes:
+def steps_body(seed: int) -> bytes:
     return hf.dumps_hae(hf.metrics_payload(seed, ("step_count",), DAY), pretty=False)
 
 
@@ -119,7 +119,7 @@ def test_rely_9_2_serve_ingests_through_full_connections_and_folds_through_a_nor
 
     monkeypatch.setattr(healthlog, "accept_delivery", accept_delivery)
     service = start_service()
-    status, payload = Client(*service.address).ingest(body(1), headers=HEADERS)
+    status, payload = Client(*service.address).ingest(steps_body(1), headers=HEADERS)
     assert status == 200, payload
     wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
     [(thread, level)] = accepted
@@ -136,7 +136,7 @@ def test_rely_9_3_import_journals_through_a_full_connection(data_dir, tmp_path, 
     THEN every connection it opened has ``synchronous=FULL`` (2): its ``accepted`` line rests
     on a durable row, as a 200 does."""
     export = tmp_path / "export.json"
-    export.write_bytes(body(2))
+    export.write_bytes(steps_body(2))
     out = io.StringIO()
     config = healthlog.Config(data_dir=data_dir, log_level="ERROR")
     assert healthlog.run_import(config, [str(export)], "Minutes", None, out=out) == 0, \

@@ -26,7 +26,7 @@ RANGE = "from 1900-01-01 to 9998-12-31"
 
 
 @pytest.fixture
-def stocked(start_service, data_dir):
+def one_folded(start_service, data_dir):
     """A real server holding one folded delivery."""
     service = start_service()
     client = Client(*service.address)
@@ -43,8 +43,8 @@ def _summary(client: Client, date: str, tz) -> tuple:
     return client.request("GET", query)
 
 
-def test_read_15_5_a_summary_date_out_of_range_is_400_naming_the_range(stocked):
-    _, client = stocked
+def test_read_15_5_a_summary_date_out_of_range_is_400_naming_the_range(one_folded):
+    _, client = one_folded
     for date in ["0001-01-01", "9999-12-31", "1899-12-31", "0000-01-01", "2024-02-30",
                  "20240101", "2024-01-01T00:00", "99999-01-01", "2024-13-01"]:
         for tz in ZONES:

@@ -35,8 +35,8 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import Passes, WriteLock, db_rows, wait_for, without_source
-from fold_helpers import AUTOMATION, Journal
+from conftest import Passes, WriteLock, db_rows, stored_points, wait_for, without_source
+from fold_helpers import AUTOMATION, Journal, body_of
 
 
 # One JSON mode (conftest's json_agnostic) but where the library is what the test is about.
@@ -67,14 +67,9 @@ def heart(times, avg: float = hf.CANARY_QTY, day: str = DAY) -> dict:
          "source": hf.CANARY_SOURCE} for t in times], "count/min")
 
 
-def utc_hour(day: str, local_hour: int) -> int:
+def pacific_hour(day: str, local_hour: int) -> int:
     """The object hour (UTC epoch hours) of a local Pacific standard time hour."""
     return healthlog.parse_time("%s %02d:00:00 -0800" % (day, local_hour)) // healthlog.HOUR_US
-
-
-def body_of(*metrics, **sections) -> bytes:
-    """An HAE body written the iOS way (``"key" : value``, 2-space indent)."""
-    return hf.dumps_hae(hf.envelope(metrics=list(metrics), **sections))
 
 
 def unreadable_times_body() -> bytes:
@@ -149,7 +144,7 @@ def test_ing_4_1_pending_deliveries_fold_in_journal_order_and_inherit_the_layer_
     # s inherits from b, its predecessor in journal order; its neighbour by id (a) says
     # minutes.
     assert [journal.row(i)["layer"] for i in (a, b, s)] == ["minutes", "hours", "hours"]
-    assert journal.objects_touched_by(s) == [("heart_rate", "hours", utc_hour(DAY, 11))]
+    assert journal.objects_touched_by(s) == [("heart_rate", "hours", pacific_hour(DAY, 11))]
 
 
 def test_fold_1_1_an_empty_pass_folds_nothing_and_writes_nothing(journal, passes, logs):
@@ -782,16 +777,6 @@ def test_fold_9_2_a_queue_stuck_since_the_first_pass_is_not_silent(journal, pass
 
 # ---------------------------------------------------------------------------------------------
 # Requirement 10: a byte-identical re-post folds as a no-op.
-
-
-def stored_points(data_dir, metric: str, layer: str) -> list:
-    """(point, delivery id) of every stored point of a metric and layer, in time order."""
-    out = []
-    for obj in db_rows(data_dir, "SELECT blob, point_deliveries FROM object WHERE metric = ?"
-                       " AND layer = ? ORDER BY hour", (metric, layer)):
-        out += list(zip(json.loads(gzip.decompress(obj["blob"])),
-                        json.loads(obj["point_deliveries"])))
-    return out
 
 
 def test_fold_10_1_a_byte_identical_re_post_is_a_no_op_and_wins_no_tie(journal, passes):

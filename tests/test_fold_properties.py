@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import healthlog
-from fold_helpers import Store
+from fold_helpers import DirectStore
 
 
 # One JSON mode (conftest's json_agnostic): these are properties of the merge and of a
@@ -60,15 +60,15 @@ def points(draw):
 deliveries = st.lists(st.lists(points(), min_size=1, max_size=6), min_size=1, max_size=6)
 
 
-def body_of(pts: list) -> bytes:
+def heart_rate_body(pts: list) -> bytes:
     return json.dumps({"data": {"metrics": [{"name": "heart_rate", "units": "count/min",
                                              "data": pts}]}}).encode()
 
 
-def fresh_store(tmp: str, name: str) -> Store:
+def fresh_store(tmp: str, name: str) -> DirectStore:
     """A fresh data directory ``tmp/name``: deliveries received ``seconds`` after T0, with
     HEADERS."""
-    return Store(Path(tmp) / name, T0, HEADERS)
+    return DirectStore(Path(tmp) / name, T0, HEADERS)
 
 
 @SETTINGS
@@ -80,10 +80,10 @@ def test_property_folding_a_delivery_twice_changes_nothing(batch):
         store = fresh_store(tmp, "a")
         seconds = 0
         for pts in batch:
-            store.fold(store.journal(body_of(pts), seconds))
+            store.fold(store.journal(heart_rate_body(pts), seconds))
             before = store.objects()
             reordered = [dict(reversed(list(p.items()))) for p in pts]
-            for again in (body_of(pts), body_of(reordered)):
+            for again in (heart_rate_body(pts), heart_rate_body(reordered)):
                 seconds += 1
                 delivery = store.journal(again, seconds)
                 store.fold(delivery)
@@ -104,9 +104,9 @@ def test_property_array_order_never_changes_the_result(batch, seed):
         first, second = fresh_store(tmp, "a"), fresh_store(tmp, "b")
         for i, pts in enumerate(batch):
             shuffled = list(pts)
-            random.Random(body_of(pts) + str(seed).encode()).shuffle(shuffled)
-            first.fold(first.journal(body_of(pts), i))
-            second.fold(second.journal(body_of(shuffled), i))
+            random.Random(heart_rate_body(pts) + str(seed).encode()).shuffle(shuffled)
+            first.fold(first.journal(heart_rate_body(pts), i))
+            second.fold(second.journal(heart_rate_body(shuffled), i))
         assert first.objects() == second.objects()  # hashes, blobs and provenance alike
         first.close()
         second.close()
@@ -118,10 +118,10 @@ def test_property_a_dominated_point_never_replaces_a_richer_one(rich, later):
     later = [dict(p, date=rich["date"]) for p in later]
     with tempfile.TemporaryDirectory() as tmp:
         store = fresh_store(tmp, "a")
-        store.fold(store.journal(body_of([rich]), 0))
+        store.fold(store.journal(heart_rate_body([rich]), 0))
         for i, point in enumerate(later, 1):
             kept = store.stored()[healthlog.point_span(rich)]
-            store.fold(store.journal(body_of([point]), i))
+            store.fold(store.journal(heart_rate_body([point]), i))
             now = store.stored()[healthlog.point_span(rich)]
             if healthlog.dominates(kept, point):
                 assert now is not None and healthlog.same_value(now, kept)
@@ -138,14 +138,14 @@ def test_property_live_worker_equals_one_by_one_into_a_fresh_store(batch, pass_a
         live, fresh = fresh_store(tmp, "live"), fresh_store(tmp, "fresh")
         worker = healthlog.FoldWorker(live.config)
         for i, pts in enumerate(batch):
-            live.journal(body_of(pts), i)
+            live.journal(heart_rate_body(pts), i)
             if pass_after[i]:
                 worker.run_pass(live.engine)
         worker.run_pass(live.engine)
         assert live.conn.execute("SELECT count(*) FROM delivery WHERE parse_status ="
                                  " 'pending'").fetchone()[0] == 0
         for i, pts in enumerate(batch):
-            fresh.fold(fresh.journal(body_of(pts), i))
+            fresh.fold(fresh.journal(heart_rate_body(pts), i))
         assert live.fingerprint() == fresh.fingerprint()
         assert live.stored() == fresh.stored()
         live.close()
@@ -158,7 +158,7 @@ def test_property_reindex_restores_the_live_fingerprint(batch):
     with tempfile.TemporaryDirectory() as tmp:
         live = fresh_store(tmp, "live")
         for i, pts in enumerate(batch):
-            live.fold(live.journal(body_of(pts), i))
+            live.fold(live.journal(heart_rate_body(pts), i))
         expected = live.fingerprint()
         live.close()
         out = io.StringIO()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from fold_helpers import Store
+from fold_helpers import DirectStore
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -174,7 +174,7 @@ def fold_each(deliveries: list, root: Path, monkeypatch, variants: tuple) -> lis
         with monkeypatch.context() as patch:
             for constant, value in constants.items():
                 patch.setattr(healthlog, constant, value)
-            store = Store(root / name, T0)
+            store = DirectStore(root / name, T0)
             for seconds, (body, headers) in enumerate(deliveries):
                 store.journal(body, seconds, headers)
             store.fold_all()
@@ -189,7 +189,7 @@ def fold_both_ways(deliveries: list, root: Path, monkeypatch) -> list:
 
 
 @contextlib.contextmanager
-def the_same_store(first: Store, second: Store):
+def the_same_store(first: DirectStore, second: DirectStore):
     """Asserts that the two stores hold the same objects, every column and blob included,
     and the same journal; closes both at the end of the block."""
     try:

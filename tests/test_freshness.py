@@ -28,6 +28,7 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import TOKEN, Client, Clock, LocalServer, db_rows, wait_for
+from read_helpers import local_iso
 
 PHONE = hf.Phone(zone=hf.BERLIN, sources="single")
 T0 = dt.datetime(2025, 6, 2, 6, 0, tzinfo=dt.timezone.utc).timestamp()  # a Monday, 08:00 CEST
@@ -99,7 +100,7 @@ def receivers():
         receiver.close()
 
 
-class Phone:
+class PushingPhone:
     """A phone pushing through HAE automations into a started Service, at the clock's time."""
 
     def __init__(self, service, clock: Clock, data_dir):
@@ -139,8 +140,8 @@ class Phone:
         return out
 
 
-def points(name: str, start: float, end: float, every: float = MIN, phone=PHONE,
-           source: str = hf.OWNER_WATCH) -> list:
+def points_every(name: str, start: float, end: float, every: float = MIN, phone=PHONE,
+                 source: str = hf.OWNER_WATCH) -> list:
     """HAE points of ``name`` at ``start``, ``start + every``, … before ``end``."""
     out = []
     at = start
@@ -169,11 +170,6 @@ def berlin_text(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone(dt.timedelta(hours=2))).isoformat()
 
 
-def local_text(stamp: str) -> str:
-    """HAE's ``2025-06-02 10:05:00 +0200`` as the server's local ISO ``…T10:05:00+02:00``."""
-    return "%sT%s%s:%s" % (stamp[:10], stamp[11:19], stamp[20:23], stamp[23:25])
-
-
 def median_gap(times: list) -> float:
     return statistics.median(b - a for a, b in zip(times, times[1:]))
 
@@ -193,11 +189,11 @@ def threshold(usual: float, late_after: float) -> float:
     return max(3 * usual, late_after)
 
 
-def start(start_service, clock, data_dir, **overrides) -> Phone:
+def start(start_service, clock, data_dir, **overrides) -> PushingPhone:
     values = dict(clock=clock, freshness_check_s=0.05, notify_timeout_s=0.5,
                   notify_retry_s=(0.05, 0.1, 0.2))
     values.update(overrides)
-    return Phone(start_service(**values), clock, data_dir)
+    return PushingPhone(start_service(**values), clock, data_dir)
 
 
 def no_secrets(receiver: Receiver) -> None:
@@ -219,8 +215,8 @@ def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and
                   late_after_s=late_after)
     times = [T0 + k * 5 * MIN for k in range(6)]
     for at in times:
-        phone.post(MINUTES, {"heart_rate": points("heart_rate", at - 5 * MIN, at),
-                             "step_count": points("step_count", at - 5 * MIN, at, 2 * MIN)},
+        phone.post(MINUTES, {"heart_rate": points_every("heart_rate", at - 5 * MIN, at),
+                             "step_count": points_every("step_count", at - 5 * MIN, at, 2 * MIN)},
                    at)
     usual = median_gap(times)
     assert usual == 300
@@ -230,9 +226,9 @@ def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and
     assert automation == {"id": MINUTES.id, "name": "Minutes",
                           "last_delivery": utc_text(times[-1]), "usual_interval_s": usual,
                           "state": "on_time"}
-    newest = points("heart_rate", times[-1] - 5 * MIN, times[-1])[-1]["date"]
+    newest = points_every("heart_rate", times[-1] - 5 * MIN, times[-1])[-1]["date"]
     assert {(m["metric"], m["layer"]): (m["newest_point"], m["state"])
-            for m in fresh["metrics"]}[("heart_rate", "minutes")] == (local_text(newest), "fresh")
+            for m in fresh["metrics"]}[("heart_rate", "minutes")] == (local_iso(newest), "fresh")
     assert phone.states(times[-1] + limit + 1)["Minutes"] == "late"
     [(title, body)] = wait_for(receiver.notices, what="the late notice")
     assert title == "healthlog: 'Minutes' is late"
@@ -241,8 +237,8 @@ def test_fresh_1_1_an_automation_that_stops_is_late_after_its_threshold_once_and
     assert logs.find("an automation is late", "WARN")
     # Back: one more notice, and no second "late" before it (the receiver keeps the order).
     back = times[-1] + limit + 2 * HOUR
-    phone.post(MINUTES, {"heart_rate": points("heart_rate", back - 5 * MIN, back),
-                         "step_count": points("step_count", back - 5 * MIN, back, 2 * MIN)},
+    phone.post(MINUTES, {"heart_rate": points_every("heart_rate", back - 5 * MIN, back),
+                         "step_count": points_every("step_count", back - 5 * MIN, back, 2 * MIN)},
                back)
     assert phone.states()["Minutes"] == "on_time"
     notices = wait_for(lambda: receiver.notices() if len(receiver.notices()) >= 2 else None,
@@ -270,10 +266,10 @@ def test_fresh_1_2_of_two_automations_only_the_one_that_stops_is_late(
     today = hf.local_midnight(hf.BERLIN, dt.date(2025, 6, 2))
     for at in sorted(set(minute_times) | set(day_times)):
         if at in minute_times:
-            phone.post(MINUTES, {"step_count": points("step_count", at - 5 * MIN, at)}, at)
+            phone.post(MINUTES, {"step_count": points_every("step_count", at - 5 * MIN, at)}, at)
         if at in day_times:  # today so far and the two days before (a day apart)
-            phone.post(DAYS, {"step_count": [points("step_count", today - k * DAY,
-                                                    today - k * DAY + 1)[0]
+            phone.post(DAYS, {"step_count": [points_every("step_count", today - k * DAY,
+                                                          today - k * DAY + 1)[0]
                                              for k in (2, 1, 0)]}, at)
     limits = {"Minutes": threshold(median_gap(minute_times), late_after),
               "Days": threshold(median_gap(day_times), late_after)}
@@ -303,7 +299,8 @@ def test_fresh_1_3_without_headers_the_path_names_the_automation_then_one_anonym
     anonymous = [T0 - 31 * MIN + k * 15 * MIN for k in range(3)]
     for at, path in sorted([(at, "/api/ingest/nightly") for at in nightly]
                            + [(at, "/api/ingest") for at in anonymous]):
-        phone.post(None, {"step_count": points("step_count", at - 2 * MIN, at)}, at, path=path,
+        phone.post(None, {"step_count": points_every("step_count", at - 2 * MIN, at)}, at,
+                   path=path,
                    headers=False)
     fresh = phone.freshness(max(nightly + anonymous) + MIN)
     assert sorted(fresh["automations"], key=lambda a: a["id"]) == [
@@ -333,7 +330,7 @@ def test_fresh_1_5_an_automation_that_writes_nothing_new_is_told_its_dates_on_th
     first = dt.datetime(2026, 12, 5, 16, 0, tzinfo=dt.timezone.utc).timestamp()  # 08:00 there
     for k in range(10):  # 08:00 to 17:00 on the phone
         at = first + k * HOUR
-        sent = {"heart_rate": points("heart_rate", at - HOUR, at, 10 * MIN, phone=la)}
+        sent = {"heart_rate": points_every("heart_rate", at - HOUR, at, 10 * MIN, phone=la)}
         phone.post(health, sent, at)
         if k <= 4:  # the safety net re-sends what Health wrote, until 12:00 on the phone
             phone.post(net, sent, at + MIN)
@@ -364,7 +361,7 @@ def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     times = [T0 + k * 10 * MIN for k in range(3)]
     for at in times:
-        phone.post(None, {"step_count": points("step_count", at - 2 * MIN, at)}, at,
+        phone.post(None, {"step_count": points_every("step_count", at - 2 * MIN, at)}, at,
                    path="/api/ingest/nightly", headers=False)
     before = phone.freshness(times[-1] + 5 * MIN)
     # A Manual Export of newer points, imported by hand with the same name, whose file is
@@ -372,7 +369,7 @@ def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data
     export = tmp_path / "export.json"
     newest = times[-1] + 3 * MIN
     export.write_bytes(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
-        "step_count", points("step_count", newest - MIN, newest + 1))])))
+        "step_count", points_every("step_count", newest - MIN, newest + 1))])))
     assert healthlog.run_import(phone.service.config, [str(export)], "Minutes", "nightly",
                                 out=io.StringIO()) == 0
     phone.service.worker.wake()
@@ -381,7 +378,7 @@ def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data
     after = phone.freshness()
     assert after["automations"] == before["automations"]
     [metric] = after["metrics"]
-    assert metric["newest_point"] == local_text(PHONE.time(newest))
+    assert metric["newest_point"] == local_iso(PHONE.time(newest))
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,18 +393,18 @@ def test_fresh_2_1_a_metric_that_stops_while_its_automation_delivers_is_stale_on
                   late_after_s=late_after)
     # First delivery: four weekly weigh-ins (the last two days ago) and the morning so far.
     weighed = [T0 - 2 * DAY - k * 7 * DAY for k in range(4)]
-    phone.post(MINUTES, {"weight_body_mass": [points("weight_body_mass", at, at + 1)[0]
+    phone.post(MINUTES, {"weight_body_mass": [points_every("weight_body_mass", at, at + 1)[0]
                                               for at in sorted(weighed)],
-                         "heart_rate": points("heart_rate", T0 - HOUR, T0),
-                         "step_count": points("step_count", T0 - HOUR, T0, 5 * MIN)}, T0)
+                         "heart_rate": points_every("heart_rate", T0 - HOUR, T0),
+                         "step_count": points_every("step_count", T0 - HOUR, T0, 5 * MIN)}, T0)
     # Then every 15 minutes: steps always, heart rate only for the first half hour (the
     # Watch taken off).
     times = [T0 + k * 15 * MIN for k in range(1, 11)]
     hr_until = T0 + 30 * MIN
     for at in times:
-        metrics = {"step_count": points("step_count", at - 15 * MIN, at, 5 * MIN)}
+        metrics = {"step_count": points_every("step_count", at - 15 * MIN, at, 5 * MIN)}
         if at <= hr_until:
-            metrics["heart_rate"] = points("heart_rate", at - 15 * MIN, at)
+            metrics["heart_rate"] = points_every("heart_rate", at - 15 * MIN, at)
         phone.post(MINUTES, metrics, at)
     newest_hr = hr_until - MIN  # a point every minute up to the delivery
     hr_limit = threshold(60, late_after)  # points a minute apart: --late-after
@@ -426,8 +423,8 @@ def test_fresh_2_1_a_metric_that_stops_while_its_automation_delivers_is_stale_on
     assert "Manual Export" in body and "2025-06-02" in body
     # The Watch is back: one notice, and nothing else was said in between.
     back = times[-1] + 15 * MIN
-    phone.post(MINUTES, {"heart_rate": points("heart_rate", back - 15 * MIN, back),
-                         "step_count": points("step_count", back - 15 * MIN, back, 5 * MIN)},
+    phone.post(MINUTES, {"heart_rate": points_every("heart_rate", back - 15 * MIN, back),
+                         "step_count": points_every("step_count", back - 15 * MIN, back, 5 * MIN)},
                back)
     assert phone.states()["heart_rate/minutes"] == "fresh"
     notices = wait_for(lambda: receiver.notices() if len(receiver.notices()) >= 2 else None,
@@ -443,14 +440,14 @@ def test_fresh_2_2_a_weekly_metric_is_stale_only_after_three_of_its_weeks(
     late_after = 6 * HOUR
     phone = start(start_service, clock, data_dir, late_after_s=late_after)
     weighed = sorted(T0 - k * 7 * DAY for k in range(5))
-    phone.post(MINUTES, {"weight_body_mass": [points("weight_body_mass", at, at + 1)[0]
+    phone.post(MINUTES, {"weight_body_mass": [points_every("weight_body_mass", at, at + 1)[0]
                                               for at in weighed]}, T0)
     limit = threshold(median_gap(weighed), late_after)
     assert limit == 21 * DAY
     # The automation delivers (steps), the scale stays unused.
     days = [T0 + k * DAY for k in (1, 10, 20, 21, 22)]
     for at in days:
-        phone.post(MINUTES, {"step_count": points("step_count", at - HOUR, at, 10 * MIN)}, at)
+        phone.post(MINUTES, {"step_count": points_every("step_count", at - HOUR, at, 10 * MIN)}, at)
     expected = {}
     for at in days:
         expected[at] = "stale" if at > weighed[-1] + limit else "fresh"
@@ -464,16 +461,16 @@ def test_fresh_2_3_a_delivery_not_folded_yet_says_nothing_of_what_it_carries(
     clock, receiver = Clock(T0), receivers("ok")
     service = start_service(paused=True, clock=clock, freshness_check_s=0.05,
                             notify_url=receiver.url, late_after_s=HOUR)
-    phone = Phone(service, clock, data_dir)
+    phone = PushingPhone(service, clock, data_dir)
     service.worker.gate.set()
     times = [T0 + k * 15 * MIN for k in range(4)]
     for at in times:
-        phone.post(MINUTES, {"heart_rate": points("heart_rate", at - 15 * MIN, at)}, at)
+        phone.post(MINUTES, {"heart_rate": points_every("heart_rate", at - 15 * MIN, at)}, at)
     late = times[-1] + 2 * HOUR  # past heart rate's deadline (a point a minute: 1 h)
     service.worker.gate.clear()  # the fold waits: the next delivery stays pending
     clock.now = late
     status, answer = phone.client.ingest(
-        hf.dumps_hae(hf.envelope(metrics=[hf.metric("heart_rate", points(
+        hf.dumps_hae(hf.envelope(metrics=[hf.metric("heart_rate", points_every(
             "heart_rate", late - 15 * MIN, late))])), headers=hf.headers_for(MINUTES))
     assert status == 200 and answer["status"] == "pending"
     states = phone.states()
@@ -488,7 +485,7 @@ def test_fresh_2_3_a_delivery_not_folded_yet_says_nothing_of_what_it_carries(
     usual = moment_median([b - a for a, b in zip(starts, starts[1:])])
     assert usual == (late - 15 * MIN) - (times[-1] - MIN)  # the pause
     after = starts[-1] + threshold(usual, HOUR) + MIN
-    phone.post(MINUTES, {"step_count": points("step_count", after - 5 * MIN, after)}, after)
+    phone.post(MINUTES, {"step_count": points_every("step_count", after - 5 * MIN, after)}, after)
     assert phone.states()["heart_rate/minutes"] == "stale"
     # (Minutes itself was late for a moment: five silent hours, then that delivery.)
     about_hr = wait_for(lambda: [t for t, _ in receiver.notices() if "Heart rate" in t],
@@ -500,12 +497,12 @@ def test_fresh_2_3_a_delivery_not_folded_yet_says_nothing_of_what_it_carries(
 # Notices
 
 
-def late_once(phone: Phone, late_after: float) -> float:
+def late_once(phone: PushingPhone, late_after: float) -> float:
     """Three deliveries five minutes apart, then the clock past their threshold; returns
     the moment judged."""
     times = [T0 + k * 5 * MIN for k in range(3)]
     for at in times:
-        phone.post(MINUTES, {"step_count": points("step_count", at - 5 * MIN, at)}, at)
+        phone.post(MINUTES, {"step_count": points_every("step_count", at - 5 * MIN, at)}, at)
     # Judged once as it is now, before the clock moves on: a notifier that first met the
     # automation late would see no change (its thread may not have judged in between).
     phone.freshness()
@@ -526,7 +523,7 @@ def test_fresh_3_1_a_notifier_that_answers_500_is_retried_and_ingest_goes_on(
     assert warns and warns[0]["error"] == "http_500" and "retry_in_s" in warns[0]
     assert receiver.url not in "\n".join(logs.lines())  # the address may hold a secret
     # Ingest and the fold go on while the notice fails.
-    phone.post(DAYS, {"step_count": points("step_count", when - HOUR, when)}, when + 1)
+    phone.post(DAYS, {"step_count": points_every("step_count", when - HOUR, when)}, when + 1)
     text = phone.client.request("GET", "/metrics")[1].decode()
     failures = int(re.search(r"^healthlog_notice_failures_total (\d+)$", text, re.M).group(1))
     assert failures >= 3
@@ -544,7 +541,7 @@ def test_fresh_3_2_a_notifier_that_hangs_never_holds_ingest_or_the_fold(
     when = late_once(phone, HOUR)
     wait_for(lambda: receiver.requests, what="the notice under way")
     # While the notifier waits for an answer, a delivery is answered and folded.
-    phone.post(DAYS, {"step_count": points("step_count", when - HOUR, when)}, when + 1)
+    phone.post(DAYS, {"step_count": points_every("step_count", when - HOUR, when)}, when + 1)
     wait_for(lambda: [r for r in logs.find("notice not delivered", "WARN")
                       if r["error"] == "timeout"], what="the timeout's WARN")
     wait_for(lambda: len(receiver.requests) >= 2, what="a retry")
@@ -577,15 +574,16 @@ def test_fresh_4_1_reindex_leaves_freshness_and_coverage_as_they_were(start_serv
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
     for k in range(4):
         at = T0 + k * 10 * MIN
-        metrics = {"step_count": points("step_count", at - 10 * MIN, at, 2 * MIN)}
+        metrics = {"step_count": points_every("step_count", at - 10 * MIN, at, 2 * MIN)}
         if k < 2:
-            metrics["heart_rate"] = points("heart_rate", at - 10 * MIN, at)
+            metrics["heart_rate"] = points_every("heart_rate", at - 10 * MIN, at)
         phone.post(MINUTES, metrics, at)
     today = hf.local_midnight(hf.BERLIN, dt.date(2025, 6, 2))
     for k in range(3):
-        phone.post(DAYS, {"step_count": points("step_count", today - k * DAY, today - k * DAY + 1)},
+        phone.post(DAYS, {"step_count": points_every("step_count", today - k * DAY,
+                                                     today - k * DAY + 1)},
                    T0 + k * 7 * MIN)
-    phone.post(None, {"step_count": points("step_count", T0, T0 + MIN)}, T0 + 3 * MIN,
+    phone.post(None, {"step_count": points_every("step_count", T0, T0 + MIN)}, T0 + 3 * MIN,
                path="/api/ingest/nightly", headers=False)
     clock.now = T0 + 5 * HOUR
     reads = ("/api/freshness", "/api/coverage", "/api/coverage?tz=UTC")
@@ -593,7 +591,7 @@ def test_fresh_4_1_reindex_leaves_freshness_and_coverage_as_they_were(start_serv
     assert {a["state"] for a in before[0]["automations"]} >= {"late", "new"}
     assert phone.service.stop()
     assert healthlog.run_reindex(make_config(), out=io.StringIO()) == 0
-    again = Phone(start_service(clock=clock, late_after_s=HOUR), clock, data_dir)
+    again = PushingPhone(start_service(clock=clock, late_after_s=HOUR), clock, data_dir)
     assert [again.get(path) for path in reads] == before
 
 
@@ -613,15 +611,15 @@ def test_fresh_5_1_coverage_counts_local_hours_and_days_with_a_missing_and_a_thi
     for day in days:
         midnight = hf.local_midnight(hf.BERLIN, day)
         hours = [] if day == missing else range(9, 12) if day == thin else range(7, 23)
-        hr = [p for h in hours for p in points("heart_rate", midnight + h * HOUR,
-                                               midnight + h * HOUR + 20 * MIN, 10 * MIN)]
+        hr = [p for h in hours for p in points_every("heart_rate", midnight + h * HOUR,
+                                                     midnight + h * HOUR + 20 * MIN, 10 * MIN)]
         for p in hr:
             posted.setdefault(p["date"][:10], set()).add(p["date"][11:13])
             instants.append(dt.datetime.strptime(p["date"], "%Y-%m-%d %H:%M:%S %z").timestamp())
         metrics = {"heart_rate": hr} if hr else {"step_count": []}
         phone.post(MINUTES, metrics, midnight + 23 * HOUR)
         if day != missing:
-            phone.post(DAYS, {"step_count": points("step_count", midnight, midnight + 1)},
+            phone.post(DAYS, {"step_count": points_every("step_count", midnight, midnight + 1)},
                        midnight + 23 * HOUR + MIN)
     clock.now = hf.local_midnight(hf.BERLIN, days[-1]) + 23 * HOUR + 30 * MIN
     answer = phone.get("/api/coverage?from=%s&to=%s" % (first, days[-1]))  # both in
@@ -695,7 +693,8 @@ def test_fresh_6_1_metrics_has_gauges_of_every_automation_and_metric(start_servi
         who, T0 + 10 * MIN) in text
     assert "healthlog_automation_late{%s} 1" % who in text
     assert "healthlog_automation_threshold_seconds{%s} %r" % (who, float(HOUR)) in text
-    newest = dt.datetime.strptime(points("step_count", T0 + 5 * MIN, T0 + 10 * MIN)[-1]["date"],
+    newest = dt.datetime.strptime(points_every("step_count", T0 + 5 * MIN,
+                                               T0 + 10 * MIN)[-1]["date"],
                                   "%Y-%m-%d %H:%M:%S %z").timestamp()
     assert 'healthlog_metric_newest_point_timestamp_seconds{metric="step_count",' \
            'layer="minutes"} %r' % newest in text

@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 import hae_factory as hf
-import healthlog
-from conftest import TOKEN, Clock, db_rows, wait_for
-from dashboard_browser import OVERFLOW, Session, Store
+from conftest import Clock
+from dashboard_browser import OVERFLOW, Session, serving
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -89,34 +88,22 @@ CORPUS = Corpus()
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("freshness-page") / "data"
+    """Each delivery received at its time, folded; then the clock set to when the page is
+    read."""
     clock = Clock(0)
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG", clock=clock)
-    service = healthlog.Service(config, announce=lambda token: None)
-    service.start()
-    try:
-        store = Store(service, data_dir)
-        for automation, at, body in CORPUS.deliveries:
-            clock.now = at
-            status, answer = store.client.ingest(body, headers=hf.headers_for(automation))
-            assert status == 200, answer
-        wait_for(lambda: all(r["parse_status"] == "parsed" for r in db_rows(data_dir))
-                 and len(db_rows(data_dir)) == len(CORPUS.deliveries), timeout=60,
-                 what="the deliveries folded")
+    with serving(tmp_path_factory.mktemp("freshness-page") / "data",
+                 [(automation, body, at) for automation, at, body in CORPUS.deliveries],
+                 clock=clock) as running:
         clock.now = CORPUS.now
-        yield store
-    finally:
-        assert service.stop(), "the service did not stop within its budget"
+        yield running
 
 
 @pytest.fixture(scope="module")
-def desktop(browser, store):
+def desktop_page(browser, store):
     """One signed-in browser for the desktop tests, nine hours ahead of the phone; it must
     see no console error or CSP violation."""
     session = Session(browser, store, timezone="Asia/Tokyo")
-    ready(session.sign_in().page)
+    coverage_ready(session.sign_in().page)
     yield session.page
     session.close()
 
@@ -146,14 +133,14 @@ def expected_states(counts: list, daily: bool = True) -> list:
     return out
 
 
-def ready(page):
+def coverage_ready(page):
     page.wait_for_selector('#summary[data-state="ready"]')
     page.wait_for_selector('#coverage[data-state="ready"]')
     return page
 
 
-def test_fresh_6_5_the_summary_page_says_what_is_stale_with_the_action(desktop):
-    page = desktop
+def test_fresh_6_5_the_summary_page_says_what_is_stale_with_the_action(desktop_page):
+    page = desktop_page
     items = page.eval_on_selector_all(
         "#attention .attention-item", "xs => xs.map(x => ({data: Object.assign({},"
         " x.dataset), text: x.querySelector('.attention-text').textContent,"
@@ -177,8 +164,8 @@ def test_fresh_6_5_the_summary_page_says_what_is_stale_with_the_action(desktop):
     page.screenshot(path=str(ARTIFACTS / "freshness.png"), full_page=True)
 
 
-def test_fresh_6_6_the_calendar_shows_the_missing_and_the_thin_days(desktop):
-    page = desktop
+def test_fresh_6_6_the_calendar_shows_the_missing_and_the_thin_days(desktop_page):
+    page = desktop_page
     rows = {(r["metric"], r["layer"]): r for r in page.evaluate(CELLS)}
     dates = [d.isoformat() for d in DAYS]
     # Heart rate: hours per date as written in the points, and the rule's states.
@@ -223,7 +210,7 @@ def test_fresh_6_6_the_calendar_shows_the_missing_and_the_thin_days(desktop):
 def test_fresh_6_6_the_calendar_fits_a_phone(browser, store):
     session = Session(browser, store, timezone="Asia/Tokyo", width=360, height=780, phone=True)
     try:
-        page = ready(session.sign_in().page)
+        page = coverage_ready(session.sign_in().page)
         found = page.evaluate(OVERFLOW)
         assert found["scroll"] <= 360 and not found["out"], found
         widths = page.eval_on_selector_all(

@@ -31,7 +31,7 @@ def targets() -> list:
             for target in panel.get("targets", [])]
 
 
-def local(day: dt.date, hour: int = 0, minute: int = 0) -> str:
+def ny_local(day: dt.date, hour: int = 0, minute: int = 0) -> str:
     moment = dt.datetime(day.year, day.month, day.day, hour, minute)
     offset = -240 if dt.date(2025, 3, 9) <= day < dt.date(2025, 11, 2) else -300
     return "%s %s%02d%02d" % (moment.strftime("%Y-%m-%d %H:%M:%S"), "-" if offset < 0 else "+",
@@ -45,26 +45,26 @@ def fed(tmp_path_factory):
     sleep summaries, posted to a serve process and folded (the store's corpus: the days)."""
     today = dt.date(2025, 4, 20)
     days = [today - dt.timedelta(days=n) for n in range(60, -1, -1)]
-    daily = [{"date": local(day), "qty": 5000 + day.day * 100, "source": "Watch"}
+    daily = [{"date": ny_local(day), "qty": 5000 + day.day * 100, "source": "Watch"}
              for day in days]
     deliveries = [(DAYS, hf.dumps_hae(hf.envelope(metrics=[hf.metric(
         "step_count", daily, "count")])))]
     for day in (today - dt.timedelta(days=1), today):
         last = 24 * 60 if day < today else 11 * 60
-        steps = [{"date": local(day, m // 60, m % 60), "qty": 10 + m % 7, "source": "Watch"}
+        steps = [{"date": ny_local(day, m // 60, m % 60), "qty": 10 + m % 7, "source": "Watch"}
                  for m in range(0, last, 3)]
-        heart = [{"date": local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
+        heart = [{"date": ny_local(day, m // 60, m % 60), "Min": 55, "Avg": 60 + m % 9,
                   "Max": 80, "source": "Watch"} for m in range(0, last, 5)]
         # Active energy in kcal yesterday and in kJ today: the phone's unit setting changed.
         energy_units = "kcal" if day < today else "kJ"
-        energy = [{"date": local(day, m // 60, m % 60), "qty": 3 + m % 4, "source": "Watch"}
+        energy = [{"date": ny_local(day, m // 60, m % 60), "qty": 3 + m % 4, "source": "Watch"}
                   for m in range(0, last, 10)]
         deliveries.append((MINUTES, hf.dumps_hae(hf.envelope(metrics=[
             hf.metric("step_count", steps, "count"),
             hf.metric("heart_rate", heart, "count/min"),
             hf.metric("active_energy", energy, energy_units)]))))
-    nights = [{"date": local(day, 7), "sleepStart": local(day - dt.timedelta(days=1), 23),
-               "sleepEnd": local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
+    nights = [{"date": ny_local(day, 7), "sleepStart": ny_local(day - dt.timedelta(days=1), 23),
+               "sleepEnd": ny_local(day, 7), "inBed": 8.2, "totalSleep": 7.5, "asleep": 0,
                "core": 4.0, "deep": 1.5, "rem": 2.0, "awake": 0.3, "source": "Watch"}
               for day in days[-7:]]
     deliveries.append((DAYS, hf.dumps_hae(hf.envelope(metrics=[hf.metric(
@@ -230,11 +230,11 @@ def test_read_2_8_days_a_layer_lacks_are_filled_from_another(start_service, data
     days = [today - dt.timedelta(days=n) for n in range(39, 4, -1)]  # up to 5 days ago
     daily = {day: 6000 + day.day * 10 for day in days}
     assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
-        {"date": local(day), "qty": qty} for day, qty in daily.items()], "count")])),
+        {"date": ny_local(day), "qty": qty} for day, qty in daily.items()], "count")])),
         headers=DAYS)[0] == 200
     sums = {}
     for day in (today - dt.timedelta(days=n) for n in range(6, -1, -1)):
-        points = [{"date": local(day, m // 60, m % 60), "qty": 7 + m % 5}
+        points = [{"date": ny_local(day, m // 60, m % 60), "qty": 7 + m % 5}
                   for m in range(0, 24 * 60, 10)]
         sums[day] = sum(p["qty"] for p in points)
         assert client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(

@@ -30,7 +30,7 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import ROOT, TOKEN, LocalServer, assert_no_leaks, db_rows, wait_for
-from mcp_helpers import TRANSPORTS, Session, answer, converse  # skips the module without the SDK
+from mcp_helpers import TRANSPORTS, SdkSession, answer, converse
 from read_helpers import call, close, get_json, ny_stamp, ny_steps, serve_corpus, written_date
 
 from mcp.shared.exceptions import MCPError  # noqa: E402 (after mcp_helpers: its skip first)
@@ -156,7 +156,7 @@ def initialize(version: str, message_id=0) -> dict:
                                               "clientInfo": {"name": "test", "version": "1"}})
 
 
-def envelope(version: str = MODERN, **params) -> dict:
+def rpc_envelope(version: str = MODERN, **params) -> dict:
     return dict(params, _meta={META_VERSION: version, META_CAPABILITIES: {}})
 
 
@@ -202,7 +202,7 @@ PLANNED = {
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def seen(request, store, tmp_path_factory) -> Session:
+def seen(request, store, tmp_path_factory) -> SdkSession:
     """Every call of :data:`PLANNED`, in one SDK session over stdio (the handshake) and one
     over HTTP (2026-07-28, by the probe); ``results`` by test."""
     kind, mode = request.param
@@ -263,12 +263,12 @@ def test_mcp_1_3_the_2026_07_28_envelope_is_spoken(store, seen, tmp_path):
 
 
 def test_mcp_1_3_the_envelope_is_checked_on_stdio(store):
-    discover = request(1, "server/discover", envelope())
+    discover = request(1, "server/discover", rpc_envelope())
     code, replies, _ = raw_stdio(store.data_dir, [
-        discover, request(2, "tools/list", envelope("2027-01-01")),
+        discover, request(2, "tools/list", rpc_envelope("2027-01-01")),
         request(3, "tools/list", {"_meta": {META_VERSION: MODERN}}),
-        request(4, "ping", envelope()), initialize(HANDSHAKE[-1], 5),
-        request(6, "tools/list", envelope())])
+        request(4, "ping", rpc_envelope()), initialize(HANDSHAKE[-1], 5),
+        request(6, "tools/list", rpc_envelope())])
     got = by_id(replies)
     result = got[1]["result"]
     assert result["supportedVersions"] == [MODERN] and result["resultType"] == "complete"
@@ -286,7 +286,7 @@ def test_mcp_1_3_the_envelope_is_checked_on_stdio(store):
     assert [t["name"] for t in listed["tools"]] == TOOLS and listed["resultType"] == "complete"
     # a connection that shook hands takes no enveloped request
     code, replies, _ = raw_stdio(store.data_dir, [initialize(HANDSHAKE[-1]),
-                                                  request(1, "tools/list", envelope())])
+                                                  request(1, "tools/list", rpc_envelope())])
     assert by_id(replies)[1]["error"]["code"] == -32600
 
 
@@ -751,16 +751,16 @@ def test_mcp_4_5_http_answers_as_the_transport_says(store):
         sent.update({name.replace("_", "-"): value for name, value in headers.items()})
         return mcp_post(store.address, message, sent)
 
-    reply = modern(request(1, "server/discover", envelope()))
+    reply = modern(request(1, "server/discover", rpc_envelope()))
     assert reply.status == 200 and reply.json()["result"]["supportedVersions"] == [MODERN]
-    reply = modern(request(1, "tools/list", envelope()), Mcp_Method="tools/call")
+    reply = modern(request(1, "tools/list", rpc_envelope()), Mcp_Method="tools/call")
     assert reply.status == 400 and reply.json()["error"]["code"] == -32020
-    call_tool = request(2, "tools/call", envelope(name="list_metrics", arguments={}))
+    call_tool = request(2, "tools/call", rpc_envelope(name="list_metrics", arguments={}))
     reply = modern(call_tool, Mcp_Name="get_sleep")
     assert reply.status == 400 and reply.json()["error"]["code"] == -32020
     reply = modern(call_tool, Mcp_Name="list_metrics")
     assert reply.status == 200 and reply.json()["result"]["resultType"] == "complete"
-    reply = modern(request(1, "resources/list", envelope()))
+    reply = modern(request(1, "resources/list", rpc_envelope()))
     assert reply.status == 404 and reply.json()["error"]["code"] == -32601
     reply = mcp_post(store.address, request(1, "tools/list"),
                      {"MCP-Protocol-Version": "2099-01-01"})

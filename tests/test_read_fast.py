@@ -36,7 +36,7 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import TOKEN, Client, db_rows, wait_for
-from read_helpers import get, get_json
+from read_helpers import Store, get, get_json
 
 UTC = dt.timezone.utc
 SEED = 38
@@ -67,7 +67,7 @@ class Corpus(NamedTuple):
     points: dict  # metric -> [Point]
 
 
-def written(text: str) -> Point:
+def point_of(text: str) -> Point:
     """A point's start as HAE wrote it: ``2024-10-27 02:30:00 +0100``."""
     moment = dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S %z")
     return Point(int(moment.timestamp()), int(moment.utcoffset().total_seconds()))
@@ -84,20 +84,14 @@ def build_corpus() -> Corpus:
             body = hf.metrics_payload(SEED, METRICS, cut, following, "Minutes", phone=phone)
             corpus.deliveries.append((hf.headers_for(MINUTES), hf.dumps_hae(body)))
             for element in body["data"]["metrics"]:
-                corpus.points[element["name"]] += [written(p["date"]) for p in element["data"]]
+                corpus.points[element["name"]] += [point_of(p["date"]) for p in element["data"]]
             cut = following
     for zone, first, last in SLEEP:
         rows = hf.sleep_segments(SEED, first, last, phone=hf.Phone(zone=zone, sources="single"))
         corpus.deliveries.append((hf.headers_for(NIGHTS), hf.dumps_hae(hf.envelope(
             metrics=[hf.metric("sleep_analysis", rows)]))))
-        corpus.points["sleep_analysis"] += [written(r["startDate"]) for r in rows]
+        corpus.points["sleep_analysis"] += [point_of(r["startDate"]) for r in rows]
     return corpus
-
-
-class Store(NamedTuple):
-    data_dir: object
-    address: tuple
-    corpus: Corpus
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +158,7 @@ def midnight(tz: str, day: dt.date) -> int:
                            tzinfo=zoneinfo.ZoneInfo(tz)).timestamp())
 
 
-def in_range(tz: str, first: str, last: str):
+def points_between(tz: str, first: str, last: str):
     """The test of a point for the bounds a request sends: dates (``to`` included: in
     ``tz=local`` the date written in the point, else the zone's midnights) or instants
     (``to`` excluded)."""
@@ -183,7 +177,7 @@ def local_date(point: Point, offset: int) -> dt.date:
     return dt.datetime.fromtimestamp(point.instant + offset, UTC).date()
 
 
-def bucket_of(point: Point, offset: int, bucket: str):
+def bucket_key(point: Point, offset: int, bucket: str):
     if bucket == "hour":
         return (point.instant + offset) // HOUR_S
     day = local_date(point, offset)
@@ -194,7 +188,7 @@ def must_read(points: list, tz: str, first: str, last: str, bucket: str) -> tupl
     """(hours that must be read point by point, hours with a point in the range) for one
     bucketed request: an hour the range cuts, an hour inside which a bucket starts in the
     offset of one of its points, an hour whose points were written in two offsets."""
-    taken = in_range(tz, first, last)
+    taken = points_between(tz, first, last)
     hours: dict = {}
     for point in points:
         hours.setdefault(point.instant // HOUR_S, []).append(point)
@@ -206,7 +200,7 @@ def must_read(points: list, tz: str, first: str, last: str, bucket: str) -> tupl
         touched += 1
         offsets = {offset_in(tz, p) for p in members}
         first, last = Point(hour * HOUR_S, 0), Point(hour * HOUR_S + HOUR_S - 1, 0)
-        crossed = any(bucket_of(first, o, bucket) != bucket_of(last, o, bucket)
+        crossed = any(bucket_key(first, o, bucket) != bucket_key(last, o, bucket)
                       for o in offsets)  # a bucket starts inside the hour (+05:30's midnight)
         if len(inside) < len(members) or crossed or len({p.offset for p in members}) > 1:
             must += 1

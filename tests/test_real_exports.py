@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
-from conftest import Passes, archive_files, db_rows, run_cli, wait_for
-from fold_helpers import Journal, Store
+from conftest import Passes, archive_files, db_rows, live_fingerprint, run_cli, wait_for
+from fold_helpers import Journal, DirectStore, body_of
 
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # every test with and without orjson
@@ -70,14 +70,7 @@ def automation(name: str, aggregation=None, period: str = "Since Last Sync") -> 
     return headers
 
 
-def body_of(*metrics, **sections) -> bytes:
-    """An HAE body written the iOS way (``"key" : value``, 2-space indent)."""
-    data = {"metrics": list(metrics)} if metrics else {}
-    data.update(sections)
-    return hf.dumps_hae({"data": data})
-
-
-def utc_hour(text: str) -> int:
+def object_hour(text: str) -> int:
     return healthlog.parse_time(text) // healthlog.HOUR_US
 
 
@@ -188,17 +181,12 @@ def decoded(blob: bytes) -> list:
     return json.loads(gzip.decompress(blob))
 
 
-def objects(data_dir: Path, metric: str = None) -> list:
+def decoded_objects(data_dir: Path, metric: str = None) -> list:
     rows = db_rows(data_dir, "SELECT * FROM object ORDER BY metric, layer, hour")
     for row in rows:
         row["decoded"] = decoded(row["blob"])
         row["from"] = json.loads(row["point_deliveries"])
     return [row for row in rows if metric is None or row["metric"] == metric]
-
-
-def live_fingerprint(data_dir: Path) -> str:
-    with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
-        return healthlog.fingerprint(conn)
 
 
 def warns(logs, msg_part: str, delivery_id: int = None) -> list:
@@ -238,7 +226,7 @@ def fold(start_service):
 # in tests/test_fold_properties.py): deliveries received a second apart from T0.
 
 T0 = dt.datetime(2024, 6, 1, tzinfo=dt.timezone.utc)
-#: The extra columns read by Store.objects() here: who created and who last changed an object.
+#: The extra columns read by DirectStore.objects() here: who created and who last changed an object.
 WRITERS = ("delivery_id", "updated_by")
 
 
@@ -262,10 +250,10 @@ def test_storage_8_1_same_span_sleep_stages_are_both_kept(fold, logs):
     assert (row["parse_status"], row["layer"], row["error"]) == ("parsed", "record", None)
     assert (row["points"], row["bad_points"]) == (len(rows), 0)
     assert (row["incomparable"], row["overwrites"], row["unit_conflicts"]) == (0, 0, 0)
-    stored = objects(fold.data_dir)
+    stored = decoded_objects(fold.data_dir)
     assert {(o["metric"], o["layer"]) for o in stored} == {("sleep_analysis", "record")}
     assert sum(o["points"] for o in stored) == len(rows)
-    assert row["objects_written"] == len(stored) == len({utc_hour(r["startDate"]) for r in rows})
+    assert row["objects_written"] == len(stored) == len({object_hour(r["startDate"]) for r in rows})
     kept = [p for o in stored for p in o["decoded"]]
     assert same_span_pairs(kept) == pairs  # both stages of every pair, as sent
     assert sorted(json.dumps(p, sort_keys=True) for p in kept) == sorted(
@@ -283,7 +271,7 @@ def test_storage_8_1_a_mood_and_an_emotion_logged_at_one_moment_are_both_kept(fo
     row = fold(body_of(stateOfMind=[mood, emotion]), automation("Mood", "Days"))
 
     assert (row["parse_status"], row["points"], row["incomparable"]) == ("parsed", 2, 0)
-    [stored] = objects(fold.data_dir)
+    [stored] = decoded_objects(fold.data_dir)
     assert stored["metric"] == "state_of_mind" and stored["points"] == 2
     assert sorted(p["kind"] for p in stored["decoded"]) == ["daily_mood", "momentary_emotion"]
     assert warns(logs, INCOMPARABLE_WARN) == []
@@ -334,8 +322,8 @@ def test_storage_8_2_dropped_different_values_at_one_coordinate_are_counted_and_
     assert (row["points"], row["incomparable"], row["objects_written"]) == (6, 1, 1)
     [warn] = warns(logs, INCOMPARABLE_WARN, row["id"])
     assert (warn["metric"], warn["layer"], warn["hour"], warn["incomparable"]) == (
-        "heart_rate", "minutes", str(utc_hour(day % 0)), "1")
-    [stored] = objects(fold.data_dir, "heart_rate")
+        "heart_rate", "minutes", str(object_hour(day % 0)), "1")
+    [stored] = decoded_objects(fold.data_dir, "heart_rate")
     assert [p["date"] for p in stored["decoded"]] == [day % m for m in (1, 2, 3)]
     first, second, _ = stored["decoded"]
     assert first["Avg"] in (hf.CANARY_QTY, 80.5)  # one of the two is kept...
@@ -346,7 +334,7 @@ def test_storage_8_2_dropped_different_values_at_one_coordinate_are_counted_and_
     again = fold(body_of(hf.metric("heart_rate", points[::-1], "count/min")), headers)
 
     assert (again["objects_written"], again["overwrites"], again["incomparable"]) == (0, 0, 1)
-    assert objects(fold.data_dir, "heart_rate")[0]["hash"] == stored["hash"]
+    assert decoded_objects(fold.data_dir, "heart_rate")[0]["hash"] == stored["hash"]
     assert len(warns(logs, INCOMPARABLE_WARN, again["id"])) == 1
 
 
@@ -362,26 +350,26 @@ def test_storage_8_3_kj_after_kcal_leaves_the_kcal_objects_and_counts_conflicts(
     by_date = {p["date"]: p["qty"] for p in kcal["data"]}
     assert all(abs(p["qty"] - by_date[p["date"]] * 4.184) < 1e-9 * p["qty"]
                for p in kj["data"] if p["date"] in by_date)
-    kcal_hours = {utc_hour(p["date"]) for p in kcal["data"]}
-    kj_hours = {utc_hour(p["date"]) for p in kj["data"]}
+    kcal_hours = {object_hour(p["date"]) for p in kcal["data"]}
+    kj_hours = {object_hour(p["date"]) for p in kj["data"]}
     assert len(kcal_hours) == 3 and kj_hours - kcal_hours  # one hour only in the kJ delivery
     headers = automation("Energy", "Minutes")
 
     first = fold(body_of(kcal), headers)
-    before = {o["hour"]: o for o in objects(fold.data_dir, "active_energy")}
+    before = {o["hour"]: o for o in decoded_objects(fold.data_dir, "active_energy")}
     second = fold(body_of(kj), headers)
 
     assert first["unit_conflicts"] == 0 and second["parse_status"] == "parsed"
     assert second["unit_conflicts"] == len(kcal_hours & kj_hours) == 3
     assert second["objects_written"] == len(kj_hours - kcal_hours) == 1
-    after = {o["hour"]: o for o in objects(fold.data_dir, "active_energy")}
+    after = {o["hour"]: o for o in decoded_objects(fold.data_dir, "active_energy")}
     assert set(after) == kcal_hours | kj_hours
     for hour in kcal_hours:  # untouched: units, points, hash and provenance
         assert after[hour]["units"] == "kcal"
         assert {k: v for k, v in after[hour].items() if k != "decoded"} == \
             {k: v for k, v in before[hour].items() if k != "decoded"}
         assert {p["date"]: p["qty"] for p in after[hour]["decoded"]} == {
-            d: q for d, q in by_date.items() if utc_hour(d) == hour}
+            d: q for d, q in by_date.items() if object_hour(d) == hour}
         assert set(after[hour]["from"]) == {first["id"]}
     for hour in kj_hours - kcal_hours:  # a new hour takes the arriving units
         assert after[hour]["units"] == "kJ" and set(after[hour]["from"]) == {second["id"]}
@@ -454,7 +442,7 @@ def test_storage_8_4_each_sleep_format_alone_needs_no_aggregation_header(fold, l
 
     assert (row["parse_status"], row["layer"], row["error"]) == ("parsed", "record", None)
     assert (row["points"], row["bad_points"], row["incomparable"]) == (len(rows), 0, 0)
-    stored = objects(fold.data_dir)
+    stored = decoded_objects(fold.data_dir)
     assert {(o["metric"], o["layer"]) for o in stored} == {("sleep_analysis", "record")}
     assert sum(o["points"] for o in stored) == len(rows)
     assert [r for r in logs.records() if r.get("level") == "WARN"] == []
@@ -470,7 +458,7 @@ def test_storage_8_4_sleep_beside_metrics_goes_to_record_whatever_the_header(fol
     row = fold(hf.dumps_hae(payload), automation("Hourly with sleep", "Hours"))
 
     assert (row["parse_status"], row["layer"]) == ("parsed", "hours")
-    layers = {(o["metric"], o["layer"]) for o in objects(fold.data_dir)}
+    layers = {(o["metric"], o["layer"]) for o in decoded_objects(fold.data_dir)}
     assert layers == {("step_count", "hours"), ("sleep_analysis", "record")}
 
 
@@ -506,7 +494,7 @@ def test_storage_8_5_a_one_day_days_export_without_header_is_days(fold, logs):
 
     assert (row["parse_status"], row["layer"], row["error"]) == ("parsed", "days", None)
     assert (row["points"], row["bad_points"], row["objects_written"]) == (10, 0, 10)
-    assert {o["layer"] for o in objects(fold.data_dir)} == {"days"}
+    assert {o["layer"] for o in decoded_objects(fold.data_dir)} == {"days"}
     assert [r for r in logs.records() if r.get("level") == "WARN"] == []
 
 
@@ -520,7 +508,7 @@ def test_storage_8_5_a_metric_with_data_null_is_an_empty_metric(fold, logs):
 
     assert (row["parse_status"], row["layer"], row["error"]) == ("parsed", "minutes", None)
     assert (row["points"], row["bad_points"]) == (2, 0)
-    assert [(o["metric"], o["layer"], o["points"]) for o in objects(fold.data_dir)] == [
+    assert [(o["metric"], o["layer"], o["points"]) for o in decoded_objects(fold.data_dir)] == [
         ("step_count", "minutes", 2)]
     assert warns(logs, "points without a readable time") == []
 
@@ -533,7 +521,7 @@ def test_storage_8_5_a_single_point_without_header_or_history_is_not_inferable(f
 
     assert (row["parse_status"], row["error"], row["layer"]) == (
         "failed", "layer_not_inferable", None)
-    assert objects(fold.data_dir) == []
+    assert decoded_objects(fold.data_dir) == []
 
 
 # =============================================================================================
@@ -560,7 +548,7 @@ def test_storage_8_6_second_heart_rate_in_a_minutes_export(fold, logs, header, l
     row = fold(_minutes_export(), automation("Minutes export", header))
 
     assert (row["parse_status"], row["layer"]) == ("parsed", layer)
-    assert {o["layer"] for o in objects(fold.data_dir)} == {layer}
+    assert {o["layer"] for o in decoded_objects(fold.data_dir)} == {layer}
     found = warns(logs, DISAGREES, row["id"])
     if disagrees:  # minute data under a Days header is a real contradiction
         [warn] = found
@@ -610,7 +598,7 @@ def test_storage_8_7_respelled_times_of_a_folded_day_write_nothing(fold, logs):
     bodies = _whole_day(21, dt.date(2024, 3, 13))
     for body in bodies:
         assert fold(hf.dumps_hae(body), headers)["objects_written"] > 0
-    before, fingerprint = objects(fold.data_dir), live_fingerprint(fold.data_dir)
+    before, fingerprint = decoded_objects(fold.data_dir), live_fingerprint(fold.data_dir)
     assert {(o["metric"], o["layer"]) for o in before} >= {
         ("step_count", "minutes"), ("heart_rate", "minutes"), ("sleep_analysis", "record"),
         ("workouts", "record")}
@@ -627,7 +615,7 @@ def test_storage_8_7_respelled_times_of_a_folded_day_write_nothing(fold, logs):
             assert (row["objects_written"], row["overwrites"], row["incomparable"],
                     row["bad_points"]) == (0, 0, 0, 0), style
 
-    assert objects(fold.data_dir) == before
+    assert decoded_objects(fold.data_dir) == before
     assert live_fingerprint(fold.data_dir) == fingerprint
     assert warns(logs, "collision") == [] and warns(logs, INCOMPARABLE_WARN) == []
 
@@ -642,7 +630,7 @@ def test_storage_8_7_property_any_respelling_of_a_folded_delivery_writes_nothing
     day = dt.date(2024, 3, 13) + dt.timedelta(days=seed % 5)
     bodies = _whole_day(seed, day, (first_hour, first_hour + 1))
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "data", T0)
+        store = DirectStore(Path(tmp) / "data", T0)
         try:
             for body in bodies:
                 store.journal_and_fold(hf.dumps_hae(body), headers)
@@ -680,7 +668,7 @@ energy_deliveries = st.lists(
 def test_storage_8_8_property_stored_points_keep_the_units_they_came_in(deliveries):
     headers = {"automation-aggregation": "Minutes", "automation-id": "UNITS"}
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "data", T0)
+        store = DirectStore(Path(tmp) / "data", T0)
         try:
             units_of, model = {}, {}  # delivery id -> units; hour -> units the oracle expects
             seen = set()
@@ -688,7 +676,7 @@ def test_storage_8_8_property_stored_points_keep_the_units_they_came_in(deliveri
                 data = [{"date": "2024-06-01 %02d:%02d:00 +0000" % (10 + h, m),
                          "qty": kcal * (KJ_PER_KCAL if units == "kJ" else 1),
                          "source": hf.OWNER_WATCH} for h, m, kcal in points]
-                hours = {utc_hour(p["date"]) for p in data}
+                hours = {object_hour(p["date"]) for p in data}
                 conflicts = sum(1 for h in hours if model.setdefault(h, units) != units)
                 body = body_of(hf.metric("active_energy", data, units))
                 if body in seen:  # the same bytes again: a duplicate, a no-op by design
@@ -723,7 +711,7 @@ def test_storage_8_8_one_metric_in_two_units_in_one_body_keeps_the_first(fold, l
     row = fold(body_of(kg, lb, steps), automation("Two units", "Minutes"))
 
     assert (row["parse_status"], row["unit_conflicts"]) == ("parsed", 1)
-    weight = [o for o in objects(fold.data_dir, "weight_body_mass")]
+    weight = [o for o in decoded_objects(fold.data_dir, "weight_body_mass")]
     assert [(o["units"], [p["qty"] for p in o["decoded"]]) for o in weight] == [("kg", [70.5])]
     assert warns(logs, "came in two units")
 
@@ -748,7 +736,7 @@ def test_storage_8_9_an_unknown_aggregation_header_is_warned_and_the_layer_infer
         "parsed", "hours", "Fortnightly")
     [warn] = warns(logs, UNKNOWN_GROUPING, row["id"])
     assert warn["header"] == "Fortnightly"
-    assert {o["layer"] for o in objects(fold.data_dir)} == {"hours"}
+    assert {o["layer"] for o in decoded_objects(fold.data_dir)} == {"hours"}
 
 
 def test_storage_8_7_parse_time_reads_a_literal_z():
@@ -870,14 +858,14 @@ def test_reindex_9_5_import_refuses_an_undecidable_file_and_accepts_it_with_aggr
 # =============================================================================================
 
 HOUR_TEXT = "2024-03-08 10:%02d:00 -0800"
-HOUR = utc_hour(HOUR_TEXT % 0)
+HOUR = object_hour(HOUR_TEXT % 0)
 FIRST = ("2024-03-08T18:30:00.000000Z", 1)
 SECOND = ("2024-03-08T18:40:00.000000Z", 2)
 THIRD = ("2024-03-08T18:50:00.000000Z", 3)
 POSITIONS = {1: FIRST, 2: SECOND, 3: THIRD}
 
 
-def pt(minute: int, **values) -> dict:
+def minute_point(minute: int, **values) -> dict:
     point = {"date": HOUR_TEXT % minute}
     point.update(values)
     point.setdefault("source", hf.CANARY_SOURCE)
@@ -906,7 +894,7 @@ def counted(result) -> dict:
 
 
 def test_storage_8_10_a_new_object_takes_the_arriving_units_and_sorted_points():
-    arriving = [pt(20, qty=2.5), pt(5, qty=1.25), pt(40, qty=3.75)]
+    arriving = [minute_point(20, qty=2.5), minute_point(5, qty=1.25), minute_point(40, qty=3.75)]
 
     result = merge(None, arriving, 2, units="kJ")
 
@@ -921,10 +909,11 @@ def test_storage_8_10_a_new_object_takes_the_arriving_units_and_sorted_points():
 
 
 def test_storage_8_10_other_units_leave_the_stored_object_and_count_a_conflict():
-    stored = stored_object([pt(5, qty=1.25)], [1])
+    stored = stored_object([minute_point(5, qty=1.25)], [1])
     snapshot = repr(stored)
 
-    result = merge(stored, [pt(5, qty=1.25 * 4.184), pt(6, qty=2.0)], 2, units="kJ")
+    result = merge(stored, [minute_point(5, qty=1.25 * 4.184), minute_point(6, qty=2.0)], 2,
+                   units="kJ")
 
     assert result.written is None
     assert counted(result) == {"unit_conflicts": 1}
@@ -936,7 +925,8 @@ def test_storage_8_10_other_units_leave_the_stored_object_and_count_a_conflict()
 
 
 def test_storage_8_10_the_same_value_writes_nothing():
-    stored = stored_object([pt(5, qty=61.999999999999993), pt(6, qty=2.0)], [1, 1])
+    stored = stored_object([minute_point(5, qty=61.999999999999993), minute_point(6, qty=2.0)], [1,
+                                                                                                 1])
     same = [{"qty": 61.99999999999999, "date": "2024-03-08 10:05:00\u202fAM -0800",
              "source": hf.OWNER_WATCH},
             {"date": "2024-03-08T18:06:00Z", "qty": 2}]
@@ -947,9 +937,9 @@ def test_storage_8_10_the_same_value_writes_nothing():
 
 
 def test_storage_8_10_a_later_position_replaces_an_equally_complete_point():
-    stored = stored_object([pt(5, qty=1.25), pt(6, qty=2.0)], [1, 1])
+    stored = stored_object([minute_point(5, qty=1.25), minute_point(6, qty=2.0)], [1, 1])
 
-    result = merge(stored, [pt(5, qty=9.5)], 2)
+    result = merge(stored, [minute_point(5, qty=9.5)], 2)
 
     written = result.written
     assert [p["qty"] for p in written.points] == [9.5, 2.0]
@@ -959,16 +949,16 @@ def test_storage_8_10_a_later_position_replaces_an_equally_complete_point():
     [(message, fields)] = result.warnings
     assert message.startswith("collision") and fields["overwrites"] == 1
     # an earlier position does not replace the later stored point
-    later = stored_object([pt(5, qty=9.5)], [2], created_by=2, updated_by=2)
-    assert merge(later, [pt(5, qty=1.25)], 1).written is None
+    later = stored_object([minute_point(5, qty=9.5)], [2], created_by=2, updated_by=2)
+    assert merge(later, [minute_point(5, qty=1.25)], 1).written is None
 
 
 def test_storage_8_10_a_dominated_point_does_not_replace_a_richer_one():
-    rich = pt(5, qty=1.25, Min=0.5)
+    rich = minute_point(5, qty=1.25, Min=0.5)
     stored = stored_object([rich], [1])
 
-    poorer = merge(stored, [pt(5, qty=1.25)], 3)
-    richer = merge(stored_object([pt(5, qty=1.25)], [3], created_by=3, updated_by=3),
+    poorer = merge(stored, [minute_point(5, qty=1.25)], 3)
+    richer = merge(stored_object([minute_point(5, qty=1.25)], [3], created_by=3, updated_by=3),
                    [rich], 1)  # dominance wins over journal order
 
     assert poorer.written is None and poorer.counters["overwrites"] == 0
@@ -976,9 +966,9 @@ def test_storage_8_10_a_dominated_point_does_not_replace_a_richer_one():
 
 
 def test_storage_8_10_appended_points_are_sorted_and_dropped_values_counted():
-    stored = stored_object([pt(5, qty=1.0), pt(20, qty=2.0)], [1, 1])
+    stored = stored_object([minute_point(5, qty=1.0), minute_point(20, qty=2.0)], [1, 1])
 
-    result = merge(stored, [pt(40, qty=4.0), pt(10, qty=3.0)], 3, dropped=2)
+    result = merge(stored, [minute_point(40, qty=4.0), minute_point(10, qty=3.0)], 3, dropped=2)
 
     written = result.written
     assert [p["qty"] for p in written.points] == [1.0, 3.0, 2.0, 4.0]
@@ -988,7 +978,7 @@ def test_storage_8_10_appended_points_are_sorted_and_dropped_values_counted():
     assert counted(result) == {"objects_written": 1, "incomparable": 2}
     [(message, fields)] = result.warnings
     assert message == INCOMPARABLE_WARN and fields["incomparable"] == 2
-    fresh = merge(None, [pt(1, qty=1.0)], 2, dropped=1)
+    fresh = merge(None, [minute_point(1, qty=1.0)], 2, dropped=1)
     assert counted(fresh) == {"objects_written": 1, "incomparable": 1}
     assert [m for m, _ in fresh.warnings] == [INCOMPARABLE_WARN]
 

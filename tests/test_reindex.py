@@ -36,9 +36,8 @@ import healthlog
 from conftest import (ROOT, Client, assert_no_leaks, db_rows,
                       live_fingerprint, object_rows, parse_logfmt, run_cli, stored_points,
                       wait_folded, wait_for)
-from reindex_helpers import (DAY, body, body_paths, by_path, cli_args,
-                             copy_store, headers, journal_facts, module_service, post,
-                             printed_fingerprint, pt, tables, when)
+from reindex_helpers import (DAY, body_paths, by_path, cli_args, copy_store, headers, journal_facts,
+                             module_service, post, printed_fingerprint, pt, tables, when)
 
 # One JSON mode (orjson): a rebuild folds with the live fold's code, which test_fold*.py
 # run with and without orjson; REINDEX-10.3 rebuilds the same archive both ways itself.
@@ -126,39 +125,45 @@ def fold_late(start_service, payload: bytes, received_at: str, **kw) -> int:
     return delivery_id
 
 
-def _week_deliveries() -> list:
+def _deliveries(week: bool) -> list:
     """(path, headers, body) of realistic traffic in arrival order.
 
-    A week of the factory's phone (fast Minutes pushes that re-send their growing last
-    bucket, Today totals in Days, Previous-7-Days re-sends in Hours, aggregated sleep,
+    ``week``: a week of the factory's phone (fast Minutes pushes that re-send their growing
+    last bucket, Today totals in Days, Previous-7-Days re-sends in Hours, aggregated sleep,
     Default-grouped raw samples, workouts, the six record sections), a day of the heavier
-    phone, two days of a Berlin phone in 12-hour time across a DST change, and what else
-    arrives in real life: a retried push with the same bytes, a body
-    with a section this version does not know (partial), a body with no readable time
-    (failed), an automation known only by its /api/ingest/<name> path whose sparse push
-    inherits its layer, and the canary payload.
+    phone, and two days of a Berlin phone in 12-hour time across a DST change; else one day
+    of the factory's phone and the Berlin phone's day of the DST change. Then what else
+    arrives in real life: a retried push with the same bytes, a body with a section this
+    version does not know (partial), a body with no readable time (failed), an automation
+    known only by its /api/ingest/<name> path whose sparse push inherits its layer, and the
+    canary payload.
     """
-    out = [("/api/ingest", p.headers, p.body) for p in hf.week_of_traffic(seed=7)]
-    out += [("/api/ingest", p.headers, p.body)
-            for p in hf.week_of_traffic(seed=3, start=DAY + dt.timedelta(days=14), days=1,
-                                        small=False)]
-    out += [("/api/ingest", p.headers, p.body)  # Europe's autumn DST change, 12-hour clock
-            for p in hf.week_of_traffic(seed=1, start=dt.date(2024, 10, 26), days=2,
-                                        phone=hf.Phone(hf.BERLIN, "12h"))]
+    berlin = hf.Phone(hf.BERLIN, "12h")  # Europe's autumn DST change, 12-hour clock
+    if week:
+        pushes = list(hf.week_of_traffic(seed=7))
+        pushes += hf.week_of_traffic(seed=3, start=DAY + dt.timedelta(days=14), days=1,
+                                     small=False)
+        pushes += hf.week_of_traffic(seed=1, start=dt.date(2024, 10, 26), days=2, phone=berlin)
+    else:
+        pushes = list(hf.week_of_traffic(seed=7, days=1))
+        pushes += hf.week_of_traffic(seed=1, start=dt.date(2024, 10, 27), days=1, phone=berlin)
+    out = [("/api/ingest", p.headers, p.body) for p in pushes]
     later = DAY + dt.timedelta(days=20)
+    retried, partial, failed, canary, scale = [len(out) * k // 6 for k in range(1, 6)]
     extras = {
-        20: [out[20]],  # HAE retried a push: the same bytes and headers again
-        40: [("/api/ingest", headers(hf.Automation("Reindex partial")),
-              body(("step_count", "count", [pt(when(9, m, later), qty=m + 1) for m in range(3)]),
-                   futureSection=[{"date": when(9, 0, later), "mood": "ok"}]))],
-        60: [("/api/ingest", headers(hf.Automation("Reindex broken")),
-              body(("step_count", "count", [{"date": "yesterday", "qty": 3}])))],
-        80: [("/api/ingest", headers(hf.Automation("Reindex canary", "Default", "Default")),
-              hf.dumps_hae(hf.canary_payload(5, later)))],
-        100: [("/api/ingest/scale", {}, body(("weight_body_mass", "kg", [
-                  pt(when(7, m, later), qty=74.0 + m / 10) for m in (1, 2, 3)]))),
-              ("/api/ingest/scale", {}, body(("weight_body_mass", "kg", [
-                  pt(when(7, 30, later + dt.timedelta(days=1)), qty=74.4)])))],
+        retried: [out[retried]],  # HAE retried a push: the same bytes and headers again
+        partial: [("/api/ingest", headers(hf.Automation("Reindex partial")),
+                   hf.body(("step_count", "count",
+                            [pt(when(9, m, later), qty=m + 1) for m in range(3)]),
+                           futureSection=[{"date": when(9, 0, later), "mood": "ok"}]))],
+        failed: [("/api/ingest", headers(hf.Automation("Reindex broken")),
+                  hf.body(("step_count", "count", [{"date": "yesterday", "qty": 3}])))],
+        canary: [("/api/ingest", headers(hf.Automation("Reindex canary", "Default", "Default")),
+                  hf.dumps_hae(hf.canary_payload(5, later)))],
+        scale: [("/api/ingest/scale", {}, hf.body(("weight_body_mass", "kg", [
+                    pt(when(7, m, later), qty=74.0 + m / 10) for m in (1, 2, 3)]))),
+                ("/api/ingest/scale", {}, hf.body(("weight_body_mass", "kg", [
+                    pt(when(7, 30, later + dt.timedelta(days=1)), qty=74.4)])))],
     }
     arrival = []
     for index, delivery in enumerate(out):
@@ -167,23 +172,36 @@ def _week_deliveries() -> list:
     return arrival
 
 
-@pytest.fixture(scope="module")
-def week_store(tmp_path_factory, json_mode) -> Path:
-    """A data directory whose live worker folded `_week_deliveries()` (tests copy it)."""
-    data_dir = tmp_path_factory.mktemp("week") / "data"
+def _live_store(data_dir: Path, week: bool) -> Path:
+    """A data directory whose live worker folded `_deliveries(week)`, with a backfill
+    imported by hand halfway."""
     export = data_dir.parent / "export.json"  # a backfill exported by hand in the app
     export.write_bytes(hf.dumps_hae(hf.metrics_payload(
         9, ("step_count", "heart_rate"), DAY - dt.timedelta(days=30), grouping="Hours")))
+    deliveries = _deliveries(week)
     with module_service(data_dir, fold_wake_s=0.2) as service:
         client = Client(*service.address)
-        for index, (path, sent_headers, payload) in enumerate(_week_deliveries()):
+        for index, (path, sent_headers, payload) in enumerate(deliveries):
             post(client, payload, path, headers=sent_headers)
-            if index == 150:
+            if index == len(deliveries) // 2:
                 imported = run_cli("import", "--data", data_dir, "--aggregation", "Hours",
                                    "--name", "manual", export)
                 assert imported.returncode == 0, imported.stdout + imported.stderr
         wait_folded(data_dir)
     return data_dir
+
+
+@pytest.fixture(scope="module")
+def week_store(tmp_path_factory, json_mode) -> Path:
+    """A week of realistic traffic folded live (REINDEX-2.1 copies it)."""
+    return _live_store(tmp_path_factory.mktemp("week") / "data", week=True)
+
+
+@pytest.fixture(scope="module")
+def day_store(tmp_path_factory, json_mode) -> Path:
+    """A day of the same traffic, every outcome and kind of delivery in it, folded live:
+    the store the tests of a rule about any store copy (a week proves no more there)."""
+    return _live_store(tmp_path_factory.mktemp("day") / "data", week=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,11 +242,11 @@ def test_reindex_2_1_live_store_equals_the_rebuild_for_realistic_traffic(week_st
 def test_reindex_2_2_delivery_folded_after_its_journal_successor_ends_as_the_rebuild(
         start_service, data_dir, logs):
     # B is later in the journal but was folded first; A became visible late.
-    b_body = body(("step_count", "count", [pt(when(10, 0), qty=8), pt(when(10, 1), qty=3)]),
-                  ("heart_rate", "count/min", [pt(when(10, 0), Avg=70)]))
-    a_body = body(("step_count", "count", [pt(when(10, 0), qty=7)]),
-                  ("heart_rate", "count/min", [pt(when(10, 0), Min=60, Avg=70, Max=80)]),
-                  ("active_energy", "kJ", [pt(when(10, 5), qty=1.5)]))
+    b_body = hf.body(("step_count", "count", [pt(when(10, 0), qty=8), pt(when(10, 1), qty=3)]),
+                     ("heart_rate", "count/min", [pt(when(10, 0), Avg=70)]))
+    a_body = hf.body(("step_count", "count", [pt(when(10, 0), qty=7)]),
+                     ("heart_rate", "count/min", [pt(when(10, 0), Min=60, Avg=70, Max=80)]),
+                     ("active_energy", "kJ", [pt(when(10, 5), qty=1.5)]))
     b_id = post_and_fold(start_service, b_body, headers=headers())
     a_id = fold_late(start_service, a_body, just_before(data_dir, b_id), headers=headers())
 
@@ -252,9 +270,9 @@ def test_reindex_2_2_delivery_folded_after_its_journal_successor_ends_as_the_reb
 # ---------------------------------------------------------------------------------------------
 # Requirement 3: the archive alone restores the journal and the store.
 
-def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(week_store,
+def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(day_store,
                                                                             tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     # The layer of Default-grouped automations came from their automation-aggregation header.
     defaults = {r["archive_path"]: r["layer"] for r in before_journal
@@ -283,7 +301,7 @@ def test_reindex_3_1_archive_alone_restores_the_same_journal_and_fingerprint(wee
 def test_reindex_3_2_orphan_bodies_are_adopted_and_folded(start_service, data_dir):
     service = start_service()
     client = Client(*service.address)
-    post(client, body(("step_count", "count", [pt(when(8, m), qty=m + 1) for m in range(3)])),
+    post(client, hf.body(("step_count", "count", [pt(when(8, m), qty=m + 1) for m in range(3)])),
          headers=headers())
     wait_folded(data_dir)
     # The delivery rows cannot be written (another writer holds the database): the bodies
@@ -293,8 +311,8 @@ def test_reindex_3_2_orphan_bodies_are_adopted_and_folded(start_service, data_di
     blocker.execute("BEGIN IMMEDIATE")
     try:
         orphan_bodies = [
-            body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m) for m in range(3)])),
-            body(("active_energy", "kJ", [pt(when(11, m), qty=m + 0.5) for m in range(3)])),
+            hf.body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m) for m in range(3)])),
+            hf.body(("active_energy", "kJ", [pt(when(11, m), qty=m + 0.5) for m in range(3)])),
         ]
         answers = [client.ingest(orphan_bodies[0], headers=headers(raw))[0],
                    client.ingest(orphan_bodies[1], path="/api/ingest/lost")[0]]
@@ -348,9 +366,9 @@ def test_reindex_3_2_orphan_bodies_are_adopted_and_folded(start_service, data_di
 def test_reindex_3_3_missing_body_is_reported_and_the_rest_proceeds(start_service, data_dir):
     service = start_service()
     client = Client(*service.address)
-    lost = post(client, body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+    lost = post(client, hf.body(("step_count", "count", [pt(when(8, m), qty=m + 1)
                                                        for m in range(3)])), headers=headers())
-    kept = post(client, body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m)
+    kept = post(client, hf.body(("heart_rate", "count/min", [pt(when(9, m), Avg=60 + m)
                                                            for m in range(3)])), headers=headers())
     wait_folded(data_dir)
     service.stop()
@@ -387,8 +405,9 @@ def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(star
     # An automation known by its path only. Its sparse push (one point) inherits the layer of
     # the dense push before it in the journal, but that one became visible late: the live
     # worker folded the sparse push first, could not place it, and marked it failed.
-    dense = body(("weight_body_mass", "kg", [pt(when(10, m), qty=74 + m / 10) for m in (1, 2, 3)]))
-    sparse = body(("weight_body_mass", "kg", [pt(when(11, 5), qty=74.5)]))
+    dense = hf.body(("weight_body_mass", "kg", [pt(when(10, m), qty=74 + m / 10) for m in (1, 2,
+                                                                                           3)]))
+    sparse = hf.body(("weight_body_mass", "kg", [pt(when(11, 5), qty=74.5)]))
     sparse_id = post_and_fold(start_service, sparse, path="/api/ingest/scale")
     dense_id = fold_late(start_service, dense, just_before(data_dir, sparse_id),
                          path="/api/ingest/scale")
@@ -423,9 +442,9 @@ def test_reindex_4_1_reindex_folds_failed_deliveries_again_in_journal_order(star
     assert run_cli("verify", "--data", data_dir).returncode == 0
 
 
-def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_in(week_store,
+def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_in(day_store,
                                                                                   tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     shutil.copytree(str(data_dir / "archive"), str(tmp_path / "intact"))
     for archived in healthlog.archive_bodies(data_dir):  # a disk that gives back damaged files
@@ -449,9 +468,9 @@ def test_reindex_4_2_a_rebuild_that_would_lose_folded_deliveries_is_not_swapped_
     assert healed.returncode == 0 and printed_fingerprint(healed.stdout) == before
 
 
-def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(week_store,
+def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(day_store,
                                                                            tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     before_journal, before = journal_facts(data_dir), live_fingerprint(data_dir)
     shutil.move(str(data_dir / "archive"), str(tmp_path / "unmounted"))
     (data_dir / "archive").mkdir()  # the mount point of a disk that is not mounted
@@ -468,8 +487,8 @@ def test_reindex_4_3_an_archive_that_is_not_mounted_is_refused_even_forced(week_
 # ---------------------------------------------------------------------------------------------
 # Requirement 6: progress on a terminal, a summary at the end.
 
-def test_reindex_6_1_progress_on_a_terminal_and_a_summary(week_store, tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+def test_reindex_6_1_progress_on_a_terminal_and_a_summary(day_store, tmp_path):
+    data_dir = copy_store(day_store, tmp_path)
     counts = status_counts(data_dir)
     total = sum(counts.values())
     [sums] = db_rows(data_dir, "SELECT count(*) AS objects, sum(points) AS points FROM object")
@@ -495,8 +514,8 @@ def test_reindex_6_1_progress_on_a_terminal_and_a_summary(week_store, tmp_path):
     assert_no_leaks(terminal.splitlines())
 
 
-def test_reindex_6_2_no_progress_when_stderr_is_not_a_terminal(week_store, tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+def test_reindex_6_2_no_progress_when_stderr_is_not_a_terminal(day_store, tmp_path):
+    data_dir = copy_store(day_store, tmp_path)
 
     result = run_cli("reindex", "--data", data_dir)
 
@@ -508,11 +527,11 @@ def test_reindex_6_2_no_progress_when_stderr_is_not_a_terminal(week_store, tmp_p
 # ---------------------------------------------------------------------------------------------
 # Requirement 7: verify compares without changing anything.
 
-def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(week_store, tmp_path,
+def test_reindex_7_1_verify_beside_serve_changes_nothing_and_skips_pending(day_store, tmp_path,
                                                                            start_service):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     service = start_service(data_dir=data_dir, paused=True)
-    post(Client(*service.address), body(("step_count", "count", [pt(when(6), qty=1)])),
+    post(Client(*service.address), hf.body(("step_count", "count", [pt(when(6), qty=1)])),
          headers=headers())
     before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
 
@@ -536,7 +555,7 @@ def test_reindex_7_2_verify_names_up_to_20_differing_objects_and_reindex_heals(s
     hours = range(25)
 
     def hourly(**values) -> bytes:
-        return body(("step_count", "count", [pt(when(h % 24, 0, DAY + dt.timedelta(h // 24)),
+        return hf.body(("step_count", "count", [pt(when(h % 24, 0, DAY + dt.timedelta(h // 24)),
                                                  **values) for h in hours]))
 
     service = start_service()
@@ -569,14 +588,14 @@ def test_reindex_7_2_verify_names_up_to_20_differing_objects_and_reindex_heals(s
     assert run_cli("verify", "--data", data_dir).returncode == 0
 
 
-def test_reindex_7_3_verify_works_in_a_directory_restored_from_the_archive_alone(week_store,
+def test_reindex_7_3_verify_works_in_a_directory_restored_from_the_archive_alone(day_store,
                                                                                 tmp_path):
     data_dir = tmp_path / "restored"
     data_dir.mkdir(mode=0o700)
-    shutil.copytree(str(week_store / "archive"), str(data_dir / "archive"))
+    shutil.copytree(str(day_store / "archive"), str(data_dir / "archive"))
     reindexed = run_cli("reindex", "--data", data_dir)
     assert reindexed.returncode == 0, reindexed.stderr
-    assert printed_fingerprint(reindexed.stdout) == live_fingerprint(week_store)
+    assert printed_fingerprint(reindexed.stdout) == live_fingerprint(day_store)
 
     result = run_cli("verify", "--data", data_dir)
 
@@ -587,11 +606,11 @@ def test_reindex_7_3_verify_works_in_a_directory_restored_from_the_archive_alone
 # ---------------------------------------------------------------------------------------------
 # Requirement 8: status.
 
-def test_reindex_8_1_status_reports_journal_store_and_sizes_beside_serve(week_store, tmp_path,
+def test_reindex_8_1_status_reports_journal_store_and_sizes_beside_serve(day_store, tmp_path,
                                                                          start_service):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     service = start_service(data_dir=data_dir, paused=True)
-    waiting = post(Client(*service.address), body(("step_count", "count", [pt(when(6), qty=1)])),
+    waiting = post(Client(*service.address), hf.body(("step_count", "count", [pt(when(6), qty=1)])),
                    headers=headers())
     [row] = db_rows(data_dir, "SELECT received_at FROM delivery WHERE id = ?", (waiting,))
     [sums] = db_rows(data_dir, "SELECT count(*) AS objects, sum(points) AS points FROM object")
@@ -646,10 +665,10 @@ def test_reindex_8_3_status_says_in_one_line_whether_everything_received_is_fold
 
     before = dt.datetime.now(dt.timezone.utc)
     for hour in (6, 7):
-        post(client, body(("step_count", "count", [pt(when(hour, m), qty=m) for m in range(3)])),
+        post(client, hf.body(("step_count", "count", [pt(when(hour, m), qty=m) for m in range(3)])),
              headers=headers())
     lonely = hf.Automation("Lonely push", "Minutes")  # one point, no grouping: it fails
-    post(client, body(("step_count", "count", [pt(when(9), qty=1)])),
+    post(client, hf.body(("step_count", "count", [pt(when(9), qty=1)])),
          headers=headers(lonely, aggregation=False))
     rows = db_rows(data_dir)
     assert [r["parse_status"] for r in rows] == ["pending"] * 3
@@ -736,7 +755,8 @@ def test_reindex_9_2_import_validates_like_http_ingest(start_service, data_dir, 
     missing = tmp_path / "missing.json"
     expected[str(missing)] = "cannot read the file (No such file or directory)"
     good = tmp_path / "good.json"
-    good.write_bytes(body(("step_count", "count", [pt(when(8, m), qty=m + 1) for m in range(3)])))
+    good.write_bytes(hf.body(("step_count", "count", [pt(when(8, m),
+                                                         qty=m + 1) for m in range(3)])))
 
     result = run_cli("import", "--data", data_dir, *(list(expected) + [good]))
 
@@ -753,7 +773,7 @@ def test_reindex_9_2_import_validates_like_http_ingest(start_service, data_dir, 
 def test_reindex_9_3_import_without_serve_is_folded_at_the_next_start(start_service, data_dir,
                                                                        tmp_path):
     export = tmp_path / "export.json"
-    export.write_bytes(body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+    export.write_bytes(hf.body(("step_count", "count", [pt(when(8, m), qty=m + 1)
                                                       for m in range(3)])))
 
     result = run_cli("import", "--data", data_dir, export)
@@ -767,10 +787,10 @@ def test_reindex_9_3_import_without_serve_is_folded_at_the_next_start(start_serv
     assert (row["id"], row["parse_status"], row["layer"]) == (delivery_id, "parsed", "minutes")
 
 
-def test_reindex_7_5_verify_rebuilds_a_delivery_requeued_at_start(week_store, tmp_path):
+def test_reindex_7_5_verify_rebuilds_a_delivery_requeued_at_start(day_store, tmp_path):
     # A row set back to pending at start (a newer parser covers its sections) still has
     # its objects in the live store: verify must rebuild it too, not call them extra.
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     with contextlib.closing(sqlite3.connect(str(data_dir / healthlog.DB_NAME))) as conn:
         with conn:
             conn.execute("UPDATE delivery SET parse_status = 'pending' WHERE id ="
@@ -788,12 +808,12 @@ def test_reindex_9_4_an_old_export_does_not_take_the_place_of_newer_pushed_value
     # total in the evening. Equally complete points: the later journal position wins, and
     # the import's position is its file time, not the moment it was imported.
     export = tmp_path / "morning-export.json"
-    export.write_bytes(body(("step_count", "count", [pt(when(8, 0), qty=5000)])))
+    export.write_bytes(hf.body(("step_count", "count", [pt(when(8, 0), qty=5000)])))
     morning = time.time() - 3600
     os.utime(str(export), (morning, morning))
     service = start_service(fold_wake_s=0.1)  # the import is folded on the next wake
     client = Client(*service.address)
-    post(client, body(("step_count", "count", [pt(when(8, 0), qty=12345)])), headers=headers())
+    post(client, hf.body(("step_count", "count", [pt(when(8, 0), qty=12345)])), headers=headers())
     wait_folded(data_dir)
 
     result = run_cli("import", "--data", data_dir, "--aggregation", "Minutes", export)
@@ -811,9 +831,9 @@ def test_reindex_9_4_an_old_export_does_not_take_the_place_of_newer_pushed_value
 # ---------------------------------------------------------------------------------------------
 # Requirement 10: one fingerprint everywhere.
 
-def test_reindex_10_1_fingerprint_is_sha256_of_sorted_object_keys_and_hashes(week_store,
+def test_reindex_10_1_fingerprint_is_sha256_of_sorted_object_keys_and_hashes(day_store,
                                                                             tmp_path):
-    data_dir = copy_store(week_store, tmp_path)
+    data_dir = copy_store(day_store, tmp_path)
     rows = db_rows(data_dir, "SELECT metric, layer, hour, hash FROM object")
     expected = hashlib.sha256("".join(
         "%s\x1f%s\x1f%d\x1f%s\n" % (r["metric"], r["layer"], r["hour"], r["hash"])
@@ -831,7 +851,7 @@ def test_reindex_10_1_fingerprint_is_sha256_of_sorted_object_keys_and_hashes(wee
 
 
 def test_reindex_10_3_the_same_archive_gives_the_same_fingerprint_with_and_without_orjson(
-        week_store, tmp_path):
+        day_store, tmp_path):
     pytest.importorskip("orjson")
     hidden = tmp_path / "no-orjson"
     hidden.mkdir()
@@ -839,7 +859,7 @@ def test_reindex_10_3_the_same_archive_gives_the_same_fingerprint_with_and_witho
     modes = {"orjson": "", "stdlib": str(hidden)}
     printed = {}
     for mode, path in modes.items():
-        data_dir = copy_store(week_store, tmp_path / mode)
+        data_dir = copy_store(day_store, tmp_path / mode)
         probe = "import healthlog; print(healthlog._orjson is not None)"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (path, str(ROOT)) if p))
         uses = subprocess.run([sys.executable, "-c", probe], cwd=str(ROOT), env=env,
@@ -849,7 +869,7 @@ def test_reindex_10_3_the_same_archive_gives_the_same_fingerprint_with_and_witho
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         printed[mode] = printed_fingerprint(result.stdout)
-    assert printed == dict.fromkeys(modes, live_fingerprint(week_store))
+    assert printed == dict.fromkeys(modes, live_fingerprint(day_store))
 
 
 def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(start_service,
@@ -858,7 +878,7 @@ def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(st
     status = run_cli("status", "--data", data_dir)
     assert printed_fingerprint(status.stdout) == EMPTY_SHA256
 
-    post_and_fold(start_service, body(("step_count", "count", [pt(when(8, m), qty=m + 1)
+    post_and_fold(start_service, hf.body(("step_count", "count", [pt(when(8, m), qty=m + 1)
                                                                for m in range(3)])),
                   headers=headers())
     before = printed_fingerprint(run_cli("status", "--data", data_dir).stdout)
@@ -874,9 +894,9 @@ def test_reindex_10_2_fingerprint_of_an_empty_store_and_of_one_changed_object(st
 
 def test_reindex_2_3_a_delivery_the_live_fold_fails_fails_alike_in_a_rebuild(start_service,
                                                                             data_dir):
-    plain = body(("step_count", "count", [pt(when(10, m), qty=m + 1) for m in range(3)]))
+    plain = hf.body(("step_count", "count", [pt(when(10, m), qty=m + 1) for m in range(3)]))
     nest = b"[" * 700 + b"]" * 700  # valid JSON, deeper than the fold's recursion reaches
-    deep = body(("step_count", "count", [pt(when(11, 0), qty=4)])).replace(
+    deep = hf.body(("step_count", "count", [pt(when(11, 0), qty=4)])).replace(
         b'"qty" :', b'"nest" : ' + nest + b',\n"qty" :', 1)
     assert deep.count(b"[") > 700
     first = post_and_fold(start_service, plain, headers=headers())

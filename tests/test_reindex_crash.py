@@ -22,8 +22,8 @@ import hae_factory as hf
 import healthlog
 from conftest import (TOKEN, Client, db_rows, live_fingerprint, object_rows, one_line, run_cli,
                       stored_points, wait_folded, wait_for)
-from reindex_helpers import (DAY, body, body_paths, copy_store, headers, journal_facts,
-                             module_service, post, printed_fingerprint, pt, start_cli, tables, when)
+from reindex_helpers import (DAY, body_paths, copy_store, headers, journal_facts, module_service,
+                             post, printed_fingerprint, pt, start_cli, tables, when)
 
 pytestmark = pytest.mark.usefixtures("json_mode")  # agnostic tests run in one mode only
 
@@ -75,7 +75,7 @@ def signal_pending(pid: int, signum: int) -> bool:
 @pytest.mark.json_agnostic
 def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir):
     service = start_service()
-    post(Client(*service.address), body(("step_count", "count", [pt(when(8), qty=5)])),
+    post(Client(*service.address), hf.body(("step_count", "count", [pt(when(8), qty=5)])),
          headers=headers())
     wait_folded(data_dir)
     before_journal, before_objects = journal_facts(data_dir), object_rows(data_dir)
@@ -95,7 +95,7 @@ def test_reindex_1_1_reindex_while_serve_runs_is_refused(start_service, data_dir
 def test_reindex_1_2_serve_and_import_are_refused_while_reindex_runs(big_store, tmp_path):
     data_dir = copy_store(big_store, tmp_path)
     export = tmp_path / "export.json"
-    export.write_bytes(body(("step_count", "count", [pt(when(8), qty=5)])))
+    export.write_bytes(hf.body(("step_count", "count", [pt(when(8), qty=5)])))
     reindex = start_cli("reindex", "--data", data_dir)
     try:
         wait_rebuilding(data_dir, reindex)
@@ -172,7 +172,7 @@ def test_reindex_5_2_ctrl_c_during_reindex_leaves_the_old_store(big_store, tmp_p
 def test_reindex_5_3_delivery_journaled_while_reindex_runs_is_kept_pending(big_store, tmp_path,
                                                                            start_service):
     data_dir = copy_store(big_store, tmp_path)
-    payload = body(("step_count", "count", [pt(when(8, m, DAY - dt.timedelta(days=3)), qty=m + 1)
+    payload = hf.body(("step_count", "count", [pt(when(8, m, DAY - dt.timedelta(days=3)), qty=m + 1)
                                             for m in range(3)]))
     hae_headers = {k: v for k, v in headers().items() if k in healthlog.AUTOMATION_HEADERS}
     proc = start_cli("reindex", "--data", data_dir)

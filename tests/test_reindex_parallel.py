@@ -54,7 +54,7 @@ def stamp(moment: dt.datetime, offset_h: int = 1) -> str:
     return local.strftime("%Y-%m-%d %H:%M:%S %z")
 
 
-def body_of(data: dict, rng: random.Random) -> bytes:
+def resent_body(data: dict, rng: random.Random) -> bytes:
     return hf.dumps_hae({"data": data}, rng)
 
 
@@ -143,7 +143,7 @@ def random_traffic(seed: int, count: int = 120) -> list:
             data["metrics"].append(hf.metric("weight_body_mass", [
                 {"date": stamp(rng.choice(HOURS) + dt.timedelta(minutes=rng.randint(0, 59))),
                  "qty": rng.choice((74.0, 74.2))} for _ in range(rng.randint(1, 2))], "kg"))
-        out.append((received, headers, path_name, body_of(data, rng)))
+        out.append((received, headers, path_name, resent_body(data, rng)))
     return out
 
 

@@ -24,7 +24,7 @@ LATER = "2024-03-08 10:30:00 -0800"
 TWO_WEEKS = (hf.DEFAULT_DAY, hf.DEFAULT_DAY + dt.timedelta(days=14))
 
 
-def body(payload: dict, seed: int = None) -> dict:
+def as_delivered(payload: dict, seed: int = None) -> dict:
     """The payload as a delivery carries it: HAE's bytes (a re-send with ``seed``), parsed."""
     rng = random.Random(seed) if seed is not None else None
     return json.loads(hf.dumps_hae(payload, rng))
@@ -62,7 +62,7 @@ def test_the_covered_sections_are_those_of_the_design_table():
 
 
 def test_metrics_become_metrics_by_name_with_their_units_and_verbatim_points():
-    doc = body(hf.metrics_payload(3, hf.DEFAULT_METRICS, hf.DEFAULT_DAY,
+    doc = as_delivered(hf.metrics_payload(3, hf.DEFAULT_METRICS, hf.DEFAULT_DAY,
                                   units={"active_energy": "kcal"}), seed=4)
     extraction = extract_points(doc)
     sent = {m["name"]: m for m in doc["data"]["metrics"]}
@@ -87,7 +87,7 @@ def test_metrics_become_metrics_by_name_with_their_units_and_verbatim_points():
 def test_workouts_v1_and_v2_are_one_verbatim_point_each():
     v2 = hf.workout_v2(1, dt.datetime(2024, 3, 8, 17, 30), route_points=20)
     v1 = hf.workout_v1(1, dt.datetime(2024, 3, 9, 7, 0), route_points=5)
-    doc = body(hf.envelope(workouts=[v2, v1]))
+    doc = as_delivered(hf.envelope(workouts=[v2, v1]))
     extraction = extract_points(doc)
     bucket = extraction.metrics[(False, "workouts")]
     assert not bucket.is_metric
@@ -105,7 +105,7 @@ def test_workouts_v1_and_v2_are_one_verbatim_point_each():
 def test_record_sections_map_to_their_metric_names():
     sections = hf.records_sections(0, *TWO_WEEKS, ecg_samples=4)
     assert all(sections[name] for name in hf.RECORD_SECTIONS)  # every kind is exercised
-    doc = body(hf.envelope(**sections), seed=1)
+    doc = as_delivered(hf.envelope(**sections), seed=1)
     extraction = extract_points(doc)
     names = {
         "stateOfMind": lambda item: "state_of_mind",
@@ -134,7 +134,7 @@ def test_state_of_mind_iso_times_and_ecg_epoch_samples_are_kept_verbatim():
     rng = random.Random(2)
     mood = hf.state_of_mind(rng, dt.datetime(2024, 3, 8, 21, 0, tzinfo=dt.timezone.utc))
     ecg = hf.ecg_reading(rng, dt.datetime(2024, 3, 8, 12, 0), samples=3)
-    doc = body(hf.envelope(stateOfMind=[mood], ecg=[ecg]))
+    doc = as_delivered(hf.envelope(stateOfMind=[mood], ecg=[ecg]))
     extraction = extract_points(doc)
     (span, point), = points_of(extraction.metrics[(False, "state_of_mind")])
     assert mood["start"].endswith("Z") and span == (T(mood["start"]), T(mood["end"]),
@@ -148,7 +148,7 @@ def test_state_of_mind_iso_times_and_ecg_epoch_samples_are_kept_verbatim():
 def test_symptoms_logged_together_share_a_span_but_not_a_metric():
     entries = hf.symptoms(random.Random(3), dt.datetime(2024, 3, 8, 12, 0), count=3)
     assert len({(e["start"], e["end"]) for e in entries}) == 1
-    extraction = extract_points(body(hf.envelope(symptoms=entries)))
+    extraction = extract_points(as_delivered(hf.envelope(symptoms=entries)))
     assert sorted(name for _, name in extraction.metrics) == sorted(
         "symptoms/" + e["name"] for e in entries)
     for bucket in extraction.metrics.values():
@@ -163,7 +163,7 @@ def test_medications_are_named_by_display_text_else_nickname():
         {"nickname": "Cet", "start": start, "end": LATER},
         {"displayText": 5, "nickname": "Odd", "start": start},
     ]
-    extraction = extract_points(body(hf.envelope(medications=doses)))
+    extraction = extract_points(as_delivered(hf.envelope(medications=doses)))
     assert sorted(name for _, name in extraction.metrics) == [
         "medications/Cet", "medications/D3", "medications/Ibuprofen 200 mg Oral Tablet",
         "medications/Odd"]
@@ -173,7 +173,7 @@ def test_medications_are_named_by_display_text_else_nickname():
 
 def test_cycle_tracking_entries_of_one_day_each_become_their_own_metric():
     entries = hf.cycle_tracking(random.Random(1), hf.DST_SPRING, cycle_day=13)
-    extraction = extract_points(body(hf.envelope(cycleTracking=entries)))
+    extraction = extract_points(as_delivered(hf.envelope(cycleTracking=entries)))
     assert sorted(name for _, name in extraction.metrics) == sorted(
         "cycle_tracking/" + e["name"] for e in entries)
     midnight = T(hf.hae_time(hf.DST_SPRING, hf.PACIFIC))
@@ -183,7 +183,7 @@ def test_cycle_tracking_entries_of_one_day_each_become_their_own_metric():
 
 def test_a_metric_named_like_a_section_does_not_mix_with_that_section():
     workout = hf.workout_v2(1, dt.datetime(2024, 3, 8, 17, 30), route_points=0)
-    doc = body({"data": {"metrics": [{"name": "workouts", "units": "count",
+    doc = as_delivered({"data": {"metrics": [{"name": "workouts", "units": "count",
                                       "data": [{"date": DATE, "qty": 1}]}],
                          "workouts": [workout]}})
     extraction = extract_points(doc)
@@ -214,7 +214,7 @@ def test_start_and_end_rules(point, start, end):
 
 
 def test_sto_1_5_a_point_without_end_has_end_equal_to_start():
-    doc = body(hf.metrics_payload(1, ("resting_heart_rate", "step_count"), hf.DEFAULT_DAY))
+    doc = as_delivered(hf.metrics_payload(1, ("resting_heart_rate", "step_count"), hf.DEFAULT_DAY))
     extraction = extract_points(doc)
     spans = [span for bucket in extraction.metrics.values() for span, _ in points_of(bucket)]
     assert spans and all(start == end for start, end, _ in spans)
@@ -237,7 +237,7 @@ def test_a_point_whose_time_cannot_be_read_has_no_span(point):
 def test_sto_1_3_sleep_segments_with_one_date_stay_separate_coordinates():
     rows = hf.sleep_segments(2, hf.DEFAULT_DAY, variant="new")
     assert len({row["date"] for row in rows}) == 1 and len(rows) > 5  # one night, one date
-    doc = body(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]), seed=2)
+    doc = as_delivered(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]), seed=2)
     bucket = extract_points(doc).metrics[(False, "sleep_analysis")]  # sleep is a record
     assert len(bucket.coords) == len(rows)
     assert set(bucket.coords) == {(T(r["start"]), T(r["end"]), r["value"]) for r in rows}
@@ -248,7 +248,7 @@ def test_sto_1_3_sleep_segments_with_one_date_stay_separate_coordinates():
 def test_sto_1_3_old_sleep_segments_use_start_date_and_end_date():
     rows = hf.sleep_segments(2, hf.DEFAULT_DAY, variant="old")
     assert "date" not in rows[0] and "start" not in rows[0]
-    bucket = extract_points(body(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]))
+    bucket = extract_points(as_delivered(hf.envelope(metrics=[hf.metric("sleep_analysis", rows)]))
                             ).metrics[(False, "sleep_analysis")]
     assert set(bucket.coords) == {(T(r["startDate"]), T(r["endDate"]), r["value"])
                                   for r in rows}
@@ -258,7 +258,7 @@ def test_points_sharing_a_coordinate_are_all_kept_as_candidates():
     first = {"date": DATE, "qty": 10, "source": "Watch"}
     second = {"qty": 12, "date": DATE}
     third = {"date": LATER, "qty": 1}
-    doc = body(hf.envelope(metrics=[hf.metric("step_count", [first, second, third])]))
+    doc = as_delivered(hf.envelope(metrics=[hf.metric("step_count", [first, second, third])]))
     bucket = extract_points(doc).metrics[(True, "step_count")]
     slot = bucket.coords[(T(DATE), T(DATE), "")]
     assert slot == [first, second]
@@ -266,7 +266,7 @@ def test_points_sharing_a_coordinate_are_all_kept_as_candidates():
 
 
 def test_a_metric_repeated_in_one_body_is_one_metric():
-    doc = body({"data": {"metrics": [hf.metric("step_count", [{"date": DATE, "qty": 1}]),
+    doc = as_delivered({"data": {"metrics": [hf.metric("step_count", [{"date": DATE, "qty": 1}]),
                                      hf.metric("step_count", [{"date": LATER, "qty": 2}])]}})
     extraction = extract_points(doc)
     assert list(extraction.metrics) == [(True, "step_count")]
@@ -282,7 +282,7 @@ def test_bad_metric_points_are_counted_with_the_metric_name():
     good = {"date": DATE, "qty": 3}
     bad = ["text", 5, None, [], [good], {"date": "garbage", "qty": 1}, {"qty": 1},
            {"date": DATE, "end": "nope"}, {"start": "2026-02-30 10:00:00 +0000"}]
-    doc = body({"data": {"metrics": [hf.metric("step_count", [good] + bad),
+    doc = as_delivered({"data": {"metrics": [hf.metric("step_count", [good] + bad),
                                      hf.metric("heart_rate", [{"date": LATER, "Avg": 70}])]}})
     extraction = extract_points(doc)
     assert extraction.points == 2
@@ -293,7 +293,7 @@ def test_bad_metric_points_are_counted_with_the_metric_name():
 
 
 def test_a_metric_without_a_name_or_data_list_counts_its_points_as_bad():
-    doc = body({"data": {"metrics": [
+    doc = as_delivered({"data": {"metrics": [
         {"units": "count", "data": [{"date": DATE, "qty": 1}, {"date": LATER, "qty": 2}]},
         {"name": "  ", "data": [{"date": DATE, "qty": 1}]},
         {"name": "step_count", "data": {"date": DATE}},
@@ -310,7 +310,7 @@ def test_bad_record_points_are_counted_with_their_metric_name():
     workout = hf.workout_v2(1, dt.datetime(2024, 3, 8, 17, 30), route_points=0)
     broken = dict(workout, start="not a time")
     symptom = {"start": DATE, "end": LATER, "name": "Headache", "severity": "Mild"}
-    doc = body(hf.envelope(workouts=[workout, broken],
+    doc = as_delivered(hf.envelope(workouts=[workout, broken],
                            symptoms=[symptom, dict(symptom, end="2024-02-30 10:00:00 +0000")],
                            stateOfMind=[{"start": "today", "end": "today", "kind": "x"}]))
     extraction = extract_points(doc)
@@ -320,7 +320,7 @@ def test_bad_record_points_are_counted_with_their_metric_name():
 
 
 def test_a_record_without_a_name_is_counted_not_dropped():
-    doc = body(hf.envelope(symptoms=[{"start": DATE, "end": DATE, "severity": "Mild"}],
+    doc = as_delivered(hf.envelope(symptoms=[{"start": DATE, "end": DATE, "severity": "Mild"}],
                            medications=[{"start": DATE, "status": "Taken"}],
                            cycleTracking=[{"start": DATE, "end": DATE, "name": ""}]))
     extraction = extract_points(doc)
@@ -348,7 +348,7 @@ def test_non_object_elements_are_named_by_their_metric():
 
 
 def test_null_or_empty_sections_hold_nothing_and_are_covered():
-    extraction = extract_points(body(hf.metrics_payload(
+    extraction = extract_points(as_delivered(hf.metrics_payload(
         1, ("step_count",), hf.DEFAULT_DAY, siblings=("workouts", "symptoms"))))
     assert extraction.uncovered == [] and extraction.bad_points == 0
     assert [name for _, name in extraction.metrics] == ["step_count"]
@@ -367,7 +367,7 @@ def test_unknown_keys_under_data_are_listed_sorted():
     payload = hf.metrics_payload(1, ("step_count",), hf.DEFAULT_DAY)
     payload["data"].update({"zeta": [], "Workouts": [{"start": DATE}], "alpha": {"x": 1},
                             "medication": None})
-    extraction = extract_points(body(payload))
+    extraction = extract_points(as_delivered(payload))
     assert extraction.uncovered == ["Workouts", "alpha", "medication", "zeta"]
     assert extraction.uncovered_dropped == 0 and extraction.uncovered_cut == 0
     assert extraction.points > 0  # covered sections are still extracted
@@ -414,7 +414,7 @@ def test_a_body_that_is_not_an_object_with_a_data_object_is_not_parsed(doc):
 
 def test_check_deadline_is_called_while_extracting_metrics():
     calls = []
-    extract_points(body(hf.metrics_payload(1, ("step_count",), hf.DEFAULT_DAY)),
+    extract_points(as_delivered(hf.metrics_payload(1, ("step_count",), hf.DEFAULT_DAY)),
                    check_deadline=lambda: calls.append(1))
     assert calls
 
@@ -422,7 +422,7 @@ def test_check_deadline_is_called_while_extracting_metrics():
         raise healthlog.FoldDeadlineExceeded()
 
     with pytest.raises(healthlog.FoldDeadlineExceeded):
-        extract_points(body(hf.metrics_payload(1, ("step_count",), hf.DEFAULT_DAY)),
+        extract_points(as_delivered(hf.metrics_payload(1, ("step_count",), hf.DEFAULT_DAY)),
                        check_deadline=expired)
 
 
@@ -444,7 +444,7 @@ def test_header_layer_rejects_what_names_no_grouping(value):
 
 
 def infer(payload: dict) -> str:
-    return infer_layer(extract_points(body(payload, seed=9)))
+    return infer_layer(extract_points(as_delivered(payload, seed=9)))
 
 
 @pytest.mark.parametrize("day", [hf.DEFAULT_DAY, hf.DST_SPRING, hf.DST_FALL])
@@ -614,7 +614,8 @@ def test_infer_layer_merges_day_starts_written_in_24_and_12_hour_style():
 def test_infer_layer_sample_limits_the_starts_looked_at():
     points = [{"date": "2024-03-08 %02d:00:00 -0800" % h, "qty": h} for h in range(8, 12)]
     points.append({"date": "2024-03-08 13:00:05 -0800", "qty": 1})
-    extraction = extract_points(body(hf.envelope(metrics=[hf.metric("step_count", points)])))
+    extraction = extract_points(as_delivered(hf.envelope(metrics=[hf.metric("step_count",
+                                                                            points)])))
     assert infer_layer(extraction) == "seconds"
     assert infer_layer(extraction, sample=4) == "hours"
     assert infer_layer(extraction, sample=None) == "seconds"

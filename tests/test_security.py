@@ -115,10 +115,10 @@ def assert_no_data(answer: RawAnswer, what: str) -> None:
         assert canary not in text, "%s leaks %r: %s" % (what, canary, text[:500])
 
 
-def sign_in(service) -> str:
+def signed_in_cookie(service) -> str:
     """The session cookie a real sign-in sets (name=value)."""
-    answer = raw_request(service, "POST", "/login", {"Content-Type":
-                                                 "application/x-www-form-urlencoded"},
+    answer = raw_request(service, "POST", "/login",
+                         {"Content-Type": "application/x-www-form-urlencoded"},
                          ("token=" + TOKEN).encode())
     assert answer.status == 303, answer.text()
     return answer.headers["set-cookie"].split(";", 1)[0]
@@ -260,7 +260,7 @@ def test_rely_7_2_wrong_tokens_and_forged_cookies_get_401_or_403_never_data(stoc
     wrong_form = raw_request(stocked, "POST", "/login", {
         "Content-Type": "application/x-www-form-urlencoded"}, b"token=" + TOKEN[:-1].encode())
     assert wrong_form.status == 401 and "set-cookie" not in wrong_form.headers
-    genuine = {"Cookie": sign_in(stocked)}
+    genuine = {"Cookie": signed_in_cookie(stocked)}
     assert raw_request(stocked, "GET", "/api/catalog", genuine).status == 200  # the control
     assert b'name="token"' not in raw_request(stocked, "GET", "/", genuine).body
     assert raw_request(stocked, "POST", "/api/ingest", genuine, body).status == 401
@@ -472,7 +472,7 @@ def test_rely_7_9_sign_out_ends_that_session_and_sign_out_everywhere_ends_all(st
     """WHEN three browsers sign in and one signs out, THEN its cookie opens nothing any
     more, even sent again as it was, while the others still work; WHEN one of them then
     signs out everywhere, THEN no cookie opens anything, and a new sign-in works."""
-    first, second, third = (sign_in(stocked) for _ in range(3))
+    first, second, third = (signed_in_cookie(stocked) for _ in range(3))
     assert len({first, second, third}) == 3
     for cookie in (first, second, third):
         assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 200
@@ -486,7 +486,7 @@ def test_rely_7_9_sign_out_ends_that_session_and_sign_out_everywhere_ends_all(st
     for cookie in (first, second, third):
         assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": cookie}).status == 401
     assert [r["everywhere"] for r in logs.find("signed out", level="INFO")] == ["false", "true"]
-    fresh = sign_in(stocked)
+    fresh = signed_in_cookie(stocked)
     assert raw_request(stocked, "GET", "/api/catalog", {"Cookie": fresh}).status == 200
     page = raw_request(stocked, "GET", "/", {"Cookie": fresh}).body
     assert b'formaction="/logout?everywhere=1"' in page
@@ -500,7 +500,7 @@ def test_rely_7_9_an_ended_session_stays_ended_across_a_restart(start_service):
     """Sessions live in the database: one signed out before a restart stays out after it,
     and one still open is still open."""
     service = start_service()
-    kept, ended = sign_in(service), sign_in(service)
+    kept, ended = signed_in_cookie(service), signed_in_cookie(service)
     assert raw_request(service, "POST", "/logout", {"Cookie": ended}).status == 303
     assert service.stop()
     again = start_service(data_dir=service.config.data_dir)
@@ -723,7 +723,7 @@ def test_rely_7_7_every_answer_carries_the_security_headers_and_cookies_are_http
     X-Content-Type-Options: nosniff, Referrer-Policy: no-referrer and X-Frame-Options:
     DENY; the sign-in and sign-out cookies are HttpOnly; SameSite=Strict; Path=/, Secure
     only behind https, and hold no token."""
-    cookie = sign_in(stocked)
+    cookie = signed_in_cookie(stocked)
     answers = {
         "sign-in page": raw_request(stocked, "GET", "/"),
         "dashboard": raw_request(stocked, "GET", "/", {"Cookie": cookie}),

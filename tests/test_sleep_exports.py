@@ -20,7 +20,7 @@ import pytest
 
 import hae_factory as hf
 from conftest import Client, db_rows, run_cli, wait_for
-from read_helpers import get
+from read_helpers import get, local_iso
 
 PHONE = hf.Phone(zone=hf.NEW_YORK, sources="single")
 FIRST, LAST = dt.date(2025, 3, 5), dt.date(2025, 3, 13)
@@ -44,7 +44,7 @@ def _nap(start, end, core, deep, rem) -> dict:
             "source": "Nap tester’s Apple Watch"}
 
 
-def records() -> list:
+def nights_and_naps() -> list:
     nights = hf.sleep_summaries(7, FIRST, LAST, phone=PHONE, form="c", date_as="start")
     for night in nights:
         if night["sleepEnd"][:10] == OVERLAP_DAY.isoformat():
@@ -64,7 +64,7 @@ def expected() -> dict:
     total, apart from the night (the second starts where the first ended: HAE's boundary,
     so its start is not known)."""
     out = {}
-    for night in records()[:-len(NAPS)]:
+    for night in nights_and_naps()[:-len(NAPS)]:
         wake = dt.date.fromisoformat(night["sleepEnd"][:10])
         window = _hours_between(night["sleepStart"], night["sleepEnd"])
         staged = night["core"] + night["deep"] + night["rem"]
@@ -84,15 +84,8 @@ def expected() -> dict:
     return out
 
 
-def local(text: str) -> str:
-    """HAE's ``2025-03-08 15:59:00 -0500`` as local ISO ``2025-03-08T15:59:00-05:00``."""
-    if text is None:
-        return None
-    return "%sT%s%s:%s" % (text[:10], text[11:19], text[20:23], text[23:25])
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def exports(tmp_path_factory):
     """A real server holding the records, folded; then stopped, its data kept."""
     import healthlog
     from conftest import TOKEN
@@ -103,7 +96,8 @@ def served(tmp_path_factory):
     service = healthlog.Service(config, announce=lambda token: None)
     service.start()
     try:
-        body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("sleep_analysis", records(), "hr")]))
+        body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("sleep_analysis", nights_and_naps(),
+                                                           "hr")]))
         assert Client(*service.address).ingest(body, headers={
             "automation-aggregation": "Days"})[0] == 200
         wait_for(lambda: db_rows(data_dir)[0]["parse_status"] == "parsed")
@@ -119,8 +113,8 @@ def served(tmp_path_factory):
     return {"day_csv": day_csv, "raw_csv": raw_csv, "sqlite": out}
 
 
-def test_read_12_5_the_sqlite_nights_table_has_each_night_and_nap_on_its_wake_day(served):
-    with sqlite3.connect(str(served["sqlite"])) as conn:
+def test_read_12_5_the_sqlite_nights_table_has_each_night_and_nap_on_its_wake_day(exports):
+    with sqlite3.connect(str(exports["sqlite"])) as conn:
         conn.row_factory = sqlite3.Row
         rows = [dict(r) for r in conn.execute("SELECT * FROM nights ORDER BY date, kind")]
     want = expected()
@@ -131,34 +125,34 @@ def test_read_12_5_the_sqlite_nights_table_has_each_night_and_nap_on_its_wake_da
         for key in ("asleep", "in_bed", "deep", "core", "rem"):
             assert row[key] == pytest.approx(night[key], abs=1e-9), (row["date"], key)
         assert row["overlapping"] == int(night["overlapping"])
-        assert (row["sleep_start"], row["sleep_end"]) == (local(night["sleep_start"]),
-                                                          local(night["sleep_end"]))
+        assert (row["sleep_start"], row["sleep_end"]) == (local_iso(night["sleep_start"]),
+                                                          local_iso(night["sleep_end"]))
         assert row["asleep"] <= _hours_between(night["sleep_start"], night["sleep_end"]) + 1e-9
     naps = [r for r in rows if r["kind"] == "nap"]
     assert len(naps) == len(want[NAP_DAY]["naps"]) == 2
     for nap, nap_want in zip(sorted(naps, key=lambda r: r["sleep_end"]), want[NAP_DAY]["naps"]):
         assert nap["date"] == NAP_DAY.isoformat()
-        assert (nap["sleep_start"], nap["sleep_end"]) == (local(nap_want["sleep_start"]),
-                                                          local(nap_want["sleep_end"]))
+        assert (nap["sleep_start"], nap["sleep_end"]) == (local_iso(nap_want["sleep_start"]),
+                                                          local_iso(nap_want["sleep_end"]))
         assert nap["asleep"] == pytest.approx(nap_want["asleep"], abs=1e-9)
 
 
-def test_read_12_5_sleep_rows_of_points_and_raw_csv_are_dated_on_the_wake_day(served):
+def test_read_12_5_sleep_rows_of_points_and_raw_csv_are_dated_on_the_wake_day(exports):
     """HAE's ``date`` here is the evening before; every export dates the row by the
     morning the sleep ended (its sleepEnd's date)."""
-    wake_days = sorted(r["sleepEnd"][:10] for r in records())
-    with sqlite3.connect(str(served["sqlite"])) as conn:
+    wake_days = sorted(r["sleepEnd"][:10] for r in nights_and_naps())
+    with sqlite3.connect(str(exports["sqlite"])) as conn:
         dates = sorted(d for (d,) in conn.execute(
             "SELECT local_date FROM points WHERE metric = 'sleep_analysis'"))
     assert dates == wake_days
-    raw = list(csv.DictReader(io.StringIO(served["raw_csv"])))
+    raw = list(csv.DictReader(io.StringIO(exports["raw_csv"])))
     assert sorted(r["local_date"] for r in raw) == wake_days
     assert all(r["date"][:10] != r["local_date"] for r in raw
                if r["sleepStart"][:10] != r["sleepEnd"][:10])  # the evening's date: not used
 
 
-def test_read_12_5_day_csv_carries_the_nights_hours_naps_and_overlap(served):
-    rows = list(csv.DictReader(io.StringIO(served["day_csv"])))
+def test_read_12_5_day_csv_carries_the_nights_hours_naps_and_overlap(exports):
+    rows = list(csv.DictReader(io.StringIO(exports["day_csv"])))
     want = expected()
     assert [dt.date.fromisoformat(r["date"]) for r in rows] == sorted(want)
     for row in rows:

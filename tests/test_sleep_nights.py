@@ -41,10 +41,9 @@ import statistics
 import pytest
 
 import hae_factory as hf
-import healthlog
-from conftest import TOKEN, Clock, db_rows, run_export, wait_for
-from dashboard_browser import Session, Store
-from read_helpers import get, get_json, nights_by_date, written
+from conftest import Clock, run_export
+from dashboard_browser import Session, serving
+from read_helpers import get, get_json, hours_between, local_iso, nights_by_date, written
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -61,17 +60,13 @@ LONG_WINDOW, SLEEP_PP, EIGHT = dt.date(2025, 4, 13), dt.date(2025, 10, 5), dt.da
 EXTRA_CANARIES = ("AutoSleep", "Eight Sleep", "Sleep++", "Ana")
 
 
-def at(day: dt.date, hour: int, minute: int) -> str:
+def ny_time(day: dt.date, hour: int, minute: int) -> str:
     """The phone's wall time as HAE writes it (the offset New York had then)."""
     return PHONE.time(dt.datetime(day.year, day.month, day.day, hour, minute))
 
 
 def before(day: dt.date, days: int = 1) -> dt.date:
     return day - dt.timedelta(days=days)
-
-
-def hours_between(first: str, last: str) -> float:
-    return (written(last) - written(first)).total_seconds() / 3600
 
 
 # -- the bodies --------------------------------------------------------------------------------
@@ -84,20 +79,21 @@ def kept_nights(week_number: int) -> set:
 def watch_night(wake: dt.date) -> dict:
     """An ordinary night of the Watch, ending on ``wake``: longer in the weeks of 4 nights."""
     rng = random.Random("issue-34-%s" % wake)
-    start = at(before(wake), 22, rng.randint(0, 59))
-    end = at(wake, 6, rng.randint(0, 59))
+    start = ny_time(before(wake), 22, rng.randint(0, 59))
+    end = ny_time(wake, 6, rng.randint(0, 59))
     extra = 1.0 if wake.isocalendar()[1] % 3 == 0 else 0.0
     deep, rem = round(rng.uniform(0.8, 1.5), 4), round(rng.uniform(1.0, 1.8), 4)
     core = round(rng.uniform(3.2, 4.2) + extra, 4)
-    bed_from, bed_to = at(before(wake), 21, 50), at(wake, 7, 20)
+    bed_from, bed_to = ny_time(before(wake), 21, 50), ny_time(wake, 7, 20)
     return {"date": start, "totalSleep": core + deep + rem, "asleep": 0, "core": core,
             "deep": deep, "rem": rem, "awake": 0.25, "inBed": hours_between(bed_from, bed_to),
             "inBedStart": bed_from, "inBedEnd": bed_to, "sleepStart": start, "sleepEnd": end,
             "source": WATCH}
 
 
-def record(start: str, end: str, total: float = None, *, asleep: float = 0.0, core=0.0,
-           deep=0.0, rem=0.0, awake=0.0, in_bed: float = 0.0, bed=None, source=WATCH) -> dict:
+def nightly_record(start: str, end: str, total: float = None, *, asleep: float = 0.0, core=0.0,
+                   deep=0.0, rem=0.0, awake=0.0, in_bed: float = 0.0, bed=None,
+                   source=WATCH) -> dict:
     """A nightly record as HAE >= 6.6.2 writes it (``date`` the sleep start)."""
     row = {"date": start, "totalSleep": asleep + core + deep + rem if total is None else total,
            "asleep": asleep, "core": core, "deep": deep, "rem": rem, "awake": awake,
@@ -111,36 +107,49 @@ def special() -> dict:
     """wake day -> the records the evidence's shapes are made of (a day of naps only: its
     naps; 04-12: none)."""
     d = {}
-    d[AUTOSLEEP] = [record(at(before(AUTOSLEEP), 23, 40), at(AUTOSLEEP, 15, 20), 14.1,
-                           asleep=8.0, core=3.9, deep=1.0, rem=1.2, awake=0.4, in_bed=8.25,
-                           bed=(at(before(AUTOSLEEP), 23, 30), at(AUTOSLEEP, 7, 45)),
-                           source="AutoSleep|Nam’s Apple Watch|iPhone")]
-    d[NAPS_ONLY] = [record(at(NAPS_ONLY, 15, 59), at(NAPS_ONLY, 17, 28), core=0.8, deep=0.4,
-                           rem=0.15),
-                    record(at(NAPS_ONLY, 17, 28), at(NAPS_ONLY, 18, 26), core=0.5, deep=0.3,
-                           rem=0.1)]
-    old = {"date": at(OLD_FORM, 6, 40), "asleep": 6.9, "sleepStart": at(before(OLD_FORM), 23, 5),
-           "sleepEnd": at(OLD_FORM, 6, 40), "sleepSource": "Ana’s Apple Watch", "inBed": 7.75,
-           "inBedStart": at(before(OLD_FORM), 22, 50), "inBedEnd": at(OLD_FORM, 6, 35),
+    d[AUTOSLEEP] = [nightly_record(ny_time(before(AUTOSLEEP), 23, 40), ny_time(AUTOSLEEP, 15, 20),
+                                   14.1,
+                                   asleep=8.0, core=3.9, deep=1.0, rem=1.2, awake=0.4, in_bed=8.25,
+                                   bed=(ny_time(before(AUTOSLEEP), 23, 30), ny_time(AUTOSLEEP, 7,
+                                                                                    45)),
+                                   source="AutoSleep|Nam’s Apple Watch|iPhone")]
+    d[NAPS_ONLY] = [nightly_record(ny_time(NAPS_ONLY, 15, 59), ny_time(NAPS_ONLY, 17, 28),
+                                   core=0.8, deep=0.4,
+                                   rem=0.15),
+                    nightly_record(ny_time(NAPS_ONLY, 17, 28), ny_time(NAPS_ONLY, 18, 26),
+                                   core=0.5, deep=0.3,
+                                   rem=0.1)]
+    old = {"date": ny_time(OLD_FORM, 6, 40), "asleep": 6.9, "sleepStart": ny_time(before(OLD_FORM),
+                                                                                  23, 5),
+           "sleepEnd": ny_time(OLD_FORM, 6, 40), "sleepSource": "Ana’s Apple Watch", "inBed": 7.75,
+           "inBedStart": ny_time(before(OLD_FORM), 22, 50), "inBedEnd": ny_time(OLD_FORM, 6, 35),
            "inBedSource": "Ana’s iPhone"}
     old["inBed"] = hours_between(old["inBedStart"], old["inBedEnd"])
     d[OLD_FORM] = [old]
-    d[TOUCH[0]] = [record(at(before(TOUCH[0]), 21, 57), at(TOUCH[0], 17, 36), core=6.0,
-                          deep=1.5, rem=1.73, awake=0.2)]
-    d[TOUCH[1]] = [record(at(TOUCH[0], 17, 36), at(TOUCH[1], 5, 29), asleep=1.48, core=3.87,
-                          deep=1.0, rem=1.0, awake=0.3)]
-    nap = record(at(NAP_DAY, 16, 53), at(NAP_DAY, 17, 39), core=0.45, deep=0.1, rem=0.15)
+    d[TOUCH[0]] = [nightly_record(ny_time(before(TOUCH[0]), 21, 57), ny_time(TOUCH[0], 17, 36),
+                                  core=6.0,
+                                  deep=1.5, rem=1.73, awake=0.2)]
+    d[TOUCH[1]] = [nightly_record(ny_time(TOUCH[0], 17, 36), ny_time(TOUCH[1], 5, 29), asleep=1.48,
+                                  core=3.87,
+                                  deep=1.0, rem=1.0, awake=0.3)]
+    nap = nightly_record(ny_time(NAP_DAY, 16, 53), ny_time(NAP_DAY, 17, 39), core=0.45, deep=0.1,
+                         rem=0.15)
     d[NAP_DAY] = [watch_night(NAP_DAY), nap]
-    d[AFTER_NAP] = [record(at(NAP_DAY, 17, 39), at(AFTER_NAP, 6, 50), core=4.5, deep=1.2,
-                           rem=1.3, awake=0.3, in_bed=7.75,
-                           bed=(at(NAP_DAY, 23, 10), at(AFTER_NAP, 6, 55)))]
+    d[AFTER_NAP] = [nightly_record(ny_time(NAP_DAY, 17, 39), ny_time(AFTER_NAP, 6, 50), core=4.5,
+                                   deep=1.2,
+                                   rem=1.3, awake=0.3, in_bed=7.75,
+                                   bed=(ny_time(NAP_DAY, 23, 10), ny_time(AFTER_NAP, 6, 55)))]
     d[before(LONG_WINDOW)] = []
-    d[LONG_WINDOW] = [record(at(before(LONG_WINDOW, 2), 22, 0), at(LONG_WINDOW, 7, 0),
-                             core=5.0, deep=1.4, rem=1.6, awake=0.4)]
-    d[SLEEP_PP] = [record(at(before(SLEEP_PP), 23, 30), at(SLEEP_PP, 6, 30), asleep=9.5,
-                          source="Sleep++")]
-    d[EIGHT] = [record(at(before(EIGHT), 21, 52), at(EIGHT, 10, 16), deep=4 + 10 / 60,
-                       core=15 + 33 / 60, rem=7 + 16 / 60, awake=10.2, source="Eight Sleep")]
+    d[LONG_WINDOW] = [nightly_record(ny_time(before(LONG_WINDOW, 2), 22, 0), ny_time(LONG_WINDOW,
+                                                                                     7, 0),
+                                     core=5.0, deep=1.4, rem=1.6, awake=0.4)]
+    d[SLEEP_PP] = [nightly_record(ny_time(before(SLEEP_PP), 23, 30), ny_time(SLEEP_PP, 6, 30),
+                                  asleep=9.5,
+                                  source="Sleep++")]
+    d[EIGHT] = [nightly_record(ny_time(before(EIGHT), 21, 52), ny_time(EIGHT, 10, 16),
+                               deep=4 + 10 / 60,
+                               core=15 + 33 / 60, rem=7 + 16 / 60, awake=10.2,
+                               source="Eight Sleep")]
     return d
 
 
@@ -153,7 +162,7 @@ def stage_records() -> list:
              (wake, 3, 30, wake, 5, 29, "Core"))
     rows = []
     for d0, h0, m0, d1, h1, m1, value in spans:
-        first, last = at(d0, h0, m0), at(d1, h1, m1)
+        first, last = ny_time(d0, h0, m0), ny_time(d1, h1, m1)
         rows.append({"startDate": first, "endDate": last, "qty": hours_between(first, last),
                      "value": value, "source": "Ana’s Apple Watch"})
     return rows
@@ -221,7 +230,7 @@ def hours_of(record: dict) -> dict:
             "sources": [s for s in record.get("source", "").split("|") if s]}
 
 
-def is_nap(night: dict) -> bool:
+def is_nap_as_written(night: dict) -> bool:
     """Under 3 h asleep, from and to between 10:00 and 20:00 of one day, as written."""
     first, last = written(night["start"]), written(night["end"])
     return (night["asleep"] < 3 and first.date() == last.date()
@@ -246,7 +255,7 @@ def nights() -> dict:
         by_day.setdefault(night["date"], []).append(night)
     out = {}
     for day, sleeps in sorted(by_day.items()):
-        candidates = [s for s in sleeps if not is_nap(dict(s, start=s["window_start"]))]
+        candidates = [s for s in sleeps if not is_nap_as_written(dict(s, start=s["window_start"]))]
         night = max(candidates, key=lambda s: (s["asleep"], s["in_bed"] or 0)) \
             if candidates else None
         out[day] = {"night": night, "naps": sorted((s for s in sleeps if s is not night),
@@ -255,11 +264,6 @@ def nights() -> dict:
 
 
 NIGHTS = nights()
-
-
-def local(text):
-    """HAE's ``2025-02-24 05:29:00 -0500`` as the replies write it."""
-    return None if text is None else written(text).isoformat()
 
 
 def mean(values):
@@ -294,28 +298,12 @@ JUDGED = hf.zoned_epoch("America/New_York", dt.datetime(2026, 1, 9, 12, 0))
 def store(tmp_path_factory):
     """A real in-process server whose clock the test sets: each delivery received at its
     time through /api/ingest, folded, then the clock moved to when the page is read."""
-    data_dir = tmp_path_factory.mktemp("sleep-nights") / "data"
     clock = Clock(RECEIVED[0])
-    config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=5.0, stop_budget_s=5.0,
-                              log_level="DEBUG", clock=clock)
-    service = healthlog.Service(config, announce=lambda token: None)
-    service.start()
-    try:
-        store = Store(service, data_dir)
-        store.address = service.address
-        sent = deliveries()
-        for when, (automation, body) in zip(RECEIVED, sent):
-            clock.now = when
-            status, answer = store.client.ingest(body, headers=hf.headers_for(automation))
-            assert status == 200, answer
-        wait_for(lambda: len(db_rows(data_dir)) == len(sent) and all(
-            r["parse_status"] == "parsed" for r in db_rows(data_dir)), timeout=120,
-            what="the deliveries folded")
+    with serving(tmp_path_factory.mktemp("sleep-nights") / "data",
+                 [(automation, body, at) for at, (automation, body) in zip(RECEIVED, deliveries())],
+                 clock=clock) as running:
         clock.now = JUDGED
-        yield store
-    finally:
-        assert service.stop(), "the service did not stop within its budget"
+        yield running
 
 
 def export_output(store, *args) -> bytes:
@@ -363,8 +351,8 @@ def assert_day(item: dict, day: dt.date) -> None:
         assert item["asleep"] == pytest.approx(night["asleep"], abs=1e-9), (day, item)
         assert item["in_bed"] == pytest.approx(night["in_bed"], abs=1e-9), (day, item)
         assert item["stages"] == pytest.approx(night["stages"], abs=1e-9), (day, item)
-        assert (item["sleep_start"], item["sleep_end"]) == (local(night["start"]),
-                                                            local(night["end"])), day
+        assert (item["sleep_start"], item["sleep_end"]) == (local_iso(night["start"]),
+                                                            local_iso(night["end"])), day
         assert (item["overlapping"], item["counted"], item["limit_by"], item["scaled"],
                 item["sources"]) == (night["overlapping"], night["counted"], night["limit_by"],
                                      night["scaled"], night["sources"]), (day, item)
@@ -373,7 +361,7 @@ def assert_day(item: dict, day: dt.date) -> None:
         sleep = sum(h for k, h in item["stages"].items() if k != "awake")
         assert sleep <= item["asleep"] + 1e-9, (day, "stages past the night", item)
     assert [(n["sleep_start"], n["sleep_end"]) for n in item["naps"]] == [
-        (local(n["start"]), local(n["end"])) for n in want["naps"]], day
+        (local_iso(n["start"]), local_iso(n["end"])) for n in want["naps"]], day
     assert [n["asleep"] for n in item["naps"]] == pytest.approx(
         [n["asleep"] for n in want["naps"]], abs=1e-9)
 
@@ -506,7 +494,7 @@ def test_read_12_6_to_12_8_the_csvs_and_sqlite_carry_each_night_as_counted(expor
             assert float(cell or 0) == pytest.approx(night["stages"].get(stage, 0), abs=1e-9)
         assert (row["counted"], row["scaled"], row["overlapping"]) == (
             night["counted"], str(int(night["scaled"])), str(int(night["overlapping"])))
-        assert row["sleep_start"] == (local(night["start"]) or "")
+        assert row["sleep_start"] == (local_iso(night["start"]) or "")
     by_kind = {}
     for row in exported["sqlite"]:
         by_kind.setdefault(row["kind"], []).append(row)
@@ -522,10 +510,10 @@ def test_read_12_6_to_12_8_the_csvs_and_sqlite_carry_each_night_as_counted(expor
         assert sleep <= row["asleep"] + 1e-9, (day, row)
         assert (row["counted"], row["scaled"], row["overlapping"], row["sleep_start"]) == (
             night["counted"], int(night["scaled"]), int(night["overlapping"]),
-            local(night["start"]))
+            local_iso(night["start"]))
     assert nights_rows[TOUCH[1]]["unspecified"] == pytest.approx(1.48)
     naps = sorted((dt.date.fromisoformat(r["date"]), r["sleep_end"]) for r in by_kind["nap"])
-    assert naps == sorted((d, local(n["end"])) for d, v in NIGHTS.items() for n in v["naps"])
+    assert naps == sorted((d, local_iso(n["end"])) for d, v in NIGHTS.items() for n in v["naps"])
 
 
 def test_fresh_5_3_the_calendar_counts_a_night_on_its_wake_day(store):
@@ -551,7 +539,7 @@ def page(browser, store):
     s.close()
 
 
-def shown(hours: float) -> str:
+def shown_hours(hours: float) -> str:
     """Hours as the page writes them: ``7 h 21 min``, ``45 min``."""
     minutes = int(hours * 60 + 0.5)
     return "%d min" % minutes if minutes < 60 else "%d h %02d min" % divmod(minutes, 60)
@@ -577,9 +565,9 @@ def assert_card(card: dict, day: dt.date) -> None:
     """The sleep card reads as this file's night: hours asleep, each stage chip (its label
     and hours), bed and wake, the words of an overlap, the naps."""
     night = NIGHTS[day]["night"]
-    assert card["value"].startswith(shown(night["asleep"])), (day, card)
+    assert card["value"].startswith(shown_hours(night["asleep"])), (day, card)
     labels = {"asleep": "asleep, no stage"}
-    assert card["chips"] == [[k, "%s %s" % (labels.get(k, k), shown(h))]
+    assert card["chips"] == [[k, "%s %s" % (labels.get(k, k), shown_hours(h))]
                              for k, h in sorted(night["stages"].items(), key=lambda kv: (
                                  "deep", "core", "rem", "asleep", "awake").index(kv[0]))]
     bed = written(night["start"]) if night["start"] else None
@@ -596,7 +584,8 @@ def assert_card(card: dict, day: dt.date) -> None:
             assert source in words, (day, words)
         if not any("Watch" in s for s in night["sources"]):
             assert "Watch" not in words, (day, words)
-        assert "wrote %s" % shown(night["said"]) in words and shown(night["asleep"]) in words
+        assert "wrote %s" % shown_hours(night["said"]) in words
+        assert shown_hours(night["asleep"]) in words
 
 
 def test_read_12_6_the_summary_page_reads_each_night_as_counted(page):
@@ -604,7 +593,7 @@ def test_read_12_6_the_summary_page_reads_each_night_as_counted(page):
         assert_card(summary_card(page.page, day), day)
     card = summary_card(page.page, NAP_DAY)
     assert [text for field, text in card["notes"] if field == "nap"] == [
-        "Nap 16:53–17:39 %s (not counted in the night)" % shown(
+        "Nap 16:53–17:39 %s (not counted in the night)" % shown_hours(
             NIGHTS[NAP_DAY]["naps"][0]["asleep"])]
 
 
@@ -620,8 +609,8 @@ def test_read_12_8_the_summary_page_says_a_day_of_naps_has_no_night(page):
     assert card["value"] == "no data" and card["chips"] == []
     notes = card["notes"]
     assert [f for f, _ in notes] == ["no-night", "nap", "nap"]
-    assert notes[1][1].startswith("Nap 15:59–17:28 %s" % shown(1.35))
-    assert notes[2][1].startswith("Nap until 18:26 %s" % shown(0.9))
+    assert notes[1][1].startswith("Nap 15:59–17:28 %s" % shown_hours(1.35))
+    assert notes[2][1].startswith("Nap until 18:26 %s" % shown_hours(0.9))
 
 
 def test_fresh_5_3_the_calendar_shows_a_night_on_its_wake_day(page):
@@ -667,13 +656,13 @@ def assert_readout(view, day: dt.date) -> None:
         times = ("%s–%s" % (written(nap["start"]).strftime("%H:%M"),
                             written(nap["end"]).strftime("%H:%M")) if nap["start"]
                  else "until " + written(nap["end"]).strftime("%H:%M"))
-        assert "nap %s %s, not counted" % (times, shown(nap["asleep"])) in text, (day, text)
+        assert "nap %s %s, not counted" % (times, shown_hours(nap["asleep"])) in text, (day, text)
     if night is None:
         assert "no night, naps only" in text and "asleep " not in text, (day, text)
         return
-    assert "asleep %s" % shown(night["asleep"]) in text, (day, text)
+    assert "asleep %s" % shown_hours(night["asleep"]) in text, (day, text)
     for stage, hours in night["stages"].items():
-        assert "%s %s" % (STAGE_LABELS.get(stage, stage), shown(hours)) in text, (day, text)
+        assert "%s %s" % (STAGE_LABELS.get(stage, stage), shown_hours(hours)) in text, (day, text)
     bed, wake = (written(night["start"]) if night["start"] else None), written(night["end"])
     assert "%s, wake %s" % ("bedtime not known" if bed is None else "bed " + (
         bed.strftime("%b %-d %H:%M") if (wake.date() - bed.date()).days > 1
@@ -683,7 +672,7 @@ def assert_readout(view, day: dt.date) -> None:
         assert "Sources overlap: %s wrote %s" % (
             " and ".join([", ".join(night["sources"][:-1]), night["sources"][-1]]
                          if len(night["sources"]) > 1 else night["sources"]),
-            shown(night["said"])) in text, (day, text)
+            shown_hours(night["said"])) in text, (day, text)
         if not any("Watch" in source for source in night["sources"]):
             assert "Watch" not in text, (day, text)
 
@@ -732,7 +721,7 @@ def test_read_12_9_the_metric_view_reads_the_mean_of_the_nights(page, store):
                if first <= d <= last and v["night"]]
     view.evaluate("() => document.activeElement && document.activeElement.blur()")
     text = view.inner_text("#readout")
-    assert "%d nights · asleep %s a night on average" % (len(counted), shown(mean(counted))) \
+    assert "%d nights · asleep %s a night on average" % (len(counted), shown_hours(mean(counted))) \
         in text, text
 
 

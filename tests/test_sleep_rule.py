@@ -39,8 +39,8 @@ import statistics
 import pytest
 
 import hae_factory as hf
-from read_helpers import (assert_nights_equal, close, get, get_json, iso_local, night_items,
-                          nights_by_date, read_csv, serve_corpus, week_items, written)
+from read_helpers import (assert_nights_equal, close, get, get_json, hours_between, local_iso,
+                          night_items, nights_by_date, read_csv, serve_corpus, week_items, written)
 
 SEED = 12
 PHONE = hf.Phone(zone=hf.NEW_YORK, sources="single")
@@ -49,16 +49,6 @@ MARCH = [dt.date(2025, 3, d) for d in range(3, 13)]
 SLEEP = {"automation-name": "Sleep", "automation-aggregation": "Days"}
 EXTRA_CANARIES = ("AutoSleep", "Eight Sleep", "HeartWatch")
 STAGES = ("core", "deep", "rem", "awake")
-
-
-def hours_between(first: str, last: str) -> float:
-    """Elapsed hours between two times as HAE writes them (each in its own offset)."""
-    return (written(last) - written(first)).total_seconds() / 3600
-
-
-def local(text: str) -> str:
-    """HAE's ``2025-03-08 15:59:00 -0500`` as the reply's ``2025-03-08T15:59:00-05:00``."""
-    return iso_local(written(text))
 
 
 def summary_night(row: dict, asleep: float, overlapping: bool = False, in_bed: float = None,
@@ -73,7 +63,7 @@ def summary_night(row: dict, asleep: float, overlapping: bool = False, in_bed: f
             stages["asleep"] = row["asleep"]
     return {"form": "nightly", "asleep": asleep, "in_bed": row["inBed"] if in_bed is None
             else in_bed, "stages": stages, "overlapping": overlapping,
-            "sleep_start": local(row["sleepStart"]), "sleep_end": local(row["sleepEnd"]),
+            "sleep_start": local_iso(row["sleepStart"]), "sleep_end": local_iso(row["sleepEnd"]),
             "naps": list(naps), "counted": counted, "scaled": scaled}
 
 
@@ -85,8 +75,8 @@ def records_night(rows: list, asleep: float, stages: dict, overlapping: bool = F
     in_bed = [r["qty"] for r in rows if r["value"] in ("In Bed", "InBed")]
     return {"form": "records", "asleep": asleep, "in_bed": in_bed[0] if in_bed else None,
             "stages": stages, "overlapping": overlapping,
-            "sleep_start": local(first.get("start") or first["startDate"]),
-            "sleep_end": local(last.get("end") or last["endDate"]), "naps": list(naps),
+            "sleep_start": local_iso(first.get("start") or first["startDate"]),
+            "sleep_end": local_iso(last.get("end") or last["endDate"]), "naps": list(naps),
             "counted": "union", "scaled": asleep > 24 - 1e-9 and overlapping}
 
 
@@ -300,8 +290,8 @@ def oracle(tz: str = "local") -> dict:
                           [p for p in stored if "value" in p], tz)
 
 
-def nights(store, first: dt.date, end: dt.date, bucket: str = "day", tz: str = "local",
-           fmt: str = None):
+def read_nights(store, first: dt.date, end: dt.date, bucket: str = "day", tz: str = "local",
+                fmt: str = None):
     """The nights of the dates [first, end): a date-only ``to`` is the last day, included."""
     query = dict(metric="sleep_analysis", bucket=bucket, tz=tz, from_=first.isoformat(),
                  to=(end - dt.timedelta(days=1)).isoformat(), format=fmt)
@@ -349,7 +339,7 @@ def test_read_12_4_the_oracle_comes_to_the_hand_figures():
 
 @pytest.mark.parametrize("tz", ["local", NY])
 def test_read_12_4_each_form_gives_the_nights_true_hours_per_day(store, tz):
-    got = nights(store, MARCH[0], MARCH[-1] + dt.timedelta(days=1), tz=tz)
+    got = read_nights(store, MARCH[0], MARCH[-1] + dt.timedelta(days=1), tz=tz)
     assert [n["date"] for n in got] == [d.isoformat() for d in MARCH]
     for item, morning in zip(got, MARCH):
         want = CORPUS["hand"][morning]
@@ -361,7 +351,7 @@ def test_read_12_4_each_form_gives_the_nights_true_hours_per_day(store, tz):
 
 
 def test_read_12_4_the_day_csv_carries_the_hours_naps_and_overlap(store):
-    rows = nights(store, MARCH[0], MARCH[-1] + dt.timedelta(days=1), fmt="csv")
+    rows = read_nights(store, MARCH[0], MARCH[-1] + dt.timedelta(days=1), fmt="csv")
     stages = ["deep", "core", "rem", "asleep", "awake"]  # deepest first, as drawn
     # the stage of unspecified sleep is the column "unspecified": "asleep" is the hours
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed"] + \
@@ -406,7 +396,7 @@ def test_read_12_4_the_day_csv_names_each_column_once(store):
 
 def test_read_12_4_a_week_is_the_average_of_its_nights_never_of_its_naps(store):
     first, end = MARCH[0], MARCH[-1] + dt.timedelta(days=6)
-    got = nights(store, first, end, bucket="week")
+    got = read_nights(store, first, end, bucket="week")
     weeks = {"2025-03-03": MARCH[:7], "2025-03-10": MARCH[7:]}
     assert [w["date"] for w in got] == list(weeks)
     for week, mornings in zip(got, weeks.values()):
@@ -425,7 +415,7 @@ def test_read_12_4_a_week_is_the_average_of_its_nights_never_of_its_naps(store):
         assert not close(week["asleep"], with_naps / len(hand), 1e-6)  # naps: not averaged in
     by_date = {d: s for d, s in oracle().items() if first <= d < end}
     assert_nights_equal(got, week_items(by_date), week=True)
-    rows = nights(store, first, end, bucket="week", fmt="csv")
+    rows = read_nights(store, first, end, bucket="week", fmt="csv")
     assert rows[0] == ["start", "local", "date", "count", "nights", "asleep", "in_bed", "deep",
                        "core", "rem", "unspecified", "awake", "overlapping", "naps",
                        "nap_hours"]
@@ -468,25 +458,25 @@ def test_read_12_4_a_night_across_the_dst_change_counts_real_hours(store):
     7 h, and a night written twice is capped at those 7 h, not at 8; the stage records of the
     9 March 2025 count 6 h 26 min 41 s in bed, not 7 h 26 min 41 s."""
     rows, want = CORPUS["apart"]["dst"]
-    [got] = nights(store, dt.date(2024, 3, 10), dt.date(2024, 3, 11))
+    [got] = read_nights(store, dt.date(2024, 3, 10), dt.date(2024, 3, 11))
     assert got["date"] == "2024-03-10"
     assert_night(got, want, "dst")
     assert (got["sleep_start"][-6:], got["sleep_end"][-6:]) == ("-05:00", "-04:00")
-    [csv] = nights(store, dt.date(2024, 3, 10), dt.date(2024, 3, 11), fmt="csv")[1:]
+    [csv] = read_nights(store, dt.date(2024, 3, 10), dt.date(2024, 3, 11), fmt="csv")[1:]
     assert csv[5:7] == ["7.0", "7.0"] and csv[-3] == "1", csv
     card = get_json(store.address, "/api/summary", date="2024-03-10")["cards"]["sleep"]
     assert_night(card, want, "dst card")
-    [records] = nights(store, MARCH[6], MARCH[7])
+    [records] = read_nights(store, MARCH[6], MARCH[7])
     assert close(records["in_bed"], 6 + 26 / 60 + 41 / 3600, 1e-9)
     assert (records["sleep_start"][-6:], records["sleep_end"][-6:]) == ("-05:00", "-04:00")
 
 
 def test_read_12_4_no_night_of_summaries_is_longer_than_a_day(store):
     rows, want = CORPUS["apart"]["days"]
-    [got] = nights(store, dt.date(2025, 4, 1), dt.date(2025, 4, 5))
+    [got] = read_nights(store, dt.date(2025, 4, 1), dt.date(2025, 4, 5))
     assert got["date"] == "2025-04-04"
     assert_night(got, want, "three days")
-    [week] = nights(store, dt.date(2025, 3, 31), dt.date(2025, 4, 7), bucket="week")
+    [week] = read_nights(store, dt.date(2025, 3, 31), dt.date(2025, 4, 7), bucket="week")
     assert week["asleep"] == 24.0 and week["overlapping"] == 1
 
 
@@ -494,7 +484,7 @@ def test_read_12_4_no_sleep_of_records_is_longer_than_a_day(store):
     """A sleep MUST NOT show more than 24 h, whatever its records say: a sleep app that
     recorded 16 h, paused an hour, then 12 h more, is one sleep of 24 h."""
     rows, want = CORPUS["apart"]["records-days"]
-    [got] = nights(store, dt.date(2025, 4, 20), dt.date(2025, 4, 23))
+    [got] = read_nights(store, dt.date(2025, 4, 20), dt.date(2025, 4, 23))
     assert got["date"] == "2025-04-22" and got["form"] == "records"
     assert got["asleep"] <= 24.0, got
     assert_night(got, want, "28 h of records")
@@ -502,7 +492,7 @@ def test_read_12_4_no_sleep_of_records_is_longer_than_a_day(store):
 
 def test_read_12_4_a_night_resent_in_other_spellings_counts_once(store):
     rows, want = CORPUS["apart"]["respelled"]
-    [got] = nights(store, dt.date(2025, 5, 6), dt.date(2025, 5, 7))
+    [got] = read_nights(store, dt.date(2025, 5, 6), dt.date(2025, 5, 7))
     for key in ("asleep", "in_bed"):
         assert close(got[key], want[key], 1e-9), (key, got)
     assert {k: round(v, 9) for k, v in got["stages"].items()} == {
@@ -514,5 +504,5 @@ def test_read_12_4_a_night_resent_in_other_spellings_is_marked_overlapping(store
     """Each record of the night is there twice (HAE's and HealthKit's names at the same
     times): its stage records add up to twice their union, which the rule marks
     ``overlapping``, as it does a summary written twice."""
-    [got] = nights(store, dt.date(2025, 5, 6), dt.date(2025, 5, 7))
+    [got] = read_nights(store, dt.date(2025, 5, 6), dt.date(2025, 5, 7))
     assert got["overlapping"] is True, got

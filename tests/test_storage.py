@@ -52,7 +52,7 @@ def utc_hour(text: str) -> int:
     return utc_seconds(text) // 3600
 
 
-def pt(when: str, source: str = SOURCE, **values) -> dict:
+def point_at(when: str, source: str = SOURCE, **values) -> dict:
     """A metric point: ``date``, the values in the given order, then ``source``."""
     point = {"date": when}
     point.update(values)
@@ -61,23 +61,16 @@ def pt(when: str, source: str = SOURCE, **values) -> dict:
     return point
 
 
-def body(*metrics: tuple, pretty: bool = True, **sections) -> bytes:
-    """A body with ``(name, units, points)`` metrics and other ``data`` sections."""
-    data = {"metrics": [{"name": name, "units": units, "data": points}
-                        for name, units, points in metrics]}
-    data.update(sections)
-    return hf.dumps_hae({"data": data}, pretty=pretty)
-
-
 def minutes(name: str, units: str, hour: int, first: int, last: int, **kw) -> tuple:
     """A metric with one point per minute ``first..last`` of ``hour``: qty = 100 + minute."""
-    return name, units, [pt(at(hour, m), qty=100 + m + 0.25, **kw) for m in range(first, last + 1)]
+    return name, units, [point_at(at(hour, m), qty=100 + m + 0.25, **kw) for m in range(first,
+                                                                                        last + 1)]
 
 
 # ---------------------------------------------------------------------------------------------
 # Posting and reading.
 
-class Store:
+class ServedStore:
     """A running service and what it stored, read straight from its SQLite file."""
 
     def __init__(self, service: healthlog.Service, logs=None):
@@ -150,8 +143,8 @@ class Store:
 
 
 @pytest.fixture
-def store(service, logs) -> Store:
-    return Store(service, logs)
+def store(service, logs) -> ServedStore:
+    return ServedStore(service, logs)
 
 
 def warnings(logs) -> list:
@@ -186,10 +179,10 @@ def canonical_hash(points: list) -> str:
 
 def test_sto_1_1_the_same_point_again_changes_nothing(store, logs):
     metric = minutes("step_count", "count", 10, 0, 2)
-    first = store.fold(body(metric))
+    first = store.fold(hf.body(metric))
     before = store.objects()
     store.count_object_writes()
-    again = store.fold(body(metric, pretty=False))  # other bytes, the same points
+    again = store.fold(hf.body(metric, pretty=False))  # other bytes, the same points
     assert (again["parse_status"], again["error"]) == ("parsed", None)  # a real fold
     assert again["objects_written"] == again["overwrites"] == again["incomparable"] == 0
     assert store.objects() == before  # hash, blob bytes, point_deliveries, updated_by
@@ -199,20 +192,21 @@ def test_sto_1_1_the_same_point_again_changes_nothing(store, logs):
 
 
 def test_sto_1_2_a_change_of_source_does_not_create_a_second_point(store, logs):
-    first = store.fold(body(minutes("step_count", "count", 10, 0, 2)))
+    first = store.fold(hf.body(minutes("step_count", "count", 10, 0, 2)))
     before = store.objects()
     # The same points re-attributed by Health: another source string, or none at all.
-    renamed = [pt(at(10, m), qty=100 + m + 0.25, source=OTHER_SOURCE if m else None)
+    renamed = [point_at(at(10, m), qty=100 + m + 0.25, source=OTHER_SOURCE if m else None)
                for m in range(3)]
-    again = store.fold(body(("step_count", "count", renamed)))
+    again = store.fold(hf.body(("step_count", "count", renamed)))
     assert again["objects_written"] == again["overwrites"] == 0
     [row] = store.objects()
     assert row == before[0]  # the stored bytes keep the old source, provenance stays
     assert [p["source"] for p in row["decoded"]] == [SOURCE] * 3
     assert row["from"] == [first["id"]] * 3
     # Within one delivery, two copies differing only in source are one point too.
-    twins = [pt(at(11, 0), qty=7.5, source=SOURCE), pt(at(11, 0), qty=7.5, source=OTHER_SOURCE)]
-    third = store.fold(body(("step_count", "count", twins)))
+    twins = [point_at(at(11, 0), qty=7.5, source=SOURCE), point_at(at(11, 0), qty=7.5,
+                                                                   source=OTHER_SOURCE)]
+    third = store.fold(hf.body(("step_count", "count", twins)))
     assert third["points"] == 2 and third["incomparable"] == 0
     only_point(store.object("step_count", at(11)))
     assert warnings(logs) == []
@@ -221,7 +215,7 @@ def test_sto_1_2_a_change_of_source_does_not_create_a_second_point(store, logs):
 def test_sto_1_3_sleep_records_with_one_date_and_different_intervals_stay_apart(store):
     rows = hf.sleep_segments(3, hf.DEFAULT_DAY, phone=hf.Phone(sources=SOURCE))
     assert len(rows) > 5 and len({r["date"] for r in rows}) == 1  # one date for the night
-    delivery = store.fold(body(("sleep_analysis", "hr", rows)), DAYS)
+    delivery = store.fold(hf.body(("sleep_analysis", "hr", rows)), DAYS)
     assert delivery["parse_status"] == "parsed" and delivery["incomparable"] == 0
     objects = store.objects("sleep_analysis")
     assert {o["layer"] for o in objects} == {"record"}  # sleep is a record, whatever the header
@@ -237,12 +231,12 @@ def test_sto_1_4_a_record_repeated_in_the_next_delivery_is_not_duplicated(store)
     phone = hf.Phone(sources=SOURCE)
     workout = hf.workout_v2(1, dt.datetime(2024, 3, 8, 18), phone=phone, route_points=5)
     segments = hf.sleep_segments(1, hf.DEFAULT_DAY, phone=phone)
-    store.fold(body(("sleep_analysis", "hr", segments), workouts=[workout]), DAYS)
+    store.fold(hf.body(("sleep_analysis", "hr", segments), workouts=[workout]), DAYS)
     count = {o["metric"]: o["points"] for o in store.objects()}
     # The next delivery repeats them: re-serialised, and the workout recounted.
     recounted = json.loads(json.dumps(workout))
     recounted["intensity"]["qty"] = 9.875
-    again = hf.resend(body(("sleep_analysis", "hr", segments), workouts=[recounted]),
+    again = hf.resend(hf.body(("sleep_analysis", "hr", segments), workouts=[recounted]),
                       random.Random(4))
     second = store.fold(again, DAYS)
     assert second["parse_status"] == "parsed"
@@ -252,10 +246,11 @@ def test_sto_1_4_a_record_repeated_in_the_next_delivery_is_not_duplicated(store)
 
 
 def test_sto_1_5_a_point_without_end_is_the_degenerate_interval(store):
-    store.fold(body(("step_count", "count", [pt(at(10, 5), qty=5.5)])))
+    store.fold(hf.body(("step_count", "count", [point_at(at(10, 5), qty=5.5)])))
     # end == start written out is the same coordinate; another end is another point.
-    later = [pt(at(10, 5), qty=5.5, end=at(10, 5)), pt(at(10, 5), qty=8.5, end=at(10, 9))]
-    store.fold(body(("step_count", "count", later)))
+    later = [point_at(at(10, 5), qty=5.5, end=at(10, 5)), point_at(at(10, 5), qty=8.5, end=at(10,
+                                                                                              9))]
+    store.fold(hf.body(("step_count", "count", later)))
     row = store.object("step_count", at(10))
     spans = sorted((p["date"], p.get("end", p["date"])) for p in row["decoded"])
     assert spans == [(at(10, 5), at(10, 5)), (at(10, 5), at(10, 9))]
@@ -270,7 +265,7 @@ def test_storage_1_1_record_sections_become_metrics_in_the_record_layer(store):
                                           route_points=3)]
     assert all(sections[key] for key in ("stateOfMind", "medications", "symptoms",
                                          "cycleTracking", "ecg", "workouts"))
-    delivery = store.fold(body(minutes("step_count", "count", 10, 0, 1), **sections))
+    delivery = store.fold(hf.body(minutes("step_count", "count", 10, 0, 1), **sections))
     assert delivery["parse_status"] == "parsed" and delivery["layer"] == LAYER
     names = {"stateOfMind": lambda e: "state_of_mind", "ecg": lambda e: "ecg",
              "heartRateNotifications": lambda e: "heart_rate_notifications",
@@ -289,9 +284,10 @@ def test_storage_1_1_record_sections_become_metrics_in_the_record_layer(store):
 
 
 def test_storage_1_2_points_without_a_readable_time_are_counted_not_dropped(store, logs):
-    points = [pt(at(10, 0), qty=3.5), pt("yesterday-ish", qty=72.123456789), "CANARY-BODY-TEXT",
-              pt(at(10, 1), qty=4.5)]
-    delivery = store.fold(body(("step_count", "count", points)))
+    points = [point_at(at(10, 0), qty=3.5), point_at("yesterday-ish", qty=72.123456789),
+              "CANARY-BODY-TEXT",
+              point_at(at(10, 1), qty=4.5)]
+    delivery = store.fold(hf.body(("step_count", "count", points)))
     assert delivery["parse_status"] == "parsed"
     assert (delivery["points"], delivery["bad_points"]) == (2, 2)
     assert store.object("step_count", at(10))["points"] == 2
@@ -307,13 +303,13 @@ def test_storage_1_2_points_without_a_readable_time_are_counted_not_dropped(stor
 
 def test_sto_2_1_a_poor_point_does_not_erase_a_rich_ones_fields(store):
     def rich(when):
-        return pt(when, Min=52, Avg=61.5, Max=88, context="Sedentary")
+        return point_at(when, Min=52, Avg=61.5, Max=88, context="Sedentary")
 
     def poor(when):
-        return pt(when, Min=52, Avg=61.5, Max=88, source=OTHER_SOURCE)
+        return point_at(when, Min=52, Avg=61.5, Max=88, source=OTHER_SOURCE)
 
-    first = store.fold(body(("heart_rate", "count/min", [rich(at(10, 0)), poor(at(11, 0))])))
-    second = store.fold(body(("heart_rate", "count/min", [poor(at(10, 0)), rich(at(11, 0))])))
+    first = store.fold(hf.body(("heart_rate", "count/min", [rich(at(10, 0)), poor(at(11, 0))])))
+    second = store.fold(hf.body(("heart_rate", "count/min", [poor(at(10, 0)), rich(at(11, 0))])))
     for hour in (10, 11):
         assert only_point(store.object("heart_rate", at(hour)))["context"] == "Sedentary"
     assert store.object("heart_rate", at(10))["from"] == [first["id"]]  # untouched
@@ -322,21 +318,22 @@ def test_sto_2_1_a_poor_point_does_not_erase_a_rich_ones_fields(store):
 
 
 def test_sto_2_2_fields_without_content_add_no_completeness(store):
-    empty_five = pt(at(10, 0), qty=hf.RawNumber("0e0"), Avg=hf.RawNumber("-0"), Min={}, Max=[])
-    real = pt(at(10, 0), qty=12.5)
-    store.fold(body(("step_count", "count", [empty_five])))
-    store.fold(body(("step_count", "count", [real])))
+    empty_five = point_at(at(10, 0), qty=hf.RawNumber("0e0"), Avg=hf.RawNumber("-0"), Min={},
+                          Max=[])
+    real = point_at(at(10, 0), qty=12.5)
+    store.fold(hf.body(("step_count", "count", [empty_five])))
+    store.fold(hf.body(("step_count", "count", [real])))
     assert only_point(store.object("step_count", at(10))) == real
     # The other order: the content-free point arriving later does not win either.
-    store.fold(body(("step_count", "count", [pt(at(11, 0), qty=12.5)])))
-    store.fold(body(("step_count", "count", [dict(empty_five, date=at(11, 0))])))
-    assert only_point(store.object("step_count", at(11))) == pt(at(11, 0), qty=12.5)
+    store.fold(hf.body(("step_count", "count", [point_at(at(11, 0), qty=12.5)])))
+    store.fold(hf.body(("step_count", "count", [dict(empty_five, date=at(11, 0))])))
+    assert only_point(store.object("step_count", at(11))) == point_at(at(11, 0), qty=12.5)
 
 
 def test_sto_2_3_with_equal_content_no_fields_are_lost(store):
-    kept = pt(at(10, 0), qty=10.5, Min=0, Max=0)
-    first = store.fold(body(("step_count", "count", [kept])))
-    second = store.fold(body(("step_count", "count", [pt(at(10, 0), qty=11.5)])))
+    kept = point_at(at(10, 0), qty=10.5, Min=0, Max=0)
+    first = store.fold(hf.body(("step_count", "count", [kept])))
+    second = store.fold(hf.body(("step_count", "count", [point_at(at(10, 0), qty=11.5)])))
     row = store.object("step_count", at(10))
     assert only_point(row) == kept and row["from"] == [first["id"]]
     assert second["objects_written"] == second["overwrites"] == 0
@@ -345,9 +342,9 @@ def test_sto_2_3_with_equal_content_no_fields_are_lost(store):
 def test_sto_2_4_equally_complete_points_later_in_journal_wins_in_any_fold_order(
         start_service, tmp_path):
     service = start_service(paused=True)
-    store = Store(service)
-    older = store.post(body(("step_count", "count", [pt(at(10, 0), qty=10.5)])))
-    newer = store.post(body(("step_count", "count", [pt(at(10, 0), qty=11.5)])))
+    store = ServedStore(service)
+    older = store.post(hf.body(("step_count", "count", [point_at(at(10, 0), qty=10.5)])))
+    newer = store.post(hf.body(("step_count", "count", [point_at(at(10, 0), qty=11.5)])))
     service.stop()  # neither was folded: both are pending in the journal
     results = []
     for order in ((older, newer), (newer, older)):
@@ -374,18 +371,20 @@ def test_sto_2_4_equally_complete_points_later_in_journal_wins_in_any_fold_order
 
 def test_sto_2_4_within_one_delivery_the_array_order_does_not_matter(store):
     a, b = dict(qty=10.5, Min=1.5), dict(qty=11.5, Min=1.5)
-    store.fold(body(("step_count", "count", [pt(at(10, 0), **a), pt(at(10, 0), **b)])))
-    store.fold(body(("step_count", "count", [pt(at(11, 0), **b), pt(at(11, 0), **a)])))
+    store.fold(hf.body(("step_count", "count", [point_at(at(10, 0), **a), point_at(at(10, 0),
+                                                                                   **b)])))
+    store.fold(hf.body(("step_count", "count", [point_at(at(11, 0), **b), point_at(at(11, 0),
+                                                                                   **a)])))
     first = only_point(store.object("step_count", at(10)))
     second = only_point(store.object("step_count", at(11)))
     assert dict(first, date=None) == dict(second, date=None)
 
 
 def test_sto_2_5_incomparable_sets_across_deliveries_are_counted_not_merged(store, logs):
-    with_min = pt(at(10, 0), Avg=72.123456789, Min=31.2468013579)
-    with_max = pt(at(10, 0), Avg=72.123456789, Max=97.8642097531)
-    store.fold(body(("heart_rate", "count/min", [with_min])))
-    second = store.fold(body(("heart_rate", "count/min", [with_max])))
+    with_min = point_at(at(10, 0), Avg=72.123456789, Min=31.2468013579)
+    with_max = point_at(at(10, 0), Avg=72.123456789, Max=97.8642097531)
+    store.fold(hf.body(("heart_rate", "count/min", [with_min])))
+    second = store.fold(hf.body(("heart_rate", "count/min", [with_max])))
     row = store.object("heart_rate", at(10))
     assert only_point(row) == with_max  # the later one wins, unmerged
     assert (second["incomparable"], second["overwrites"]) == (1, 1)
@@ -398,10 +397,10 @@ def test_sto_2_5_incomparable_sets_across_deliveries_are_counted_not_merged(stor
 
 def test_sto_2_5_incomparable_sets_within_one_delivery_one_point_chosen_deterministically(store):
     x, y = dict(Avg=72.123456789, Min=31.2468013579), dict(Avg=72.123456789, Max=97.8642097531)
-    first = store.fold(body(("heart_rate", "count/min", [pt(at(10, 0), **x),
-                                                         pt(at(10, 0), **y)])))
-    second = store.fold(body(("heart_rate", "count/min", [pt(at(11, 0), **y),
-                                                          pt(at(11, 0), **x)])))
+    first = store.fold(hf.body(("heart_rate", "count/min", [point_at(at(10, 0), **x),
+                                                         point_at(at(10, 0), **y)])))
+    second = store.fold(hf.body(("heart_rate", "count/min", [point_at(at(11, 0), **y),
+                                                          point_at(at(11, 0), **x)])))
     assert first["incomparable"] == second["incomparable"] == 1
     one = only_point(store.object("heart_rate", at(10)))
     other = only_point(store.object("heart_rate", at(11)))
@@ -409,34 +408,35 @@ def test_sto_2_5_incomparable_sets_within_one_delivery_one_point_chosen_determin
 
 
 def test_sto_2_5_incomparable_sets_within_one_delivery_are_named_in_a_warn(store, logs):
-    delivery = store.fold(body(("heart_rate", "count/min",
-                                [pt(at(10, 0), Avg=72.123456789, Min=31.2468013579),
-                                 pt(at(10, 0), Avg=72.123456789, Max=97.8642097531)])))
+    delivery = store.fold(hf.body(("heart_rate", "count/min",
+                                [point_at(at(10, 0), Avg=72.123456789, Min=31.2468013579),
+                                 point_at(at(10, 0), Avg=72.123456789, Max=97.8642097531)])))
     assert delivery["incomparable"] == 1
     found = [r for r in warnings(logs) if r.get("metric") == "heart_rate"]
     assert found and found[0]["layer"] == LAYER and found[0]["hour"] == str(utc_hour(at(10)))
 
 
 def test_sto_2_6_content_that_is_not_an_object_never_beats_a_point_with_fields(store, logs):
-    store.fold(body(("step_count", "count", [pt(at(10, 0), qty=5.5)])))
+    store.fold(hf.body(("step_count", "count", [point_at(at(10, 0), qty=5.5)])))
     before = store.objects()
     junk = ["CANARY-BODY-TEXT", 72.123456789, None, [at(10, 0), 5.5], True]
-    second = store.fold(body(("step_count", "count", junk),
-                             ("active_energy", "kcal", [pt(at(10, 0), qty=1.5)])))
+    second = store.fold(hf.body(("step_count", "count", junk),
+                                ("active_energy", "kcal", [point_at(at(10, 0), qty=1.5)])))
     assert second["parse_status"] == "parsed"
     assert (second["bad_points"], second["incomparable"], second["overwrites"]) == (5, 0, 0)
     assert store.objects("step_count") == before
     # Within one delivery: the point with fields is stored, nothing counts as incomparable.
-    third = store.fold(body(("step_count", "count", ["CANARY-BODY-TEXT", pt(at(11, 0), qty=6.5),
+    third = store.fold(hf.body(("step_count", "count", ["CANARY-BODY-TEXT", point_at(at(11, 0),
+                                                                                     qty=6.5),
                                                       {}])))
     assert (third["bad_points"], third["incomparable"]) == (2, 0)
-    assert only_point(store.object("step_count", at(11))) == pt(at(11, 0), qty=6.5)
+    assert only_point(store.object("step_count", at(11))) == point_at(at(11, 0), qty=6.5)
 
 
 def test_sto_2_7_a_collision_leaves_a_warn_with_coordinates_and_a_count(store, logs):
-    first = store.fold(body(minutes("step_count", "count", 10, 0, 4)))
-    changed = [pt(at(10, m), qty=72.123456789 + m) for m in (1, 2, 3)]
-    second = store.fold(body(("step_count", "count", changed)))
+    first = store.fold(hf.body(minutes("step_count", "count", 10, 0, 4)))
+    changed = [point_at(at(10, m), qty=72.123456789 + m) for m in (1, 2, 3)]
+    second = store.fold(hf.body(("step_count", "count", changed)))
     assert second["overwrites"] == 3 and second["objects_written"] == 1
     row = store.object("step_count", at(10))
     assert [p["qty"] for p in row["decoded"]] == [100.25, 72.123456789 + 1, 72.123456789 + 2,
@@ -464,10 +464,10 @@ def test_sto_2_8_serialisation_jitter_is_not_a_collision(store, logs):
     assert second["overwrites"] == second["objects_written"] == second["incomparable"] == 0
     assert store.objects() == before
     # HAE's own example: 61.999999999999993 then 61.99999999999999, keys in another order.
-    store.fold(body(("heart_rate", "count/min",
+    store.fold(hf.body(("heart_rate", "count/min",
                      [{"Avg": hf.RawNumber("61.999999999999993"), "date": at(12, 0),
                        "source": SOURCE}])))
-    third = store.fold(body(("heart_rate", "count/min",
+    third = store.fold(hf.body(("heart_rate", "count/min",
                              [{"date": at(12, 0), "source": OTHER_SOURCE,
                                "Avg": hf.RawNumber("61.99999999999999")}])))
     assert third["overwrites"] == third["objects_written"] == 0
@@ -481,16 +481,16 @@ def test_sto_2_8_serialisation_jitter_is_not_a_collision(store, logs):
 
 
 def test_sto_3_1_a_failure_mid_delivery_leaves_no_object_of_it(store, logs):
-    store.fold(body(minutes("step_count", "count", 10, 0, 2)))
+    store.fold(hf.body(minutes("step_count", "count", 10, 0, 2)))
     before = store.objects()
     # The apply fails on the last object of the delivery, after the others were written
     # inside its transaction.
     store.sql("CREATE TRIGGER test_refuse BEFORE INSERT ON object WHEN NEW.metric ="
               " 'walking_speed' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
-    failing = store.fold(body(minutes("step_count", "count", 10, 3, 5),
-                              minutes("step_count", "count", 11, 0, 1),
-                              minutes("active_energy", "kcal", 10, 0, 2),
-                              minutes("walking_speed", "km/hr", 10, 0, 2)))
+    failing = store.fold(hf.body(minutes("step_count", "count", 10, 3, 5),
+                                 minutes("step_count", "count", 11, 0, 1),
+                                 minutes("active_energy", "kcal", 10, 0, 2),
+                                 minutes("walking_speed", "km/hr", 10, 0, 2)))
     assert failing["parse_status"] == "failed"
     assert failing["error"] == "unexpected:IntegrityError"
     assert store.objects() == before
@@ -501,8 +501,8 @@ def test_sto_3_1_a_failure_mid_delivery_leaves_no_object_of_it(store, logs):
 
 
 def test_sto_3_2_a_change_of_units_does_not_relabel_stored_points(store, logs):
-    store.fold(body(minutes("active_energy", "kcal", 10, 0, 1)))
-    second = store.fold(body(("active_energy", "kJ", [pt(at(10, 2), qty=42.987654321)])))
+    store.fold(hf.body(minutes("active_energy", "kcal", 10, 0, 1)))
+    second = store.fold(hf.body(("active_energy", "kJ", [point_at(at(10, 2), qty=42.987654321)])))
     row = store.object("active_energy", at(10))
     assert row["units"] == "kcal"
     # The kJ value is not stored under kcal: it stays in the archive, the object is as it was.
@@ -516,10 +516,10 @@ def test_sto_3_2_a_change_of_units_does_not_relabel_stored_points(store, logs):
 
 
 def test_sto_3_3_points_of_one_hour_go_into_one_object(store):
-    points = [pt(at(10, m), qty=100 + m + 0.25) for m in range(60)]
+    points = [point_at(at(10, m), qty=100 + m + 0.25) for m in range(60)]
     random.Random(3).shuffle(points)
-    points += [pt(at(9, 59), qty=1.5), pt(at(11, 0), qty=2.5)]
-    delivery = store.fold(body(("step_count", "count", points)))
+    points += [point_at(at(9, 59), qty=1.5), point_at(at(11, 0), qty=2.5)]
+    delivery = store.fold(hf.body(("step_count", "count", points)))
     assert delivery["objects_written"] == 3
     assert [o["hour"] for o in store.objects()] == [utc_hour(at(h)) for h in (9, 10, 11)]
     row = store.object("step_count", at(10))
@@ -535,28 +535,28 @@ def test_sto_3_3_points_of_one_hour_go_into_one_object(store):
 
 
 def test_sto_3_4_adding_to_an_existing_hour_keeps_its_points(store):
-    even = [pt(at(10, m), qty=m + 0.5) for m in range(0, 60, 2)]
-    odd = [pt(at(10, m), qty=m + 0.5, source=OTHER_SOURCE) for m in range(1, 60, 2)]
-    first = store.fold(body(("step_count", "count", even)))
-    second = store.fold(body(("step_count", "count", odd + even[:3])))
+    even = [point_at(at(10, m), qty=m + 0.5) for m in range(0, 60, 2)]
+    odd = [point_at(at(10, m), qty=m + 0.5, source=OTHER_SOURCE) for m in range(1, 60, 2)]
+    first = store.fold(hf.body(("step_count", "count", even)))
+    second = store.fold(hf.body(("step_count", "count", odd + even[:3])))
     row = store.object("step_count", at(10))
     assert row["decoded"] == [p for pair in zip(even, odd) for p in pair]  # merged, in order
     assert row["from"] == [first["id"], second["id"]] * 30
     assert (row["delivery_id"], row["updated_by"]) == (first["id"], second["id"])
     assert (row["first_at"], row["last_at"]) == (utc_seconds(at(10, 0)), utc_seconds(at(10, 59)))
     # A later delivery with one point of the hour removes none of the others.
-    store.fold(body(("step_count", "count", [pt(at(10, 7), qty=99.5)])))
+    store.fold(hf.body(("step_count", "count", [point_at(at(10, 7), qty=99.5)])))
     row = store.object("step_count", at(10))
     assert row["points"] == 60 and row["decoded"][7]["qty"] == 99.5
 
 
 def test_storage_3_2_each_object_carries_the_tally_of_its_points(store):
-    points = [pt(at(10, m), qty=100 + m + 0.25) for m in range(5)]
+    points = [point_at(at(10, m), qty=100 + m + 0.25) for m in range(5)]
     points[2]["flag"] = True  # a boolean is no number
     points[3]["Min"] = 4
-    store.fold(body(("step_count", "count", points)))
-    more = [pt(at(10, 7), qty=-3.5)]
-    store.fold(body(("step_count", "count", more)))  # the object is written again
+    store.fold(hf.body(("step_count", "count", points)))
+    more = [point_at(at(10, 7), qty=-3.5)]
+    store.fold(hf.body(("step_count", "count", more)))  # the object is written again
     row = store.object("step_count", at(10))
     stored = row["decoded"]
     qty = [p["qty"] for p in stored]
@@ -609,7 +609,7 @@ def test_storage_3_1_points_are_stored_verbatim(store):
     point = {"qty": hf.RawNumber("61.999999999999993"), "date": at(10, 0),
              "context": "AT&T <b>run</b> – Zebulon’s", "Min": hf.RawNumber("1E-7"),
              "Max": hf.RawNumber("12.50"), "isIndoor": False, "source": SOURCE}
-    store.fold(body(("heart_rate", "count/min", [point])))
+    store.fold(hf.body(("heart_rate", "count/min", [point])))
     row = store.object("heart_rate", at(10))
     raw = gzip.decompress(row["blob"])
     assert "AT&T <b>run</b> – Zebulon’s".encode("utf-8") in raw  # no HTML or \u escaping
@@ -646,9 +646,9 @@ def test_sto_4_1_re_sending_the_same_hours_does_not_write(store, logs):
 
 
 def test_storage_4_1_the_hash_is_of_the_canonical_form_only(store):
-    plain = [pt(at(10, m), qty=m + 0.5) for m in range(5)]
+    plain = [point_at(at(10, m), qty=m + 0.5) for m in range(5)]
     reworded = [{"qty": m + 0.5, "date": at(10, m), "source": OTHER_SOURCE} for m in range(5)]
-    store.fold(body(("step_count", "count", plain), ("step_count_copy", "count", reworded)))
+    store.fold(hf.body(("step_count", "count", plain), ("step_count_copy", "count", reworded)))
     one, other = store.object("step_count", at(10)), store.object("step_count_copy", at(10))
     assert one["blob"] != other["blob"]
     assert one["hash"] == other["hash"] == canonical_hash(plain)
@@ -661,12 +661,12 @@ def test_storage_4_1_the_hash_is_of_the_canonical_form_only(store):
 
 
 def test_sto_5_1_a_change_to_a_sealed_hour_is_signalled_and_stored(store, logs):
-    original = body(minutes("step_count", "count", 10, 0, 2))
+    original = hf.body(minutes("step_count", "count", 10, 0, 2))
     store.fold(original)
     store.sql("UPDATE object SET sealed = 1")
     same = store.fold(hf.resend(original, random.Random(2)))  # no change: no signal
     assert same["sealed_changes"] == 0 and warnings(logs) == []
-    changed = store.fold(body(("step_count", "count", [pt(at(10, 3), qty=3.14159265358)])))
+    changed = store.fold(hf.body(("step_count", "count", [point_at(at(10, 3), qty=3.14159265358)])))
     assert changed["parse_status"] == "parsed" and changed["sealed_changes"] == 1
     row = store.object("step_count", at(10))
     assert row["points"] == 4 and row["sealed"] == 1  # stored anyway, still sealed
@@ -677,8 +677,8 @@ def test_sto_5_1_a_change_to_a_sealed_hour_is_signalled_and_stored(store, logs):
 
 
 def test_storage_5_1_no_rule_seals_an_hour(store):
-    store.fold(body(minutes("step_count", "count", 10, 0, 2)))
-    store.fold(body(minutes("step_count", "count", 10, 1, 5), minutes("step_count", "count",
+    store.fold(hf.body(minutes("step_count", "count", 10, 0, 2)))
+    store.fold(hf.body(minutes("step_count", "count", 10, 1, 5), minutes("step_count", "count",
                                                                      3, 0, 1)))
     rows = store.objects()
     assert rows and all(row["sealed"] == 0 for row in rows)
@@ -704,9 +704,9 @@ def test_sto_6_1_a_folded_delivery_is_logged_with_counters_and_id_only(store, lo
 
 def test_sto_6_2_uncovered_sections_are_named_by_key_in_a_field_at_info(store, logs):
     forged = 'evil\nlevel=ERROR msg="forged"'
-    data = body(minutes("step_count", "count", 10, 0, 1),
-                mysteryReadings=[{"date": at(10, 0), "value": "CANARY-BODY-TEXT"}],
-                **{forged: {"zqHiddenKey": "CANARY-BODY-TEXT"}})
+    data = hf.body(minutes("step_count", "count", 10, 0, 1),
+                   mysteryReadings=[{"date": at(10, 0), "value": "CANARY-BODY-TEXT"}],
+                   **{forged: {"zqHiddenKey": "CANARY-BODY-TEXT"}})
     delivery = store.fold(data)
     assert delivery["parse_status"] == "partial"
     [record] = logs.find("delivery folded")
@@ -719,13 +719,13 @@ def test_sto_6_2_uncovered_sections_are_named_by_key_in_a_field_at_info(store, l
 
 def test_sto_6_3_the_uncovered_list_hitting_its_bounds_is_a_warn_with_the_count(store, logs):
     many = {"unknown%02d" % i: [] for i in range(40)}
-    first = store.fold(body(minutes("step_count", "count", 10, 0, 1), **many))
+    first = store.fold(hf.body(minutes("step_count", "count", 10, 0, 1), **many))
     assert first["parse_status"] == "partial"
     assert len(json.loads(first["uncovered_keys"])) == healthlog.UNCOVERED_MAX_NAMES == 32
     [record] = logs.find("uncovered keys hit its bounds", level="WARN")
     assert (record["delivery_id"], record["dropped"]) == (str(first["id"]), "8")
     long_name = "x" * 100
-    second = store.fold(body(minutes("step_count", "count", 11, 0, 1), **{long_name: []}))
+    second = store.fold(hf.body(minutes("step_count", "count", 11, 0, 1), **{long_name: []}))
     [kept] = json.loads(second["uncovered_keys"])
     assert len(kept) <= healthlog.UNCOVERED_MAX_LENGTH + 1 and kept.startswith("x" * 64)
     records = logs.find("uncovered keys hit its bounds", level="WARN")
@@ -738,9 +738,9 @@ def test_sto_6_3_the_uncovered_list_hitting_its_bounds_is_a_warn_with_the_count(
 
 
 def test_sto_7_1_a_delivery_with_an_uncovered_section_is_partial(store):
-    delivery = store.fold(body(minutes("step_count", "count", 10, 0, 2),
-                               mysteryReadings=[{"date": at(10, 0), "value": 1.5}],
-                               stateOfMind=[]))
+    delivery = store.fold(hf.body(minutes("step_count", "count", 10, 0, 2),
+                                  mysteryReadings=[{"date": at(10, 0), "value": 1.5}],
+                                  stateOfMind=[]))
     assert delivery["parse_status"] == "partial"
     assert json.loads(delivery["uncovered_keys"]) == ["mysteryReadings"]
     assert store.object("step_count", at(10))["points"] == 3  # covered points stored as usual
@@ -748,8 +748,8 @@ def test_sto_7_1_a_delivery_with_an_uncovered_section_is_partial(store):
 
 
 def test_sto_7_2_a_delivery_without_uncovered_sections_is_parsed(store):
-    delivery = store.fold(body(minutes("step_count", "count", 10, 0, 2), workouts=[],
-                               stateOfMind=[]))
+    delivery = store.fold(hf.body(minutes("step_count", "count", 10, 0, 2), workouts=[],
+                                  stateOfMind=[]))
     assert delivery["parse_status"] == "parsed"
     assert delivery["uncovered_keys"] == "[]"
 
@@ -757,21 +757,22 @@ def test_sto_7_2_a_delivery_without_uncovered_sections_is_parsed(store):
 def test_sto_7_3_a_parse_failure_outranks_partiality_and_keeps_the_list(store):
     # The layer cannot be decided: no valid header, too few points to infer, no history.
     no_header = hf.Automation("Storage unknown layer", "bogus", "Today")
-    failed = store.fold(body(minutes("step_count", "count", 10, 0, 0),
-                             mysteryReadings=[{"x": 1}]), no_header)
+    failed = store.fold(hf.body(minutes("step_count", "count", 10, 0, 0),
+                                mysteryReadings=[{"x": 1}]), no_header)
     assert failed["parse_status"] == "failed" and failed["error"] == "layer_not_inferable"
     assert json.loads(failed["uncovered_keys"]) == ["mysteryReadings"]
     # Nothing in the body could be placed.
-    unplaceable = store.fold(body(("step_count", "count", [pt("not a time", qty=1.5), "x"]),
-                                  mysteryReadings=[]))
+    unplaceable = store.fold(hf.body(("step_count", "count", [point_at("not a time", qty=1.5),
+                                                              "x"]),
+                                     mysteryReadings=[]))
     assert unplaceable["parse_status"] == "failed"
     assert json.loads(unplaceable["uncovered_keys"]) == ["mysteryReadings"]
     assert store.objects() == []
 
 
 def test_sto_7_3_a_delivery_with_some_bad_points_is_not_failed(store):
-    delivery = store.fold(body(("step_count", "count", [pt("not a time", qty=1.5),
-                                                        pt(at(10, 0), qty=2.5)])))
+    delivery = store.fold(hf.body(("step_count", "count", [point_at("not a time", qty=1.5),
+                                                        point_at(at(10, 0), qty=2.5)])))
     assert (delivery["parse_status"], delivery["bad_points"], delivery["points"]) == \
         ("parsed", 1, 1)
 
@@ -779,16 +780,16 @@ def test_sto_7_3_a_delivery_with_some_bad_points_is_not_failed(store):
 def test_sto_7_3_a_failure_writing_the_points_keeps_the_uncovered_list(store):
     store.sql("CREATE TRIGGER test_refuse BEFORE INSERT ON object"
               " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
-    failed = store.fold(body(minutes("step_count", "count", 10, 0, 1),
-                             mysteryReadings=[{"x": 1}]))
+    failed = store.fold(hf.body(minutes("step_count", "count", 10, 0, 1),
+                                mysteryReadings=[{"x": 1}]))
     assert failed["parse_status"] == "failed"
     assert json.loads(failed["uncovered_keys"]) == ["mysteryReadings"]
 
 
 def test_sto_7_4_a_busy_database_leaves_the_delivery_pending(start_service, logs):
     service = start_service(paused=True)
-    store = Store(service)
-    delivery_id = store.post(body(minutes("step_count", "count", 10, 0, 2)))
+    store = ServedStore(service)
+    delivery_id = store.post(hf.body(minutes("step_count", "count", 10, 0, 2)))
     holder = sqlite3.connect(str(store.data_dir / healthlog.DB_NAME), isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
@@ -805,11 +806,11 @@ def test_sto_7_4_a_busy_database_leaves_the_delivery_pending(start_service, logs
 
 def test_sto_7_4_a_stop_from_outside_leaves_the_delivery_pending(start_service):
     service = start_service(paused=True)
-    delivery_id = Store(service).post(body(minutes("step_count", "count", 10, 0, 2)))
+    delivery_id = ServedStore(service).post(hf.body(minutes("step_count", "count", 10, 0, 2)))
     service.stop()
     rows = db_rows(service.config.data_dir)
     assert [(r["id"], r["parse_status"]) for r in rows] == [(delivery_id, "pending")]
-    restarted = Store(start_service())
+    restarted = ServedStore(start_service())
     assert restarted.folded(delivery_id)["parse_status"] == "parsed"
 
 
@@ -818,8 +819,8 @@ def test_sto_7_5_a_partial_delivery_is_refolded_once_its_section_is_covered(
     phone = hf.Phone(sources=SOURCE)
     workout = hf.workout_v2(7, dt.datetime(2024, 3, 8, 18), phone=phone, route_points=4)
     service = start_service()
-    first = Store(service).fold(body(minutes("step_count", "count", 10, 0, 2),
-                                     workouts=[workout]))
+    first = ServedStore(service).fold(hf.body(minutes("step_count", "count", 10, 0, 2),
+                                        workouts=[workout]))
     assert first["parse_status"] == "parsed"
     service.stop()
     # As an older version left it: workouts not covered, so not in the store.
@@ -829,7 +830,7 @@ def test_sto_7_5_a_partial_delivery_is_refolded_once_its_section_is_covered(
                      " WHERE id = ?", ('["workouts"]', first["id"]))
         conn.execute("DELETE FROM object WHERE metric = 'workouts'")
     conn.close()
-    store = Store(start_service())
+    store = ServedStore(start_service())
     assert logs.find("deliveries requeued", level="INFO")[0]["count"] == "1"
     refolded = store.folded(first["id"])
     assert refolded["parse_status"] == "parsed" and refolded["uncovered_keys"] == "[]"
@@ -838,7 +839,7 @@ def test_sto_7_5_a_partial_delivery_is_refolded_once_its_section_is_covered(
 
 def test_storage_7_1_a_status_written_by_an_older_parser_is_refolded(start_service, logs):
     service = start_service()
-    first = Store(service).fold(body(minutes("step_count", "count", 10, 0, 2)))
+    first = ServedStore(service).fold(hf.body(minutes("step_count", "count", 10, 0, 2)))
     assert first["parser_version"] == healthlog.PARSER_VERSION
     service.stop()
     before = db_rows(service.config.data_dir, "SELECT * FROM object")
@@ -846,7 +847,7 @@ def test_storage_7_1_a_status_written_by_an_older_parser_is_refolded(start_servi
     with conn:
         conn.execute("UPDATE delivery SET parser_version = NULL")  # as a parser before v1
     conn.close()
-    store = Store(start_service())
+    store = ServedStore(start_service())
     assert logs.find("deliveries requeued", level="INFO")[0]["count"] == "1"
     refolded = store.folded(first["id"])
     assert refolded["parse_status"] == "parsed"
@@ -868,10 +869,10 @@ def _expected_spans(points: list) -> list:
 
 
 def test_storage_3_4_each_object_carries_its_points_spans(store):
-    minute_points = [pt(at(10, m), qty=100 + m + 0.25) for m in (5, 0, 3)]
-    store.fold(body(("step_count", "count", minute_points)))
+    minute_points = [point_at(at(10, m), qty=100 + m + 0.25) for m in (5, 0, 3)]
+    store.fold(hf.body(("step_count", "count", minute_points)))
     nights = hf.sleep_segments(3, hf.DEFAULT_DAY, phone=hf.Phone(sources=SOURCE))
-    store.fold(body(("sleep_analysis", "hr", nights)), DAYS)
+    store.fold(hf.body(("sleep_analysis", "hr", nights)), DAYS)
     objects = store.objects("step_count") + store.objects("sleep_analysis")
     assert len(objects) > 2
     for row in objects:
@@ -879,11 +880,11 @@ def test_storage_3_4_each_object_carries_its_points_spans(store):
 
     # An object without spans (as written before schema version 3) still merges.
     store.sql("UPDATE object SET spans = NULL")
-    again = store.fold(hf.resend(body(("step_count", "count", minute_points)),
+    again = store.fold(hf.resend(hf.body(("step_count", "count", minute_points)),
                                  random.Random(3)))
     assert again["parse_status"] == "parsed" and again["objects_written"] == 0
     assert {row["spans"] for row in store.objects()} == {None}
-    more = store.fold(body(("step_count", "count", [pt(at(10, 7), qty=9.5)])))
+    more = store.fold(hf.body(("step_count", "count", [point_at(at(10, 7), qty=9.5)])))
     assert more["objects_written"] == 1 and more["overwrites"] == 0
     row = store.object("step_count", at(10))
     assert row["points"] == 4 and _spans_of(row) == _expected_spans(row["decoded"])
@@ -891,16 +892,16 @@ def test_storage_3_4_each_object_carries_its_points_spans(store):
 
 
 def test_storage_2_2_a_boolean_is_not_the_number_it_equals(store, logs):
-    numbers = [pt(at(9, 0), qty=5.25, flag=1), pt(at(9, 1), qty=6.25, flag=0)]
-    first = store.fold(body(("step_count", "count", numbers)))
+    numbers = [point_at(at(9, 0), qty=5.25, flag=1), point_at(at(9, 1), qty=6.25, flag=0)]
+    first = store.fold(hf.body(("step_count", "count", numbers)))
     assert first["objects_written"] == 1
     stored = store.object("step_count", at(9))
     assert healthlog.decode_object((
         stored["metric"], stored["layer"], stored["hour"], stored["units"],
         stored["delivery_id"], stored["updated_by"], stored["sealed"], stored["blob"],
         stored["point_deliveries"], stored["spans"])).plain  # the fast comparison is open
-    booleans = [pt(at(9, 0), qty=5.25, flag=True), pt(at(9, 1), qty=6.25, flag=False)]
-    second = store.fold(body(("step_count", "count", booleans)))
+    booleans = [point_at(at(9, 0), qty=5.25, flag=True), point_at(at(9, 1), qty=6.25, flag=False)]
+    second = store.fold(hf.body(("step_count", "count", booleans)))
     assert second["overwrites"] == 2 and second["objects_written"] == 1
     row = store.object("step_count", at(9))
     assert [p["flag"] for p in row["decoded"]] == [True, False]

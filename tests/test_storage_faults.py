@@ -31,7 +31,8 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import (TOKEN, Client, archive_files, assert_no_leaks, db_rows, journal_rows,
-                      live_fingerprint, parse_logfmt, run_cli, wait_for)
+                      live_fingerprint, one_line, parse_logfmt, run_cli, statuses, wait_folded,
+                      wait_for)
 
 AUTOMATION = hf.Automation("Storage faults", "Minutes", "Since Last Sync")
 HEADERS = hf.headers_for(AUTOMATION, session_id="0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F")
@@ -43,25 +44,17 @@ ERROR_KEYS = {"status", "code", "message"}
 # Helpers.
 
 
-def body(seed: int, day: dt.date = DAY, names=("step_count", "heart_rate"),
-         grouping: str = "Minutes", end: dt.date = None) -> bytes:
+def day_body(seed: int, day: dt.date = DAY, names=("step_count", "heart_rate"),
+             grouping: str = "Minutes", end: dt.date = None) -> bytes:
     """A real-shaped HAE metrics body for one local day (or ``[day, end)``)."""
     return hf.dumps_hae(hf.metrics_payload(seed, names, day, end, grouping), pretty=False)
 
 
-def small_body(seed: int) -> bytes:
+def few_points_body(seed: int) -> bytes:
     """A few points only: a body that fits wherever a bigger one does not."""
     return hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", [
         {"date": "2024-03-%02d 10:%02d:00 -0800" % (1 + seed % 28, minute), "qty": seed + minute}
         for minute in (1, 2, 3)], "count")]))
-
-
-def one_line(text: str) -> str:
-    """The only line of ``text``; fails on a traceback or on more lines."""
-    assert "Traceback" not in text, text
-    lines = text.splitlines()
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 def serve_refused(data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -74,23 +67,13 @@ def serve_refused(data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
         raise AssertionError("serve started on %s instead of refusing it" % data_dir) from None
 
 
-def assert_error_shape(payload, status: int, code: str) -> None:
+def assert_error_without_cause(payload, status: int, code: str) -> None:
     """The one JSON error shape, and no detail of the cause (no path, no errno, no SQL)."""
     assert set(payload) == {"error"} and set(payload["error"]) == ERROR_KEYS, payload
     assert (payload["error"]["status"], payload["error"]["code"]) == (status, code)
     text = json.dumps(payload).lower()
     for detail in ("archive", "sqlite", "locked", "errno", "tmp", "/", "oserror"):
         assert detail not in text, payload
-
-
-def statuses(data_dir: Path) -> dict:
-    return {r["id"]: r["parse_status"] for r in db_rows(data_dir)}
-
-
-def wait_folded(data_dir: Path, count: int, timeout: float = 20.0) -> dict:
-    """Wait until ``count`` deliveries are journaled and none is pending."""
-    return wait_for(lambda: (lambda s: s if len(s) == count and "pending" not in s.values()
-                             else None)(statuses(data_dir)), timeout=timeout)
 
 
 def bodies_in_archive(data_dir: Path) -> list:
@@ -118,8 +101,8 @@ def test_rely_3_1_a_database_busy_past_the_timeout_answers_500_and_reindex_adopt
     receive time and headers."""
     service = start_service(paused=True, busy_timeout_s=0.3)
     client = Client(*service.address)
-    before, during, after = body(1), body(2, DAY + dt.timedelta(days=1)), \
-        body(3, DAY + dt.timedelta(days=2))
+    before, during, after = day_body(1), day_body(2, DAY + dt.timedelta(days=1)), \
+        day_body(3, DAY + dt.timedelta(days=2))
     assert client.ingest(before, headers=HEADERS)[0] == 200
 
     lock = write_locks(service.config.db_path)
@@ -127,7 +110,7 @@ def test_rely_3_1_a_database_busy_past_the_timeout_answers_500_and_reindex_adopt
     status, payload = client.ingest(during, headers=HEADERS)
     waited = time.monotonic() - started
     assert status == 500
-    assert_error_shape(payload, 500, "internal_error")
+    assert_error_without_cause(payload, 500, "internal_error")
     # A lower bound the code guarantees by sleeping, not a speed figure: SQLite's busy
     # handler sleeps the whole 0.3 s timeout before it gives up, and a loaded machine only
     # lengthens the wait (no upper bound is asserted).  It tells "waited for the lock"
@@ -183,7 +166,7 @@ def test_rely_3_2_a_busy_database_holds_the_live_fold_at_its_head_until_the_lock
     client = Client(*service.address)
     ids = []
     for n in range(3):
-        status, payload = client.ingest(body(10 + n, DAY + dt.timedelta(days=n)),
+        status, payload = client.ingest(day_body(10 + n, DAY + dt.timedelta(days=n)),
                                         headers=HEADERS)
         assert status == 200, payload
         ids.append(payload["delivery_id"])
@@ -242,9 +225,9 @@ def test_rely_3_3_an_archive_that_cannot_be_written_answers_500_and_writes_nothi
     client = Client(*service.address)
     blocked = block_day_folders(data_dir)
 
-    status, payload = client.ingest(body(1), headers=HEADERS)
+    status, payload = client.ingest(day_body(1), headers=HEADERS)
     assert status == 500
-    assert_error_shape(payload, 500, "internal_error")
+    assert_error_without_cause(payload, 500, "internal_error")
     [record] = logs.find("archive write failed", level="ERROR")
     assert (record["error"], record["errno"]) == ("NotADirectoryError", "20")
     assert set(record) == {"time", "level", "msg", "error", "errno"}
@@ -256,10 +239,10 @@ def test_rely_3_3_an_archive_that_cannot_be_written_answers_500_and_writes_nothi
 
     for folder in blocked:
         folder.unlink()
-    status, payload = client.ingest(body(2), headers=HEADERS)
+    status, payload = client.ingest(day_body(2), headers=HEADERS)
     assert status == 200, payload
     [row] = db_rows(data_dir)
-    assert (data_dir / row["archive_path"]).read_bytes() == body(2)
+    assert (data_dir / row["archive_path"]).read_bytes() == day_body(2)
     assert len(archive_files(data_dir)) == 2  # the body and its .meta.json, nothing else
 
 
@@ -297,9 +280,9 @@ def test_rely_3_3_a_body_that_cannot_be_moved_into_the_archive_leaves_no_meta_be
         assert "tmp" in exc.message, exc.message
         return
     try:
-        status, payload = Client(*service.address).ingest(body(1), headers=HEADERS)
+        status, payload = Client(*service.address).ingest(day_body(1), headers=HEADERS)
         assert status == 500
-        assert_error_shape(payload, 500, "internal_error")
+        assert_error_without_cause(payload, 500, "internal_error")
         assert logs.find("archive write failed", level="ERROR")
         assert os.listdir(str(tmp_on_other_filesystem)) == []
         assert [str(p.relative_to(data_dir)) for p in (data_dir / "archive").rglob("*")
@@ -344,7 +327,7 @@ def test_rely_3_4_a_body_bigger_than_the_space_left_is_a_500_and_the_server_stay
     deliveries still get 200; after a restart with space back, every acknowledged
     delivery is there and folded, and `verify` passes."""
     proc = serve_process(data_dir, python=limited(1 << 20))
-    small = [small_body(n) for n in range(3)]
+    small = [few_points_body(n) for n in range(3)]
     big = hf.big_metrics_body(1_500_000, seed=4)
     assert proc.client.ingest(small[0], headers=HEADERS)[0] == 200
 
@@ -352,7 +335,7 @@ def test_rely_3_4_a_body_bigger_than_the_space_left_is_a_500_and_the_server_stay
 
     records = [parse_logfmt(line) for line in proc.log_lines()]
     assert status == 500, (status, payload)
-    assert_error_shape(payload, 500, "internal_error")
+    assert_error_without_cause(payload, 500, "internal_error")
     failed = [r for r in records if r.get("msg") == "archive write failed: delivery refused"]
     assert failed and failed[0]["level"] == "ERROR", records
     assert failed[0]["errno"] in ("27", "28")  # EFBIG here, ENOSPC on a real disk
@@ -388,8 +371,8 @@ def test_rely_3_4_a_full_disk_under_the_database_loses_no_acknowledged_delivery(
     `parsed`, and `verify` passes."""
     serve_process(data_dir).terminate()  # the database exists before the disk fills up
     proc = serve_process(data_dir, python=limited(192 << 10))
-    month = body(20, dt.date(2024, 3, 1), ("step_count", "active_energy"), "Hours",
-                 dt.date(2024, 4, 1))
+    month = day_body(20, dt.date(2024, 3, 1), ("step_count", "active_energy"), "Hours",
+                     dt.date(2024, 4, 1))
     assert len(month) < 160 << 10
     status, payload = proc.client.ingest(month, headers=HEADERS)
     assert status == 200, payload
@@ -399,12 +382,12 @@ def test_rely_3_4_a_full_disk_under_the_database_loses_no_acknowledged_delivery(
         "delivery failed to fold", "fold deferred", "fold outcome not written",
         "fold pass failed", "delivery folded")), timeout=60)
     for n in range(60):  # rows until the WAL is full as well
-        status, payload = proc.client.ingest(small_body(n), headers=HEADERS)
+        status, payload = proc.client.ingest(few_points_body(n), headers=HEADERS)
         if status == 200:
             acknowledged.append(payload["delivery_id"])
             continue
         assert status == 500, payload
-        assert_error_shape(payload, 500, "internal_error")
+        assert_error_without_cause(payload, 500, "internal_error")
         refused += 1
         if refused == 2:
             break
@@ -442,7 +425,7 @@ def folded_store(start_service, data_dir: Path, count: int = 5) -> str:
     service = start_service()
     client = Client(*service.address)
     for n in range(count):
-        assert client.ingest(body(30 + n, DAY + dt.timedelta(days=n), ("step_count",)),
+        assert client.ingest(day_body(30 + n, DAY + dt.timedelta(days=n), ("step_count",)),
                              headers=HEADERS)[0] == 200
     wait_folded(data_dir, count)
     assert service.stop()
@@ -515,7 +498,7 @@ def test_rely_3_5_the_documented_recovery_from_a_corrupt_database_brings_everyth
     assert result.returncode == 0, result.stdout + result.stderr
 
     proc = serve_process(fresh)
-    status, payload = proc.client.ingest(body(99), headers=HEADERS)
+    status, payload = proc.client.ingest(day_body(99), headers=HEADERS)
     assert status == 200, payload
     wait_folded(fresh, len(before) + 1)
     assert proc.terminate() == 0
@@ -557,7 +540,7 @@ def test_rely_3_5_corrupt_store_pages_never_turn_an_acknowledged_delivery_into_f
             assert str(db) in one_line(text)
             return
         status, payload = Client("127.0.0.1", int(port.rsplit(":", 1)[1])).ingest(
-            body(77), headers=HEADERS)
+            day_body(77), headers=HEADERS)
         assert status == 200, payload
         delivery_id = payload["delivery_id"]
         # The fold that met the broken database has ended when its outcome is written

@@ -17,7 +17,7 @@ import pytest
 
 import hae_factory as hf
 from conftest import db_rows, wait_for
-from read_helpers import close, ny_stamp, ny_steps, serve_corpus, written_date
+from read_helpers import close, ny_stamp, ny_steps, serve_corpus, usual_of, written_date
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 20)
@@ -96,11 +96,6 @@ def by_date(points: list, value=lambda p: p["qty"]) -> dict:
     for point in points:
         out.setdefault(written_date(point["date"]), []).append(value(point))
     return out
-
-
-def usual_of(days: dict, day: dt.date):
-    before = [v for d, v in days.items() if day - dt.timedelta(days=30) <= d < day]
-    return statistics.median(before) if len(before) >= 5 else None
 
 
 def card(answer: dict, group: str, metric: str) -> dict:

@@ -43,7 +43,7 @@ import pytest
 import hae_factory as hf
 from conftest import Lazy
 from dashboard_browser import OVERFLOW, Session, long_date, serving, shown_number
-from read_helpers import approx
+from read_helpers import USUAL_DAYS, approx, local_iso, usual_of
 
 # Its service and browser live for the module: nothing may be left running after it.
 pytestmark = pytest.mark.module_lifetime
@@ -62,7 +62,7 @@ MINUTES_FROM = dt.date(2025, 2, 19)  # steps come from a Minutes automation from
 EXERCISE_FROM = dt.date(2025, 3, 7)  # a new watch: exercise minutes from here on
 RISES = {"step_count": 5000, "walking_heart_rate_average": 12}  # over the last 90 days
 
-USUAL_DAYS, USUAL_MIN_DAYS, SPARK_DAYS = 30, 5, 14
+SPARK_DAYS = 14
 RECENT_DAYS, BASELINE_DAYS, MIN_RECENT, MIN_BASELINE = 90, 365, 30, 90
 
 #: The summary's cards, by the spec (READ-15): which metric goes where.
@@ -116,16 +116,6 @@ def shown(metric: str, value: float, units) -> str:
 
 def day(text: str) -> dt.date:
     return dt.date.fromisoformat(text[:10])
-
-
-def local_iso(stamp: str) -> str:
-    """HAE's ``2025-03-08 07:05:00 -0500`` as the server's local time
-    ``2025-03-08T07:05:00-05:00``."""
-    return "%sT%s%s:%s" % (stamp[:10], stamp[11:19], stamp[20:23], stamp[23:25])
-
-
-def _epoch(stamp: str) -> float:
-    return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S %z").timestamp()
 
 
 class Corpus:
@@ -255,7 +245,7 @@ class Corpus:
                     "end": local_iso(p["sleepEnd"]), "stages": stages}
         stages, asleep, in_bed = {}, 0.0, None
         for r in points:
-            span = (_epoch(r["endDate"]) - _epoch(r["startDate"])) / 3600
+            span = (hf.epoch_of_text(r["endDate"]) - hf.epoch_of_text(r["startDate"])) / 3600
             if r["value"] == "In Bed":
                 in_bed = span
                 continue
@@ -263,8 +253,8 @@ class Corpus:
             stages[stage] = stages.get(stage, 0.0) + r["qty"]
             if stage != "awake":
                 asleep += span
-        first = min(points, key=lambda r: _epoch(r["startDate"]))
-        last = max(points, key=lambda r: _epoch(r["endDate"]))
+        first = min(points, key=lambda r: hf.epoch_of_text(r["startDate"]))
+        last = max(points, key=lambda r: hf.epoch_of_text(r["endDate"]))
         assert day(last["endDate"]) == wake
         return {"asleep": asleep, "in_bed": in_bed, "start": local_iso(first["startDate"]),
                 "end": local_iso(last["endDate"]), "stages": stages}
@@ -277,7 +267,7 @@ class Corpus:
         found = [p for p, _ in self.points.get(metric, []) if day(p["date"]) <= on]
         if not found:
             return None
-        p = max(found, key=lambda p: _epoch(p["date"]))
+        p = max(found, key=lambda p: hf.epoch_of_text(p["date"]))
         return ({k: v for k, v in p.items() if k in ("qty", "systolic", "diastolic")},
                 local_iso(p["date"]))
 
@@ -289,8 +279,8 @@ class Corpus:
         for w in self.workouts:
             if not on - dt.timedelta(days=6) <= day(w["start"]) <= on:
                 continue
-            seconds = w["duration"] if "duration" in w else _epoch(w["end"]) - _epoch(
-                w["start"])
+            seconds = (w["duration"] if "duration" in w
+                       else hf.epoch_of_text(w["end"]) - hf.epoch_of_text(w["start"]))
             energy = w.get("activeEnergyBurned") or w["activeEnergy"]
             out[local_iso(w["start"])] = (w["name"], seconds, energy["qty"], energy["units"])
         return out
@@ -329,11 +319,6 @@ class Corpus:
             out[metric] = (mean_recent, mean_base, spread, abs(mean_recent - mean_base) > spread,
                            direction, direction == better)
         return out
-
-
-def usual_of(values: dict, on: dt.date):
-    before = [v for d, v in values.items() if on - dt.timedelta(days=USUAL_DAYS) <= d < on]
-    return statistics.median(before) if len(before) >= USUAL_MIN_DAYS else None
 
 
 CORPUS = Lazy(Corpus)
@@ -382,10 +367,10 @@ def show(page, on=None):
     page.evaluate("""h => { if (location.hash === h) return;
         document.getElementById('summary').dataset.state = 'stale'; location.hash = h; }""",
                   hash_)
-    return ready(page, on or NEWEST)
+    return cards_on(page, on or NEWEST)
 
 
-def ready(page, on):
+def cards_on(page, on):
     page.wait_for_selector('#summary[data-state="ready"][data-date="%s"]' % on.isoformat())
     return page.evaluate(CARDS)
 
@@ -512,7 +497,7 @@ def check_day(cards: list, on: dt.date) -> None:
 def test_read_16_1_signed_in_the_summary_of_the_newest_day(desktop):
     page = desktop.page
     page.goto(desktop.store.base + "/")  # a first visit: no address
-    cards = ready(page, NEWEST)
+    cards = cards_on(page, NEWEST)
     assert page.is_hidden("#metric-view") and page.is_hidden("#journal-panel")
     assert urllib.parse.urlsplit(page.url).fragment == ""
     check_day(cards, NEWEST)
@@ -554,30 +539,30 @@ def test_read_16_2_previous_and_next_day_and_a_day_without_data(desktop):
     page = desktop.page
     show(page)
     page.click("#day-prev")  # the spring DST day, 23 hours long in New York
-    check_day(ready(page, DST_DAY), DST_DAY)
+    check_day(cards_on(page, DST_DAY), DST_DAY)
     assert "date=2025-03-09" in page.url
     page.reload()  # the day stays in the address
-    check_day(ready(page, DST_DAY), DST_DAY)
+    check_day(cards_on(page, DST_DAY), DST_DAY)
     forms = {CORPUS.nights[DST_DAY][0]}
     for back in range(1, (DST_DAY - GAP).days):  # the nights of the other three forms
         page.click("#day-prev")
         on = DST_DAY - dt.timedelta(days=back)
-        check_day(ready(page, on), on)
+        check_day(cards_on(page, on), on)
         forms.add(CORPUS.nights[on][0])
     assert forms == set(hf.NIGHT_FORMS)
     page.click("#day-prev")
-    cards = ready(page, GAP)
+    cards = cards_on(page, GAP)
     check_day(cards, GAP)
     series = [c for c in cards if c["group"] in ("activity", "heart")]
     assert series and all(c["value"].strip() == "no data" and "value" not in c["data"]
                           for c in series)
     assert not any(m["date"] == GAP.isoformat() for c in cards for m in c["marks"])
     page.click("#day-next")
-    check_day(ready(page, GAP + dt.timedelta(days=1)), GAP + dt.timedelta(days=1))
+    check_day(cards_on(page, GAP + dt.timedelta(days=1)), GAP + dt.timedelta(days=1))
     page.go_back()  # each day is a step of the browser's history
-    ready(page, GAP)
+    cards_on(page, GAP)
     page.click("#day-latest")
-    ready(page, NEWEST)
+    cards_on(page, NEWEST)
     assert page.is_disabled("#day-next")
 
 
@@ -599,7 +584,7 @@ def test_read_16_3_a_card_leads_to_its_metric_view(desktop):
         d: approx(v) for d, v in steps.items()}
     # last night's card leads to the nights of the same 14 days
     page.click("#nav-summary")
-    ready(page, NEWEST)
+    cards_on(page, NEWEST)
     page.click('#cards .card[data-metric="sleep_analysis"]')
     page.wait_for_selector('#chart[data-state="ready"][data-metric="sleep_analysis"]'
                            '[data-from="%s"]' % from_.isoformat())
@@ -608,7 +593,7 @@ def test_read_16_3_a_card_leads_to_its_metric_view(desktop):
     assert {day(d): v for d, v in nights} == {
         d: approx(v) for d, v in CORPUS.asleep_by_night().items() if from_ <= d <= NEWEST}
     page.go_back()
-    ready(page, NEWEST)
+    cards_on(page, NEWEST)
 
 
 def test_read_16_4_trends_against_the_tests_own_means(desktop):
@@ -650,7 +635,7 @@ def test_read_16_4_trends_against_the_tests_own_means(desktop):
     assert "standard deviation" in rule["text"]
 
 
-def screenshot(page, name: str) -> None:
+def screenshot_summary(page, name: str) -> None:
     """The header and the summary, down to its end (at most two phone screens), into
     contrib/screenshots/."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -669,7 +654,7 @@ def test_read_16_5_one_column_on_a_phone_and_screenshots(browser, store, desktop
     phone = Session(browser, store, timezone=BROWSER_ZONE, width=360, height=780, phone=True)
     try:
         page = phone.sign_in().page
-        cards = ready(page, NEWEST)
+        cards = cards_on(page, NEWEST)
         check_day(cards, NEWEST)
         found = page.evaluate(OVERFLOW)
         assert found["scroll"] <= 360 and not found["out"], found
@@ -678,7 +663,7 @@ def test_read_16_5_one_column_on_a_phone_and_screenshots(browser, store, desktop
                                           " return [r.left, r.width]; })")
         assert len({round(left) for left, _ in boxes}) == 1  # one column
         assert all(300 <= width <= 360 for _, width in boxes), boxes
-        screenshot(page, "summary-phone.png")
+        screenshot_summary(page, "summary-phone.png")
     finally:
         phone.close()
     page = desktop.page
@@ -686,7 +671,7 @@ def test_read_16_5_one_column_on_a_phone_and_screenshots(browser, store, desktop
     columns = page.eval_on_selector_all('#cards .card-group[data-group="activity"] .card',
                                         "cs => cs.map(c => c.getBoundingClientRect().left)")
     assert len({round(x) for x in columns}) > 1  # side by side on a desktop
-    screenshot(page, "summary.png")
+    screenshot_summary(page, "summary.png")
 
 
 def test_read_16_6_numbers_as_people_read_them(desktop):

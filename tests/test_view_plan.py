@@ -50,7 +50,7 @@ def store(tmp_path_factory):
     yield from serve_corpus(tmp_path_factory.mktemp("plan"), CORPUS, deliveries)
 
 
-def steps_by_day() -> dict:
+def day_steps() -> dict:
     [steps] = [m for m in CORPUS["days"]["data"]["metrics"] if m["name"] == "step_count"]
     out = {}
     for point in steps["data"]:
@@ -63,7 +63,7 @@ def plan(store, **query):
 
 
 def test_read_17_1_day_data_on_a_24_hour_range_is_one_day_said_as_such(store):
-    newest = max(steps_by_day())
+    newest = max(day_steps())
     got = plan(store, metric="step_count", range="24h")
     assert (got["layer"], got["bucket"], got["axis"]) == ("days", "day", "dates")
     assert (got["from"], got["to"]) == (newest, newest)  # one day: both bounds are it
@@ -72,7 +72,7 @@ def test_read_17_1_day_data_on_a_24_hour_range_is_one_day_said_as_such(store):
                      bucket=got["bucket"], **{"from": got["from"], "to": got["to"]})
     [run] = reply["runs"]
     assert [(b["date"], b["fields"]["qty"]["sum"]) for b in run["buckets"]] == [
-        (newest, steps_by_day()[newest])]
+        (newest, day_steps()[newest])]
 
 
 @pytest.mark.parametrize("view, first, last", [
@@ -86,7 +86,7 @@ def test_read_17_1_day_data_is_never_drawn_per_hour(store, view, first, last):
     reply = get_json(store.address, "/api/points", metric="step_count", layer=got["layer"],
                      bucket=got["bucket"], **{"from": got["from"], "to": got["to"]})
     sums = {b["date"]: b["fields"]["qty"]["sum"] for b in reply["runs"][0]["buckets"]}
-    assert sums == {d: v for d, v in steps_by_day().items() if first <= d <= last}
+    assert sums == {d: v for d, v in day_steps().items() if first <= d <= last}
 
 
 def test_read_17_2_minute_data_on_24_hours_is_per_hour_to_the_hour_after_the_newest(store):

@@ -35,7 +35,7 @@ PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
 
 @pytest.fixture(scope="module")
 def corpus():
-    return wc.Corpus()
+    return wc.WorkoutCorpus()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ RANGE = {"from_": "2025-05-01", "to": "2025-06-30"}
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    corpus = wc.Corpus()
+    corpus = wc.WorkoutCorpus()
     deliveries = [(hf.headers_for(a), body) for a, body in corpus.deliveries]
     yield from serve_corpus(tmp_path_factory.mktemp("workouts"), corpus, deliveries)
 

@@ -48,14 +48,14 @@ def _t(phone: hf.Phone, epoch: float) -> str:
     return phone.time(epoch)
 
 
-def _epoch(wall: dt.datetime, phone: hf.Phone) -> int:
+def _phone_epoch(wall: dt.datetime, phone: hf.Phone) -> int:
     return int(hf._epoch(wall, phone.zone))
 
 
 def ten_km_run(rng: random.Random) -> dict:
     """Version 2, one route point a second until 10 km, heart rate every 5 s from the start
     (none from minute 20 to minute 22) and 24 recovery samples every 5 s after the end."""
-    start = _epoch(RUN_START, BERLIN)
+    start = _phone_epoch(RUN_START, BERLIN)
     lat, lon, alt, course = 52.5163, 13.3777, 34.0, 80.0
     route, meters, t = [], 0.0, start
     while meters < 10_000:
@@ -108,7 +108,7 @@ def ride(rng: random.Random) -> dict:
 
 def pool_swim(rng: random.Random) -> dict:
     """Version 2 at a pool, 30 minutes, 1,500 m, no route; its distance per minute."""
-    start = _epoch(dt.datetime(2025, 6, 4, 12, 0), BERLIN)
+    start = _phone_epoch(dt.datetime(2025, 6, 4, 12, 0), BERLIN)
     minutes = [50.0] * 30
     heart = [{"date": _t(BERLIN, start + 60 * k), "Min": 110 + k % 7, "Avg": 118 + k % 5,
               "Max": 126 + k % 3, "units": "count/min", "source": hf.OWNER_WATCH}
@@ -180,7 +180,7 @@ def real_v1_walk(rng: random.Random) -> dict:
     """Version 1 in the shape of a real HAE 8.1.2 body: no id, no duration, heart rate
     ``{date, qty, units: "bpm"}`` at irregular seconds with a gap of six minutes,
     recovery from a minute after the end, ``elevation.ascent`` in feet, miles, no route."""
-    start = _epoch(dt.datetime(2025, 6, 7, 20, 38, 38), NEW_YORK)
+    start = _phone_epoch(dt.datetime(2025, 6, 7, 20, 38, 38), NEW_YORK)
     end = start + 725
     offsets = [9, 10, 22, 25, 34, 38, 41, 49, 50, 56, 447, 451, 593, 600, 642, 679, 680, 686,
                691, 697]
@@ -244,7 +244,7 @@ def heart_days() -> list:
     return [hf.metric("heart_rate", points, "count/min")]
 
 
-class Corpus:
+class WorkoutCorpus:
     """The deliveries (automation, body bytes) and each workout as the server got it
     (parsed back from the bytes posted), by a name of the test's."""
 
@@ -368,7 +368,7 @@ def long_walk_body(points: int = LONG_POINTS) -> tuple:
     of two days and more:
     a route point a second (``points`` of them), heart rate every 5 s, written compact as
     text (a dict a point would take longer to build than the server takes to fold it)."""
-    start = _epoch(LONG_START, BERLIN)
+    start = _phone_epoch(LONG_START, BERLIN)
     uid = "0A7E6C2D-35D0-4B1E-9F00-00000000DA75"
     route, heart, ends = [], [], []
     lat, lon = 47.0, 8.0
