@@ -34,6 +34,43 @@ pytest.register_assert_rewrite("read_helpers")  # the read tests' oracle: say wh
 pytest.register_assert_rewrite("fold_helpers")  # the fold tests' Journal and DirectStore
 
 
+def pytest_configure(config):
+    """In the process that starts the workers: the test files' assertions rewritten once,
+    before the workers start (:func:`rewrite_tests_once`)."""
+    if WORKER is None:
+        rewrite_tests_once(config)
+
+
+def rewrite_tests_once(config) -> None:
+    """Write pytest's cache of the test files with their asserts rewritten (in
+    tests/__pycache__, checked by the source's hash), which every worker then reads
+    instead of rewriting 37,000 lines itself (5 s of CPU a worker): pytest writes it only
+    when Python may write bytecode, and CI sets PYTHONDONTWRITEBYTECODE. The files are
+    those pytest rewrites: test_*.py, this file and the helper modules registered above.
+    It uses pytest's own rewriting functions; should a pytest release change them, nothing
+    is written and each worker rewrites as it always did."""
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash.get(rewrite.assertstate_key, None)
+        if state is None:  # --assert=plain
+            return
+        tests = Path(__file__).resolve().parent
+        files = sorted(tests.glob("test_*.py")) + [
+            tests / name for name in ("conftest.py", "read_helpers.py", "fold_helpers.py")]
+        for source in files:
+            cache = rewrite.get_cache_dir(source)
+            pyc = cache / (source.name[:-3] + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(source, pyc) is not None:
+                continue
+            if not rewrite.try_makedirs(cache):
+                return
+            source_hash, code = rewrite._rewrite_test(source, config)
+            rewrite._write_pyc(state, code, source_hash, pyc)
+    except (ImportError, AttributeError, TypeError):
+        return
+
+
 @pytest.fixture(scope="session")
 def pyz(tmp_path_factory) -> Path:
     """dist/healthlog.pyz built once per session (per xdist worker) from the working
@@ -52,12 +89,17 @@ def pyz(tmp_path_factory) -> Path:
 TOKEN = "test-token-0123456789abcdef"
 ROOT = Path(__file__).resolve().parent.parent
 
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""This process's xdist worker name (``gw0``…), None in the process that starts them."""
+
 # ``serve`` in a subprocess runs as ``python -m healthlog`` (the .pyz's way: its
 # __main__ imports the module) from healthlog.py compiled once for the whole run: run as
 # a script it would be compiled at every start (0.3 s of CPU a process, hundreds of
 # processes), since PYTHONDONTWRITEBYTECODE, which CI sets, keeps Python from caching it.
-py_compile.compile(str(ROOT / "healthlog.py"), doraise=True,
-                   cfile=importlib.util.cache_from_source(str(ROOT / "healthlog.py")))
+# The process that starts the workers compiles it before they start; they use its copy.
+if WORKER is None:
+    py_compile.compile(str(ROOT / "healthlog.py"), doraise=True,
+                       cfile=importlib.util.cache_from_source(str(ROOT / "healthlog.py")))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p and p != str(ROOT)])
 

@@ -5,6 +5,7 @@ Importing it skips the importing module where the SDK is missing (it needs Pytho
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import sys
 import time
@@ -14,12 +15,10 @@ import pytest
 
 from conftest import ROOT, TOKEN, assert_no_leaks
 
-pytest.importorskip("mcp.client", reason="the MCP SDK (test extra) needs Python 3.10 or newer")
-from mcp.client import Client  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
-from mcp.shared.exceptions import MCPError  # noqa: E402
+# The SDK is imported where a session starts, not here: every xdist worker imports every
+# test module to collect it, and the SDK takes a second of CPU to import.
+if sys.version_info < (3, 10) or importlib.util.find_spec("mcp") is None:
+    pytest.skip("the MCP SDK (test extra) needs Python 3.10 or newer", allow_module_level=True)
 
 #: The two ways a client meets the server: the stdio handshake, and HTTP at 2026-07-28.
 TRANSPORTS = [pytest.param(("stdio", "legacy"), id="stdio-handshake"),
@@ -35,6 +34,9 @@ async def http_transport(address: tuple, headers: dict = None):
     """Streamable HTTP to ``serve``'s /mcp with the token (the SDK's own HTTP client)."""
     sent = {"Authorization": "Bearer " + TOKEN}
     sent.update(headers or {})
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
     async with create_mcp_http_client(headers=sent) as http:
         async with streamable_http_client("http://%s:%d/mcp" % address,
                                           http_client=http) as streams:
@@ -42,6 +44,8 @@ async def http_transport(address: tuple, headers: dict = None):
 
 
 def stdio_transport(data_dir: Path, errlog):
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     return stdio_client(StdioServerParameters(
         command=sys.executable, args=["-m", "healthlog", "mcp", "--data", str(data_dir)],
         env=environment(), cwd=str(ROOT)), errlog=errlog)
@@ -58,7 +62,11 @@ class SdkSession:
         self.results: list = []
         self.log: list = []
 
+
 async def _converse(transport, mode: str, calls: list, out: SdkSession) -> None:
+    from mcp.client import Client
+    from mcp.shared.exceptions import MCPError
+
     async with Client(transport, mode=mode) as client:
         out.version, out.info = client.protocol_version, client.server_info
         out.instructions = client.instructions

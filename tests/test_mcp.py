@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import zoneinfo
 from pathlib import Path
 
 import pytest
@@ -30,12 +29,9 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import ROOT, TOKEN, LocalServer, assert_no_leaks, db_rows, wait_for
-from mcp_helpers import TRANSPORTS, SdkSession, answer, converse
+from mcp_helpers import TRANSPORTS, SdkSession, answer, converse  # skips without the SDK
 from read_helpers import call, close, get_json, ny_stamp, ny_steps, serve_corpus, written_date
 
-from mcp.shared.exceptions import MCPError  # noqa: E402 (after mcp_helpers: its skip first)
-
-NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 24)
 DAYS = [FIRST + dt.timedelta(days=n) for n in range(35)]  # to 2025-03-30, across 03-09
 LAST = DAYS[-1]
@@ -391,6 +387,8 @@ def test_mcp_2_3_tool_errors_are_the_apis_words(store, seen):
     assert texts[3] == api_message("/api/points", metric="step_count", tz="Mars/Olympus")
     assert "unknown argument bucket" in texts[4] and "metric is required" in texts[5]
     assert "from must be a local date" in texts[6]
+    from mcp.shared.exceptions import MCPError
+
     assert isinstance(results[-1], MCPError) and results[-1].error.code == -32602
 
 

@@ -17,8 +17,6 @@ import workout_corpus as wc
 from read_helpers import get_json, serve_corpus
 from mcp_helpers import TRANSPORTS, answer, converse
 
-pytest.importorskip("mcp.client", reason="the MCP SDK (test extra) needs Python 3.10 or newer")
-
 RANGE = {"from": "2025-05-25", "to": "2025-06-07"}
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):

@@ -1273,7 +1273,7 @@ def test_read_7_10_every_response_carries_the_security_headers(store):
     assert [r.status for r in replies] == [200, 200, 200, 200, 401, 404, 400, 404, 200, 200,
                                            401, 303]
     for reply in replies:
-        assert_security_headers(reply)
+        assert_security_headers(reply.headers)
 
 
 def test_read_7_11_static_assets_are_served_without_auth(store):

@@ -245,13 +245,11 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-@pytest.fixture(scope="module")
-def slow_store(tmp_path_factory, json_mode) -> Path:
-    """Enough deliveries that a parallel reindex runs for a while on a busy machine."""
-    store = tmp_path_factory.mktemp("slow") / "store"
+def days_store(store: Path, count: int) -> Path:
+    """``count`` deliveries of a day of three metrics by the minute, journaled, pending."""
     deliveries = []
     received = FIRST + dt.timedelta(days=30)
-    for n in range(60):
+    for n in range(count):
         payload = hf.metrics_payload(n, ("step_count", "heart_rate", "active_energy"),
                                      FIRST.date() + dt.timedelta(days=n % 20),
                                      grouping="Minutes")
@@ -259,6 +257,20 @@ def slow_store(tmp_path_factory, json_mode) -> Path:
                            hf.dumps_hae(payload)))
     write_store(store, deliveries)
     return store
+
+
+@pytest.fixture(scope="module")
+def slow_store(tmp_path_factory, json_mode) -> Path:
+    """Enough deliveries that a parallel reindex runs for a while on a busy machine: for
+    the runs that stop it midway (torture)."""
+    return days_store(tmp_path_factory.mktemp("slow") / "store", 60)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory, json_mode) -> Path:
+    """A few deliveries of the same kind: for the rules that hold for any store (how many
+    jobs, which primitives), where the time a rebuild takes plays no part."""
+    return days_store(tmp_path_factory.mktemp("small") / "store", 12)
 
 
 @pytest.mark.json_agnostic
@@ -289,11 +301,11 @@ def test_reindex_11_3_a_worker_that_ends_leaves_the_rebuild_to_one_process(slow_
 
 
 @pytest.mark.json_agnostic
-def test_reindex_11_4_no_semaphore_and_no_shared_memory_is_needed(slow_store, tmp_path):
+def test_reindex_11_4_no_semaphore_and_no_shared_memory_is_needed(small_store, tmp_path):
     """Where /dev/shm is missing or tiny, multiprocessing's locks and queues fail; the
     rebuild uses none of them (its workers talk over socket pairs)."""
     data_dir = tmp_path / "data"
-    shutil.copytree(str(slow_store), str(data_dir))
+    shutil.copytree(str(small_store), str(data_dir))
     breaker = ("import _multiprocessing, runpy, sys\n"
                "def refuse(*args, **kwargs):\n"
                "    raise OSError(28, 'No space left on device (/dev/shm)')\n"
@@ -348,9 +360,9 @@ def test_reindex_11_5_a_stopped_parallel_reindex_leaves_no_worker_behind(slow_st
 
 
 @pytest.mark.json_agnostic
-def test_reindex_11_6_jobs_default_to_the_usable_cores_and_are_checked(slow_store, tmp_path):
+def test_reindex_11_6_jobs_default_to_the_usable_cores_and_are_checked(small_store, tmp_path):
     data_dir = tmp_path / "data"
-    shutil.copytree(str(slow_store), str(data_dir))
+    shutil.copytree(str(small_store), str(data_dir))
     refused = run_cli("reindex", "--data", data_dir, "--jobs", "0")
     assert refused.returncode == 2 and "--jobs" in refused.stderr
     if shutil.which("taskset") is None:
@@ -392,12 +404,12 @@ def test_reindex_11_2_large_bodies_with_little_room_between_the_processes(tmp_pa
 
 @pytest.mark.json_agnostic
 def test_reindex_11_3_workers_that_cannot_be_started_leave_it_to_one_process(
-        slow_store, tmp_path, monkeypatch, logs):
+        small_store, tmp_path, monkeypatch, logs):
     def no_process_left():
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_process_left)
-    out = rebuilt_here(slow_store, tmp_path / "data", 2)
+    out = rebuilt_here(small_store, tmp_path / "data", 2)
     assert ", 1 job (" in out
     [warning] = logs.find("the parallel reindex stopped", level="WARN")
     assert warning["reason"] == "rebuild workers could not be started (EAGAIN)"

@@ -11,7 +11,6 @@ from the points by the date written in them, with zoneinfo, never by healthlog's
 import datetime as dt
 import json
 import statistics
-import zoneinfo
 
 import pytest
 
@@ -19,7 +18,6 @@ import hae_factory as hf
 from conftest import db_rows, wait_for
 from read_helpers import close, ny_stamp, ny_steps, serve_corpus, usual_of, written_date
 
-NY = zoneinfo.ZoneInfo("America/New_York")
 FIRST = dt.date(2025, 2, 20)
 DAYS = [FIRST + dt.timedelta(days=n) for n in range(45)]  # to 2025-04-05, across 03-09
 MISSING = {dt.date(2025, 3, 1), dt.date(2025, 3, 2), dt.date(2025, 3, 20)}

@@ -17,6 +17,11 @@ import workout_corpus as wc
 from conftest import TOKEN
 from read_helpers import get_json, serve_corpus
 
+# A long load (a 43 MB body, 20 s of CPU to build, fold and read): with the torture runs
+# (pyproject.toml); the route's thinning and the GPX are proven on small workouts in
+# tests/test_workouts.py (WKT-3.1, WKT-6.1) in the default run.
+pytestmark = pytest.mark.torture
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
