@@ -1,6 +1,9 @@
-"""Fixtures shared by several test modules: real data directories, a real Cheroot
-server on 127.0.0.1:0, real serve subprocesses, the .pyz, log capture with a leak check
-on every test, and a check that no test leaves threads or connections behind."""
+"""The suite's fixtures and the helpers test files of every kind share, each written once:
+real data directories, a real Cheroot server on 127.0.0.1:0, real serve subprocesses, the
+.pyz, log capture with a leak check on every test, a check that no test leaves threads or
+connections behind, the command line (``run_cli``), the journal's and the store's rows, a
+clock, HTTP servers of a test's own and the browser. A family's helpers have their own
+module (tests/test_test_helpers.py says which, and fails on a helper written twice)."""
 
 import contextlib
 import dataclasses

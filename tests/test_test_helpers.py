@@ -119,7 +119,7 @@ def imported_test_modules(path: Path) -> set:
 def test_no_test_file_imports_from_another():
     found = {(path.name, module) for path in suite_files()
              for module in imported_test_modules(path)}
-    assert found - set(PENDING_IMPORTS) == set(), (
+    assert sorted(found - set(PENDING_IMPORTS)) == [], (
         "a test file imports from another test file: move the helper to conftest.py or the"
         " family's helper module")
 
