@@ -2001,8 +2001,10 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
     when orjson parsed it whole on the way (:func:`_quick_shape_ok`), for the fold
     (:class:`Handoff`).
 
-    Every byte is checked by the JSON scanner, but each object collapses into one
-    shared sentinel as soon as it is parsed, so memory stays near the body's own size.
+    Every byte is checked by the JSON scanner, over :func:`shape_text` (one byte a
+    character, whatever the characters), and each object collapses into one shared
+    sentinel as soon as it is parsed, so memory stays near twice the body's own size
+    (:data:`VALIDATION_MEMORY_FACTOR`).
     With orjson, a body up to :data:`QUICK_CHECK_BYTES` is first offered to
     :func:`_quick_shape_ok`, which accepts only what this check accepts.
     Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
@@ -2016,16 +2018,13 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
         last_pairs[:] = [pairs]
         return _VALID_OBJECT
 
-    body = path.read_bytes()
-    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
+    if _orjson is not None and path.stat().st_size <= QUICK_CHECK_BYTES:
+        body = path.read_bytes()
         doc = _quick_shape_ok(body)
         if doc is not None:
             return doc, not may_hold_booleans(body), document_cost(body)
-    try:
-        text = body.decode("utf-8")
         del body
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
+    text = shape_text(path)
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
                          parse_float=_finite_float, parse_int=_int64)
@@ -2042,6 +2041,83 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
     return None
+
+
+SHAPE_READ_CHUNK = 1 << 20
+"""Bytes of a body read into place, proven UTF-8 and written one byte a character at a
+time (:func:`shape_text`)."""
+UTF8_CHECK_STEP = 1 << 14
+"""Bytes decoded at a time only to prove them UTF-8 (:func:`shape_text`): their text, up
+to 4 bytes a character, is dropped at once."""
+_ONE_BYTE_A_CHARACTER = bytes.maketrans(bytes(range(0xC0, 0x100)), b"#" * 64)
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+"""UTF-8 to one byte a character: a lead byte to ``#``, its continuation bytes dropped."""
+
+
+def shape_text(path: Path) -> str:
+    """The body's text for :func:`check_delivery_shape`'s scanner, ASCII, every non-ASCII
+    character written as one ``#``; BadRequest when the body is not UTF-8.
+
+    Decoded whole, a body takes 1, 2 or 4 bytes a character for all of its text, as its
+    widest character needs: a single emoji in a ``source`` made a body's check take 4.8
+    times its size.  Here the text takes one byte a character, read and checked a chunk
+    at a time: at most the body's bytes and then its text, about twice the body, whatever
+    characters it holds.  The JSON verdict is the same, because ``#`` is valid exactly
+    where a non-ASCII character is: inside a string, not after a backslash (an escape),
+    not in a ``\\u`` escape's four digits, nowhere outside a string (the json module's C
+    scanner reads only ASCII digits, hex digits, whitespace and literals); and a key
+    with one is ``data`` neither way.  Escapes stay as written, so an unpaired
+    surrogate escape is found as before."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: what body.decode() refused
+    with open(str(path), "rb", buffering=0) as handle:
+        out = bytearray(os.fstat(handle.fileno()).st_size)  # read into, then the text
+        view, text = memoryview(out), None
+        read = written = 0  # the text is never longer than the bytes read
+        try:
+            while read < len(out):
+                got = handle.readinto(view[read:read + SHAPE_READ_CHUNK])
+                if not got:
+                    break
+                text = _one_byte_a_character(utf8, view[read:read + got], out, read)
+                if text is not None:  # shorter than the bytes: moved into place
+                    view[written:written + len(text)] = text
+                elif written < read:  # ASCII, behind shorter text: memoryviews memmove
+                    view[written:written + got] = view[read:read + got]
+                read, written = read + got, written + (got if text is None else len(text))
+        finally:
+            text = None  # no view of ``out`` is left when it is cut to its text
+            view.release()
+        del out[written:]
+        chunk = handle.read(1)  # nothing, unless the file grew since its size was read
+        while chunk:  # (a read of a chunk's size would take that much memory first)
+            chunk += handle.read(SHAPE_READ_CHUNK)
+            text = _one_byte_a_character(utf8, chunk, chunk, 0)
+            out += chunk if text is None else text
+            chunk = handle.read(1)
+    try:
+        utf8.decode(b"", final=True)  # a character cut by the end of the body
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    return out.decode("ascii")
+
+
+_NON_ASCII_BYTE = re.compile(rb"[\x80-\xff]")
+
+
+def _one_byte_a_character(utf8: codecs.IncrementalDecoder, chunk: Any, data: Any,
+                          at: int) -> Optional[bytes]:
+    """``chunk`` (``data[at:at + len(chunk)]``) proven UTF-8 by ``utf8`` (BadRequest
+    else) and written one byte a character (:data:`_ONE_BYTE_A_CHARACTER`); None when it
+    is ASCII, its own text.  A character cut by the chunk's end is completed by the next
+    chunk (its lead byte counts in the first)."""
+    try:
+        for step in range(0, len(chunk), UTF8_CHECK_STEP):  # up to 4 bytes a character
+            utf8.decode(chunk[step:step + UTF8_CHECK_STEP])
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    if _NON_ASCII_BYTE.search(data, at, at + len(chunk)) is None:
+        return None
+    return bytes(chunk).translate(_ONE_BYTE_A_CHARACTER, _CONTINUATION_BYTES)
 
 
 QUICK_CHECK_BYTES = 4 << 20

@@ -388,6 +388,85 @@ def test_rely_10_1_serve_warns_when_the_largest_body_may_not_fit(start_service, 
     assert len(logs.find("the largest body allowed may need more memory")) == 1
 
 
+CHECK_RSS = r"""
+import sys, threading
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import healthlog
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+path, verdict = Path(sys.argv[2]), []
+
+def check():  # in a thread, as an HTTP worker of serve runs it
+    try:
+        healthlog.check_delivery_shape(path)
+        verdict.append("accepted")
+    except healthlog.BadRequest as exc:
+        verdict.append(exc.message)
+
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM starts again from VmRSS
+before = status("VmRSS")
+worker = threading.Thread(target=check)
+worker.start()
+worker.join()
+print(status("VmHWM") - before, verdict[0])
+"""
+CHECK_MIB = 5
+"""Over QUICK_CHECK_BYTES: the full check, the one whose memory scales with the body."""
+CHECK_FIXED_MIB = 6
+"""What a check holds whatever its body: its chunks, read, decoded and translated."""
+
+
+def _wide_bodies(folder: Path) -> dict:
+    """name -> (path, accepted?) of bodies of about CHECK_MIB MiB whose strings carry wide
+    characters: the bench's emoji, CJK and iOS device-name shapes, strings of emoji alone,
+    and that last body with one byte that is no UTF-8 at its end."""
+    import bench_memory
+
+    made = {}
+    for shape in ("emoji-sources", "non-ascii", "many-metrics-ios-names"):
+        path = folder / (shape + ".json")
+        bench_memory.write_body(shape, path, CHECK_MIB * MIB, seed=33)
+        made[shape] = path, True
+    point = '{"date":"2024-03-08 10:%02d:00 -0800","qty":1,"source":"%s"}'
+    emoji = "🏃‍♀️⌚️💓📱’" * 40
+    points = ",".join(point % (minute % 60, emoji) for minute in range(
+        CHECK_MIB * MIB // len((point % (0, emoji)).encode("utf-8"))))
+    text = '{"data":{"metrics":[{"name":"%s","units":"count","data":[%s]}]}}' % (emoji, points)
+    path = folder / "emoji-alone.json"
+    path.write_text(text, encoding="utf-8")
+    made["emoji-alone"] = path, True
+    path = folder / "emoji-alone-not-utf-8.json"
+    path.write_bytes(text.encode("utf-8") + b"\xff")
+    made["emoji-alone-not-utf-8"] = path, False
+    return made
+
+
+def test_rely_10_4_the_ingest_check_holds_twice_its_body_whatever_the_characters(tmp_path):
+    """WHEN bodies whose strings carry emoji, ``’``, CJK or nothing but emoji (and one that
+    turns out not to be UTF-8 at its last byte) are checked as ingest checks them, each in
+    a fresh process, THEN the check's peak memory stays within VALIDATION_MEMORY_FACTOR
+    times the body plus a few MiB of chunks (decoded whole, an emoji made every character
+    4 bytes wide: 4.8 times the body), and each is accepted, or refused as not UTF-8."""
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
+    for name, (path, accepted) in sorted(_wide_bodies(tmp_path).items()):
+        size = path.stat().st_size
+        result = subprocess.run(
+            [sys.executable, "-c", CHECK_RSS, str(Path(healthlog.__file__).parent), str(path)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        added, verdict = result.stdout.split(" ", 1)
+        allowance = healthlog.VALIDATION_MEMORY_FACTOR * size + CHECK_FIXED_MIB * MIB
+        assert int(added) <= allowance, (name, int(added) / size)
+        assert (verdict.strip() == "accepted") is accepted, (name, verdict)
+        assert accepted or "not UTF-8" in verdict
+
+
 # -- RELY-8.1/8.2: the fold thread ------------------------------------------------
 
 
