@@ -2055,8 +2055,7 @@ def check_delivery_shape(path: Path, quick_max: Optional[int] = None) -> Optiona
 
 
 SHAPE_READ_CHUNK = 1 << 20
-"""Bytes of a body read into place, proven UTF-8 and written one byte a character at a
-time (:func:`shape_text`)."""
+"""Bytes of a body read into place and proven UTF-8 at a time (:func:`shape_text`)."""
 UTF8_CHECK_STEP = 1 << 14
 """Bytes decoded at a time only to prove them UTF-8 (:func:`shape_text`): their text, up
 to 4 bytes a character, is dropped at once."""
@@ -2071,64 +2070,52 @@ def shape_text(path: Path) -> str:
 
     Decoded whole, a body takes 1, 2 or 4 bytes a character for all of its text, as its
     widest character needs: a single emoji in a ``source`` made a body's check take 4.8
-    times its size.  Here the text takes one byte a character, read and checked a chunk
-    at a time: at most the body's bytes and then its text, about twice the body, whatever
-    characters it holds.  The JSON verdict is the same, because ``#`` is valid exactly
-    where a non-ASCII character is: inside a string, not after a backslash (an escape),
-    not in a ``\\u`` escape's four digits, nowhere outside a string (the json module's C
-    scanner reads only ASCII digits, hex digits, whitespace and literals); and a key
-    with one is ``data`` neither way.  Escapes stay as written, so an unpaired
-    surrogate escape is found as before."""
+    times its size.  Here the body is read into one buffer and proven UTF-8 a chunk at a
+    time, then written one byte a character at once, and the text takes one byte a
+    character: two of the three (bytes, their translation, the text) at a time, twice
+    the body at most, whatever characters it holds.  The JSON verdict is the same,
+    because ``#`` is valid exactly where a non-ASCII character is: inside a string, not
+    after a backslash (an escape), not in a ``\\u`` escape's four digits, nowhere outside
+    a string (the json module's C scanner reads only ASCII digits, hex digits, whitespace
+    and literals); and a key with one is ``data`` neither way.  Escapes stay as written,
+    so an unpaired surrogate escape is found as before."""
     utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: what body.decode() refused
     with open(str(path), "rb", buffering=0) as handle:
-        out = bytearray(os.fstat(handle.fileno()).st_size)  # read into, then the text
-        view, text = memoryview(out), None
-        read = written = 0  # the text is never longer than the bytes read
+        body = bytearray(os.fstat(handle.fileno()).st_size)
+        view, read = memoryview(body), 0
         try:
-            while read < len(out):
+            while read < len(body):
                 got = handle.readinto(view[read:read + SHAPE_READ_CHUNK])
                 if not got:
                     break
-                text = _one_byte_a_character(utf8, view[read:read + got], out, read)
-                if text is not None:  # shorter than the bytes: moved into place
-                    view[written:written + len(text)] = text
-                elif written < read:  # ASCII, behind shorter text: memoryviews memmove
-                    view[written:written + got] = view[read:read + got]
-                read, written = read + got, written + (got if text is None else len(text))
+                _prove_utf8(utf8, view[read:read + got])
+                read += got
         finally:
-            text = None  # no view of ``out`` is left when it is cut to its text
             view.release()
-        del out[written:]
+        del body[read:]
         chunk = handle.read(1)  # nothing, unless the file grew since its size was read
         while chunk:  # (a read of a chunk's size would take that much memory first)
             chunk += handle.read(SHAPE_READ_CHUNK)
-            text = _one_byte_a_character(utf8, chunk, chunk, 0)
-            out += chunk if text is None else text
+            _prove_utf8(utf8, chunk)
+            body += chunk
             chunk = handle.read(1)
+    _prove_utf8(utf8, b"", final=True)  # a character cut by the end of the body
+    if not body.isascii():  # at once: no chunk's copies left behind in the allocator
+        body = body.translate(_ONE_BYTE_A_CHARACTER, _CONTINUATION_BYTES)
+    return body.decode("ascii")
+
+
+def _prove_utf8(utf8: codecs.IncrementalDecoder, data: Any, final: bool = False) -> None:
+    """Feed ``data`` to the strict decoder ``utf8``, a step at a time, dropping the text;
+    BadRequest when it is not UTF-8.  A character cut by a step's end is completed by the
+    next step or chunk."""
     try:
-        utf8.decode(b"", final=True)  # a character cut by the end of the body
+        for step in range(0, len(data), UTF8_CHECK_STEP):  # up to 4 bytes a character
+            utf8.decode(data[step:step + UTF8_CHECK_STEP])
+        if final:
+            utf8.decode(b"", final=True)
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8 text") from None
-    return out.decode("ascii")
-
-
-_NON_ASCII_BYTE = re.compile(rb"[\x80-\xff]")
-
-
-def _one_byte_a_character(utf8: codecs.IncrementalDecoder, chunk: Any, data: Any,
-                          at: int) -> Optional[bytes]:
-    """``chunk`` (``data[at:at + len(chunk)]``) proven UTF-8 by ``utf8`` (BadRequest
-    else) and written one byte a character (:data:`_ONE_BYTE_A_CHARACTER`); None when it
-    is ASCII, its own text.  A character cut by the chunk's end is completed by the next
-    chunk (its lead byte counts in the first)."""
-    try:
-        for step in range(0, len(chunk), UTF8_CHECK_STEP):  # up to 4 bytes a character
-            utf8.decode(chunk[step:step + UTF8_CHECK_STEP])
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
-    if _NON_ASCII_BYTE.search(data, at, at + len(chunk)) is None:
-        return None
-    return bytes(chunk).translate(_ONE_BYTE_A_CHARACTER, _CONTINUATION_BYTES)
 
 
 QUICK_CHECK_BYTES = 4 << 20
