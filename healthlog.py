@@ -237,13 +237,14 @@ VALIDATION_CEILING_BYTES = 64 << 20
 (:func:`validation_ceiling`).  A body larger than the ceiling is validated alone, once
 nothing else is."""
 
-VALIDATION_MEMORY_FACTOR = 2.0
+VALIDATION_MEMORY_FACTOR = 2.1
 """Memory the ingest check of a body takes, per byte of it, at most: its bytes and then
-its text at one byte a character (:func:`shape_text`), whatever characters it holds, and
-a few MiB of chunks (``tests/bench_memory.py``: 1.94 to 2.02 for every shape at 64 MiB;
-a body whose strings are emoji or ``’`` once took 4.8 when it was decoded whole).  The
-ceiling and :func:`quick_check_bytes` keep every check at once within this factor of the
-largest body allowed: what serve's start-up check counts (:func:`memory_needed_mib`)."""
+its text at one byte a character (:func:`shape_text`), whatever characters it holds
+(``tests/bench_memory.py --mib 64``: 1.95 to 2.08 for every shape, in a thread as serve
+runs it; 2.0 in Python objects; a few MiB more at any size, which the base's room holds;
+a body with emoji in its sources took 4.8 when it was decoded whole).  The ceiling and
+:func:`quick_check_bytes` keep the checks at once within this factor of the largest body
+allowed: what serve's start-up check counts (:func:`memory_needed_mib`)."""
 
 VALIDATION_WAIT_S = 30.0
 """How long an upload waits for its turn to be validated before the answer is 503 with
@@ -10388,14 +10389,14 @@ def _header_text(text: str) -> str:
 SERVE_BASE_MIB = 64
 """Resident memory of an idle ``serve`` (57 MiB measured, with orjson), with room."""
 FOLD_MEMORY_FACTOR = 3.0
-WHOLE_FOLD_FACTOR = 9.0
+WHOLE_FOLD_FACTOR = 10.0
 """Memory above the base per byte of the largest body, for its fold as serve's fold
-thread runs it (``tests/bench_memory.py --serve``, every body shape, the check's memory
-and every constant in the figure): from :data:`STREAM_FOLD_BYTES` on, at most 2.79 times
-the body (600,000 metrics of one point each at 64 MiB; 2.0 to 2.46 for every other shape,
-and 2.0 to 2.24 for every shape folded in a process of its own: in serve's fold thread,
-glibc's allocator keeps more of what the fold frees); a smaller body is parsed whole, up
-to 8.6 times its size (``--mib 7.9``: 6.6 in a process of its own), so the fold of a body
+thread runs it (``tests/bench_memory.py --serve``, every body shape, over serve's idle
+memory): from :data:`STREAM_FOLD_BYTES` on, at most 2.79 times the body (600,000 metrics
+of one point each at 64 MiB, 2.63 in another run; 2.04 to 2.46 for every other shape;
+2.00 to 2.23 for every shape folded in a process of its own: in serve's fold thread,
+glibc's allocator keeps more of what a fold frees); a smaller body is parsed whole, up to
+9.4 times its size (``--mib 7.9``; 6.5 in a process of its own), so the fold of a body
 just under that size bounds what small limits need."""
 CGROUP_ROOT = Path("/")
 """Where ``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are read from."""
