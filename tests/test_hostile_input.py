@@ -1333,7 +1333,7 @@ def test_ingest_4_6_any_mix_of_wide_characters_and_escapes_is_read_as_the_whole_
 @pytest.mark.json_agnostic  # the full check alone, orjson hidden in the test
 def test_ingest_4_6_the_hostile_corpus_is_read_as_the_whole_text(full_check):
     """WHEN the hand-made hostile corpus, real-shaped bodies and 400 of their mutants are
-    checked in chunks of 7 bytes (of 4,099 for the megabyte ones), THEN each verdict and
+    checked in chunks of 61 bytes (of 4,099 for the megabyte ones), THEN each verdict and
     reason is that of the text decoded whole."""
     path, seams = full_check
     bodies = [case.body for case in named_cases() if case.mode == "plain"]
@@ -1343,7 +1343,7 @@ def test_ingest_4_6_the_hostile_corpus_is_read_as_the_whole_text(full_check):
     for body in bodies:
         if nesting_depth(body.decode("utf-8", "replace")) > NESTING_PROMISED:
             continue  # where the parser's recursion ends depends on the stack in use
-        seams(*((7, 5) if len(body) < 1 << 16 else (4099, 1031)))  # megabytes: fewer seams
+        seams(*((61, 13) if len(body) < 1 << 16 else (4099, 1031)))  # megabytes: fewer
         expected = whole_text_reason(body)
         assert full_check_reason(path, body) == expected, body[:300]
         reasons[expected] += 1
