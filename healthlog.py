@@ -2204,7 +2204,7 @@ def quick_check_bytes(max_body_bytes: int) -> int:
     (:data:`QUICK_CHECK_FACTOR` times the body, what it counts against the ceiling) stays
     within what the full check of the largest body may take
     (:data:`VALIDATION_MEMORY_FACTOR` times it): every body up to 4 MiB with 64 MiB
-    allowed, up to 64 KiB with 1 MiB."""
+    allowed, up to 67 KiB with 1 MiB."""
     return min(QUICK_CHECK_BYTES,
                int(VALIDATION_MEMORY_FACTOR * max_body_bytes) // QUICK_CHECK_FACTOR)
 
