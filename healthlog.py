@@ -252,8 +252,18 @@ HTTP_RESERVED_THREADS = 4
 when every other thread is reading a slow body."""
 
 VALIDATION_CEILING_BYTES = 64 << 20
-"""Body bytes validated at once (validation holds ~2-3x a body in memory).  A body
-larger than this is validated alone, once nothing else is."""
+"""Body bytes validated at once, at most; the largest body allowed when that is smaller
+(:func:`validation_ceiling`).  A body larger than the ceiling is validated alone, once
+nothing else is."""
+
+VALIDATION_MEMORY_FACTOR = 2.1
+"""Memory the ingest check of a body takes, per byte of it, at most: its bytes and then
+its text at one byte a character (:func:`shape_text`), whatever characters it holds
+(``tests/bench_memory.py --mib 64``: 1.95 to 2.08 for every shape, in a thread as serve
+runs it; 2.0 in Python objects; a few MiB more at any size, which the base's room holds;
+a body with emoji in its sources took 4.8 when it was decoded whole).  The ceiling and
+:func:`quick_check_bytes` keep the checks at once within this factor of the largest body
+allowed: what serve's start-up check counts (:func:`memory_needed_mib`)."""
 
 VALIDATION_WAIT_S = 30.0
 """How long an upload waits for its turn to be validated before the answer is 503 with
@@ -2199,15 +2209,18 @@ def _int64(text: str) -> int:
     return value
 
 
-def check_delivery_shape(path: Path) -> Optional[tuple]:
+def check_delivery_shape(path: Path, quick_max: Optional[int] = None) -> Optional[tuple]:
     """Validate a whole body as HAE JSON; return (document, plain, its estimated memory)
     when orjson parsed it whole on the way (:func:`_quick_shape_ok`), for the fold
     (:class:`Handoff`).
 
-    Every byte is checked by the JSON scanner, but each object collapses into one
-    shared sentinel as soon as it is parsed, so memory stays near the body's own size.
-    With orjson, a body up to :data:`QUICK_CHECK_BYTES` is first offered to
-    :func:`_quick_shape_ok`, which accepts only what this check accepts.
+    Every byte is checked by the JSON scanner, over :func:`shape_text` (one byte a
+    character, whatever the characters), and each object collapses into one shared
+    sentinel as soon as it is parsed, so memory stays near twice the body's own size
+    (:data:`VALIDATION_MEMORY_FACTOR`).
+    With orjson, a body up to ``quick_max`` bytes (:func:`quick_check_bytes`; by default
+    :data:`QUICK_CHECK_BYTES`) is first offered to :func:`_quick_shape_ok`, which accepts
+    only what this check accepts.
     Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
     every JSON parser reads alike: no NaN or Infinity, no number that overflows a
     double, no integer beyond 64 bits (orjson refuses the first and rounds the last,
@@ -2219,16 +2232,14 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
         last_pairs[:] = [pairs]
         return _VALID_OBJECT
 
-    body = path.read_bytes()
-    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
+    quick_max = QUICK_CHECK_BYTES if quick_max is None else min(quick_max, QUICK_CHECK_BYTES)
+    if _orjson is not None and path.stat().st_size <= quick_max:
+        body = path.read_bytes()
         doc = _quick_shape_ok(body)
         if doc is not None:
             return doc, not may_hold_booleans(body), document_cost(body)
-    try:
-        text = body.decode("utf-8")
         del body
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
+    text = shape_text(path)
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
                          parse_float=_finite_float, parse_int=_int64)
@@ -2245,6 +2256,70 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
     return None
+
+
+SHAPE_READ_CHUNK = 1 << 20
+"""Bytes of a body read into place and proven UTF-8 at a time (:func:`shape_text`)."""
+UTF8_CHECK_STEP = 1 << 14
+"""Bytes decoded at a time only to prove them UTF-8 (:func:`shape_text`): their text, up
+to 4 bytes a character, is dropped at once."""
+_ONE_BYTE_A_CHARACTER = bytes.maketrans(bytes(range(0xC0, 0x100)), b"#" * 64)
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+"""UTF-8 to one byte a character: a lead byte to ``#``, its continuation bytes dropped."""
+
+
+def shape_text(path: Path) -> str:
+    """The body's text for :func:`check_delivery_shape`'s scanner, ASCII, every non-ASCII
+    character written as one ``#``; BadRequest when the body is not UTF-8.
+
+    Decoded whole, a body takes 1, 2 or 4 bytes a character for all of its text, as its
+    widest character needs: a single emoji in a ``source`` made a body's check take 4.8
+    times its size.  Here the body is read into one buffer and proven UTF-8 a chunk at a
+    time, then written one byte a character at once, and the text takes one byte a
+    character: two of the three (bytes, their translation, the text) at a time, twice
+    the body at most, whatever characters it holds.  The JSON verdict is the same,
+    because ``#`` is valid exactly where a non-ASCII character is: inside a string, not
+    after a backslash (an escape), not in a ``\\u`` escape's four digits, nowhere outside
+    a string (the json module's C scanner reads only ASCII digits, hex digits, whitespace
+    and literals); and a key with one is ``data`` neither way.  Escapes stay as written,
+    so an unpaired surrogate escape is found as before."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: what body.decode() refused
+    with open(str(path), "rb", buffering=0) as handle:
+        body = bytearray(os.fstat(handle.fileno()).st_size)
+        view, read = memoryview(body), 0
+        try:
+            while read < len(body):
+                got = handle.readinto(view[read:read + SHAPE_READ_CHUNK])
+                if not got:
+                    break
+                _prove_utf8(utf8, view[read:read + got])
+                read += got
+        finally:
+            view.release()
+        del body[read:]
+        chunk = handle.read(1)  # nothing, unless the file grew since its size was read
+        while chunk:  # (a read of a chunk's size would take that much memory first)
+            chunk += handle.read(SHAPE_READ_CHUNK)
+            _prove_utf8(utf8, chunk)
+            body += chunk
+            chunk = handle.read(1)
+    _prove_utf8(utf8, b"", final=True)  # a character cut by the end of the body
+    if not body.isascii():  # at once: no chunk's copies left behind in the allocator
+        body = body.translate(_ONE_BYTE_A_CHARACTER, _CONTINUATION_BYTES)
+    return body.decode("ascii")
+
+
+def _prove_utf8(utf8: codecs.IncrementalDecoder, data: Any, final: bool = False) -> None:
+    """Feed ``data`` to the strict decoder ``utf8``, a step at a time, dropping the text;
+    BadRequest when it is not UTF-8.  A character cut by a step's end is completed by the
+    next step or chunk."""
+    try:
+        for step in range(0, len(data), UTF8_CHECK_STEP):  # up to 4 bytes a character
+            utf8.decode(data[step:step + UTF8_CHECK_STEP])
+        if final:
+            utf8.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
 
 
 QUICK_CHECK_BYTES = 4 << 20
@@ -2310,12 +2385,31 @@ def _nested_at_most(doc: Any, limit: int) -> bool:
     return True
 
 
-def validation_bytes(size: int) -> int:
-    """What validating a body of ``size`` bytes may hold in memory, for the shared
-    ceiling: the body and its document while orjson checks it, else about the body."""
-    if _orjson is not None and size <= QUICK_CHECK_BYTES:
+def validation_bytes(size: int, quick_max: int = QUICK_CHECK_BYTES) -> int:
+    """What validating a body of ``size`` bytes counts against the shared ceiling: the
+    body and its document while orjson checks it (up to ``quick_max`` bytes), else the
+    body (whose check holds :data:`VALIDATION_MEMORY_FACTOR` times it)."""
+    if _orjson is not None and size <= min(quick_max, QUICK_CHECK_BYTES):
         return QUICK_CHECK_FACTOR * size
     return size
+
+
+def validation_ceiling(max_body_bytes: int) -> int:
+    """Body bytes validated at once (:class:`ByteBudget`): :data:`VALIDATION_CEILING_BYTES`,
+    or the largest body allowed when that is smaller, so that the checks running at once
+    hold no more than the check of the largest body alone (:func:`memory_needed_mib`)."""
+    return min(VALIDATION_CEILING_BYTES, max_body_bytes)
+
+
+def quick_check_bytes(max_body_bytes: int) -> int:
+    """The largest body offered to orjson's quick check when bodies up to
+    ``max_body_bytes`` are accepted: :data:`QUICK_CHECK_BYTES`, or less, so that its worst
+    (:data:`QUICK_CHECK_FACTOR` times the body, what it counts against the ceiling) stays
+    within what the full check of the largest body may take
+    (:data:`VALIDATION_MEMORY_FACTOR` times it): every body up to 4 MiB with 64 MiB
+    allowed, up to 67 KiB with 1 MiB."""
+    return min(QUICK_CHECK_BYTES,
+               int(VALIDATION_MEMORY_FACTOR * max_body_bytes) // QUICK_CHECK_FACTOR)
 
 
 _SURROGATE_ESCAPES = re.compile(
@@ -4388,16 +4482,18 @@ _INSERT_DELIVERY = (
 def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                     received_at: _dt.datetime, headers: Mapping[str, Optional[str]],
                     name: Optional[str], extra_meta: Optional[dict] = None,
-                    handoff: Optional["Handoff"] = None) -> int:
+                    handoff: Optional["Handoff"] = None,
+                    quick_max: Optional[int] = None) -> int:
     """The one way a body becomes a delivery (HTTP ingest and ``import`` alike).
 
-    Validates the body, writes ``.meta.json`` and then the body durably into the
-    archive, and only then inserts the ``pending`` row.  Raises BadRequest (nothing
+    Validates the body (orjson's quick check up to ``quick_max`` bytes: see
+    :func:`check_delivery_shape`), writes ``.meta.json`` and then the body durably into
+    the archive, and only then inserts the ``pending`` row.  Raises BadRequest (nothing
     written) or InternalError (logged: an archive failure, or a row that could not be
     written, whose body is then an orphan until reindex adopts it — ING-9).
     """
     try:
-        parsed = check_delivery_shape(upload.tmp_path)
+        parsed = check_delivery_shape(upload.tmp_path, quick_max)
         meta = {
             "received_at": format_received_at(received_at),
             "headers": {h: v for h, v in headers.items() if v is not None},
@@ -12452,7 +12548,8 @@ class App:
         # Uploads never take the last threads; bodies under validation share a ceiling.
         self.upload_slots = threading.BoundedSemaphore(
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
-        self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
+        self.validation = ByteBudget(validation_ceiling(config.max_body_bytes))
+        self.quick_max = quick_check_bytes(config.max_body_bytes)
         self.guesses = GuessLimiter()
         self._hinted: set = set()  # untrusted peers whose forwarding headers were logged
         self._token = b""
@@ -12693,12 +12790,13 @@ class App:
         try:
             upload = self._receive(environ, length)
             try:
-                with self.validation.hold(validation_bytes(upload.size), VALIDATION_WAIT_S):
+                with self.validation.hold(validation_bytes(upload.size, self.quick_max),
+                                          VALIDATION_WAIT_S):
                     headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
                     delivery_id = accept_delivery(
                         self.archive, conn, upload, received_at, headers, name,
                         {"content_type": environ.get("CONTENT_TYPE") or None},
-                        self.worker.handoff)
+                        self.worker.handoff, self.quick_max)
             except ServiceBusy:
                 log_event(logging.WARNING, "upload refused: the validation ceiling was not"
                           " free in time", body_bytes=upload.size, retry_after_s=RETRY_AFTER_S)
@@ -13938,18 +14036,17 @@ def _header_text(text: str) -> str:
 
 
 SERVE_BASE_MIB = 64
-"""Resident memory of an idle ``serve`` (about 45 MiB measured), with room."""
-FOLD_MEMORY_FACTOR = 2.5
-WHOLE_FOLD_FACTOR = 7.0
-VALIDATION_MEMORY_FACTOR = 2.0
-"""Memory above the base per byte of the largest body.  Its fold: from
-:data:`STREAM_FOLD_BYTES` on, at most 2.42 times the body (``tests/bench_memory.py --mib
-64``, the worst of every body shape: 600,000 metrics of one point each; a Days history,
-a two-day workout, dense seconds and emoji sources 2.02 to 2.25; a fold holds a bounded
-batch of objects, and a record's long arrays stay in the text); a smaller body
-is parsed whole, up to 6.6 times its size (``--mib 7.9``), so the fold of a body just
-under that size bounds what small limits need.  The next body's validation beside it
-takes about 2 times (``tests/bench.py ingest``)."""
+"""Resident memory of an idle ``serve`` (57 MiB measured, with orjson), with room."""
+FOLD_MEMORY_FACTOR = 3.0
+WHOLE_FOLD_FACTOR = 10.0
+"""Memory above the base per byte of the largest body, for its fold as serve's fold
+thread runs it (``tests/bench_memory.py --serve``, every body shape, over serve's idle
+memory): from :data:`STREAM_FOLD_BYTES` on, at most 2.79 times the body (600,000 metrics
+of one point each at 64 MiB, 2.63 in another run; 2.04 to 2.46 for every other shape;
+2.00 to 2.23 for every shape folded in a process of its own: in serve's fold thread,
+glibc's allocator keeps more of what a fold frees); a smaller body is parsed whole, up to
+9.4 times its size (``--mib 7.9``; 6.5 in a process of its own), so the fold of a body
+just under that size bounds what small limits need."""
 CGROUP_ROOT = Path("/")
 """Where ``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are read from."""
 
@@ -13960,11 +14057,20 @@ def fold_memory_mib(max_body_bytes: int) -> float:
                WHOLE_FOLD_FACTOR * min(max_body_bytes, STREAM_FOLD_BYTES - 1)) / 1048576
 
 
+def validation_memory_mib(max_body_bytes: int) -> float:
+    """What the ingest checks running at once may hold, in MiB: as much as the check of
+    the largest body (:data:`VALIDATION_MEMORY_FACTOR`; :func:`validation_ceiling` and
+    :func:`quick_check_bytes` keep them within it)."""
+    return VALIDATION_MEMORY_FACTOR * max_body_bytes / 1048576
+
+
 def memory_needed_mib(max_body_bytes: int) -> int:
-    """What ``serve`` may need while it folds one body of the largest size, validates
-    another, and small documents wait for the fold (:class:`Handoff`)."""
+    """What ``serve`` may need at once: its base, the small documents waiting for the
+    fold (:class:`Handoff`), the fold of a body of the largest size and, beside it, the
+    ingest check of another as large (a phone sending its backfill again while the first
+    copy folds)."""
     return int(SERVE_BASE_MIB + HANDOFF_BUDGET / 1048576 + fold_memory_mib(max_body_bytes)
-               + VALIDATION_MEMORY_FACTOR * max_body_bytes / 1048576)
+               + validation_memory_mib(max_body_bytes))
 
 
 def largest_body_mib(limit_bytes: int) -> int:
