@@ -126,7 +126,7 @@ import unicodedata
 import urllib.parse
 import zlib
 import zoneinfo
-from dataclasses import dataclass, field, replace as _replace
+from dataclasses import dataclass, field as _field, replace as _replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -2610,8 +2610,8 @@ class MetricPoints:
     name: str
     is_metric: bool  # time-grouped (data.metrics but sleep), not in the record layer
     units: Optional[str] = None
-    coords: dict = field(default_factory=dict)  # (start, end, category) -> point | [points]
-    starts: list = field(default_factory=list)  # start codes, for layer inference
+    coords: dict = _field(default_factory=dict)  # (start, end, category) -> point | [points]
+    starts: list = _field(default_factory=list)  # start codes, for layer inference
     has_interval: bool = False
 
     @property
@@ -2636,16 +2636,16 @@ class MetricPoints:
 class Extraction:
     """What a body holds, before any comparison with the store."""
 
-    metrics: Any = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
+    metrics: Any = _field(default_factory=dict)  # (is_metric, name) -> MetricPoints
     """A dict of :class:`MetricPoints`, or a large body's :class:`IndexedMetrics`."""
     points: int = 0
-    mixed_units: set = field(default_factory=set)  # metrics sent in two units: 2nd left out
+    mixed_units: set = _field(default_factory=set)  # metrics sent in two units: 2nd left out
     bad_points: int = 0
-    bad_metrics: set = field(default_factory=set)
-    uncovered: list = field(default_factory=list)
+    bad_metrics: set = _field(default_factory=set)
+    uncovered: list = _field(default_factory=list)
     uncovered_dropped: int = 0
     uncovered_cut: int = 0
-    times: TimeMemo = field(default_factory=TimeMemo)
+    times: TimeMemo = _field(default_factory=TimeMemo)
 
     @property
     def has_metric_points(self) -> bool:
@@ -4468,8 +4468,8 @@ def fingerprint(conn: sqlite3.Connection, table: str = "object") -> str:
 def fingerprint_rows(items: Any) -> str:
     """The fingerprint of ((metric, layer, hour), hash) pairs, in any order."""
     digest = hashlib.sha256()
-    for (metric, layer, hour), object_hash in sorted(items):
-        digest.update(("%s\x1f%s\x1f%d\x1f%s\n" % (metric, layer, hour, object_hash)).encode())
+    for (metric, layer, hour), row_hash in sorted(items):
+        digest.update(("%s\x1f%s\x1f%d\x1f%s\n" % (metric, layer, hour, row_hash)).encode())
     return digest.hexdigest()
 
 
@@ -4805,11 +4805,11 @@ PIECE_MEMBERS = 256
 """Flat members of a long array written by one call of the JSON writer."""
 
 
-def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
+def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical_form: bool,
                  depth: int) -> Iterator[bytes]:
     """The compact JSON of ``value`` in pieces: ``leaf`` of each small part (of a run of
     :data:`PIECE_MEMBERS` flat members of an array at once), the weighty containers
-    walked (:func:`_build`); ``canonical``: keys sorted, no ``source``
+    walked (:func:`_build`); ``canonical_form``: keys sorted, no ``source``
     (:func:`_canonical_std`).  Both JSON writers write a container as the concatenation
     of its members' texts, so the pieces join to what ``leaf`` writes of the whole."""
     if depth > STREAM_NESTING_MAX:
@@ -4820,11 +4820,11 @@ def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
             raise _Unstreamable()
         yield leaf(value)
     elif type(value) is dict:
-        keys = sorted(k for k in value if k != "source") if canonical else list(value)
+        keys = sorted(k for k in value if k != "source") if canonical_form else list(value)
         yield b"{"
         for index, key in enumerate(keys):
             yield (b"," if index else b"") + leaf(key) + b":"
-            yield from _json_pieces(value[key], leaf, canonical, depth + 1)
+            yield from _json_pieces(value[key], leaf, canonical_form, depth + 1)
         yield b"}"
     else:
         yield b"["
@@ -4842,21 +4842,21 @@ def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
                     continue
             yield comma
             comma = b","
-            yield from _json_pieces(member, leaf, canonical, depth + 1)
+            yield from _json_pieces(member, leaf, canonical_form, depth + 1)
         if run:
             yield comma + leaf(run)[1:-1]
         yield b"]"
 
 
 def _points_pieces(points: list, leaf: Callable[[Any], bytes],
-                   canonical: bool) -> Iterator[bytes]:
+                   canonical_form: bool) -> Iterator[bytes]:
     """:func:`_json_pieces` of an object's points, each point a piece of its own or
     walked."""
     yield b"["
     for index, point in enumerate(points):
         if index:
             yield b","
-        yield from _json_pieces(point, leaf, canonical, 1)
+        yield from _json_pieces(point, leaf, canonical_form, 1)
     yield b"]"
 
 
@@ -4950,7 +4950,7 @@ def decode_object(row: tuple, scratch: Optional[Path] = None) -> HourObject:
     whose JSON takes :data:`STREAM_FOLD_BYTES` or more keeps its records' long arrays in
     its text, in a scratch file (:class:`_TextFile`, :class:`Deferred`), as a large
     body's stay in its text."""
-    metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries, spans = row
+    metric, layer, hour, units, created_by, updated_by, sealed, blob, point_deliveries, spans = row
     if scratch is not None and _stored_size(blob) >= STREAM_FOLD_BYTES:
         source = _TextFile(scratch, blob)
         points = _stored_points(source)
@@ -4971,7 +4971,7 @@ def decode_object(row: tuple, scratch: Optional[Path] = None) -> HourObject:
                   for start, end, p in zip(known[0], known[1], points)]
     else:
         coords = list(zip(known[0], known[1], map(_category, points)))
-    return HourObject(metric, layer, hour, units, coords, points, loads_body(deliveries),
+    return HourObject(metric, layer, hour, units, coords, points, loads_body(point_deliveries),
                       created_by, updated_by, bool(sealed), plain)
 
 
@@ -5026,7 +5026,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
                          " this hour were not stored (they stay in the archive)",
                          where(stored_units=stored.units, arriving_units=units)))
         return HourMerge(None, counters, warnings)
-    coords, points, deliveries = stored.coords, stored.points, stored.deliveries
+    coords, points, point_deliveries = stored.coords, stored.points, stored.deliveries
     index = dict(zip(coords, range(len(coords))))
     equal_is_same = plain and stored.plain
     appended: list = []  # (coordinate, point) of the coordinates the object lacks
@@ -5041,12 +5041,12 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         mine = points[i]
         if (equal_is_same and mine == point) or same_point(mine, point):
             continue  # a re-send: no change, and no need of the journal positions
-        replace, collision, clash = decide(mine, positions[deliveries[i]], point, here)
+        replace, collision, clash = decide(mine, positions[point_deliveries[i]], point, here)
         clashes += clash
         if replace:
             if not copied:  # the stored object itself stays as it was read
-                points, deliveries, copied = list(points), list(deliveries), True
-            points[i], deliveries[i] = point, delivery_id
+                points, point_deliveries, copied = list(points), list(point_deliveries), True
+            points[i], point_deliveries[i] = point, delivery_id
             overwrites += collision
     counters["incomparable"], counters["overwrites"] = clashes, overwrites
     if clashes or overwrites:
@@ -5058,16 +5058,16 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
     if appended:
         coords = list(coords) + [c for c, _ in appended]
         points = list(points) + [p for _, p in appended]
-        deliveries = list(deliveries) + [delivery_id] * len(appended)
+        point_deliveries = list(point_deliveries) + [delivery_id] * len(appended)
         order = sorted(range(len(coords)), key=coords.__getitem__)
         coords = [coords[i] for i in order]
         points = [points[i] for i in order]
-        deliveries = [deliveries[i] for i in order]
+        point_deliveries = [point_deliveries[i] for i in order]
     if stored.sealed:
         counters["sealed_changes"] = 1
         warnings.append(("a sealed hour changed; the data is stored anyway", where()))
     counters["objects_written"] = 1
-    written = HourObject(metric, layer, hour, stored.units, coords, points, deliveries,
+    written = HourObject(metric, layer, hour, stored.units, coords, points, point_deliveries,
                          stored.created_by, delivery_id, stored.sealed,
                          plain and stored.plain)
     return HourMerge(written, counters, warnings)
@@ -5197,12 +5197,12 @@ class FoldPlan:
     layer: Optional[str]
     uncovered: list
     error: Optional[str] = None
-    counters: dict = field(default_factory=dict)
-    rows: RowSpill = field(default_factory=RowSpill)  # the objects it writes, encoded
-    recent: collections.deque = field(  # write-behind: the last objects it writes, decoded
+    counters: dict = _field(default_factory=dict)
+    rows: RowSpill = _field(default_factory=RowSpill)  # the objects it writes, encoded
+    recent: collections.deque = _field(  # write-behind: the last objects it writes, decoded
         default_factory=lambda: collections.deque(maxlen=RECENT_OBJECTS))
-    forget: list = field(default_factory=list)  # write-behind: keys not kept decoded
-    warnings: list = field(default_factory=list)  # (message, fields) logged after commit
+    forget: list = _field(default_factory=list)  # write-behind: keys not kept decoded
+    warnings: list = _field(default_factory=list)  # (message, fields) logged after commit
     metric_layer: Optional[str] = None  # where its time-grouped metrics go
     plain: bool = False  # its body holds no boolean (HourObject.plain)
     here: tuple = ()  # (received_at, id): its place in the journal
@@ -7290,13 +7290,13 @@ def _ecg_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 @dataclass
 class _Run:
     units: Optional[str]
-    buckets: dict = field(default_factory=dict)  # bucket key -> _Bucket
+    buckets: dict = _field(default_factory=dict)  # bucket key -> _Bucket
 
 
 @dataclass
 class _Bucket:
     count: int = 0
-    fields: dict = field(default_factory=dict)  # name -> [count, min, max, sum]
+    fields: dict = _field(default_factory=dict)  # name -> [count, min, max, sum]
     first: Optional[int] = None  # the earliest instant counted, and its offset:
     offset: int = 0  # where ``tz=local`` learns the bucket's local midnight
 
@@ -7632,7 +7632,7 @@ class SleepDay:
     date: int
     night: Optional[Night]
     naps: list
-    clusters: list = field(default_factory=list)
+    clusters: list = _field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -7875,12 +7875,12 @@ def _record_night(group: list, zone: Zone) -> Night:
                  limit, limit_by, union > SLEEP_MAX_H, tuple(sources))
 
 
-def _record_clusters(records: list) -> list:
+def _record_clusters(stage_records: list) -> list:
     """Stage records in sleeps: sorted, each group's records less than
     :data:`NIGHT_GAP_US` after the latest end before them."""
     groups: list = []
     reach = None
-    for record in sorted(records):
+    for record in sorted(stage_records):
         if not groups or record[0] - reach >= NIGHT_GAP_US:
             groups.append([])
             reach = record[1]
@@ -7889,11 +7889,11 @@ def _record_clusters(records: list) -> list:
     return groups
 
 
-def _stages_span(records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
+def _stages_span(stage_records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
     """(start, raw start) of the stage records inside a nightly record's window that end
     its last sleep (the records less than :data:`NIGHT_GAP_US` apart that lie last in
     it), or None when it holds none."""
-    inside = [record for record in records[bisect.bisect_left(starts, sleep.start):]
+    inside = [record for record in stage_records[bisect.bisect_left(starts, sleep.start):]
               if record[0] < sleep.end]
     inside = [record for record in inside if record[1] <= sleep.end]
     groups = _record_clusters(inside)
@@ -7941,7 +7941,7 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
       records; of them, naps (:func:`is_nap`) are never its night; its night is its longest
       other sleep, every other sleep is a nap beside it; a date of naps only has no night."""
     nightly: dict = {}
-    records = []
+    stage_records = []
     for span, point in items:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
@@ -7949,8 +7949,8 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
             if start is None or end is None or end <= start:
                 continue
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
-            records.append((start, end, stage, raw_end, raw_start(point),
-                            _sources(point.get("source"))))
+            stage_records.append((start, end, stage, raw_end, raw_start(point),
+                                  _sources(point.get("source"))))
             continue
         sleep = _nightly_sleep(point, zone)
         if sleep is not None:  # one night, however often sent: the latest end wins
@@ -7959,19 +7959,19 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
             known = nightly.get(key)
             if known is None or rank >= known[1]:
                 nightly[key] = (sleep, rank)
-    records.sort()
-    starts = [record[0] for record in records]
+    stage_records.sort()
+    starts = [record[0] for record in stage_records]
     ends = {sleep.end for sleep, _ in nightly.values()}
     by_date: dict = {}
     for sleep, _ in nightly.values():
         night = _nightly_night(sleep, local_ordinal(sleep.end, sleep.end_offset))
         if sleep.start is not None and sleep.start in ends:  # HAE's boundary, no bedtime
-            span = _stages_span(records, starts, sleep)
+            span = _stages_span(stage_records, starts, sleep)
             night.start = None if span is None else span[0]
             night.start_offset = (night.start_offset if span is None
                                   else zone.point_offset(span[1], span[0]))
         by_date.setdefault(night.date, ([], [], []))[0].append(night)
-    for group in _record_clusters(records):
+    for group in _record_clusters(stage_records):
         night = _record_night(group, zone)
         by_date.setdefault(night.date, ([], [], []))[1].append(night)
     days = []
@@ -8414,9 +8414,9 @@ def workout_id(point: dict, coord: tuple) -> str:
     return "%s_%s" % (_compact_instant(coord[0]), _compact_instant(coord[1]))
 
 
-def _id_instants(workout_id: str) -> Optional[tuple]:
+def _id_instants(ident: str) -> Optional[tuple]:
     """(start, end) of an id made of a coordinate, else None."""
-    match = _COORD_ID.fullmatch(workout_id)
+    match = _COORD_ID.fullmatch(ident)
     if not match:
         return None
     out = []
@@ -8646,8 +8646,8 @@ class RouteWalk:
     meters: float = 0.0
     gain: Optional[float] = None
     loss: Optional[float] = None
-    boundaries: list = field(default_factory=list)
-    drawn: list = field(default_factory=list)
+    boundaries: list = _field(default_factory=list)
+    drawn: list = _field(default_factory=list)
 
 
 def walk_route(items: Any, split_m: float, draw_max: int = ROUTE_DRAW_MAX) -> RouteWalk:
@@ -8950,11 +8950,11 @@ def mark_duplicates(entries: list) -> None:
             item = entries[k][0]
             if k != best:
                 item["duplicate_of"] = first["id"]
-                item["shown_first"] = _named(first)
-                first["duplicates"].append(_named(item))
+                item["shown_first"] = _workout_reference(first)
+                first["duplicates"].append(_workout_reference(item))
 
 
-def _named(item: dict) -> dict:
+def _workout_reference(item: dict) -> dict:
     """A workout as another names it beside itself."""
     return {"id": item["id"], "name": item["name"], "local_start": item["local_start"],
             "source": item["source"]}
@@ -9099,11 +9099,11 @@ def workout_figures(point: dict, duration: Optional[float], activity: str, syste
         label, size = units["elevation"]
         figures.append(_figure("elevation_gain", "Elevation gain", walk.gain / size, "number",
                                label, note="from the route"))
-    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    sent_heart = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
     for key, label, sent, pick in (
             ("average_heart_rate", "Average heart rate", "avg", None),
             ("max_heart_rate", "Highest heart rate", "max", max)):
-        amount = _quantity(summary.get(sent)) or _quantity(point.get(
+        amount = _quantity(sent_heart.get(sent)) or _quantity(point.get(
             "avgHeartRate" if sent == "avg" else "maxHeartRate"))
         if amount is not None:
             figures.append(_sent_figure(key, label, amount))
@@ -9183,11 +9183,11 @@ def get_workout(conn: sqlite3.Connection, ident: str,
     :func:`walk_route`)."""
     zone = parse_zone((args or {}).get("tz"))
     found, siblings = _find(conn, ident, scratch)
-    [(summary, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
+    [(listing, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
                                      wanted=lambda w: w is found,
                                      decoded={found.hour: siblings})[0]
     point, (start, end, _) = found.point, found.coord
-    activity = summary["activity"]
+    activity = listing["activity"]
     system = owner_units(point, distance_units)
     units = UNIT_SYSTEMS[system]
     split_label, split_m = units["swim" if activity == "swimming" else "distance"]
@@ -9202,12 +9202,12 @@ def get_workout(conn: sqlite3.Connection, ident: str,
             activity, "walkingAndRunningDistance")), end, split_m)
         if series is not None:
             boundaries, source = series[0], "distance series"
-    duration = summary["duration_s"]
+    duration = listing["duration_s"]
     notes = [] if heart.state == "sent" else [HEART_WORDS[heart.state]]
     if walk is None:
         notes.append("No route was sent with this workout.")
     return {
-        "workout": summary,
+        "workout": listing,
         "figures": workout_figures(point, duration, activity, system, walk, heart),
         "units": {"system": system, **{key: {"label": label, "meters": size}
                                        for key, (label, size) in units.items()}},
@@ -9227,8 +9227,8 @@ def get_workout(conn: sqlite3.Connection, ident: str,
             "profile": [[p[4], p[3]] for p in walk.drawn if p[3] is not None]},
         "notes": notes,
         "link": {"metric": WORKOUT_METRIC, "from": _dt.date.fromordinal(
-            _dt.date.fromisoformat(summary["date"]).toordinal() - 6).isoformat(),
-            "to": summary["date"]},
+            _dt.date.fromisoformat(listing["date"]).toordinal() - 6).isoformat(),
+            "to": listing["date"]},
     }
 
 
@@ -9943,8 +9943,8 @@ class _Sender:
     deliveries: int = 0
     first_us: int = 0
     last_us: int = 0
-    runs: list = field(default_factory=list)  # start of each run, sorted (µs)
-    times: Any = field(default_factory=lambda: array.array("q"))  # every delivery, sorted
+    runs: list = _field(default_factory=list)  # start of each run, sorted (µs)
+    times: Any = _field(default_factory=lambda: array.array("q"))  # every delivery, sorted
     session: Optional[str] = None  # the session-id of its latest delivery
 
     def last_folded_us(self, pending: Optional[collections.Counter]) -> int:
@@ -12882,9 +12882,9 @@ class App:
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
-        main = args.get("field")
-        if main:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
-            items = [item for item in items if item["meaning"]["fields"][:1] == [main]]
+        wanted_field = args.get("field")
+        if wanted_field:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
+            items = [item for item in items if item["meaning"]["fields"][:1] == [wanted_field]]
         return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
@@ -14215,7 +14215,7 @@ def run_serve(config: Config) -> int:
     service = Service(config)
     stop = threading.Event()
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         log_event(logging.INFO, "stop requested", signal=signal.Signals(signum).name)
         stop.set()
 
