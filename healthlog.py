@@ -140,7 +140,7 @@ __all__ = ["Config", "Service", "main", "__version__"]
 
 
 # ==============================================================================
-# Constants: every tunable number, with the reason for its value.
+# Constants: every tunable number two sections read, with the reason for its value.
 # ==============================================================================
 
 SCHEMA_VERSION = 5
@@ -1206,8 +1206,8 @@ def local_day_and_second(value: Any) -> Optional[tuple]:
                 match = _DATE_ONLY.fullmatch(text)
                 if not match:
                     return None
-                y, mo, d, h, mi, s, fraction = match.group(1), match.group(2), match.group(3), \
-                    "0", "0", "0", None
+                y, mo, d, h, mi, s, fraction = (match.group(1), match.group(2), match.group(3),
+                                                "0", "0", "0", None)
         try:
             ordinal = _dt.date(int(y), int(mo), int(d)).toordinal()
         except ValueError:
@@ -1824,7 +1824,8 @@ class _Cells:
         return ("+" if value > 0 else "-", cell)
 
 
-def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position: tuple) -> tuple:
+def arbitrate(stored: Any, stored_position: tuple, arriving: Any,
+              arriving_position: tuple) -> tuple:
     """Stored point vs arriving point → (replace, is_collision, is_incomparable).
 
     The arriving point replaces the stored one when it dominates it, or when neither
@@ -2083,8 +2084,8 @@ def archive_bodies(data_dir: Path, since: str = "") -> list:
     found = []
     for folder, files in archive_walk(data_dir, since):
         for name in files:
-            if name.endswith(".json") and not name.endswith(".meta.json") and \
-                    not name.startswith("."):
+            if (name.endswith(".json") and not name.endswith(".meta.json")
+                    and not name.startswith(".")):
                 found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
     return sorted(found)
 
@@ -3212,7 +3213,7 @@ class _Cursor:
         else:
             self.text, self.base, self.ended = "", at, False
 
-    def _fill(self) -> bool:
+    def _read_more(self) -> bool:
         """More of the text in the window (what is behind ``at`` let go); False at its end."""
         if self.ended:
             return False
@@ -3235,7 +3236,7 @@ class _Cursor:
             self.at = self.base + found
             if found < len(self.text):
                 return self.text[found]
-            if not self._fill():
+            if not self._read_more():
                 raise ValueError("the text ends early")
 
     def take(self, character: str) -> None:
@@ -3249,10 +3250,10 @@ class _Cursor:
             try:
                 value, end = _READ_AGAIN(self.text, self.at - self.base)
             except (StopIteration, ValueError):
-                if self._fill():
+                if self._read_more():
                     continue
                 raise ValueError("no JSON value") from None
-            if end + 3 > len(self.text) and self._fill():  # a number may go on ("12." + "5")
+            if end + 3 > len(self.text) and self._read_more():  # a number may go on ("12." + "5")
                 continue
             self.at = self.base + end
             return value
@@ -3264,7 +3265,7 @@ class _Cursor:
             try:
                 key, end = _scanstring(self.text, self.at - self.base + 1)
             except ValueError:
-                if self._fill():
+                if self._read_more():
                     continue
                 raise
             self.at = self.base + end
@@ -4103,6 +4104,9 @@ CREATE TABLE {object} (
 CREATE INDEX {object}_summary ON {object} (metric, layer, hour, units, first_at, last_at,
                                          summary);
 """
+"""The journal (``delivery``) and the vitrine (``object``).  ``object.summary`` is the
+hour's tally (:func:`hour_tally`), not the summary page: it and its index keep the name
+they were first given, since a new name would rewrite every database for a word."""
 
 
 _ADDED_COLUMNS = (("object", "summary", "TEXT"), ("object", "spans", "BLOB"),
@@ -5041,7 +5045,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         mine = points[i]
         if (equal_is_same and mine == point) or same_point(mine, point):
             continue  # a re-send: no change, and no need of the journal positions
-        replace, collision, clash = decide(mine, positions[point_deliveries[i]], point, here)
+        replace, collision, clash = arbitrate(mine, positions[point_deliveries[i]], point, here)
         clashes += clash
         if replace:
             if not copied:  # the stored object itself stays as it was read
@@ -7911,8 +7915,8 @@ def is_nap(night: Night) -> bool:
     ends = night.end // US + night.end_offset
     if begins // 86400 != ends // 86400:
         return False
-    return NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1] \
-        and ends > begins
+    return (NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1]
+            and ends > begins)
 
 
 def _sleep_length(night: Night) -> tuple:
@@ -8882,7 +8886,7 @@ def _workout_source(point: dict) -> Optional[str]:
     return None
 
 
-def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
+def workout_listing(workout: StoredWorkout, zone: Zone) -> dict:
     """A workout as a list shows it: its id, times (UTC, local in ``zone``, the local date),
     :func:`workout_item`'s figures as sent, its activity, whether a route and the session's
     heart rate were sent, and its source."""
@@ -8908,7 +8912,7 @@ def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
 
 
 def mark_duplicates(entries: list) -> None:
-    """Mark the workouts recorded twice among ``entries`` ([(summary, coordinate)]): same
+    """Mark the workouts recorded twice among ``entries`` ([(listing, coordinate)]): same
     activity (by its name's words; the same name when neither is known) and times
     overlapping by at least :data:`DUPLICATE_OVERLAP` of the longer.  Of each group the one
     shown first has a route, then the session's heart rate, then more route points, then
@@ -8964,7 +8968,7 @@ def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Op
                     zone: Zone, scratch: Optional[Path], limit: Optional[int] = None,
                     wanted: Callable[[StoredWorkout], bool] = lambda w: True,
                     decoded: Optional[dict] = None) -> tuple:
-    """([(summary, coordinate)] of the workouts ``wanted``, newest first, at most
+    """([(listing, coordinate)] of the workouts ``wanted``, newest first, at most
     ``limit``; whether more were left out), duplicates marked among them and the workouts
     of :data:`DUPLICATE_MARGIN_S` around them.  ``decoded``: hour -> the workouts of an
     object already decoded (not decoded again)."""
@@ -8980,7 +8984,7 @@ def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Op
             workouts = (decoded or {}).get(row[0])
             for workout in reversed(workouts if workouts is not None
                                     else _workouts_of(row, scratch)):
-                entry = (workout_summary(workout, zone), workout.coord)  # not the point
+                entry = (workout_listing(workout, zone), workout.coord)  # not the point
                 if wanted(workout):
                     inside.append(entry)
                     oldest = workout.coord[0] if oldest is None else min(oldest,
@@ -8999,7 +9003,7 @@ def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
                   limit: Optional[int] = WORKOUTS_LIST_MAX) -> dict:
     """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
     ``/api/points`` reads it), newest first, at most ``limit``; each as
-    :func:`workout_summary` gives it, duplicates marked (:func:`mark_duplicates`); and the
+    :func:`workout_listing` gives it, duplicates marked (:func:`mark_duplicates`); and the
     count and seconds of the workouts shown first (a duplicate is counted once)."""
     zone = parse_zone(args.get("tz"))
     start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
@@ -9174,7 +9178,7 @@ def get_workout(conn: sqlite3.Connection, ident: str,
                 args: Optional[Mapping[str, Optional[str]]] = None,
                 scratch: Optional[Path] = None, max_heart_rate: Optional[float] = None,
                 distance_units: Optional[str] = None) -> dict:
-    """``GET /api/workouts/<id>``: one workout whole: its summary (:func:`workout_summary`,
+    """``GET /api/workouts/<id>``: one workout whole: its listing (:func:`workout_listing`,
     duplicates marked among the workouts around it), its figures (:func:`workout_figures`),
     the route thinned for drawing (:data:`ROUTE_DRAW_MAX`) with its bounds, the session's
     heart rate and the recovery apart, with zones, the splits per km or mile (100 m or yards
@@ -10484,8 +10488,8 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     days = list(range(first, end))
     rows = []
     for item in fresh.metrics:
-        if item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US or \
-                item.first_hour * HOUR_US >= high_us:
+        if (item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US
+                or item.first_hour * HOUR_US >= high_us):
             continue
         rows.append((item, _coverage_row(conn, item, zone, days, today, low_us, high_us)))
     rows.sort(key=lambda r: (r[1]["group"], r[1]["name"], r[1]["metric"], r[1]["layer"]))
@@ -10495,10 +10499,10 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             "days": [_dt.date.fromordinal(day).isoformat() for day in days],
             "rules": {"thin": "fewer than half the median hours of the row's days with data",
                       "daily_spacing_s": DAILY_SPACING_S},
-            "rows": [row for _, row in rows], "fill": _fill(rows)}
+            "rows": [row for _, row in rows], "fill": _gap_actions(rows)}
 
 
-def _fill(rows: list) -> list:
+def _gap_actions(rows: list) -> list:
     """The gaps of every row, per automation that carries them: one Manual Export of a run
     of days sends every metric of the automation, so each run of days with a gap in any of
     them is one action, naming the metrics it fills."""
@@ -10510,12 +10514,12 @@ def _fill(rows: list) -> list:
             first = _dt.date.fromisoformat(gap["from"]).toordinal()
             for day in range(first, first + gap["days"]):
                 entry[1].setdefault(day, set()).add("%s (%s)" % (row["name"], row["layer"]))
-    fill = []
+    actions = []
     for carrier, days in found.values():
         run: list = []
         for day in sorted(days) + [None]:
             if run and (day is None or day != run[-1] + 1):
-                fill.append({"automation": None if carrier is None else carrier.name
+                actions.append({"automation": None if carrier is None else carrier.name
                              or carrier.key,
                              "from": _dt.date.fromordinal(run[0]).isoformat(),
                              "to": _dt.date.fromordinal(run[-1]).isoformat(),
@@ -10524,7 +10528,7 @@ def _fill(rows: list) -> list:
                 run = []
             if day is not None:
                 run.append(day)
-    return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
+    return sorted(actions, key=lambda f: (f["from"], f["automation"] or ""))
 
 
 def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
@@ -10715,7 +10719,7 @@ CREATE TABLE workout_route (workout_id TEXT NOT NULL, seq INTEGER NOT NULL, time
                             altitude REAL, speed REAL, course REAL, horizontal_accuracy REAL,
                             vertical_accuracy REAL, heart_rate REAL);
 """
-"""``workouts``: one row a workout (:func:`workout_summary`), its figures as sent, its UTC and
+"""``workouts``: one row a workout (:func:`workout_listing`), its figures as sent, its UTC and
 local times (as the phone wrote them) and ``duplicate_of`` (the id of the one shown first,
 for a workout recorded twice); ``workout_route``: one row a route point with a position, in
 the order sent (``seq`` from 0), its time in UTC and as the phone wrote it, and the heart
@@ -10767,7 +10771,7 @@ def export_workouts(conn: sqlite3.Connection, target: sqlite3.Connection,
         for row in rows:
             for workout in _workouts_of(row, scratch):
                 point = workout.point
-                entries.append((workout_summary(workout, LOCAL_ZONE), workout.coord))
+                entries.append((workout_listing(workout, LOCAL_ZONE), workout.coord))
                 sent.append((_quantity(point.get("activeEnergyBurned"))
                              or _quantity(point.get("activeEnergy")), _elevation_sent(point)))
                 target.executemany("INSERT INTO workout_route VALUES (%s)" % ",".join(
@@ -12271,8 +12275,8 @@ class McpSession:
         complete (else -32602), over HTTP its headers the body's (else -32020), and the
         version one served (else -32022)."""
         meta = params.get("_meta")
-        if not isinstance(meta, dict) or MCP_META_VERSION not in meta or \
-                MCP_META_CAPABILITIES not in meta:
+        if (not isinstance(meta, dict) or MCP_META_VERSION not in meta
+                or MCP_META_CAPABILITIES not in meta):
             raise McpError(RPC_INVALID_PARAMS, "params._meta must carry %s and %s"
                            % (MCP_META_VERSION, MCP_META_CAPABILITIES))
         version = meta[MCP_META_VERSION]
@@ -12284,8 +12288,8 @@ class McpSession:
             if headers.get("mcp-method") != method:
                 raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Method header is not the"
                                " request's method")
-            if method == "tools/call" and params.get("name") is not None and \
-                    _decoded_header(headers.get("mcp-name")) != params.get("name"):
+            if (method == "tools/call" and params.get("name") is not None
+                    and _decoded_header(headers.get("mcp-name")) != params.get("name")):
                 raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Name header is not the tool"
                                " called")
         if not isinstance(version, str):
@@ -12929,7 +12933,7 @@ class App:
             if ident.endswith(".gpx"):
                 found = find_workout(conn, ident[:-4], self.archive.tmp)
                 pieces = gpx_pieces(found)  # NoRoute here, before the answer starts
-                name = gpx_file_name(workout_summary(found, LOCAL_ZONE))
+                name = gpx_file_name(workout_listing(found, LOCAL_ZONE))
             else:
                 answer = get_workout(conn, ident, _query_args(environ), self.archive.tmp,
                                      self.config.max_heart_rate, self.config.distance_units)
@@ -15551,7 +15555,7 @@ def _export_gpx(conn: sqlite3.Connection, args: argparse.Namespace, scratch: Pat
     folder = Path(args.out_dir)
     names: list = []
     for workout in chosen:
-        name = gpx_file_name(workout_summary(workout, LOCAL_ZONE))
+        name = gpx_file_name(workout_listing(workout, LOCAL_ZONE))
         stem, number = name[:-4], 2
         while name in names:
             name, number = "%s-%d.gpx" % (stem, number), number + 1

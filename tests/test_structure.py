@@ -19,6 +19,7 @@ import ast
 import builtins
 import io
 import re
+import tokenize
 import types
 
 import pytest
@@ -358,6 +359,24 @@ def test_each_module_level_name_is_defined_once():
                 seen.setdefault(name, []).append(node.lineno)
     twice = {name: lines for name, lines in seen.items() if len(lines) > 1}
     assert not twice, "defined more than once (name: lines): %s" % twice
+
+
+def backslash_continuations(source: str) -> list:
+    """Lines of ``source`` that go on to the next after a backslash, outside strings."""
+    in_strings = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tokenize.tok_name[token.type] in ("STRING", "FSTRING_MIDDLE", "TSTRING_MIDDLE"):
+            in_strings.update(range(token.start[0], token.end[0]))
+    return [number for number, line in enumerate(source.splitlines(), 1)
+            if line.endswith("\\") and number not in in_strings]
+
+
+def test_lines_continue_inside_brackets_never_after_a_backslash():
+    assert backslash_continuations("x = 1 + \\\n    2\n") == [1]
+    assert backslash_continuations('x = """a \\\nb"""\ny = (1 +\n     2)\n') == []
+    for name in ("healthlog.py", "build_zipapp.py"):
+        found = backslash_continuations((ROOT / name).read_text())
+        assert not found, "%s: a backslash continues lines %s" % (name, found)
 
 
 # -- The Cheroot adapter ----------------------------------------------------------------
