@@ -199,6 +199,29 @@ def test_a_number_two_sections_read_is_in_the_constants_section():
     assert not misplaced, "move to the Constants section:\n  " + "\n  ".join(misplaced)
 
 
+SHARED_NUMBERS = "# Read by more than one section below"
+
+
+def test_the_constants_said_to_be_shared_are_read_by_two_sections():
+    """Section 1 holds serve's defaults and limits first, then, after the comment that
+    says so, the numbers that more than one section reads: each of those is."""
+    starts = sections()
+    first_shared = SOURCE.count("\n", 0, SOURCE.index(SHARED_NUMBERS)) + 1
+    tree = ast.parse(SOURCE)
+    shared = {name for node in tree.body
+              if node.lineno > first_shared and section_index(node.lineno, starts) == 0
+              for name in top_level_names(node) if name in numeric_constants()}
+    assert {"GZIP_LEVEL", "FOLD_ATTEMPTS_MAX", "MAX_OFFSET_S"} <= shared
+    readers: dict = {}
+    for node in tree.body:
+        visitor = References(shared)
+        visitor.visit(node)
+        for name, line in visitor.found:
+            readers.setdefault(name, set()).add(section_index(line, starts))
+    alone = sorted(name for name in shared if len(readers.get(name, ())) < 2)
+    assert not alone, "read by one section only (move to its part): %s" % alone
+
+
 def test_the_last_section_is_data_only():
     """Constants, then the ``if __name__ == "__main__"`` guard, which must come after
     every definition (running the module calls main() there)."""
