@@ -2207,15 +2207,6 @@ def _read_meta(body: Path, relative: str) -> dict:
     return meta
 
 
-def _hash_file(path: Path) -> tuple:
-    digest, size = hashlib.sha256(), 0
-    with open(str(path), "rb") as handle:
-        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 # ==============================================================================
 # Body validation and JSON: what ingest accepts; parsing and writing bodies and objects.
 # ==============================================================================
@@ -4578,6 +4569,15 @@ def journaled_paths(conn: sqlite3.Connection, since: str = "") -> set:
     """The archive paths the journal lists, in the day folders from ``since`` on."""
     return {path for (path,) in conn.execute(
         "SELECT archive_path FROM delivery WHERE archive_path >= ?", (since,))}
+
+
+def _hash_file(path: Path) -> tuple:
+    digest, size = hashlib.sha256(), 0
+    with open(str(path), "rb") as handle:
+        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def adopt_orphans(conn: sqlite3.Connection, data_dir: Path,
@@ -14294,14 +14294,6 @@ def _duration(seconds: float) -> str:
     return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
 
 
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
-        count /= 1024.0
-    return str(count)
-
-
 def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = None) -> int:
     """``healthlog refold``: set failed deliveries back to ``pending`` for the fold to try
     again, without a full ``reindex``.  One short write transaction, so it is safe
@@ -15732,6 +15724,14 @@ def _recent_problems(conn: sqlite3.Connection) -> list:
     return [{"id": row_id, "received_at": journal_time(received), "automation": automation,
              "status": status, "error": error, "uncovered_keys": json.loads(keys or "[]")}
             for row_id, received, automation, status, error, keys in rows]
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1024.0
+    return str(count)
 
 
 def format_status(status: dict) -> str:
