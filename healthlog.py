@@ -44,11 +44,13 @@ sections use it)::
      5. Time — every timestamp form HAE sends, parsed to integer UTC microseconds.
      6. Canonical form and merge rule — same value, emptiness, dominance (storage spec).
      7. Files and archive — durable writes, raw bodies and their metadata, scratch folders.
-     8. Body validation and JSON — what ingest accepts; parsing and writing bodies and objects.
+     8. Body validation and JSON — what ingest accepts, and how many bytes it checks at once;
+        parsing and writing bodies and objects.
      9. HAE extraction — which key of ``data`` becomes which metric, whole or hour by hour.
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
-    12. Fold worker — the one thread that folds pending deliveries in journal order.
+    12. Fold worker — the one thread that folds pending deliveries in journal order, and the
+        documents ingest hands it.
     13. Queries — what each metric means, catalog, points, buckets, nights (the one sleep
         rule), records, the view's plan, an ECG trace, the journal's deliveries (read spec).
     14. Workouts — a list, one workout whole: its figures, heart rate, route and splits
@@ -76,12 +78,12 @@ One delivery's path to a chart, one home per step (section numbers as above)::
 
     App.ingest (21)             token, slots, size; the body streams into DATA/tmp
       Archive.receive (7)         hashed, fsynced
-      ByteBudget.hold (21)        validation_bytes (8) of the validation_ceiling (8)
+      ByteBudget.hold (8)         validation_bytes (8) of the validation_ceiling (8)
       accept_delivery (10)        check_delivery_shape (8); .meta.json and the body durably
                                   into the archive; the ``pending`` row; the parsed
-                                  document to Handoff.put (10); then 200
+                                  document to Handoff.put (12); then 200
     FoldWorker.run_pass (12)    woken by ingest; journal order; counts an attempt
-      FoldEngine.fold (11)        Handoff.take (10), else extract_body (9): each metric's
+      FoldEngine.fold (11)        Handoff.take (12), else extract_body (9): each metric's
                                   points by hour; outline_of (9) and decide: status and
                                   layer; merge_items and merge_hour (arbitrate: 6's rule)
                                   per hour object; apply: one transaction with the outcome
@@ -2208,7 +2210,7 @@ def _read_meta(body: Path, relative: str) -> dict:
 
 
 # ==============================================================================
-# Body validation and JSON: what ingest accepts; parsing and writing bodies and objects.
+# Body validation and JSON: what ingest accepts, how much at once; reading, writing JSON.
 # ==============================================================================
 
 _VALID_OBJECT = object()
@@ -2425,6 +2427,44 @@ def validation_ceiling(max_body_bytes: int) -> int:
     or the largest body allowed when that is smaller, so that the checks running at once
     hold no more than the check of the largest body alone (:func:`memory_needed_mib`)."""
     return min(VALIDATION_CEILING_BYTES, max_body_bytes)
+
+
+class ByteBudget:
+    """Admission by size, first come first served: what holders hold together stays
+    under ``ceiling``, except that a holder alone may exceed it (a body larger than the
+    ceiling waits until nothing else is held)."""
+
+    def __init__(self, ceiling: int):
+        self.ceiling = ceiling
+        self.held = 0
+        self._line: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, size: int, timeout: float) -> Iterator[None]:
+        """Hold ``size`` bytes for the block; ServiceBusy after ``timeout`` s of waiting."""
+        deadline = time.monotonic() + timeout
+        me = object()
+        with self._changed:
+            self._line.append(me)
+            try:
+                while self._line[0] is not me or (self.held and
+                                                  self.held + size > self.ceiling):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ServiceBusy("too many uploads are being checked at once;"
+                                          " send the body again after %d s" % RETRY_AFTER_S)
+                    self._changed.wait(remaining)
+                self.held += size
+            finally:
+                self._line.remove(me)
+                self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= size
+                self._changed.notify_all()
 
 
 def quick_check_bytes(max_body_bytes: int) -> int:
@@ -4709,40 +4749,6 @@ def settle_archive(conn: sqlite3.Connection, data_dir: Path) -> tuple:
     return adopted, removed
 
 
-class Handoff:
-    """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
-    once (the fold would read and parse the archived copy of the same bytes again).
-
-    Documents whose estimated memory (:func:`document_cost`) adds up to at most
-    ``budget`` wait; the oldest give way.  What is not here (a restart, a large body, a
-    document given way) is read from the archive, which stays the truth: the fold of a
-    handed-over document is the fold of the archived body."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self._lock = threading.Lock()
-        self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
-        self._bytes = 0
-
-    def put(self, delivery_id: int, doc: Any, plain: bool, cost: int) -> None:
-        if cost > self.budget:
-            return
-        with self._lock:
-            self._waiting[delivery_id] = (cost, doc, plain)
-            self._bytes += cost
-            while self._bytes > self.budget:
-                self._bytes -= self._waiting.popitem(last=False)[1][0]
-
-    def take(self, delivery_id: int) -> Optional[tuple]:
-        """(document, plain) of a delivery, once; None when it is not here."""
-        with self._lock:
-            entry = self._waiting.pop(delivery_id, None)
-            if entry is None:
-                return None
-            self._bytes -= entry[0]
-            return entry[1:]
-
-
 def _status_counts(conn: sqlite3.Connection, journal: str = "delivery") -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     counts.update(conn.execute("SELECT parse_status, count(*) FROM %s GROUP BY parse_status"
@@ -5747,7 +5753,7 @@ class FoldEngine:
 
 
 # ==============================================================================
-# Fold worker: the one thread that folds pending deliveries in journal order.
+# Fold worker: the one thread that folds pending deliveries in journal order; its handoff.
 # ==============================================================================
 
 LAG_WARN_S = 300.0
@@ -5776,6 +5782,40 @@ copy; ``unexpected:…`` too is worth a retry after an upgrade): ``status`` says
 def worth_retrying(error: Optional[str]) -> bool:
     """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
     return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
+
+
+class Handoff:
+    """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
+    once (the fold would read and parse the archived copy of the same bytes again).
+
+    Documents whose estimated memory (:func:`document_cost`) adds up to at most
+    ``budget`` wait; the oldest give way.  What is not here (a restart, a large body, a
+    document given way) is read from the archive, which stays the truth: the fold of a
+    handed-over document is the fold of the archived body."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
+        self._bytes = 0
+
+    def put(self, delivery_id: int, doc: Any, plain: bool, cost: int) -> None:
+        if cost > self.budget:
+            return
+        with self._lock:
+            self._waiting[delivery_id] = (cost, doc, plain)
+            self._bytes += cost
+            while self._bytes > self.budget:
+                self._bytes -= self._waiting.popitem(last=False)[1][0]
+
+    def take(self, delivery_id: int) -> Optional[tuple]:
+        """(document, plain) of a delivery, once; None when it is not here."""
+        with self._lock:
+            entry = self._waiting.pop(delivery_id, None)
+            if entry is None:
+                return None
+            self._bytes -= entry[0]
+            return entry[1:]
 
 
 class FoldWorker:
@@ -12705,44 +12745,6 @@ SECURITY_HEADERS = security_headers()
 
 LOGIN_FORM_MAX = 4096
 """A sign-in form is one field: a body larger than this is no sign-in."""
-
-
-class ByteBudget:
-    """Admission by size, first come first served: what holders hold together stays
-    under ``ceiling``, except that a holder alone may exceed it (a body larger than the
-    ceiling waits until nothing else is held)."""
-
-    def __init__(self, ceiling: int):
-        self.ceiling = ceiling
-        self.held = 0
-        self._line: collections.deque = collections.deque()
-        self._changed = threading.Condition()
-
-    @contextlib.contextmanager
-    def hold(self, size: int, timeout: float) -> Iterator[None]:
-        """Hold ``size`` bytes for the block; ServiceBusy after ``timeout`` s of waiting."""
-        deadline = time.monotonic() + timeout
-        me = object()
-        with self._changed:
-            self._line.append(me)
-            try:
-                while self._line[0] is not me or (self.held and
-                                                  self.held + size > self.ceiling):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise ServiceBusy("too many uploads are being checked at once;"
-                                          " send the body again after %d s" % RETRY_AFTER_S)
-                    self._changed.wait(remaining)
-                self.held += size
-            finally:
-                self._line.remove(me)
-                self._changed.notify_all()
-        try:
-            yield
-        finally:
-            with self._changed:
-                self.held -= size
-                self._changed.notify_all()
 
 
 class App:
