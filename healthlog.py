@@ -6024,7 +6024,8 @@ class Meaning:
     Kinds: ``total`` (a bucket sums it: steps, energy, nutrients), ``average`` (a bucket
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
-    heart-rate notifications).
+    heart-rate notifications); the page draws the first two as a series of buckets, sleep
+    as nights and the others as lists of their records (``drawn``).
 
     How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
     called where HAE's units say only ``count`` (``steps``; None: its name says what it
@@ -6051,8 +6052,16 @@ class Meaning:
 
     @property
     def combine(self) -> Optional[str]:
-        """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
+        """How a bucket combines its fields: ``sum``, ``avg`` (the name of the bucket's
+        figure that is its value), or None (not a series)."""
         return {"total": "sum", "average": "avg"}.get(self.kind)
+
+    @property
+    def drawn(self) -> str:
+        """How the page draws it: ``series`` (buckets: a total's bars, an average's line),
+        ``nights`` (sleep) or ``list`` (workouts, ECG recordings, events: its records)."""
+        return {"total": "series", "average": "series", "sleep": "nights"}.get(self.kind,
+                                                                                "list")
 
     def label(self, field: str) -> str:
         """How a person reads one of its fields: its label, else its name."""
@@ -6060,7 +6069,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "drawn": self.drawn, "fields": list(self.fields), "combine": self.combine,
+                "better": self.better,
                 "digits": self.digits, "bounds": None if self.bounds is None
                 else list(self.bounds), "stages": [stage.as_json() for stage in self.stages],
                 "labels": {field: self.label(field) for field in self.fields}}
@@ -6401,8 +6411,9 @@ class PointQuery:
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
     # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
-    fill: tuple = ()  # day and week buckets without a layer asked: each day from the
-    # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
+    fill: tuple = ()  # day and week buckets without a layer asked, or of the layers asked
+    # (``layer=days,minutes``): each day from the first of these layers that holds it (the
+    # layer chosen, then DAY_LAYERS' order)
     coarsened: bool = False  # hours were asked of a layer of days: answered per day
 
     @property
@@ -6537,19 +6548,38 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     layers = metric_layers(conn, metric)
     if not layers:
         raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
-    layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    asked = tuple(args["layer"].split(",")) if args.get("layer") else ()
+    fill: tuple = ()
+    if len(asked) > 1:  # read as named (the view's plan names them): no second decision
+        if bucket not in ("day", "week"):
+            raise BadRequest("several layers are read per day or week (each day from the"
+                             " first that holds it): bucket must be day or week")
+        if len(set(asked)) < len(asked) or not set(asked) <= set(DAY_LAYERS):
+            raise BadRequest("the layers that fill each other's days are %s, each named once"
+                             % ", ".join(DAY_LAYERS))
+        fill = asked
+    layer = asked[0] if asked else _finest_layer(conn, metric, layers, start, end)
     coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
     if coarsened:
         bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
-    fill: tuple = ()
-    if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
-        others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
-        fill = (layer,) + others if others else ()
-    if layer not in layers:
-        raise UnknownLayer("%s has no data in that layer; it has %s"
-                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    if not asked and bucket in ("day", "week"):
+        fill = _filling(layer, layers)
+    for name in asked or (layer,):
+        if name not in layers:
+            raise UnknownLayer("%s has no data in that layer; it has %s"
+                               % (loggable_metric(metric), ", ".join(sorted(layers))))
     return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
                       coarsened)
+
+
+def _filling(layer: str, layers: Sequence[str]) -> tuple:
+    """The layers a day or week bucket of ``layer`` reads when none was asked: ``layer``,
+    then the other layers of :data:`DAY_LAYERS` the metric has, which fill the days it
+    lacks, in that order; () when there are none, or ``layer`` is not one of them."""
+    if layer not in DAY_LAYERS:
+        return ()
+    others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
+    return (layer,) + others if others else ()
 
 
 DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
@@ -8904,24 +8934,52 @@ def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
     ``/api/points`` reads it), newest first, at most ``limit``; each as
     :func:`workout_summary` gives it, duplicates marked (:func:`mark_duplicates`); and the
-    count and seconds of the workouts shown first (a duplicate is counted once)."""
+    count and seconds of the workouts shown first (a duplicate is counted once,
+    :func:`workout_totals`); with ``bucket`` (``day`` or ``week``), the same per local day or
+    week of the workouts listed (``buckets``, :func:`workout_buckets`)."""
     zone = parse_zone(args.get("tz"))
     start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
     end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
     if (start is not None and end is not None and start >= end) or (
             day_from is not None and day_to is not None and day_from >= day_to):
         raise BadRequest("from must be before to")
+    bucket = args.get("bucket") or None
+    if bucket not in (None, "day", "week"):
+        raise BadRequest("bucket must be day or week")
     query = PointQuery(WORKOUT_METRIC, RECORD_LAYER, start, end, zone=zone,
                        day_from=day_from, day_to=day_to)
     entries, more = _range_workouts(
         conn, start, end, zone, scratch, limit,
         lambda w: _coord_in_range(w.coord, query, w.point))
     items = [item for item, _ in entries]
+    answer = {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
+              "workouts": items, **workout_totals(items), "truncated": more}
+    if bucket is not None:
+        answer.update(bucket=bucket, buckets=workout_buckets(items, bucket))
+    return answer
+
+
+def workout_totals(items: list) -> dict:
+    """``count`` and ``seconds`` of the workouts shown first among ``items`` (summaries
+    marked by :func:`mark_duplicates`): a workout two apps recorded counts once."""
     shown = [item for item in items if item["duplicate_of"] is None]
-    return {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
-            "workouts": items, "count": len(shown),
-            "seconds": math.fsum(item["duration_s"] or 0 for item in shown),
-            "truncated": more}
+    return {"count": len(shown), "seconds": math.fsum(item["duration_s"] or 0
+                                                     for item in shown)}
+
+
+def workout_buckets(items: list, bucket: str) -> list:
+    """The workout time of each local day (``bucket=day``) or week (``week``: dated by its
+    Monday) of ``items``' dates that has a workout: [{date, count, seconds}] in date
+    order, each counted as :func:`workout_totals` counts (a workout two apps recorded
+    once)."""
+    slots: dict = {}
+    for item in items:
+        day = _dt.date.fromisoformat(item["date"])
+        if bucket == "week":
+            day -= _dt.timedelta(days=day.weekday())
+        slots.setdefault(day, []).append(item)
+    return [{"date": day.isoformat(), **workout_totals(slots[day])} for day in sorted(slots)
+            if any(item["duplicate_of"] is None for item in slots[day])]
 
 
 # -- one workout, whole ---------------------------------------------------------------
@@ -9184,7 +9242,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     newest point is newest anchors the range, the one answering it best is read), the
     bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
     than the layer: day data on a 24 h range is one day; lists get the days or weeks their
-    chart counts by), the bounds to ask for, and the words the page shows for all of it."""
+    chart counts by), the bounds to ask for, the query that reads it (``points``:
+    ``/api/points``' parameters, the layers named as they are to be read, the chosen one
+    first, then those that fill the days it lacks) and the words the page shows for all of
+    it."""
     metric = args.get("metric")
     if not metric:
         raise BadRequest("metric is required; see /api/catalog")
@@ -9200,8 +9261,9 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     if asked is not None and asked not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    kind = meaning_of(metric).kind
-    series = kind in ("total", "average")
+    meaning = meaning_of(metric)
+    kind = meaning.kind
+    series = meaning.drawn == "series"
     anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
         name) if name in LAYER_ORDER else 0))
     plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
@@ -9265,6 +9327,16 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     day_only = layer in DAY_ONLY_LAYERS
     plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
                 **{"from": bounds[0], "to": bounds[1]})
+    # what /api/points is asked (it reads the layers as named: no second decision): the
+    # layer chosen, and when none was asked, the layers that fill the days it lacks, as
+    # point_query fills them; a list's records, its CSV, have no bucket
+    read = (layer,)
+    if asked is None and meaning.drawn != "list" and bucket != "hour":
+        read = _filling(layer, list(layers)) or read
+    plan["points"] = {"metric": metric, "layer": ",".join(read), "from": bounds[0],
+                      "to": bounds[1], "tz": zone.name}
+    if meaning.drawn != "list":
+        plan["points"]["bucket"] = bucket
     words = [span]
     if series:
         words.append("%s %s" % ("totals" if kind == "total" else "averages",
@@ -9711,6 +9783,8 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             [metric] = group.metrics
             cards[group.group] = _week_of(conn, metric, zone, day)
             entry["link"] = _link(metric, day, WEEK_DAYS)
+            if metric == WORKOUT_METRIC:  # their count and time, each workout once
+                entry.update(workout_totals(cards[group.group]))
         else:
             cards[group.group] = _other_today(conn, zone, day, shown)
         order.append(entry)
@@ -11427,19 +11501,16 @@ def _series_plan(conn: sqlite3.Connection, arguments: dict) -> dict:
     return plan_view(conn, args)
 
 
-def _planned_query(conn: sqlite3.Connection, arguments: dict, plan: dict) -> PointQuery:
-    """The query the page sends for a plan (its ``from``, ``to`` and bucket; the layer only
-    when one was picked, so that days the layer lacks are filled from the others)."""
-    return point_query(conn, dict(_mcp_args(arguments, metric="metric", tz="tz",
-                                            layer="layer"),
-                                  bucket=plan["bucket"], **{"from": plan["from"],
-                                                           "to": plan["to"]}))
+def _planned_query(conn: sqlite3.Connection, plan: dict) -> PointQuery:
+    """The query the page sends for a plan: its ``points``, the layers read as named (the
+    one picked, else the one chosen and those that fill the days it lacks)."""
+    return point_query(conn, plan["points"])
 
 
 def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
     """A total or average metric bucketed by the view's plan (per hour up to two days, never
     for day data; per day up to half a year; per week beyond): ``/api/plan``, then
-    ``/api/points`` with its bounds and bucket; each bucket's ``value`` is its main field
+    ``/api/points`` as its ``points`` name it; each bucket's ``value`` is its main field
     combined as the meaning says (sum or average), as the page draws it."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, arguments)
@@ -11449,7 +11520,7 @@ def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
         if plan["kind"] not in ("total", "average"):
             raise BadRequest("%s is a list of records, not a series"
                              % loggable_metric(plan["metric"]))
-        answer = _api_json(conn, _planned_query(conn, arguments, plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     field_name = meaning.fields[0]
     buckets = []
     for run in answer["runs"]:
@@ -11592,13 +11663,12 @@ _MCP_SUMMARY_OUT = _mcp_object({
 
 def mcp_get_sleep(reader: McpReader, arguments: dict) -> dict:
     """Nights and naps for a range, as the sleep view reads them: ``/api/plan`` for
-    ``sleep_analysis``, then ``/api/points`` with its bounds and bucket (a night per day up
+    ``sleep_analysis``, then ``/api/points`` as its ``points`` name it (a night per day up
     to half a year, the average night per week beyond), each night with its counted
     figures, its stages and ``overlapping``."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, dict(arguments, metric=SLEEP_METRIC))
-        answer = _api_json(conn, _planned_query(conn, dict(arguments, metric=SLEEP_METRIC),
-                                                plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     nights, note = _mcp_cut(answer["nights"], "date", "nights" if plan["bucket"] == "day"
                             else "weeks")
     return {"tz": answer["tz"], "from": answer["from"], "to": answer["to"],
