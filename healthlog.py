@@ -16417,10 +16417,9 @@ main {
 .stage-rem { fill: var(--rem); }
 .stage-awake { fill: var(--awake); }
 .stage-asleep { fill: var(--asleep); }
-.stage-other, .stage-unstaged { fill: var(--other); }
+.stage-other { fill: var(--other); }
 .stage-inbed { fill: var(--inbed); }
 .swatch.stage-inbed { background: var(--inbed); }
-.swatch.stage-unstaged { background: var(--other); }
 .cursor { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
 .hit { fill: transparent; cursor: crosshair; }
 .chart-head .units + span { color: var(--muted); }
@@ -16772,8 +16771,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
-  const JOURNAL_PAGE = 20;
+  const JOURNAL_PAGE = 20; // the journal's rows a page shows, then "More deliveries"
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
   const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
     '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
@@ -16801,9 +16799,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function mondayOf(date) { return addDays(date, -weekdayOf(date)); }
 
   function isDate(text) { return typeof text === 'string' && DATE_RE.test(text); }
-
-  /** A kind of meaning whose points are listed, not bucketed (workouts, ECG, events). */
-  function isList(kind) { return kind === 'workouts' || kind === 'ecg' || kind === 'events'; }
 
   /** The slots of a date axis: every day of [from, to), or the Monday of every week. */
   function dateSlots(from, to, bucket) {
@@ -17153,11 +17148,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // From replies to what is drawn (pure)
   // ---------------------------------------------------------------------------------
 
-  /** The value of a bucket's field as the metric's meaning combines it (sum or avg). */
+  /** The value of a bucket's field as the metric's meaning combines it: ``combine`` names
+   *  the bucket's figure that is its value (``sum`` or ``avg``). */
   function bucketValue(bucket, field, combine) {
     const stats = bucket.fields && bucket.fields[field];
     if (!stats) return null;
-    const v = stats[combine === 'sum' ? 'sum' : 'avg'];
+    const v = stats[combine];
     return typeof v === 'number' && isFinite(v) ? v : null;
   }
 
@@ -17190,21 +17186,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return out;
   }
 
-  /** Workout minutes per slot of a date axis, from the items' own duration and date:
-   *  {date: {minutes, count}}; weeks add up on their Monday; a workout recorded twice
-   *  (``duplicate_of``, the server's mark) counts once. */
-  function workoutMinutes(items, bucket) {
-    const out = {};
-    items.forEach(function (w) {
-      if (w.duplicate_of || !isDate(w.date) || typeof w.duration_s !== 'number') return;
-      const key = bucket === 'week' ? mondayOf(w.date) : w.date;
-      const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
-      slot.minutes += w.duration_s / 60;
-      slot.count += 1;
-    });
-    return out;
-  }
-
   /** The stages of a night with hours, in the order the server gives (``order``: the sleep
    *  meaning's stages, deepest first, awake last, each {stage, label, asleep, unspecified});
    *  a stage it does not list comes after the listed stages of sleep. Pure. */
@@ -17226,26 +17207,30 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return found || { stage: stage, label: stage, asleep: true, unspecified: false };
   }
 
-  /** A night's bar: its stages of sleep bottom up in the server's order (the unspecified
-   *  stage, "asleep, no stage", among them), the asleep hours no stage shown holds above
-   *  them ("unstaged": a night whose figure has no stage hours, or a week's nights without
-   *  them), the stages that are not sleep (awake) on top, in bed behind. The server's
-   *  stages never add up to more than the hours asleep. Pure. */
+  /** A night's bar: its stages of sleep bottom up in the server's order, the stages that
+   *  are not sleep (awake) on top, in bed behind. The asleep hours no stage holds (a night
+   *  whose figure has no stage hours, or a week's nights without them) are the sleep no
+   *  stage was given for: the order's ``unspecified`` stage ("asleep, no stage"), added to
+   *  its hours where the night has some; a remainder under a minute is the rounding of
+   *  averages, not drawn. The server's stages never add up to more than the hours asleep.
+   *  Pure. */
   function nightBar(night, order) {
-    const stages = night.stages || {};
+    const stages = Object.assign({}, night.stages || {});
+    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
+    const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
+    let staged = 0;
+    stagesOf(stages, order).forEach(function (k) {
+      if (stageOf(k, order).asleep) staged += stages[k];
+    });
+    if (unspecified && asleep !== null && asleep - staged > 1 / 60) {
+      stages[unspecified.stage] = (stages[unspecified.stage] || 0) + asleep - staged;
+    }
     const keys = stagesOf(stages, order);
     const awake = keys.filter(function (k) { return !stageOf(k, order).asleep; });
     const parts = [];
-    let staged = 0;
     keys.forEach(function (k) {
-      if (awake.indexOf(k) >= 0) return;
-      parts.push({ stage: k, hours: stages[k] });
-      staged += stages[k];
+      if (awake.indexOf(k) < 0) parts.push({ stage: k, hours: stages[k] });
     });
-    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
-    if (asleep !== null && asleep - staged > 1 / 60) {
-      parts.push({ stage: 'unstaged', hours: asleep - staged });
-    }
     awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
@@ -17495,9 +17480,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** The metric a first visit opens on: the series with the latest data. */
   function defaultMetric() {
-    const series = state.metrics.filter(function (m) {
-      return m.meaning.kind === 'total' || m.meaning.kind === 'average';
-    });
+    const series = state.metrics.filter(function (m) { return m.meaning.drawn === 'series'; });
     const pool = series.length ? series : state.metrics;
     return pool.slice().sort(function (a, b) {
       return b.last - a.last || (a.metric < b.metric ? -1 : 1);
@@ -17614,11 +17597,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       let m = byMetric[entry.metric];
       if (!m) {
         m = byMetric[entry.metric] = {
-          metric: entry.metric, meaning: entry.meaning || {
-            name: entry.metric, group: entry.group, kind: 'average', fields: [],
-            combine: 'avg',
-          },
-          layers: [], first: Infinity, last: -Infinity, points: 0,
+          metric: entry.metric, meaning: entry.meaning, layers: [], first: Infinity,
+          last: -Infinity, points: 0,
         };
         state.metrics.push(m);
       }
@@ -17670,6 +17650,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const token = ++state.token;
     const current = function () { return token === state.token; };
     const kind = metric.meaning.kind;
+    const drawn = metric.meaning.drawn;
     writeHash();
     markControls();
     state.more = null;
@@ -17695,39 +17676,33 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = plan.to;
       }
-      setChart({ bucket: isList(kind) ? null : plan.bucket, from: plan.from,
-        to: plan.to, layer: plan.layer });
+      // the plan's query, as it names it: /api/points reads the layers it names (the one
+      // picked, else the one chosen and those that fill the days it lacks, READ-2.8); a
+      // list's has no bucket
+      setChart({ bucket: plan.points.bucket || null, from: plan.from, to: plan.to,
+        layer: plan.layer });
       const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
-      state.layerRead = null;
-      // the layer picked, if any: the server reads the same layer it planned, and fills a
-      // day the layer lacks from another (READ-2.8) only when none was picked
-      const params = {
-        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
-        tz: state.tz,
-      };
-      setCsv(params, plan, kind);
+      state.layerRead = plan.layer;
+      fillLayers();
+      setCsv(plan);
       let view;
-      if (kind === 'total' || kind === 'average' || kind === 'sleep') {
-        const data = await getJSON(query('/api/points', Object.assign({ bucket: plan.bucket },
-          params)), controller.signal);
+      if (drawn !== 'list') {
+        const data = await getJSON(query('/api/points', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, data: data };
-        state.layerRead = data.layer || null;
-        fillLayers();
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, data: data };
       } else if (kind === 'workouts') {
         const data = await getJSON(query('/api/workouts', {
-          from: plan.from, to: plan.to, tz: state.tz,
+          from: plan.from, to: plan.to, tz: plan.tz, bucket: plan.bucket,
         }), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: data.workouts || [],
-          truncated: data.truncated };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan,
+          items: data.workouts || [], buckets: data.buckets || [], truncated: data.truncated };
       } else {
-        const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
-          params)), controller.signal);
+        const page = await getJSON(query('/api/records', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: page.items || [],
-          next: page.next_before, params: params };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, items: page.items || [],
+          next: page.next_before, params: plan.points };
       }
       state.shown = view;
       draw(view);
@@ -17746,12 +17721,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
   }
 
-  function setCsv(params, plan, kind) {
+  /** The CSV link: the plan's query, as CSV (a list's records, a series' buckets). */
+  function setCsv(plan) {
     const csv = $('csv');
-    const csvParams = Object.assign({}, params, { format: 'csv' });
-    if (!isList(kind)) csvParams.bucket = plan.bucket;
-    csv.href = query('/api/points', csvParams);
-    csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
+    csv.href = query('/api/points', Object.assign({}, plan.points, { format: 'csv' }));
+    csv.setAttribute('download', [plan.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
   }
 
@@ -17760,8 +17734,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     clear(chart);
     clear($('records'));
     const kind = view.kind;
-    if (kind === 'total' || kind === 'average') drawSeries(chart, view);
-    else if (kind === 'sleep') drawNights(chart, view);
+    if (view.drawn === 'series') drawSeries(chart, view);
+    else if (view.drawn === 'nights') drawNights(chart, view);
     else if (kind === 'workouts') {
       drawWorkoutMinutes(chart, view);
       drawWorkoutList($('records'), view.items);
@@ -17772,10 +17746,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function redraw() {
     const view = state.shown;
     if (!view || $('chart').dataset.state !== 'ready') return;
-    if (view.kind === 'total' || view.kind === 'average') {
+    if (view.drawn === 'series') {
       clear($('chart'));
       drawSeries($('chart'), view);
-    } else if (view.kind === 'sleep') {
+    } else if (view.drawn === 'nights') {
       clear($('chart'));
       drawNights($('chart'), view);
     } else if (view.kind === 'workouts') {
@@ -18008,15 +17982,20 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const meaning = view.metric.meaning;
     const plan = view.plan;
     const total = meaning.kind === 'total';
-    const combine = meaning.combine || (total ? 'sum' : 'avg');
+    const combine = meaning.combine;
     const buckets = group.buckets.slice().sort(function (a, b) {
       return instant(a.start) - instant(b.start);
     });
     const fields = seriesFields(meaning, buckets);
-    const band = !total && fields.indexOf('Min') >= 0 && fields.indexOf('Max') >= 0;
-    const lines = band ? fields.filter(function (f) { return f !== 'Min' && f !== 'Max'; })
+    // the band: the fields the meaning names as each point's lowest and highest (``bounds``)
+    const bounds = meaning.bounds || [];
+    const band = !total && bounds.length === 2 && bounds.every(function (f) {
+      return fields.indexOf(f) >= 0;
+    });
+    const lines = band ? fields.filter(function (f) { return bounds.indexOf(f) < 0; })
       : fields;
     const drawn = total ? fields : lines;
+    const fieldName = function (f) { return words((meaning.labels || {})[f] || f); };
     const units = group.units;
     const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
     const digits = meaning.digits;
@@ -18037,8 +18016,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       }
       const row = { b: b, values: values, value: value, lo: null, hi: null };
       if (band) {
-        row.lo = b.fields.Min ? b.fields.Min.min : null;
-        row.hi = b.fields.Max ? b.fields.Max.max : null;
+        const low = b.fields[bounds[0]];
+        const high = b.fields[bounds[1]];
+        row.lo = low && isNumber(low.min) ? low.min : null;
+        row.hi = high && isNumber(high.max) ? high.max : null;
       }
       [row.value, row.lo, row.hi].concat(total ? [] : drawn.map(function (f) {
         return values[f];
@@ -18063,9 +18044,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       item.appendChild(document.createTextNode(text));
       legend.appendChild(item);
     };
+    // a series of its main field alone is named by the metric; several fields by theirs
     drawn.forEach(function (f, i) {
       legendItem((total ? 'bar-swatch' : 's' + (i % 6)) + (total && i ? ' s' + (i % 6) : ''),
-        (drawn.length > 1 || f !== 'qty' ? words(f) + ', ' : '') +
+        (drawn.length > 1 || f !== (meaning.fields || [])[0] ? fieldName(f) + ', ' : '') +
         (total ? 'total per ' + plan.bucket : 'average per ' + plan.bucket));
     });
     if (band) legendItem('band-swatch', 'lowest – highest');
@@ -18148,7 +18130,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
+            .map(function (f) { return fieldName(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -18167,7 +18149,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
+          return (drawn.length > 1 ? fieldName(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
           text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
@@ -18260,8 +18242,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? fieldLabel(meaning, 0)
-        : stageOf(s, order).label));
+      item.appendChild(document.createTextNode(stageOf(s, order).label));
       legend.appendChild(item);
     });
     if (bars.some(function (b) { return b.bar.inBed !== null; })) {
@@ -18274,7 +18255,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     panel.appendChild(head);
     chart.appendChild(panel);
     const g = frame(chart, plan, nights, 0, hi, true);
-    const root = svgRoot(g, 'Sleep per night in hours');
+    const root = svgRoot(g, meaning.name + ' per night in hours');
     drawGrid(root, g, plan, nights);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -18353,31 +18334,28 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     wireReadout(root, g, marks, summary);
   }
 
+  /** Workout minutes per day or week (its Monday), as /api/workouts counts them for the
+   *  plan's bucket (a workout two apps recorded once). */
   function drawWorkoutMinutes(chart, view) {
     const plan = view.plan;
-    const items = view.items;
-    const perSlot = workoutMinutes(items, plan.bucket === 'week' ? 'week' : 'day');
-    const buckets = Object.keys(perSlot).sort().map(function (date) {
-      return { date: date, minutes: perSlot[date].minutes, count: perSlot[date].count };
+    const buckets = view.buckets.map(function (b) {
+      return { date: b.date, minutes: b.seconds / 60, count: b.count };
     });
     if (!buckets.length) {
       emptyNote(chart, 'No workouts in this range.');
       $('readout').textContent = '';
       return;
     }
-    const datePlan = Object.assign({}, plan, {
-      bucket: plan.bucket === 'week' ? 'week' : 'day', axis: 'dates',
-    });
     let hi = 0;
     buckets.forEach(function (b) { hi = Math.max(hi, b.minutes); });
     const panel = el('div', 'chart-panel');
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', 'workout minutes per ' + datePlan.bucket));
+    head.appendChild(el('span', 'units', 'workout minutes per ' + plan.bucket));
     panel.appendChild(head);
     chart.appendChild(panel);
-    const g = frame(chart, datePlan, buckets, 0, hi, true);
-    const root = svgRoot(g, 'Workout minutes per ' + datePlan.bucket);
-    drawGrid(root, g, datePlan, buckets);
+    const g = frame(chart, plan, buckets, 0, hi, true);
+    const root = svgRoot(g, 'Workout minutes per ' + plan.bucket);
+    drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
     const barW = Math.max(2, Math.min(g.slotW * 0.7, 44));
@@ -18397,7 +18375,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+      marks.push(markOf(node, g, pos, whenText(plan, b) + ': ' +
         formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
@@ -18476,7 +18454,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       button.disabled = true;
       try {
         const page = await getJSON(query('/api/records', Object.assign({
-          limit: LIST_PAGE, before: view.next,
+          before: view.next,
         }, view.params)), state.controller ? state.controller.signal : undefined);
         if (token !== state.token) return;
         view.items = view.items.concat(page.items || []);
@@ -18569,7 +18547,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
-    const units = trace.unit_label || trace.units || 'µV';
+    const units = trace.unit_label || trace.units || '';
     const head = el('div', 'chart-head');
     head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
@@ -18949,7 +18927,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     node.appendChild(usualNode(card.usual, card.usual_days, labelOf(0), isNumber(card.usual)
       ? formatHours(card.usual) : undefined, rule));
-    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours asleep',
+    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours ' + labelOf(0),
       formatHours, day));
     return node;
   }
@@ -19003,8 +18981,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  /** The workouts of the week: ``group`` is the summary's entry for them (its title, and
-   *  the link to their view, {metric, from, to}, that the server made). */
+  /** The workouts of the week: ``group`` is the summary's entry for them (its title, the
+   *  link to their view, {metric, from, to}, that the server made, and their ``count`` and
+   *  ``seconds``). */
   function workoutsCard(items, day, group) {
     const link = group.link;
     // a card of links (each workout opens its page): the title links to the list
@@ -19013,15 +18992,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       ' – ' + formatDate(link.to, 'short'));
     title.href = linkHash(link, state.tz);
     node.appendChild(title);
+    // their count and time as the server counts them (a workout two apps recorded once);
+    // the list shows each once, the one the server shows first
     const shown = items.filter(function (w) { return !w.duplicate_of; });
-    let seconds = 0;
-    shown.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
-    setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
+    setData(node, { metric: link.metric, count: group.count, seconds: group.seconds,
+      date: day });
     const value = el('span', 'card-value');
-    value.appendChild(el('span', 'num', formatCount(shown.length)));
+    value.appendChild(el('span', 'num', formatCount(group.count)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', 'workout' + (shown.length === 1 ? '' : 's') +
-      ', ' + formatSeconds(seconds)));
+    value.appendChild(el('span', 'card-units', 'workout' + (group.count === 1 ? '' : 's') +
+      ', ' + formatSeconds(group.seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
     shown.forEach(function (w) {
@@ -19110,7 +19090,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     if (!shown) {
       box.appendChild(el('p', 'empty', wanted
-        ? 'Nothing recorded on this day or the ' + (rule.days || 30) + ' days before it.'
+        ? 'Nothing recorded on this day or the ' + rule.days + ' days before it.'
         : 'No data yet. Point a Health Auto Export automation at /api/ingest.'));
     }
     return shown;
@@ -19186,8 +19166,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const rule = data.usual || {};
     const usual = $('usual-rule');
     setData(usual, { days: rule.days, minDays: rule.min_days });
-    usual.textContent = 'Usual: the median of the ' + rule.days + ' days before, from at least ' +
-      rule.min_days + ' days with data.';
+    usual.textContent = 'Usual: the ' + rule.rule + ' of the ' + rule.days +
+      ' days before, from at least ' + rule.min_days + ' days with data.';
     $('day-next').disabled = Boolean(newest) && data.date >= newest;
     $('day-latest').hidden = !wanted || data.date === newest;
     $('day-latest').href = summaryHash(null, state.tz);
@@ -19554,11 +19534,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (heart.session.length || heart.recovery.length) {
       $('part-heart').hidden = false;
       drawHeart($('workout-heart'), heart);
-      drawZones(heart.zones);
+      drawZones(heart.zones, heart.units_label);
     }
     if (data.splits && data.splits.rows.length) {
       $('part-splits').hidden = false;
-      drawSplits($('workout-splits'), data.splits);
+      drawSplits($('workout-splits'), data.splits, data.heart_rate.units_label);
     }
     if (data.elevation && data.elevation.profile.length > 1) {
       $('part-elevation').hidden = false;
@@ -19670,7 +19650,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         'Tiles: ' + tileHost(data.map_tiles)));
     }
     box.appendChild(root);
-    drawRouteLegend(track, by, steps, hasHeart, data.units);
+    drawRouteLegend(track, by, steps, hasHeart, data.units, data.heart_rate.units_label);
   }
 
   /** A workout page drawn again when the window's width changes (its map and charts are
@@ -19694,7 +19674,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return m ? m[1] : template;
   }
 
-  function drawRouteLegend(track, by, steps, hasHeart, units) {
+  /** The route's colours: speed in the owner's units (``units.speed``: its label and its
+   *  size in m/s) or heart rate (``bpm``: its units as the server shows them). */
+  function drawRouteLegend(track, by, steps, hasHeart, units, bpm) {
     const legend = $('route-legend');
     clear(legend);
     const pick = el('span', 'route-colour');
@@ -19713,7 +19695,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     legend.appendChild(pick);
     const cuts = steps.cuts;
     const text = function (v) {
-      return by === 'hr' ? formatCount(v) : formatNumber(v * 3600 / units.distance.meters);
+      return by === 'hr' ? formatCount(v) : formatNumber(v / units.speed.meters);
     };
     for (let c = 0; c + 1 < cuts.length; c++) {
       const item = el('span', 'legend-item');
@@ -19722,7 +19704,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       legend.appendChild(item);
     }
     if (cuts.length) {
-      legend.appendChild(el('span', 'units', by === 'hr' ? 'bpm' : units.speed.label));
+      legend.appendChild(el('span', 'units', by === 'hr' ? bpm : units.speed.label));
     }
     legend.appendChild(el('span', 'meta', ' · ' + formatNumber(track.points, 0) +
       ' points, ' + formatNumber(track.drawn.length, 0) + ' drawn'));
@@ -19813,7 +19795,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.appendChild(legend);
   }
 
-  function drawZones(zones) {
+  function drawZones(zones, bpm) {
     const table = $('workout-zones');
     const rule = $('zone-rule');
     rule.textContent = zones ? zones.words : '';
@@ -19830,9 +19812,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const tr = el('tr', 'zone-row');
       setData(tr, { zone: z.zone, seconds: z.seconds, low: z.low, high: z.high });
       tr.appendChild(el('td', null, z.label));
-      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' bpm'
-        : z.high === null ? formatCount(z.low) + ' bpm and over'
-          : formatCount(z.low) + '–' + formatCount(z.high) + ' bpm'));
+      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' ' + bpm
+        : z.high === null ? formatCount(z.low) + ' ' + bpm + ' and over'
+          : formatCount(z.low) + '–' + formatCount(z.high) + ' ' + bpm));
       tr.appendChild(el('td', 'num', formatClock(z.seconds)));
       tr.appendChild(el('td', 'num', total ? formatNumber(100 * z.seconds / total, 0) + ' %'
         : '–'));
@@ -19840,7 +19822,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
   }
 
-  function drawSplits(table, splits) {
+  function drawSplits(table, splits, bpm) {
     const speed = splits.shown === 'speed';
     const head = el('tr');
     [splits.unit.label, 'Time', speed ? 'Speed' : 'Pace', 'Heart rate']
@@ -19858,7 +19840,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       tr.appendChild(el('td', 'num', speed ? formatNumber(r.speed) + ' ' + splits.speed_label
         : formatClock(r.pace_s) + ' ' + splits.pace_label));
       tr.appendChild(el('td', 'num', isNumber(r.average_heart_rate)
-        ? formatCount(r.average_heart_rate) + ' bpm' : '–'));
+        ? formatCount(r.average_heart_rate) + ' ' + bpm : '–'));
       body.appendChild(tr);
     });
   }
@@ -20141,7 +20123,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       splitLocal: splitLocal, planOf: planOf,
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
-      segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
+      segmentsOf: segmentsOf, nightBar: nightBar,
       stagesOf: stagesOf, listWords: listWords, bedWords: bedWords, bedTime: bedTime,
       napTimes: napTimes,
       overlapWords: overlapWords,
