@@ -6198,7 +6198,8 @@ class Meaning:
     Kinds: ``total`` (a bucket sums it: steps, energy, nutrients), ``average`` (a bucket
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
-    heart-rate notifications).
+    heart-rate notifications); the page draws the first two as a series of buckets, sleep
+    as nights and the others as lists of their records (``drawn``).
 
     How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
     called where HAE's units say only ``count`` (``steps``; None: its name says what it
@@ -6225,8 +6226,16 @@ class Meaning:
 
     @property
     def combine(self) -> Optional[str]:
-        """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
+        """How a bucket combines its fields: ``sum``, ``avg`` (the name of the bucket's
+        figure that is its value), or None (not a series)."""
         return {"total": "sum", "average": "avg"}.get(self.kind)
+
+    @property
+    def drawn(self) -> str:
+        """How the page draws it: ``series`` (buckets: a total's bars, an average's line),
+        ``nights`` (sleep) or ``list`` (workouts, ECG recordings, events: its records)."""
+        return {"total": "series", "average": "series", "sleep": "nights"}.get(self.kind,
+                                                                                "list")
 
     def label(self, field: str) -> str:
         """How a person reads one of its fields: its label, else its name."""
@@ -6234,7 +6243,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "drawn": self.drawn, "fields": list(self.fields), "combine": self.combine,
+                "better": self.better,
                 "digits": self.digits, "bounds": None if self.bounds is None
                 else list(self.bounds), "stages": [stage.as_json() for stage in self.stages],
                 "labels": {field: self.label(field) for field in self.fields}}
@@ -6570,8 +6580,9 @@ class PointQuery:
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
     # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
-    fill: tuple = ()  # day and week buckets without a layer asked: each day from the
-    # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
+    fill: tuple = ()  # day and week buckets without a layer asked, or of the layers asked
+    # (``layer=days,minutes``): each day from the first of these layers that holds it (the
+    # layer chosen, then DAY_LAYERS' order)
     coarsened: bool = False  # hours were asked of a layer of days: answered per day
 
     @property
@@ -6703,19 +6714,38 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     layers = metric_layers(conn, metric)
     if not layers:
         raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
-    layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    asked = tuple(args["layer"].split(",")) if args.get("layer") else ()
+    fill: tuple = ()
+    if len(asked) > 1:  # read as named (the view's plan names them): no second decision
+        if bucket not in ("day", "week"):
+            raise BadRequest("several layers are read per day or week (each day from the"
+                             " first that holds it): bucket must be day or week")
+        if len(set(asked)) < len(asked) or not set(asked) <= set(DAY_LAYERS):
+            raise BadRequest("the layers that fill each other's days are %s, each named once"
+                             % ", ".join(DAY_LAYERS))
+        fill = asked
+    layer = asked[0] if asked else _finest_layer(conn, metric, layers, start, end)
     coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
     if coarsened:
         bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
-    fill: tuple = ()
-    if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
-        others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
-        fill = (layer,) + others if others else ()
-    if layer not in layers:
-        raise UnknownLayer("%s has no data in that layer; it has %s"
-                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    if not asked and bucket in ("day", "week"):
+        fill = _filling(layer, layers)
+    for name in asked or (layer,):
+        if name not in layers:
+            raise UnknownLayer("%s has no data in that layer; it has %s"
+                               % (loggable_metric(metric), ", ".join(sorted(layers))))
     return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
                       coarsened)
+
+
+def _filling(layer: str, layers: Sequence[str]) -> tuple:
+    """The layers a day or week bucket of ``layer`` reads when none was asked: ``layer``,
+    then the other layers of :data:`DAY_LAYERS` the metric has, which fill the days it
+    lacks, in that order; () when there are none, or ``layer`` is not one of them."""
+    if layer not in DAY_LAYERS:
+        return ()
+    others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
+    return (layer,) + others if others else ()
 
 
 DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
@@ -8420,7 +8450,10 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     newest point is newest anchors the range, the one answering it best is read), the
     bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
     than the layer: day data on a 24 h range is one day; lists get the days or weeks their
-    chart counts by), the bounds to ask for, and the words the page shows for all of it."""
+    chart counts by), the bounds to ask for, the query that reads it (``points``:
+    ``/api/points``' parameters, the layers named as they are to be read, the chosen one
+    first, then those that fill the days it lacks) and the words the page shows for all of
+    it."""
     metric = args.get("metric")
     if not metric:
         raise BadRequest("metric is required; see /api/catalog")
@@ -8436,8 +8469,9 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     if asked is not None and asked not in layers:
         raise UnknownLayer("%s has no data in that layer; it has %s"
                            % (loggable_metric(metric), ", ".join(sorted(layers))))
-    kind = meaning_of(metric).kind
-    series = kind in ("total", "average")
+    meaning = meaning_of(metric)
+    kind = meaning.kind
+    series = meaning.drawn == "series"
     anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
         name) if name in LAYER_ORDER else 0))
     plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
@@ -8501,6 +8535,16 @@ def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> di
     day_only = layer in DAY_ONLY_LAYERS
     plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
                 **{"from": bounds[0], "to": bounds[1]})
+    # what /api/points is asked (it reads the layers as named: no second decision): the
+    # layer chosen, and when none was asked, the layers that fill the days it lacks, as
+    # point_query fills them; a list's records, its CSV, have no bucket
+    read = (layer,)
+    if asked is None and meaning.drawn != "list" and bucket != "hour":
+        read = _filling(layer, list(layers)) or read
+    plan["points"] = {"metric": metric, "layer": ",".join(read), "from": bounds[0],
+                      "to": bounds[1], "tz": zone.name}
+    if meaning.drawn != "list":
+        plan["points"]["bucket"] = bucket
     words = [span]
     if series:
         words.append("%s %s" % ("totals" if kind == "total" else "averages",
@@ -9304,24 +9348,52 @@ def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
     ``/api/points`` reads it), newest first, at most ``limit``; each as
     :func:`workout_listing` gives it, duplicates marked (:func:`mark_duplicates`); and the
-    count and seconds of the workouts shown first (a duplicate is counted once)."""
+    count and seconds of the workouts shown first (a duplicate is counted once,
+    :func:`workout_totals`); with ``bucket`` (``day`` or ``week``), the same per local day or
+    week of the workouts listed (``buckets``, :func:`workout_buckets`)."""
     zone = parse_zone(args.get("tz"))
     start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
     end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
     if (start is not None and end is not None and start >= end) or (
             day_from is not None and day_to is not None and day_from >= day_to):
         raise BadRequest("from must be before to")
+    bucket = args.get("bucket") or None
+    if bucket not in (None, "day", "week"):
+        raise BadRequest("bucket must be day or week")
     query = PointQuery(WORKOUT_METRIC, RECORD_LAYER, start, end, zone=zone,
                        day_from=day_from, day_to=day_to)
     entries, more = _range_workouts(
         conn, start, end, zone, scratch, limit,
         lambda w: _coord_in_range(w.coord, query, w.point))
     items = [item for item, _ in entries]
+    answer = {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
+              "workouts": items, **workout_totals(items), "truncated": more}
+    if bucket is not None:
+        answer.update(bucket=bucket, buckets=workout_buckets(items, bucket))
+    return answer
+
+
+def workout_totals(items: list) -> dict:
+    """``count`` and ``seconds`` of the workouts shown first among ``items`` (summaries
+    marked by :func:`mark_duplicates`): a workout two apps recorded counts once."""
     shown = [item for item in items if item["duplicate_of"] is None]
-    return {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
-            "workouts": items, "count": len(shown),
-            "seconds": math.fsum(item["duration_s"] or 0 for item in shown),
-            "truncated": more}
+    return {"count": len(shown), "seconds": math.fsum(item["duration_s"] or 0
+                                                     for item in shown)}
+
+
+def workout_buckets(items: list, bucket: str) -> list:
+    """The workout time of each local day (``bucket=day``) or week (``week``: dated by its
+    Monday) of ``items``' dates that has a workout: [{date, count, seconds}] in date
+    order, each counted as :func:`workout_totals` counts (a workout two apps recorded
+    once)."""
+    slots: dict = {}
+    for item in items:
+        day = _dt.date.fromisoformat(item["date"])
+        if bucket == "week":
+            day -= _dt.timedelta(days=day.weekday())
+        slots.setdefault(day, []).append(item)
+    return [{"date": day.isoformat(), **workout_totals(slots[day])} for day in sorted(slots)
+            if any(item["duplicate_of"] is None for item in slots[day])]
 
 
 # -- one workout, whole ---------------------------------------------------------------
@@ -10858,6 +10930,8 @@ def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             [metric] = group.metrics
             cards[group.group] = _week_of(conn, metric, zone, day)
             entry["link"] = _link(metric, day, WEEK_DAYS)
+            if metric == WORKOUT_METRIC:  # their count and time, each workout once
+                entry.update(workout_totals(cards[group.group]))
         else:
             cards[group.group] = _other_today(conn, zone, day, shown)
         order.append(entry)
@@ -11783,19 +11857,16 @@ def _series_plan(conn: sqlite3.Connection, arguments: dict) -> dict:
     return plan_view(conn, args)
 
 
-def _planned_query(conn: sqlite3.Connection, arguments: dict, plan: dict) -> PointQuery:
-    """The query the page sends for a plan (its ``from``, ``to`` and bucket; the layer only
-    when one was picked, so that days the layer lacks are filled from the others)."""
-    return point_query(conn, dict(_mcp_args(arguments, metric="metric", tz="tz",
-                                            layer="layer"),
-                                  bucket=plan["bucket"], **{"from": plan["from"],
-                                                           "to": plan["to"]}))
+def _planned_query(conn: sqlite3.Connection, plan: dict) -> PointQuery:
+    """The query the page sends for a plan: its ``points``, the layers read as named (the
+    one picked, else the one chosen and those that fill the days it lacks)."""
+    return point_query(conn, plan["points"])
 
 
 def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
     """A total or average metric bucketed by the view's plan (per hour up to two days, never
     for day data; per day up to half a year; per week beyond): ``/api/plan``, then
-    ``/api/points`` with its bounds and bucket; each bucket's ``value`` is its main field
+    ``/api/points`` as its ``points`` name it; each bucket's ``value`` is its main field
     combined as the meaning says (sum or average), as the page draws it."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, arguments)
@@ -11805,7 +11876,7 @@ def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
         if plan["kind"] not in ("total", "average"):
             raise BadRequest("%s is a list of records, not a series"
                              % loggable_metric(plan["metric"]))
-        answer = _api_json(conn, _planned_query(conn, arguments, plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     field_name = meaning.fields[0]
     buckets = []
     for run in answer["runs"]:
@@ -11948,13 +12019,12 @@ _MCP_SUMMARY_OUT = _mcp_object({
 
 def mcp_get_sleep(reader: McpReader, arguments: dict) -> dict:
     """Nights and naps for a range, as the sleep view reads them: ``/api/plan`` for
-    ``sleep_analysis``, then ``/api/points`` with its bounds and bucket (a night per day up
+    ``sleep_analysis``, then ``/api/points`` as its ``points`` name it (a night per day up
     to half a year, the average night per week beyond), each night with its counted
     figures, its stages and ``overlapping``."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, dict(arguments, metric=SLEEP_METRIC))
-        answer = _api_json(conn, _planned_query(conn, dict(arguments, metric=SLEEP_METRIC),
-                                                plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     nights, note = _mcp_cut(answer["nights"], "date", "nights" if plan["bucket"] == "day"
                             else "weeks")
     return {"tz": answer["tz"], "from": answer["from"], "to": answer["to"],
@@ -16499,10 +16569,9 @@ main {
 .stage-rem { fill: var(--rem); }
 .stage-awake { fill: var(--awake); }
 .stage-asleep { fill: var(--asleep); }
-.stage-other, .stage-unstaged { fill: var(--other); }
+.stage-other { fill: var(--other); }
 .stage-inbed { fill: var(--inbed); }
 .swatch.stage-inbed { background: var(--inbed); }
-.swatch.stage-unstaged { background: var(--other); }
 .cursor { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
 .hit { fill: transparent; cursor: crosshair; }
 .chart-head .units + span { color: var(--muted); }
@@ -16854,8 +16923,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
-  const JOURNAL_PAGE = 20;
+  const JOURNAL_PAGE = 20; // the journal's rows a page shows, then "More deliveries"
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
   const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
     '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
@@ -16883,9 +16951,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function mondayOf(date) { return addDays(date, -weekdayOf(date)); }
 
   function isDate(text) { return typeof text === 'string' && DATE_RE.test(text); }
-
-  /** A kind of meaning whose points are listed, not bucketed (workouts, ECG, events). */
-  function isList(kind) { return kind === 'workouts' || kind === 'ecg' || kind === 'events'; }
 
   /** The slots of a date axis: every day of [from, to), or the Monday of every week. */
   function dateSlots(from, to, bucket) {
@@ -17235,11 +17300,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // From replies to what is drawn (pure)
   // ---------------------------------------------------------------------------------
 
-  /** The value of a bucket's field as the metric's meaning combines it (sum or avg). */
+  /** The value of a bucket's field as the metric's meaning combines it: ``combine`` names
+   *  the bucket's figure that is its value (``sum`` or ``avg``). */
   function bucketValue(bucket, field, combine) {
     const stats = bucket.fields && bucket.fields[field];
     if (!stats) return null;
-    const v = stats[combine === 'sum' ? 'sum' : 'avg'];
+    const v = stats[combine];
     return typeof v === 'number' && isFinite(v) ? v : null;
   }
 
@@ -17272,21 +17338,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return out;
   }
 
-  /** Workout minutes per slot of a date axis, from the items' own duration and date:
-   *  {date: {minutes, count}}; weeks add up on their Monday; a workout recorded twice
-   *  (``duplicate_of``, the server's mark) counts once. */
-  function workoutMinutes(items, bucket) {
-    const out = {};
-    items.forEach(function (w) {
-      if (w.duplicate_of || !isDate(w.date) || typeof w.duration_s !== 'number') return;
-      const key = bucket === 'week' ? mondayOf(w.date) : w.date;
-      const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
-      slot.minutes += w.duration_s / 60;
-      slot.count += 1;
-    });
-    return out;
-  }
-
   /** The stages of a night with hours, in the order the server gives (``order``: the sleep
    *  meaning's stages, deepest first, awake last, each {stage, label, asleep, unspecified});
    *  a stage it does not list comes after the listed stages of sleep. Pure. */
@@ -17308,26 +17359,30 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return found || { stage: stage, label: stage, asleep: true, unspecified: false };
   }
 
-  /** A night's bar: its stages of sleep bottom up in the server's order (the unspecified
-   *  stage, "asleep, no stage", among them), the asleep hours no stage shown holds above
-   *  them ("unstaged": a night whose figure has no stage hours, or a week's nights without
-   *  them), the stages that are not sleep (awake) on top, in bed behind. The server's
-   *  stages never add up to more than the hours asleep. Pure. */
+  /** A night's bar: its stages of sleep bottom up in the server's order, the stages that
+   *  are not sleep (awake) on top, in bed behind. The asleep hours no stage holds (a night
+   *  whose figure has no stage hours, or a week's nights without them) are the sleep no
+   *  stage was given for: the order's ``unspecified`` stage ("asleep, no stage"), added to
+   *  its hours where the night has some; a remainder under a minute is the rounding of
+   *  averages, not drawn. The server's stages never add up to more than the hours asleep.
+   *  Pure. */
   function nightBar(night, order) {
-    const stages = night.stages || {};
+    const stages = Object.assign({}, night.stages || {});
+    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
+    const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
+    let staged = 0;
+    stagesOf(stages, order).forEach(function (k) {
+      if (stageOf(k, order).asleep) staged += stages[k];
+    });
+    if (unspecified && asleep !== null && asleep - staged > 1 / 60) {
+      stages[unspecified.stage] = (stages[unspecified.stage] || 0) + asleep - staged;
+    }
     const keys = stagesOf(stages, order);
     const awake = keys.filter(function (k) { return !stageOf(k, order).asleep; });
     const parts = [];
-    let staged = 0;
     keys.forEach(function (k) {
-      if (awake.indexOf(k) >= 0) return;
-      parts.push({ stage: k, hours: stages[k] });
-      staged += stages[k];
+      if (awake.indexOf(k) < 0) parts.push({ stage: k, hours: stages[k] });
     });
-    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
-    if (asleep !== null && asleep - staged > 1 / 60) {
-      parts.push({ stage: 'unstaged', hours: asleep - staged });
-    }
     awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
@@ -17577,9 +17632,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** The metric a first visit opens on: the series with the latest data. */
   function defaultMetric() {
-    const series = state.metrics.filter(function (m) {
-      return m.meaning.kind === 'total' || m.meaning.kind === 'average';
-    });
+    const series = state.metrics.filter(function (m) { return m.meaning.drawn === 'series'; });
     const pool = series.length ? series : state.metrics;
     return pool.slice().sort(function (a, b) {
       return b.last - a.last || (a.metric < b.metric ? -1 : 1);
@@ -17696,11 +17749,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       let m = byMetric[entry.metric];
       if (!m) {
         m = byMetric[entry.metric] = {
-          metric: entry.metric, meaning: entry.meaning || {
-            name: entry.metric, group: entry.group, kind: 'average', fields: [],
-            combine: 'avg',
-          },
-          layers: [], first: Infinity, last: -Infinity, points: 0,
+          metric: entry.metric, meaning: entry.meaning, layers: [], first: Infinity,
+          last: -Infinity, points: 0,
         };
         state.metrics.push(m);
       }
@@ -17752,6 +17802,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const token = ++state.token;
     const current = function () { return token === state.token; };
     const kind = metric.meaning.kind;
+    const drawn = metric.meaning.drawn;
     writeHash();
     markControls();
     state.more = null;
@@ -17777,39 +17828,33 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = plan.to;
       }
-      setChart({ bucket: isList(kind) ? null : plan.bucket, from: plan.from,
-        to: plan.to, layer: plan.layer });
+      // the plan's query, as it names it: /api/points reads the layers it names (the one
+      // picked, else the one chosen and those that fill the days it lacks, READ-2.8); a
+      // list's has no bucket
+      setChart({ bucket: plan.points.bucket || null, from: plan.from, to: plan.to,
+        layer: plan.layer });
       const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
-      state.layerRead = null;
-      // the layer picked, if any: the server reads the same layer it planned, and fills a
-      // day the layer lacks from another (READ-2.8) only when none was picked
-      const params = {
-        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
-        tz: state.tz,
-      };
-      setCsv(params, plan, kind);
+      state.layerRead = plan.layer;
+      fillLayers();
+      setCsv(plan);
       let view;
-      if (kind === 'total' || kind === 'average' || kind === 'sleep') {
-        const data = await getJSON(query('/api/points', Object.assign({ bucket: plan.bucket },
-          params)), controller.signal);
+      if (drawn !== 'list') {
+        const data = await getJSON(query('/api/points', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, data: data };
-        state.layerRead = data.layer || null;
-        fillLayers();
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, data: data };
       } else if (kind === 'workouts') {
         const data = await getJSON(query('/api/workouts', {
-          from: plan.from, to: plan.to, tz: state.tz,
+          from: plan.from, to: plan.to, tz: plan.tz, bucket: plan.bucket,
         }), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: data.workouts || [],
-          truncated: data.truncated };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan,
+          items: data.workouts || [], buckets: data.buckets || [], truncated: data.truncated };
       } else {
-        const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
-          params)), controller.signal);
+        const page = await getJSON(query('/api/records', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: page.items || [],
-          next: page.next_before, params: params };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, items: page.items || [],
+          next: page.next_before, params: plan.points };
       }
       state.shown = view;
       draw(view);
@@ -17828,12 +17873,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
   }
 
-  function setCsv(params, plan, kind) {
+  /** The CSV link: the plan's query, as CSV (a list's records, a series' buckets). */
+  function setCsv(plan) {
     const csv = $('csv');
-    const csvParams = Object.assign({}, params, { format: 'csv' });
-    if (!isList(kind)) csvParams.bucket = plan.bucket;
-    csv.href = query('/api/points', csvParams);
-    csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
+    csv.href = query('/api/points', Object.assign({}, plan.points, { format: 'csv' }));
+    csv.setAttribute('download', [plan.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
   }
 
@@ -17842,8 +17886,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     clear(chart);
     clear($('records'));
     const kind = view.kind;
-    if (kind === 'total' || kind === 'average') drawSeries(chart, view);
-    else if (kind === 'sleep') drawNights(chart, view);
+    if (view.drawn === 'series') drawSeries(chart, view);
+    else if (view.drawn === 'nights') drawNights(chart, view);
     else if (kind === 'workouts') {
       drawWorkoutMinutes(chart, view);
       drawWorkoutList($('records'), view.items);
@@ -17854,10 +17898,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function redraw() {
     const view = state.shown;
     if (!view || $('chart').dataset.state !== 'ready') return;
-    if (view.kind === 'total' || view.kind === 'average') {
+    if (view.drawn === 'series') {
       clear($('chart'));
       drawSeries($('chart'), view);
-    } else if (view.kind === 'sleep') {
+    } else if (view.drawn === 'nights') {
       clear($('chart'));
       drawNights($('chart'), view);
     } else if (view.kind === 'workouts') {
@@ -18090,15 +18134,20 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const meaning = view.metric.meaning;
     const plan = view.plan;
     const total = meaning.kind === 'total';
-    const combine = meaning.combine || (total ? 'sum' : 'avg');
+    const combine = meaning.combine;
     const buckets = group.buckets.slice().sort(function (a, b) {
       return instant(a.start) - instant(b.start);
     });
     const fields = seriesFields(meaning, buckets);
-    const band = !total && fields.indexOf('Min') >= 0 && fields.indexOf('Max') >= 0;
-    const lines = band ? fields.filter(function (f) { return f !== 'Min' && f !== 'Max'; })
+    // the band: the fields the meaning names as each point's lowest and highest (``bounds``)
+    const bounds = meaning.bounds || [];
+    const band = !total && bounds.length === 2 && bounds.every(function (f) {
+      return fields.indexOf(f) >= 0;
+    });
+    const lines = band ? fields.filter(function (f) { return bounds.indexOf(f) < 0; })
       : fields;
     const drawn = total ? fields : lines;
+    const fieldName = function (f) { return words((meaning.labels || {})[f] || f); };
     const units = group.units;
     const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
     const digits = meaning.digits;
@@ -18119,8 +18168,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       }
       const row = { b: b, values: values, value: value, lo: null, hi: null };
       if (band) {
-        row.lo = b.fields.Min ? b.fields.Min.min : null;
-        row.hi = b.fields.Max ? b.fields.Max.max : null;
+        const low = b.fields[bounds[0]];
+        const high = b.fields[bounds[1]];
+        row.lo = low && isNumber(low.min) ? low.min : null;
+        row.hi = high && isNumber(high.max) ? high.max : null;
       }
       [row.value, row.lo, row.hi].concat(total ? [] : drawn.map(function (f) {
         return values[f];
@@ -18145,9 +18196,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       item.appendChild(document.createTextNode(text));
       legend.appendChild(item);
     };
+    // a series of its main field alone is named by the metric; several fields by theirs
     drawn.forEach(function (f, i) {
       legendItem((total ? 'bar-swatch' : 's' + (i % 6)) + (total && i ? ' s' + (i % 6) : ''),
-        (drawn.length > 1 || f !== 'qty' ? words(f) + ', ' : '') +
+        (drawn.length > 1 || f !== (meaning.fields || [])[0] ? fieldName(f) + ', ' : '') +
         (total ? 'total per ' + plan.bucket : 'average per ' + plan.bucket));
     });
     if (band) legendItem('band-swatch', 'lowest – highest');
@@ -18230,7 +18282,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
+            .map(function (f) { return fieldName(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -18249,7 +18301,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
+          return (drawn.length > 1 ? fieldName(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
           text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
@@ -18342,8 +18394,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? fieldLabel(meaning, 0)
-        : stageOf(s, order).label));
+      item.appendChild(document.createTextNode(stageOf(s, order).label));
       legend.appendChild(item);
     });
     if (bars.some(function (b) { return b.bar.inBed !== null; })) {
@@ -18356,7 +18407,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     panel.appendChild(head);
     chart.appendChild(panel);
     const g = frame(chart, plan, nights, 0, hi, true);
-    const root = svgRoot(g, 'Sleep per night in hours');
+    const root = svgRoot(g, meaning.name + ' per night in hours');
     drawGrid(root, g, plan, nights);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -18435,31 +18486,28 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     wireReadout(root, g, marks, summary);
   }
 
+  /** Workout minutes per day or week (its Monday), as /api/workouts counts them for the
+   *  plan's bucket (a workout two apps recorded once). */
   function drawWorkoutMinutes(chart, view) {
     const plan = view.plan;
-    const items = view.items;
-    const perSlot = workoutMinutes(items, plan.bucket === 'week' ? 'week' : 'day');
-    const buckets = Object.keys(perSlot).sort().map(function (date) {
-      return { date: date, minutes: perSlot[date].minutes, count: perSlot[date].count };
+    const buckets = view.buckets.map(function (b) {
+      return { date: b.date, minutes: b.seconds / 60, count: b.count };
     });
     if (!buckets.length) {
       emptyNote(chart, 'No workouts in this range.');
       $('readout').textContent = '';
       return;
     }
-    const datePlan = Object.assign({}, plan, {
-      bucket: plan.bucket === 'week' ? 'week' : 'day', axis: 'dates',
-    });
     let hi = 0;
     buckets.forEach(function (b) { hi = Math.max(hi, b.minutes); });
     const panel = el('div', 'chart-panel');
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', 'workout minutes per ' + datePlan.bucket));
+    head.appendChild(el('span', 'units', 'workout minutes per ' + plan.bucket));
     panel.appendChild(head);
     chart.appendChild(panel);
-    const g = frame(chart, datePlan, buckets, 0, hi, true);
-    const root = svgRoot(g, 'Workout minutes per ' + datePlan.bucket);
-    drawGrid(root, g, datePlan, buckets);
+    const g = frame(chart, plan, buckets, 0, hi, true);
+    const root = svgRoot(g, 'Workout minutes per ' + plan.bucket);
+    drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
     const barW = Math.max(2, Math.min(g.slotW * 0.7, 44));
@@ -18479,7 +18527,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+      marks.push(markOf(node, g, pos, whenText(plan, b) + ': ' +
         formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
@@ -18558,7 +18606,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       button.disabled = true;
       try {
         const page = await getJSON(query('/api/records', Object.assign({
-          limit: LIST_PAGE, before: view.next,
+          before: view.next,
         }, view.params)), state.controller ? state.controller.signal : undefined);
         if (token !== state.token) return;
         view.items = view.items.concat(page.items || []);
@@ -18651,7 +18699,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
-    const units = trace.unit_label || trace.units || 'µV';
+    const units = trace.unit_label || trace.units || '';
     const head = el('div', 'chart-head');
     head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
@@ -19031,7 +19079,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     node.appendChild(usualNode(card.usual, card.usual_days, labelOf(0), isNumber(card.usual)
       ? formatHours(card.usual) : undefined, rule));
-    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours asleep',
+    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours ' + labelOf(0),
       formatHours, day));
     return node;
   }
@@ -19085,8 +19133,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  /** The workouts of the week: ``group`` is the summary's entry for them (its title, and
-   *  the link to their view, {metric, from, to}, that the server made). */
+  /** The workouts of the week: ``group`` is the summary's entry for them (its title, the
+   *  link to their view, {metric, from, to}, that the server made, and their ``count`` and
+   *  ``seconds``). */
   function workoutsCard(items, day, group) {
     const link = group.link;
     // a card of links (each workout opens its page): the title links to the list
@@ -19095,15 +19144,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       ' – ' + formatDate(link.to, 'short'));
     title.href = linkHash(link, state.tz);
     node.appendChild(title);
+    // their count and time as the server counts them (a workout two apps recorded once);
+    // the list shows each once, the one the server shows first
     const shown = items.filter(function (w) { return !w.duplicate_of; });
-    let seconds = 0;
-    shown.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
-    setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
+    setData(node, { metric: link.metric, count: group.count, seconds: group.seconds,
+      date: day });
     const value = el('span', 'card-value');
-    value.appendChild(el('span', 'num', formatCount(shown.length)));
+    value.appendChild(el('span', 'num', formatCount(group.count)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', 'workout' + (shown.length === 1 ? '' : 's') +
-      ', ' + formatSeconds(seconds)));
+    value.appendChild(el('span', 'card-units', 'workout' + (group.count === 1 ? '' : 's') +
+      ', ' + formatSeconds(group.seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
     shown.forEach(function (w) {
@@ -19192,7 +19242,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     if (!shown) {
       box.appendChild(el('p', 'empty', wanted
-        ? 'Nothing recorded on this day or the ' + (rule.days || 30) + ' days before it.'
+        ? 'Nothing recorded on this day or the ' + rule.days + ' days before it.'
         : 'No data yet. Point a Health Auto Export automation at /api/ingest.'));
     }
     return shown;
@@ -19268,8 +19318,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const rule = data.usual || {};
     const usual = $('usual-rule');
     setData(usual, { days: rule.days, minDays: rule.min_days });
-    usual.textContent = 'Usual: the median of the ' + rule.days + ' days before, from at least ' +
-      rule.min_days + ' days with data.';
+    usual.textContent = 'Usual: the ' + rule.rule + ' of the ' + rule.days +
+      ' days before, from at least ' + rule.min_days + ' days with data.';
     $('day-next').disabled = Boolean(newest) && data.date >= newest;
     $('day-latest').hidden = !wanted || data.date === newest;
     $('day-latest').href = summaryHash(null, state.tz);
@@ -19636,11 +19686,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (heart.session.length || heart.recovery.length) {
       $('part-heart').hidden = false;
       drawHeart($('workout-heart'), heart);
-      drawZones(heart.zones);
+      drawZones(heart.zones, heart.units_label);
     }
     if (data.splits && data.splits.rows.length) {
       $('part-splits').hidden = false;
-      drawSplits($('workout-splits'), data.splits);
+      drawSplits($('workout-splits'), data.splits, data.heart_rate.units_label);
     }
     if (data.elevation && data.elevation.profile.length > 1) {
       $('part-elevation').hidden = false;
@@ -19752,7 +19802,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         'Tiles: ' + tileHost(data.map_tiles)));
     }
     box.appendChild(root);
-    drawRouteLegend(track, by, steps, hasHeart, data.units);
+    drawRouteLegend(track, by, steps, hasHeart, data.units, data.heart_rate.units_label);
   }
 
   /** A workout page drawn again when the window's width changes (its map and charts are
@@ -19776,7 +19826,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return m ? m[1] : template;
   }
 
-  function drawRouteLegend(track, by, steps, hasHeart, units) {
+  /** The route's colours: speed in the owner's units (``units.speed``: its label and its
+   *  size in m/s) or heart rate (``bpm``: its units as the server shows them). */
+  function drawRouteLegend(track, by, steps, hasHeart, units, bpm) {
     const legend = $('route-legend');
     clear(legend);
     const pick = el('span', 'route-colour');
@@ -19795,7 +19847,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     legend.appendChild(pick);
     const cuts = steps.cuts;
     const text = function (v) {
-      return by === 'hr' ? formatCount(v) : formatNumber(v * 3600 / units.distance.meters);
+      return by === 'hr' ? formatCount(v) : formatNumber(v / units.speed.meters);
     };
     for (let c = 0; c + 1 < cuts.length; c++) {
       const item = el('span', 'legend-item');
@@ -19804,7 +19856,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       legend.appendChild(item);
     }
     if (cuts.length) {
-      legend.appendChild(el('span', 'units', by === 'hr' ? 'bpm' : units.speed.label));
+      legend.appendChild(el('span', 'units', by === 'hr' ? bpm : units.speed.label));
     }
     legend.appendChild(el('span', 'meta', ' · ' + formatNumber(track.points, 0) +
       ' points, ' + formatNumber(track.drawn.length, 0) + ' drawn'));
@@ -19895,7 +19947,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.appendChild(legend);
   }
 
-  function drawZones(zones) {
+  function drawZones(zones, bpm) {
     const table = $('workout-zones');
     const rule = $('zone-rule');
     rule.textContent = zones ? zones.words : '';
@@ -19912,9 +19964,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const tr = el('tr', 'zone-row');
       setData(tr, { zone: z.zone, seconds: z.seconds, low: z.low, high: z.high });
       tr.appendChild(el('td', null, z.label));
-      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' bpm'
-        : z.high === null ? formatCount(z.low) + ' bpm and over'
-          : formatCount(z.low) + '–' + formatCount(z.high) + ' bpm'));
+      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' ' + bpm
+        : z.high === null ? formatCount(z.low) + ' ' + bpm + ' and over'
+          : formatCount(z.low) + '–' + formatCount(z.high) + ' ' + bpm));
       tr.appendChild(el('td', 'num', formatClock(z.seconds)));
       tr.appendChild(el('td', 'num', total ? formatNumber(100 * z.seconds / total, 0) + ' %'
         : '–'));
@@ -19922,7 +19974,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
   }
 
-  function drawSplits(table, splits) {
+  function drawSplits(table, splits, bpm) {
     const speed = splits.shown === 'speed';
     const head = el('tr');
     [splits.unit.label, 'Time', speed ? 'Speed' : 'Pace', 'Heart rate']
@@ -19940,7 +19992,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       tr.appendChild(el('td', 'num', speed ? formatNumber(r.speed) + ' ' + splits.speed_label
         : formatClock(r.pace_s) + ' ' + splits.pace_label));
       tr.appendChild(el('td', 'num', isNumber(r.average_heart_rate)
-        ? formatCount(r.average_heart_rate) + ' bpm' : '–'));
+        ? formatCount(r.average_heart_rate) + ' ' + bpm : '–'));
       body.appendChild(tr);
     });
   }
@@ -20223,7 +20275,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       splitLocal: splitLocal, planOf: planOf,
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
-      segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
+      segmentsOf: segmentsOf, nightBar: nightBar,
       stagesOf: stagesOf, listWords: listWords, bedWords: bedWords, bedTime: bedTime,
       napTimes: napTimes,
       overlapWords: overlapWords,
