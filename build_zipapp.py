@@ -335,9 +335,9 @@ def fetch_without_pip(wheels: list[Wheel], wheels_dir: Path,
                 href = parser.links.get(wheel.filename)
                 if href is None:
                     raise BuildError(f"{page_url} does not list {wheel.filename}")
-                with _open(urllib.parse.urljoin(page_url, href), cafile) as source, \
-                        open(partial, "wb") as out:
-                    shutil.copyfileobj(source, out)
+                with _open(urllib.parse.urljoin(page_url, href), cafile) as source:
+                    with open(partial, "wb") as out:
+                        shutil.copyfileobj(source, out)
         except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
             partial.unlink(missing_ok=True)
             raise BuildError(f"cannot fetch {wheel.filename} from {index} ({exc}); install pip"

@@ -31,55 +31,88 @@ When a 200 is sent: after the body and its metadata are durable in the archive
 (temp file, fsync, rename, fsync of the folder) and the ``delivery`` row exists with
 status ``pending``.  The fold happens later and never delays the answer.
 
-Sections, top-down (each banner says what it owns)::
+Sections, top-down (each banner says what it owns; a section uses only what the sections
+above it define, and each helper stands beside what uses it, or above them all when two
+sections use it)::
 
-     1. Constants — every tunable number that two sections read, with the reason for its
-        value; a number one section alone reads stands at the head of the part that reads it.
+     1. Constants — the versions, serve's defaults and limits, and every number two sections
+        read, each with the reason for its value; any other number stands at the head of
+        the part that reads it.
      2. Errors — one tree; HTTP-facing errors carry a status and a stable code.
      3. Logging and metrics — one record per line on stderr, logfmt or JSON; /metrics histograms.
      4. Config — defaults -> environment -> flags, merged once into a frozen object.
      5. Time — every timestamp form HAE sends, parsed to integer UTC microseconds.
      6. Canonical form and merge rule — same value, emptiness, dominance (storage spec).
      7. Files and archive — durable writes, raw bodies and their metadata, scratch folders.
-     8. Body validation and JSON — what ingest accepts; parsing and writing bodies and objects.
+     8. Body validation and JSON — what ingest accepts, and how many bytes it checks at once;
+        parsing and writing bodies and objects.
      9. HAE extraction — which key of ``data`` becomes which metric, whole or hour by hour.
     10. Storage — schema, connections, the write transaction, the lock; accepting a delivery.
     11. Fold — one delivery into hourly objects, all-or-nothing (fold and storage specs).
-    12. Fold worker — the one thread that folds pending deliveries in journal order.
-    13. Queries — catalog, points, buckets, nights (the one sleep rule), records, workouts
-        (a list, one workout whole: workouts spec), the view's plan, summary, deliveries
-        (read spec); freshness, notices' words, coverage (freshness spec).
-    14. Export — the SQLite file of every point with its local time, every night and every
+    12. Fold worker — the one thread that folds pending deliveries in journal order, and the
+        documents ingest hands it.
+    13. Queries — what each metric means, catalog, points, buckets, nights (the one sleep
+        rule), records, the view's plan, an ECG trace, the journal's deliveries (read spec).
+    14. Workouts — a list, one workout whole: its figures, heart rate, route and splits
+        (workouts spec).
+    15. Freshness — is anything missing: each automation's and metric's state, the words of
+        a notice, coverage per local day, and the notifier's thread (freshness spec).
+    16. Summary page — a day at a glance against the person's own usual, and what needs
+        attention (read spec).
+    17. Export — the SQLite file of every point with its local time, every night and every
         workout with its route; a workout's GPX.
-    15. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
-    16. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
-    17. MCP — read-only tools for AI assistants (Model Context Protocol): JSON-RPC, the
-        protocol's versions, each tool calling the read functions of 13; ``healthlog mcp``
-        over stdio.
-    18. Web app — the routes, one JSON error shape, an access log without bodies; ``/mcp``.
-    19. HTTP transport — the head gate and the Cheroot adapter.
-    20. Service — the lock, database, worker, notifier and server of `serve`; its memory.
-    21. Maintenance — reindex, verify, import, refold, export: the store from the archive.
-    22. Status — what the journal and the vitrine hold, readable while serve runs.
-    23. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
-    24. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
+    18. Observability — the figures of /metrics (freshness gauges too), /healthz and status.
+    19. Web sign-in — session cookies, the guess limiter, the client behind a proxy.
+    20. MCP — read-only tools for AI assistants (Model Context Protocol): JSON-RPC, the
+        protocol's versions, each tool calling the read functions of 13 to 16; ``healthlog
+        mcp`` over stdio.
+    21. Web app — the routes, one JSON error shape, an access log without bodies; ``/mcp``.
+    22. HTTP transport — the head gate and the Cheroot adapter.
+    23. Service — the lock, database, worker, notifier and server of `serve`; its memory.
+    24. Maintenance — reindex, verify, import, refold, export: the store from the archive.
+    25. Status — what the journal and the vitrine hold, readable while serve runs.
+    26. CLI — subcommands, one-line errors, exit codes 0 / 1 / 2.
+    27. The dashboard page — hand-written HTML, CSS and script, served from the .pyz itself.
 
-One delivery's path, one home per step (section numbers as above)::
+One delivery's path to a chart, one home per step (section numbers as above)::
 
-    App.ingest (18)             token, slots, size; the body streams into DATA/tmp
+    App.ingest (21)             token, slots, size; the body streams into DATA/tmp
       Archive.receive (7)         hashed, fsynced
+      ByteBudget.hold (8)         validation_bytes (8) of the validation_ceiling (8)
       accept_delivery (10)        check_delivery_shape (8); .meta.json and the body durably
-                                  into the archive; the ``pending`` row; then 200
+                                  into the archive; the ``pending`` row; the parsed
+                                  document to Handoff.put (12); then 200
     FoldWorker.run_pass (12)    woken by ingest; journal order; counts an attempt
-      FoldEngine.fold (11)        extract_body (9): each metric's points by hour;
-                                  outline_of (9) and decide: status and layer;
-                                  merge_items and merge_hour (by 6's rule) per hour
-                                  object; apply: one transaction with the outcome
-    App.points / App.plan (18)  point_query, plan_view, bucket_runs (13: whole hours
+      FoldEngine.fold (11)        Handoff.take (12), else extract_body (9): each metric's
+                                  points by hour; outline_of (9) and decide: status and
+                                  layer; merge_items and merge_hour (arbitrate: 6's rule)
+                                  per hour object; apply: one transaction with the outcome
+    App.points / App.plan (21)  point_query, plan_view, bucket_runs (13: whole hours
                                   from their tallies, the rest from their points)
-    APP_JS (24)                 draws what /api/plan and /api/points send
-    McpSession (17)             the same functions for an assistant: /mcp (18), or
+    APP_JS (27)                 draws what /api/plan and /api/points send
+    McpSession (20)             the same functions for an assistant: /mcp (21), or
                                   ``healthlog mcp`` on stdin and stdout
+
+One judgement's path to a notice (``serve --notify URL``)::
+
+    Service (23)                builds the FreshnessSource and the Notifier; start() starts
+                                  the notifier's thread
+    Notifier._run (15)          every ``freshness_check_s``; a read of /api/freshness,
+                                  /api/summary, /api/coverage or /metrics (App._judge, 21)
+                                  judges too
+      Notifier.judge (15)         one judgement at a time
+        FreshnessSource.judge (15)  when the database changed: ImportedDeliveries,
+                                  JournalFacts and metric_facts (15) read the journal and
+                                  the newest objects (decode_object, 11) in one snapshot;
+                                  then judge_freshness (15) against the clock: each
+                                  automation new, on_time or late, each metric new,
+                                  fresh or stale
+        Notifier._compare (15)      a change into or out of late or stale:
+                                  automation_notice or metric_notice (15: the words,
+                                  hae_action's dates to export), log_event (3), queued
+      Notifier._attempt (15)      _post: the notice as text or JSON to the URL; after
+                                  each failure again after ``notify_retry_s``, then
+                                  dropped; counted on /metrics (render_metrics, 18)
 
 The archive is the truth; the database is an index that ``reindex`` can rebuild.
 Requirements live in ``openspec/specs/*/spec.md``; decisions in
@@ -126,7 +159,7 @@ import unicodedata
 import urllib.parse
 import zlib
 import zoneinfo
-from dataclasses import dataclass, field, replace as _replace
+from dataclasses import dataclass, field as _field, replace as _replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -140,7 +173,7 @@ __all__ = ["Config", "Service", "main", "__version__"]
 
 
 # ==============================================================================
-# Constants: every tunable number, with the reason for its value.
+# Constants: the versions, serve's defaults and limits, every number two sections read.
 # ==============================================================================
 
 SCHEMA_VERSION = 5
@@ -252,8 +285,18 @@ HTTP_RESERVED_THREADS = 4
 when every other thread is reading a slow body."""
 
 VALIDATION_CEILING_BYTES = 64 << 20
-"""Body bytes validated at once (validation holds ~2-3x a body in memory).  A body
-larger than this is validated alone, once nothing else is."""
+"""Body bytes validated at once, at most; the largest body allowed when that is smaller
+(:func:`validation_ceiling`).  A body larger than the ceiling is validated alone, once
+nothing else is."""
+
+VALIDATION_MEMORY_FACTOR = 2.1
+"""Memory the ingest check of a body takes, per byte of it, at most: its bytes and then
+its text at one byte a character (:func:`shape_text`), whatever characters it holds
+(``tests/bench_memory.py --mib 64``: 1.95 to 2.08 for every shape, in a thread as serve
+runs it; 2.0 in Python objects; a few MiB more at any size, which the base's room holds;
+a body with emoji in its sources took 4.8 when it was decoded whole).  The ceiling and
+:func:`quick_check_bytes` keep the checks at once within this factor of the largest body
+allowed: what serve's start-up check counts (:func:`memory_needed_mib`)."""
 
 VALIDATION_WAIT_S = 30.0
 """How long an upload waits for its turn to be validated before the answer is 503 with
@@ -333,6 +376,12 @@ COVERAGE_DAYS = 28
 """The days ``/api/coverage`` answers without ``from``: four weeks, ending today."""
 COVERAGE_MAX_DAYS = 400
 """The longest range ``/api/coverage`` reads at once (a year and its edges)."""
+SNAPSHOT_HOLD_S = 5.0
+"""How long a streamed reply may keep its read snapshot open while the client reads.  A
+client still reading after that gets the rest from a file under ``DATA/tmp``, written at
+once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
+SESSION_MAX_AGE_S = 30 * 86400
+"""A signed-in browser stays signed in for 30 days; changing the token signs all out."""
 
 # Read by more than one section below (a number that one section alone reads stands at
 # the head of the part of that section that reads it):
@@ -361,16 +410,9 @@ then fails it, so that no single delivery stops the fold.  Three: one death may 
 luck, a third is the delivery."""
 STREAM_CHUNK = 64 << 10
 """Streamed replies are written in pieces of about this size."""
-HEART_NEAREST_S = 5.0
-"""A route point's heart rate is the workout's sample nearest to it in time, when one is
-within this many seconds (the page's colours, the GPX's ``gpxtpx:hr``): HAE's Seconds
-grouping sends one every few seconds; nothing is interpolated across a gap."""
-SNAPSHOT_HOLD_S = 5.0
-"""How long a streamed reply may keep its read snapshot open while the client reads.  A
-client still reading after that gets the rest from a file under ``DATA/tmp``, written at
-once, and the snapshot ends: a slow reader never keeps SQLite from reusing the WAL."""
-SESSION_MAX_AGE_S = 30 * 86400
-"""A signed-in browser stays signed in for 30 days; changing the token signs all out."""
+MAX_OFFSET_S = 14 * 3600
+"""The farthest offsets from UTC in use (Kiribati's +14:00, Baker Island's -12:00): a
+local date-only bound selects objects this far on either side of UTC midnight."""
 MCP_MESSAGE_MAX = 1 << 20
 """The largest MCP message taken, a line on stdio or the body of a ``POST /mcp``: a tool
 call is a few hundred bytes; a mebibyte leaves room for any client's envelope."""
@@ -680,6 +722,10 @@ def _error_name(exc: Optional[BaseException]) -> Optional[str]:
     if exc is None:
         return None
     return errno.errorcode.get(getattr(exc, "errno", None) or 0) or type(exc).__name__
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, socket.timeout) or "timed out" in str(exc)
 
 
 def log_event(level: int, msg: str, **fields: Any) -> None:
@@ -1196,8 +1242,8 @@ def local_day_and_second(value: Any) -> Optional[tuple]:
                 match = _DATE_ONLY.fullmatch(text)
                 if not match:
                     return None
-                y, mo, d, h, mi, s, fraction = match.group(1), match.group(2), match.group(3), \
-                    "0", "0", "0", None
+                y, mo, d, h, mi, s, fraction = (match.group(1), match.group(2), match.group(3),
+                                                "0", "0", "0", None)
         try:
             ordinal = _dt.date(int(y), int(mo), int(d)).toordinal()
         except ValueError:
@@ -1814,7 +1860,8 @@ class _Cells:
         return ("+" if value > 0 else "-", cell)
 
 
-def decide(stored: Any, stored_position: tuple, arriving: Any, arriving_position: tuple) -> tuple:
+def arbitrate(stored: Any, stored_position: tuple, arriving: Any,
+              arriving_position: tuple) -> tuple:
     """Stored point vs arriving point → (replace, is_collision, is_incomparable).
 
     The arriving point replaces the stored one when it dominates it, or when neither
@@ -2073,8 +2120,8 @@ def archive_bodies(data_dir: Path, since: str = "") -> list:
     found = []
     for folder, files in archive_walk(data_dir, since):
         for name in files:
-            if name.endswith(".json") and not name.endswith(".meta.json") and \
-                    not name.startswith("."):
+            if (name.endswith(".json") and not name.endswith(".meta.json")
+                    and not name.startswith(".")):
                 found.append(os.path.relpath(os.path.join(folder, name), str(data_dir)))
     return sorted(found)
 
@@ -2162,17 +2209,8 @@ def _read_meta(body: Path, relative: str) -> dict:
     return meta
 
 
-def _hash_file(path: Path) -> tuple:
-    digest, size = hashlib.sha256(), 0
-    with open(str(path), "rb") as handle:
-        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 # ==============================================================================
-# Body validation and JSON: what ingest accepts; parsing and writing bodies and objects.
+# Body validation and JSON: what ingest accepts, how much at once; reading, writing JSON.
 # ==============================================================================
 
 _VALID_OBJECT = object()
@@ -2199,15 +2237,18 @@ def _int64(text: str) -> int:
     return value
 
 
-def check_delivery_shape(path: Path) -> Optional[tuple]:
+def check_delivery_shape(path: Path, quick_max: Optional[int] = None) -> Optional[tuple]:
     """Validate a whole body as HAE JSON; return (document, plain, its estimated memory)
     when orjson parsed it whole on the way (:func:`_quick_shape_ok`), for the fold
     (:class:`Handoff`).
 
-    Every byte is checked by the JSON scanner, but each object collapses into one
-    shared sentinel as soon as it is parsed, so memory stays near the body's own size.
-    With orjson, a body up to :data:`QUICK_CHECK_BYTES` is first offered to
-    :func:`_quick_shape_ok`, which accepts only what this check accepts.
+    Every byte is checked by the JSON scanner, over :func:`shape_text` (one byte a
+    character, whatever the characters), and each object collapses into one shared
+    sentinel as soon as it is parsed, so memory stays near twice the body's own size
+    (:data:`VALIDATION_MEMORY_FACTOR`).
+    With orjson, a body up to ``quick_max`` bytes (:func:`quick_check_bytes`; by default
+    :data:`QUICK_CHECK_BYTES`) is first offered to :func:`_quick_shape_ok`, which accepts
+    only what this check accepts.
     Requires: UTF-8, a top-level object whose ``data`` is an object, and numbers that
     every JSON parser reads alike: no NaN or Infinity, no number that overflows a
     double, no integer beyond 64 bits (orjson refuses the first and rounds the last,
@@ -2219,16 +2260,14 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
         last_pairs[:] = [pairs]
         return _VALID_OBJECT
 
-    body = path.read_bytes()
-    if _orjson is not None and len(body) <= QUICK_CHECK_BYTES:
+    quick_max = QUICK_CHECK_BYTES if quick_max is None else min(quick_max, QUICK_CHECK_BYTES)
+    if _orjson is not None and path.stat().st_size <= quick_max:
+        body = path.read_bytes()
         doc = _quick_shape_ok(body)
         if doc is not None:
             return doc, not may_hold_booleans(body), document_cost(body)
-    try:
-        text = body.decode("utf-8")
         del body
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
+    text = shape_text(path)
     try:
         top = json.loads(text, object_pairs_hook=collapse, parse_constant=_reject_constant,
                          parse_float=_finite_float, parse_int=_int64)
@@ -2245,6 +2284,70 @@ def check_delivery_shape(path: Path) -> Optional[tuple]:
     if not data or data[-1] is not _VALID_OBJECT:
         raise BadRequest("the body must be a JSON object with a \"data\" object")
     return None
+
+
+SHAPE_READ_CHUNK = 1 << 20
+"""Bytes of a body read into place and proven UTF-8 at a time (:func:`shape_text`)."""
+UTF8_CHECK_STEP = 1 << 14
+"""Bytes decoded at a time only to prove them UTF-8 (:func:`shape_text`): their text, up
+to 4 bytes a character, is dropped at once."""
+_ONE_BYTE_A_CHARACTER = bytes.maketrans(bytes(range(0xC0, 0x100)), b"#" * 64)
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+"""UTF-8 to one byte a character: a lead byte to ``#``, its continuation bytes dropped."""
+
+
+def shape_text(path: Path) -> str:
+    """The body's text for :func:`check_delivery_shape`'s scanner, ASCII, every non-ASCII
+    character written as one ``#``; BadRequest when the body is not UTF-8.
+
+    Decoded whole, a body takes 1, 2 or 4 bytes a character for all of its text, as its
+    widest character needs: a single emoji in a ``source`` made a body's check take 4.8
+    times its size.  Here the body is read into one buffer and proven UTF-8 a chunk at a
+    time, then written one byte a character at once, and the text takes one byte a
+    character: two of the three (bytes, their translation, the text) at a time, twice
+    the body at most, whatever characters it holds.  The JSON verdict is the same,
+    because ``#`` is valid exactly where a non-ASCII character is: inside a string, not
+    after a backslash (an escape), not in a ``\\u`` escape's four digits, nowhere outside
+    a string (the json module's C scanner reads only ASCII digits, hex digits, whitespace
+    and literals); and a key with one is ``data`` neither way.  Escapes stay as written,
+    so an unpaired surrogate escape is found as before."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()  # strict: what body.decode() refused
+    with open(str(path), "rb", buffering=0) as handle:
+        body = bytearray(os.fstat(handle.fileno()).st_size)
+        view, read = memoryview(body), 0
+        try:
+            while read < len(body):
+                got = handle.readinto(view[read:read + SHAPE_READ_CHUNK])
+                if not got:
+                    break
+                _prove_utf8(utf8, view[read:read + got])
+                read += got
+        finally:
+            view.release()
+        del body[read:]
+        chunk = handle.read(1)  # nothing, unless the file grew since its size was read
+        while chunk:  # (a read of a chunk's size would take that much memory first)
+            chunk += handle.read(SHAPE_READ_CHUNK)
+            _prove_utf8(utf8, chunk)
+            body += chunk
+            chunk = handle.read(1)
+    _prove_utf8(utf8, b"", final=True)  # a character cut by the end of the body
+    if not body.isascii():  # at once: no chunk's copies left behind in the allocator
+        body = body.translate(_ONE_BYTE_A_CHARACTER, _CONTINUATION_BYTES)
+    return body.decode("ascii")
+
+
+def _prove_utf8(utf8: codecs.IncrementalDecoder, data: Any, final: bool = False) -> None:
+    """Feed ``data`` to the strict decoder ``utf8``, a step at a time, dropping the text;
+    BadRequest when it is not UTF-8.  A character cut by a step's end is completed by the
+    next step or chunk."""
+    try:
+        for step in range(0, len(data), UTF8_CHECK_STEP):  # up to 4 bytes a character
+            utf8.decode(data[step:step + UTF8_CHECK_STEP])
+        if final:
+            utf8.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
 
 
 QUICK_CHECK_BYTES = 4 << 20
@@ -2310,12 +2413,69 @@ def _nested_at_most(doc: Any, limit: int) -> bool:
     return True
 
 
-def validation_bytes(size: int) -> int:
-    """What validating a body of ``size`` bytes may hold in memory, for the shared
-    ceiling: the body and its document while orjson checks it, else about the body."""
-    if _orjson is not None and size <= QUICK_CHECK_BYTES:
+def validation_bytes(size: int, quick_max: int = QUICK_CHECK_BYTES) -> int:
+    """What validating a body of ``size`` bytes counts against the shared ceiling: the
+    body and its document while orjson checks it (up to ``quick_max`` bytes), else the
+    body (whose check holds :data:`VALIDATION_MEMORY_FACTOR` times it)."""
+    if _orjson is not None and size <= min(quick_max, QUICK_CHECK_BYTES):
         return QUICK_CHECK_FACTOR * size
     return size
+
+
+def validation_ceiling(max_body_bytes: int) -> int:
+    """Body bytes validated at once (:class:`ByteBudget`): :data:`VALIDATION_CEILING_BYTES`,
+    or the largest body allowed when that is smaller, so that the checks running at once
+    hold no more than the check of the largest body alone (:func:`memory_needed_mib`)."""
+    return min(VALIDATION_CEILING_BYTES, max_body_bytes)
+
+
+class ByteBudget:
+    """Admission by size, first come first served: what holders hold together stays
+    under ``ceiling``, except that a holder alone may exceed it (a body larger than the
+    ceiling waits until nothing else is held)."""
+
+    def __init__(self, ceiling: int):
+        self.ceiling = ceiling
+        self.held = 0
+        self._line: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, size: int, timeout: float) -> Iterator[None]:
+        """Hold ``size`` bytes for the block; ServiceBusy after ``timeout`` s of waiting."""
+        deadline = time.monotonic() + timeout
+        me = object()
+        with self._changed:
+            self._line.append(me)
+            try:
+                while self._line[0] is not me or (self.held and
+                                                  self.held + size > self.ceiling):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ServiceBusy("too many uploads are being checked at once;"
+                                          " send the body again after %d s" % RETRY_AFTER_S)
+                    self._changed.wait(remaining)
+                self.held += size
+            finally:
+                self._line.remove(me)
+                self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= size
+                self._changed.notify_all()
+
+
+def quick_check_bytes(max_body_bytes: int) -> int:
+    """The largest body offered to orjson's quick check when bodies up to
+    ``max_body_bytes`` are accepted: :data:`QUICK_CHECK_BYTES`, or less, so that its worst
+    (:data:`QUICK_CHECK_FACTOR` times the body, what it counts against the ceiling) stays
+    within what the full check of the largest body may take
+    (:data:`VALIDATION_MEMORY_FACTOR` times it): every body up to 4 MiB with 64 MiB
+    allowed, up to 67 KiB with 1 MiB."""
+    return min(QUICK_CHECK_BYTES,
+               int(VALIDATION_MEMORY_FACTOR * max_body_bytes) // QUICK_CHECK_FACTOR)
 
 
 _SURROGATE_ESCAPES = re.compile(
@@ -2516,8 +2676,8 @@ class MetricPoints:
     name: str
     is_metric: bool  # time-grouped (data.metrics but sleep), not in the record layer
     units: Optional[str] = None
-    coords: dict = field(default_factory=dict)  # (start, end, category) -> point | [points]
-    starts: list = field(default_factory=list)  # start codes, for layer inference
+    coords: dict = _field(default_factory=dict)  # (start, end, category) -> point | [points]
+    starts: list = _field(default_factory=list)  # start codes, for layer inference
     has_interval: bool = False
 
     @property
@@ -2542,16 +2702,16 @@ class MetricPoints:
 class Extraction:
     """What a body holds, before any comparison with the store."""
 
-    metrics: Any = field(default_factory=dict)  # (is_metric, name) -> MetricPoints
+    metrics: Any = _field(default_factory=dict)  # (is_metric, name) -> MetricPoints
     """A dict of :class:`MetricPoints`, or a large body's :class:`IndexedMetrics`."""
     points: int = 0
-    mixed_units: set = field(default_factory=set)  # metrics sent in two units: 2nd left out
+    mixed_units: set = _field(default_factory=set)  # metrics sent in two units: 2nd left out
     bad_points: int = 0
-    bad_metrics: set = field(default_factory=set)
-    uncovered: list = field(default_factory=list)
+    bad_metrics: set = _field(default_factory=set)
+    uncovered: list = _field(default_factory=list)
     uncovered_dropped: int = 0
     uncovered_cut: int = 0
-    times: TimeMemo = field(default_factory=TimeMemo)
+    times: TimeMemo = _field(default_factory=TimeMemo)
 
     @property
     def has_metric_points(self) -> bool:
@@ -3118,7 +3278,7 @@ class _Cursor:
         else:
             self.text, self.base, self.ended = "", at, False
 
-    def _fill(self) -> bool:
+    def _read_more(self) -> bool:
         """More of the text in the window (what is behind ``at`` let go); False at its end."""
         if self.ended:
             return False
@@ -3141,7 +3301,7 @@ class _Cursor:
             self.at = self.base + found
             if found < len(self.text):
                 return self.text[found]
-            if not self._fill():
+            if not self._read_more():
                 raise ValueError("the text ends early")
 
     def take(self, character: str) -> None:
@@ -3155,10 +3315,10 @@ class _Cursor:
             try:
                 value, end = _READ_AGAIN(self.text, self.at - self.base)
             except (StopIteration, ValueError):
-                if self._fill():
+                if self._read_more():
                     continue
                 raise ValueError("no JSON value") from None
-            if end + 3 > len(self.text) and self._fill():  # a number may go on ("12." + "5")
+            if end + 3 > len(self.text) and self._read_more():  # a number may go on ("12." + "5")
                 continue
             self.at = self.base + end
             return value
@@ -3170,7 +3330,7 @@ class _Cursor:
             try:
                 key, end = _scanstring(self.text, self.at - self.base + 1)
             except ValueError:
-                if self._fill():
+                if self._read_more():
                     continue
                 raise
             self.at = self.base + end
@@ -4009,6 +4169,9 @@ CREATE TABLE {object} (
 CREATE INDEX {object}_summary ON {object} (metric, layer, hour, units, first_at, last_at,
                                          summary);
 """
+"""The journal (``delivery``) and the vitrine (``object``).  ``object.summary`` is the
+hour's tally (:func:`hour_tally`), not the summary page: it and its index keep the name
+they were first given, since a new name would rewrite every database for a word."""
 
 
 _ADDED_COLUMNS = (("object", "summary", "TEXT"), ("object", "spans", "BLOB"),
@@ -4374,8 +4537,8 @@ def fingerprint(conn: sqlite3.Connection, table: str = "object") -> str:
 def fingerprint_rows(items: Any) -> str:
     """The fingerprint of ((metric, layer, hour), hash) pairs, in any order."""
     digest = hashlib.sha256()
-    for (metric, layer, hour), object_hash in sorted(items):
-        digest.update(("%s\x1f%s\x1f%d\x1f%s\n" % (metric, layer, hour, object_hash)).encode())
+    for (metric, layer, hour), row_hash in sorted(items):
+        digest.update(("%s\x1f%s\x1f%d\x1f%s\n" % (metric, layer, hour, row_hash)).encode())
     return digest.hexdigest()
 
 
@@ -4388,16 +4551,18 @@ _INSERT_DELIVERY = (
 def accept_delivery(archive: Archive, conn: sqlite3.Connection, upload: Upload,
                     received_at: _dt.datetime, headers: Mapping[str, Optional[str]],
                     name: Optional[str], extra_meta: Optional[dict] = None,
-                    handoff: Optional["Handoff"] = None) -> int:
+                    handoff: Optional["Handoff"] = None,
+                    quick_max: Optional[int] = None) -> int:
     """The one way a body becomes a delivery (HTTP ingest and ``import`` alike).
 
-    Validates the body, writes ``.meta.json`` and then the body durably into the
-    archive, and only then inserts the ``pending`` row.  Raises BadRequest (nothing
+    Validates the body (orjson's quick check up to ``quick_max`` bytes: see
+    :func:`check_delivery_shape`), writes ``.meta.json`` and then the body durably into
+    the archive, and only then inserts the ``pending`` row.  Raises BadRequest (nothing
     written) or InternalError (logged: an archive failure, or a row that could not be
     written, whose body is then an orphan until reindex adopts it — ING-9).
     """
     try:
-        parsed = check_delivery_shape(upload.tmp_path)
+        parsed = check_delivery_shape(upload.tmp_path, quick_max)
         meta = {
             "received_at": format_received_at(received_at),
             "headers": {h: v for h, v in headers.items() if v is not None},
@@ -4444,6 +4609,15 @@ def journaled_paths(conn: sqlite3.Connection, since: str = "") -> set:
     """The archive paths the journal lists, in the day folders from ``since`` on."""
     return {path for (path,) in conn.execute(
         "SELECT archive_path FROM delivery WHERE archive_path >= ?", (since,))}
+
+
+def _hash_file(path: Path) -> tuple:
+    digest, size = hashlib.sha256(), 0
+    with open(str(path), "rb") as handle:
+        for chunk in iter(lambda: handle.read(READ_CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def adopt_orphans(conn: sqlite3.Connection, data_dir: Path,
@@ -4575,40 +4749,6 @@ def settle_archive(conn: sqlite3.Connection, data_dir: Path) -> tuple:
     return adopted, removed
 
 
-class Handoff:
-    """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
-    once (the fold would read and parse the archived copy of the same bytes again).
-
-    Documents whose estimated memory (:func:`document_cost`) adds up to at most
-    ``budget`` wait; the oldest give way.  What is not here (a restart, a large body, a
-    document given way) is read from the archive, which stays the truth: the fold of a
-    handed-over document is the fold of the archived body."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self._lock = threading.Lock()
-        self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
-        self._bytes = 0
-
-    def put(self, delivery_id: int, doc: Any, plain: bool, cost: int) -> None:
-        if cost > self.budget:
-            return
-        with self._lock:
-            self._waiting[delivery_id] = (cost, doc, plain)
-            self._bytes += cost
-            while self._bytes > self.budget:
-                self._bytes -= self._waiting.popitem(last=False)[1][0]
-
-    def take(self, delivery_id: int) -> Optional[tuple]:
-        """(document, plain) of a delivery, once; None when it is not here."""
-        with self._lock:
-            entry = self._waiting.pop(delivery_id, None)
-            if entry is None:
-                return None
-            self._bytes -= entry[0]
-            return entry[1:]
-
-
 def _status_counts(conn: sqlite3.Connection, journal: str = "delivery") -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     counts.update(conn.execute("SELECT parse_status, count(*) FROM %s GROUP BY parse_status"
@@ -4709,11 +4849,11 @@ PIECE_MEMBERS = 256
 """Flat members of a long array written by one call of the JSON writer."""
 
 
-def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
+def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical_form: bool,
                  depth: int) -> Iterator[bytes]:
     """The compact JSON of ``value`` in pieces: ``leaf`` of each small part (of a run of
     :data:`PIECE_MEMBERS` flat members of an array at once), the weighty containers
-    walked (:func:`_build`); ``canonical``: keys sorted, no ``source``
+    walked (:func:`_build`); ``canonical_form``: keys sorted, no ``source``
     (:func:`_canonical_std`).  Both JSON writers write a container as the concatenation
     of its members' texts, so the pieces join to what ``leaf`` writes of the whole."""
     if depth > STREAM_NESTING_MAX:
@@ -4724,11 +4864,11 @@ def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
             raise _Unstreamable()
         yield leaf(value)
     elif type(value) is dict:
-        keys = sorted(k for k in value if k != "source") if canonical else list(value)
+        keys = sorted(k for k in value if k != "source") if canonical_form else list(value)
         yield b"{"
         for index, key in enumerate(keys):
             yield (b"," if index else b"") + leaf(key) + b":"
-            yield from _json_pieces(value[key], leaf, canonical, depth + 1)
+            yield from _json_pieces(value[key], leaf, canonical_form, depth + 1)
         yield b"}"
     else:
         yield b"["
@@ -4746,21 +4886,21 @@ def _json_pieces(value: Any, leaf: Callable[[Any], bytes], canonical: bool,
                     continue
             yield comma
             comma = b","
-            yield from _json_pieces(member, leaf, canonical, depth + 1)
+            yield from _json_pieces(member, leaf, canonical_form, depth + 1)
         if run:
             yield comma + leaf(run)[1:-1]
         yield b"]"
 
 
 def _points_pieces(points: list, leaf: Callable[[Any], bytes],
-                   canonical: bool) -> Iterator[bytes]:
+                   canonical_form: bool) -> Iterator[bytes]:
     """:func:`_json_pieces` of an object's points, each point a piece of its own or
     walked."""
     yield b"["
     for index, point in enumerate(points):
         if index:
             yield b","
-        yield from _json_pieces(point, leaf, canonical, 1)
+        yield from _json_pieces(point, leaf, canonical_form, 1)
     yield b"]"
 
 
@@ -4854,7 +4994,7 @@ def decode_object(row: tuple, scratch: Optional[Path] = None) -> HourObject:
     whose JSON takes :data:`STREAM_FOLD_BYTES` or more keeps its records' long arrays in
     its text, in a scratch file (:class:`_TextFile`, :class:`Deferred`), as a large
     body's stay in its text."""
-    metric, layer, hour, units, created_by, updated_by, sealed, blob, deliveries, spans = row
+    metric, layer, hour, units, created_by, updated_by, sealed, blob, point_deliveries, spans = row
     if scratch is not None and _stored_size(blob) >= STREAM_FOLD_BYTES:
         source = _TextFile(scratch, blob)
         points = _stored_points(source)
@@ -4875,7 +5015,7 @@ def decode_object(row: tuple, scratch: Optional[Path] = None) -> HourObject:
                   for start, end, p in zip(known[0], known[1], points)]
     else:
         coords = list(zip(known[0], known[1], map(_category, points)))
-    return HourObject(metric, layer, hour, units, coords, points, loads_body(deliveries),
+    return HourObject(metric, layer, hour, units, coords, points, loads_body(point_deliveries),
                       created_by, updated_by, bool(sealed), plain)
 
 
@@ -4930,7 +5070,7 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
                          " this hour were not stored (they stay in the archive)",
                          where(stored_units=stored.units, arriving_units=units)))
         return HourMerge(None, counters, warnings)
-    coords, points, deliveries = stored.coords, stored.points, stored.deliveries
+    coords, points, point_deliveries = stored.coords, stored.points, stored.deliveries
     index = dict(zip(coords, range(len(coords))))
     equal_is_same = plain and stored.plain
     appended: list = []  # (coordinate, point) of the coordinates the object lacks
@@ -4945,12 +5085,12 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
         mine = points[i]
         if (equal_is_same and mine == point) or same_point(mine, point):
             continue  # a re-send: no change, and no need of the journal positions
-        replace, collision, clash = decide(mine, positions[deliveries[i]], point, here)
+        replace, collision, clash = arbitrate(mine, positions[point_deliveries[i]], point, here)
         clashes += clash
         if replace:
             if not copied:  # the stored object itself stays as it was read
-                points, deliveries, copied = list(points), list(deliveries), True
-            points[i], deliveries[i] = point, delivery_id
+                points, point_deliveries, copied = list(points), list(point_deliveries), True
+            points[i], point_deliveries[i] = point, delivery_id
             overwrites += collision
     counters["incomparable"], counters["overwrites"] = clashes, overwrites
     if clashes or overwrites:
@@ -4962,16 +5102,16 @@ def merge_hour(stored: Optional[HourObject], metric: str, layer: str, hour: int,
     if appended:
         coords = list(coords) + [c for c, _ in appended]
         points = list(points) + [p for _, p in appended]
-        deliveries = list(deliveries) + [delivery_id] * len(appended)
+        point_deliveries = list(point_deliveries) + [delivery_id] * len(appended)
         order = sorted(range(len(coords)), key=coords.__getitem__)
         coords = [coords[i] for i in order]
         points = [points[i] for i in order]
-        deliveries = [deliveries[i] for i in order]
+        point_deliveries = [point_deliveries[i] for i in order]
     if stored.sealed:
         counters["sealed_changes"] = 1
         warnings.append(("a sealed hour changed; the data is stored anyway", where()))
     counters["objects_written"] = 1
-    written = HourObject(metric, layer, hour, stored.units, coords, points, deliveries,
+    written = HourObject(metric, layer, hour, stored.units, coords, points, point_deliveries,
                          stored.created_by, delivery_id, stored.sealed,
                          plain and stored.plain)
     return HourMerge(written, counters, warnings)
@@ -5101,12 +5241,12 @@ class FoldPlan:
     layer: Optional[str]
     uncovered: list
     error: Optional[str] = None
-    counters: dict = field(default_factory=dict)
-    rows: RowSpill = field(default_factory=RowSpill)  # the objects it writes, encoded
-    recent: collections.deque = field(  # write-behind: the last objects it writes, decoded
+    counters: dict = _field(default_factory=dict)
+    rows: RowSpill = _field(default_factory=RowSpill)  # the objects it writes, encoded
+    recent: collections.deque = _field(  # write-behind: the last objects it writes, decoded
         default_factory=lambda: collections.deque(maxlen=RECENT_OBJECTS))
-    forget: list = field(default_factory=list)  # write-behind: keys not kept decoded
-    warnings: list = field(default_factory=list)  # (message, fields) logged after commit
+    forget: list = _field(default_factory=list)  # write-behind: keys not kept decoded
+    warnings: list = _field(default_factory=list)  # (message, fields) logged after commit
     metric_layer: Optional[str] = None  # where its time-grouped metrics go
     plain: bool = False  # its body holds no boolean (HourObject.plain)
     here: tuple = ()  # (received_at, id): its place in the journal
@@ -5613,7 +5753,7 @@ class FoldEngine:
 
 
 # ==============================================================================
-# Fold worker: the one thread that folds pending deliveries in journal order.
+# Fold worker: the one thread that folds pending deliveries in journal order; its handoff.
 # ==============================================================================
 
 LAG_WARN_S = 300.0
@@ -5642,6 +5782,40 @@ copy; ``unexpected:…`` too is worth a retry after an upgrade): ``status`` says
 def worth_retrying(error: Optional[str]) -> bool:
     """Could a failure of this class have been the machine's (:data:`RETRY_WORTHY`)?"""
     return error is not None and (error in RETRY_WORTHY or error.startswith("unexpected:"))
+
+
+class Handoff:
+    """Documents parsed at ingest, kept for the fold thread so that a delivery is parsed
+    once (the fold would read and parse the archived copy of the same bytes again).
+
+    Documents whose estimated memory (:func:`document_cost`) adds up to at most
+    ``budget`` wait; the oldest give way.  What is not here (a restart, a large body, a
+    document given way) is read from the archive, which stays the truth: the fold of a
+    handed-over document is the fold of the archived body."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._waiting: collections.OrderedDict = collections.OrderedDict()  # id -> entry
+        self._bytes = 0
+
+    def put(self, delivery_id: int, doc: Any, plain: bool, cost: int) -> None:
+        if cost > self.budget:
+            return
+        with self._lock:
+            self._waiting[delivery_id] = (cost, doc, plain)
+            self._bytes += cost
+            while self._bytes > self.budget:
+                self._bytes -= self._waiting.popitem(last=False)[1][0]
+
+    def take(self, delivery_id: int) -> Optional[tuple]:
+        """(document, plain) of a delivery, once; None when it is not here."""
+        with self._lock:
+            entry = self._waiting.pop(delivery_id, None)
+            if entry is None:
+                return None
+            self._bytes -= entry[0]
+            return entry[1:]
 
 
 class FoldWorker:
@@ -5970,7 +6144,7 @@ def warn_if_folded_by_older_parser(conn: sqlite3.Connection) -> None:
 
 
 # ==============================================================================
-# Queries: catalog, points, buckets, nights, records, summary, deliveries, freshness, coverage.
+# Queries: meanings, catalog, points, buckets, nights, records, the view's plan, deliveries.
 # ==============================================================================
 
 LAYER_ORDER = ("seconds", "default", "minutes", "hours", "days", "weeks", "months", "years",
@@ -6024,7 +6198,8 @@ class Meaning:
     Kinds: ``total`` (a bucket sums it: steps, energy, nutrients), ``average`` (a bucket
     averages it: heart rate, weight), ``sleep`` (nights), ``workouts``, ``ecg`` and
     ``events`` (a list: symptoms, medications, state of mind, cycle tracking,
-    heart-rate notifications).
+    heart-rate notifications); the page draws the first two as a series of buckets, sleep
+    as nights and the others as lists of their records (``drawn``).
 
     How its numbers are written (:data:`WRITTEN`): ``counts``, what one of its counts is
     called where HAE's units say only ``count`` (``steps``; None: its name says what it
@@ -6051,8 +6226,16 @@ class Meaning:
 
     @property
     def combine(self) -> Optional[str]:
-        """How a bucket combines the main field: ``sum``, ``avg``, or None (not a series)."""
+        """How a bucket combines its fields: ``sum``, ``avg`` (the name of the bucket's
+        figure that is its value), or None (not a series)."""
         return {"total": "sum", "average": "avg"}.get(self.kind)
+
+    @property
+    def drawn(self) -> str:
+        """How the page draws it: ``series`` (buckets: a total's bars, an average's line),
+        ``nights`` (sleep) or ``list`` (workouts, ECG recordings, events: its records)."""
+        return {"total": "series", "average": "series", "sleep": "nights"}.get(self.kind,
+                                                                                "list")
 
     def label(self, field: str) -> str:
         """How a person reads one of its fields: its label, else its name."""
@@ -6060,7 +6243,8 @@ class Meaning:
 
     def as_json(self) -> dict:
         return {"name": self.name, "group": self.group, "kind": self.kind,
-                "fields": list(self.fields), "combine": self.combine, "better": self.better,
+                "drawn": self.drawn, "fields": list(self.fields), "combine": self.combine,
+                "better": self.better,
                 "digits": self.digits, "bounds": None if self.bounds is None
                 else list(self.bounds), "stages": [stage.as_json() for stage in self.stages],
                 "labels": {field: self.label(field) for field in self.fields}}
@@ -6347,11 +6531,6 @@ def layer_hours(conn: sqlite3.Connection, metric: str, low: int = -(1 << 62),
     return found
 
 
-def _layers_between(conn: sqlite3.Connection, metric: str, low: int, high: int) -> list:
-    """The layers of a metric with an object in the hours ``low``..``high``."""
-    return list(layer_hours(conn, metric, low, high))
-
-
 def catalog(conn: sqlite3.Connection) -> list:
     """Per (metric, layer): units, first and last point start, objects, points.  Reads the
     objects' bounds only; never decompresses a blob."""
@@ -6401,8 +6580,9 @@ class PointQuery:
     day_from: Optional[int] = None  # local date ordinals (tz=local, a date-only bound):
     day_to: Optional[int] = None  # the dates written in the points, from inclusive, to not
     # (a date-only ``to`` includes its day: ``day_to`` is the day after it)
-    fill: tuple = ()  # day and week buckets without a layer asked: each day from the
-    # first of these layers that holds it (the layer chosen, then DAY_LAYERS' order)
+    fill: tuple = ()  # day and week buckets without a layer asked, or of the layers asked
+    # (``layer=days,minutes``): each day from the first of these layers that holds it (the
+    # layer chosen, then DAY_LAYERS' order)
     coarsened: bool = False  # hours were asked of a layer of days: answered per day
 
     @property
@@ -6432,9 +6612,6 @@ def _query_time(name: str, text: Optional[str]) -> Optional[int]:
 
 
 _ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{0,30}(/[A-Za-z0-9_+-]{1,30}){0,2}")
-MAX_OFFSET_S = 14 * 3600
-"""The farthest offsets from UTC in use (Kiribati's +14:00, Baker Island's -12:00): a
-local date-only bound selects objects this far on either side of UTC midnight."""
 
 
 def parse_zone(text: Optional[str]) -> Zone:
@@ -6537,19 +6714,38 @@ def point_query(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> 
     layers = metric_layers(conn, metric)
     if not layers:
         raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
-    layer = args.get("layer") or _finest_layer(conn, metric, layers, start, end)
+    asked = tuple(args["layer"].split(",")) if args.get("layer") else ()
+    fill: tuple = ()
+    if len(asked) > 1:  # read as named (the view's plan names them): no second decision
+        if bucket not in ("day", "week"):
+            raise BadRequest("several layers are read per day or week (each day from the"
+                             " first that holds it): bucket must be day or week")
+        if len(set(asked)) < len(asked) or not set(asked) <= set(DAY_LAYERS):
+            raise BadRequest("the layers that fill each other's days are %s, each named once"
+                             % ", ".join(DAY_LAYERS))
+        fill = asked
+    layer = asked[0] if asked else _finest_layer(conn, metric, layers, start, end)
     coarsened = bucket == "hour" and layer in DAY_ONLY_LAYERS
     if coarsened:
         bucket = "day"  # never finer than the data arrived (READ-17): the reply says so
-    fill: tuple = ()
-    if not args.get("layer") and bucket in ("day", "week") and layer in DAY_LAYERS:
-        others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
-        fill = (layer,) + others if others else ()
-    if layer not in layers:
-        raise UnknownLayer("%s has no data in that layer; it has %s"
-                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    if not asked and bucket in ("day", "week"):
+        fill = _filling(layer, layers)
+    for name in asked or (layer,):
+        if name not in layers:
+            raise UnknownLayer("%s has no data in that layer; it has %s"
+                               % (loggable_metric(metric), ", ".join(sorted(layers))))
     return PointQuery(metric, layer, start, end, bucket, zone, fmt, day_from, day_to, fill,
                       coarsened)
+
+
+def _filling(layer: str, layers: Sequence[str]) -> tuple:
+    """The layers a day or week bucket of ``layer`` reads when none was asked: ``layer``,
+    then the other layers of :data:`DAY_LAYERS` the metric has, which fill the days it
+    lacks, in that order; () when there are none, or ``layer`` is not one of them."""
+    if layer not in DAY_LAYERS:
+        return ()
+    others = tuple(other for other in DAY_LAYERS if other in layers and other != layer)
+    return (layer,) + others if others else ()
 
 
 DAY_LAYERS = ("days", "hours", "minutes", "default", "seconds")
@@ -7194,13 +7390,13 @@ def _ecg_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
 @dataclass
 class _Run:
     units: Optional[str]
-    buckets: dict = field(default_factory=dict)  # bucket key -> _Bucket
+    buckets: dict = _field(default_factory=dict)  # bucket key -> _Bucket
 
 
 @dataclass
 class _Bucket:
     count: int = 0
-    fields: dict = field(default_factory=dict)  # name -> [count, min, max, sum]
+    fields: dict = _field(default_factory=dict)  # name -> [count, min, max, sum]
     first: Optional[int] = None  # the earliest instant counted, and its offset:
     offset: int = 0  # where ``tz=local`` learns the bucket's local midnight
 
@@ -7354,6 +7550,17 @@ def _object_blob(conn: sqlite3.Connection, query: PointQuery, hour: int) -> byte
         (query.metric, query.layer, hour)).fetchone()[0])
 
 
+def _hour_spans(hours: list) -> list:
+    """Runs of consecutive hours, as (first, last)."""
+    spans: list = []
+    for hour in sorted(hours):
+        if spans and hour == spans[-1][1] + 1:
+            spans[-1][1] = hour
+        else:
+            spans.append([hour, hour])
+    return spans
+
+
 def _add_tally(target: _Bucket, tally: dict) -> None:
     target.count += tally["n"]
     for name, (count, low, high, total) in tally["f"].items():
@@ -7373,6 +7580,15 @@ def _field_stats(stats: list) -> dict:
     count, low, high, total = stats
     return {"count": count, "min": low, "max": high,
             "avg": None if total is None else total / count, "sum": total}
+
+
+def _median(values: list) -> Optional[float]:
+    """The middle of ``values`` (the mean of the two middle ones); None when empty."""
+    values = sorted(values)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def _bucket_json(runs: list, query: PointQuery) -> Iterator[bytes]:
@@ -7536,7 +7752,7 @@ class SleepDay:
     date: int
     night: Optional[Night]
     naps: list
-    clusters: list = field(default_factory=list)
+    clusters: list = _field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -7779,12 +7995,12 @@ def _record_night(group: list, zone: Zone) -> Night:
                  limit, limit_by, union > SLEEP_MAX_H, tuple(sources))
 
 
-def _record_clusters(records: list) -> list:
+def _record_clusters(stage_records: list) -> list:
     """Stage records in sleeps: sorted, each group's records less than
     :data:`NIGHT_GAP_US` after the latest end before them."""
     groups: list = []
     reach = None
-    for record in sorted(records):
+    for record in sorted(stage_records):
         if not groups or record[0] - reach >= NIGHT_GAP_US:
             groups.append([])
             reach = record[1]
@@ -7793,11 +8009,11 @@ def _record_clusters(records: list) -> list:
     return groups
 
 
-def _stages_span(records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
+def _stages_span(stage_records: list, starts: list, sleep: _NightlySleep) -> Optional[tuple]:
     """(start, raw start) of the stage records inside a nightly record's window that end
     its last sleep (the records less than :data:`NIGHT_GAP_US` apart that lie last in
     it), or None when it holds none."""
-    inside = [record for record in records[bisect.bisect_left(starts, sleep.start):]
+    inside = [record for record in stage_records[bisect.bisect_left(starts, sleep.start):]
               if record[0] < sleep.end]
     inside = [record for record in inside if record[1] <= sleep.end]
     groups = _record_clusters(inside)
@@ -7815,8 +8031,8 @@ def is_nap(night: Night) -> bool:
     ends = night.end // US + night.end_offset
     if begins // 86400 != ends // 86400:
         return False
-    return NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1] \
-        and ends > begins
+    return (NAP_DAY_S[0] <= begins % 86400 and ends % 86400 <= NAP_DAY_S[1]
+            and ends > begins)
 
 
 def _sleep_length(night: Night) -> tuple:
@@ -7845,7 +8061,7 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
       records; of them, naps (:func:`is_nap`) are never its night; its night is its longest
       other sleep, every other sleep is a nap beside it; a date of naps only has no night."""
     nightly: dict = {}
-    records = []
+    stage_records = []
     for span, point in items:
         stage = sleep_stage(point.get("value"))
         if stage is not None:
@@ -7853,8 +8069,8 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
             if start is None or end is None or end <= start:
                 continue
             raw_end = point.get("end") or point.get("endDate") or raw_start(point)
-            records.append((start, end, stage, raw_end, raw_start(point),
-                            _sources(point.get("source"))))
+            stage_records.append((start, end, stage, raw_end, raw_start(point),
+                                  _sources(point.get("source"))))
             continue
         sleep = _nightly_sleep(point, zone)
         if sleep is not None:  # one night, however often sent: the latest end wins
@@ -7863,19 +8079,19 @@ def nights_of_spans(items: Iterable, zone: Zone) -> list:
             known = nightly.get(key)
             if known is None or rank >= known[1]:
                 nightly[key] = (sleep, rank)
-    records.sort()
-    starts = [record[0] for record in records]
+    stage_records.sort()
+    starts = [record[0] for record in stage_records]
     ends = {sleep.end for sleep, _ in nightly.values()}
     by_date: dict = {}
     for sleep, _ in nightly.values():
         night = _nightly_night(sleep, local_ordinal(sleep.end, sleep.end_offset))
         if sleep.start is not None and sleep.start in ends:  # HAE's boundary, no bedtime
-            span = _stages_span(records, starts, sleep)
+            span = _stages_span(stage_records, starts, sleep)
             night.start = None if span is None else span[0]
             night.start_offset = (night.start_offset if span is None
                                   else zone.point_offset(span[1], span[0]))
         by_date.setdefault(night.date, ([], [], []))[0].append(night)
-    for group in _record_clusters(records):
+    for group in _record_clusters(stage_records):
         night = _record_night(group, zone)
         by_date.setdefault(night.date, ([], [], []))[1].append(night)
     days = []
@@ -8199,7 +8415,231 @@ def iter_points_newest(conn: sqlite3.Connection, query: PointQuery) -> Iterator[
         yield from reversed(found)  # stored in time order
 
 
-# -- workouts: one workout as people look at it (figures, route, heart rate, splits) ---
+# -- the view's plan: which layer and bucket answer a range, decided once -------------
+
+VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
+"""The page's ranges and their days; ``all`` and ``custom`` (``from``/``to`` dates, both
+shown) besides."""
+HOUR_MAX_DAYS = 2
+"""Series are drawn per hour for ranges of two days or less (never finer than the layer's
+own grouping: a metric that arrives once a day stays per day)."""
+DAY_MAX_DAYS = 186
+"""Per day up to half a year, per week beyond."""
+DAY_ONLY_LAYERS = ("days", "weeks", "months", "years")
+"""Layers whose points each stand for a whole day or more: never bucketed per hour."""
+_BUCKET_WORDS = {"hour": "per hour", "day": "per day", "week": "per week"}
+
+
+def _newest(conn: sqlite3.Connection, metric: str, layer: str, zone: Zone) -> Optional[tuple]:
+    """(instant, offset) of the newest point of a metric's layer, as the view's zone sees
+    it (``tz=local``: the offset written in the point)."""
+    for _, coord, point in iter_points_newest(conn, PointQuery(metric, layer)):
+        return coord[0], zone.point_offset(raw_start(point), coord[0])
+    return None
+
+
+def _view_day_text(ordinal: int) -> str:
+    """``Mon 3 Mar 2025``."""
+    day = _dt.date.fromordinal(ordinal)
+    return "%s %d %s %d" % (day.strftime("%a"), day.day, day.strftime("%b"), day.year)
+
+
+def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/plan?metric=&range=&tz=[&layer=][&from=&to=]``: what the metric view
+    reads and draws for a range, decided here and nowhere else: the layer (the one whose
+    newest point is newest anchors the range, the one answering it best is read), the
+    bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
+    than the layer: day data on a 24 h range is one day; lists get the days or weeks their
+    chart counts by), the bounds to ask for, the query that reads it (``points``:
+    ``/api/points``' parameters, the layers named as they are to be read, the chosen one
+    first, then those that fill the days it lacks) and the words the page shows for all of
+    it."""
+    metric = args.get("metric")
+    if not metric:
+        raise BadRequest("metric is required; see /api/catalog")
+    view = args.get("range") or "7d"
+    if view not in VIEW_RANGES and view not in ("all", "custom"):
+        raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
+    zone = parse_zone(args.get("tz"))
+    hours = layer_hours(conn, metric)
+    layers = {layer: last for layer, (_, last) in hours.items()}
+    if not layers:
+        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
+    asked = args.get("layer") or None
+    if asked is not None and asked not in layers:
+        raise UnknownLayer("%s has no data in that layer; it has %s"
+                           % (loggable_metric(metric), ", ".join(sorted(layers))))
+    meaning = meaning_of(metric)
+    kind = meaning.kind
+    series = meaning.drawn == "series"
+    anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
+        name) if name in LAYER_ORDER else 0))
+    plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
+    if view == "custom":
+        day_from, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
+        if day_from is None or last is None or day_from > last:
+            raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
+                             " before to, both %s" % READ_DAYS)
+        day_to = last + 1
+        days = day_to - day_from
+    elif view == "all":
+        first_hour = min(first for first, _ in hours.values())
+        days = (max(layers.values()) - first_hour) / 24 + 1
+        day_from = day_to = None
+    else:
+        days = VIEW_RANGES[view]
+        newest = _newest(conn, metric, anchor_layer, zone)
+        if newest is None:
+            raise UnknownMetric([loggable_metric(metric)])
+        anchor_day = local_ordinal(*newest)
+        if kind == "sleep":  # a night is on the morning it ended
+            nights = [day for day in sleep_nights(conn, PointQuery(
+                metric, anchor_layer, start=newest[0] - 2 * 86400 * US,
+                end=newest[0] + 2 * 86400 * US, zone=zone)) if day.night is not None]
+            anchor_day = nights[-1].date if nights else anchor_day
+        day_to = anchor_day + 1
+        day_from = day_to - days
+        plan["anchor"] = {"date": _dt.date.fromordinal(anchor_day).isoformat(),
+                          "local": local_iso(*newest)}
+
+    def read_layer(first: Optional[str], last: Optional[str]) -> str:
+        """The layer /api/points picks for these bounds (the same rule, the same bounds)."""
+        start = _query_bound("from", first, zone, is_end=False)[0]
+        end = _query_bound("to", last, zone, is_end=True)[0]
+        return asked or _finest_layer(conn, metric, list(layers), start, end)
+
+    def dates(first: Optional[int], end: Optional[int]) -> tuple:
+        """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
+        last day, included."""
+        return (None if first is None else read_day_text(first),
+                None if end is None else read_day_text(end - 1))
+
+    layer = read_layer(*dates(day_from, day_to))
+    bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
+              else "day" if days <= DAY_MAX_DAYS else "week")  # lists: their chart's days
+    if bucket == "week" and day_from is not None and view != "custom":
+        day_from -= (day_from - 1) % 7  # weeks start on Monday
+    bounds = dates(day_from, day_to)
+    span = ("all stored data" if day_from is None else _view_day_text(day_from)
+            if day_to - day_from == 1 else "%s – %s" % (_view_day_text(day_from),
+                                                       _view_day_text(day_to - 1)))
+    if bucket == "hour" and view == "24h":
+        newest = _newest(conn, metric, layer, zone) or newest
+        t1 = (newest[0] // HOUR_US + 1) * HOUR_US
+        hours = (format_instant(t1 - 24 * HOUR_US), format_instant(t1))
+        if read_layer(*hours) not in DAY_ONLY_LAYERS:
+            bounds, layer = hours, read_layer(*hours)
+            span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
+        else:  # the last 24 hours hold only day data: the day it is
+            bucket = "day"
+    day_only = layer in DAY_ONLY_LAYERS
+    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
+                **{"from": bounds[0], "to": bounds[1]})
+    # what /api/points is asked (it reads the layers as named: no second decision): the
+    # layer chosen, and when none was asked, the layers that fill the days it lacks, as
+    # point_query fills them; a list's records, its CSV, have no bucket
+    read = (layer,)
+    if asked is None and meaning.drawn != "list" and bucket != "hour":
+        read = _filling(layer, list(layers)) or read
+    plan["points"] = {"metric": metric, "layer": ",".join(read), "from": bounds[0],
+                      "to": bounds[1], "tz": zone.name}
+    if meaning.drawn != "list":
+        plan["points"]["bucket"] = bucket
+    words = [span]
+    if series:
+        words.append("%s %s" % ("totals" if kind == "total" else "averages",
+                                _BUCKET_WORDS[bucket]))
+    elif kind == "sleep":
+        words.append("one bar per night" if bucket == "day" else "the average night per week")
+    if day_only and series and days <= HOUR_MAX_DAYS:
+        words.append("this metric arrives once a day, so it is shown per day")
+    words.append("read from the %s layer" % layer)
+    plan["words"] = " · ".join(words)
+    return plan
+
+
+def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """``GET /api/ecg?start=…``: the recording that starts then, with its voltages in the
+    order they were measured, at its sampling frequency."""
+    start = _query_time("start", args.get("start"))
+    if start is None:
+        raise BadRequest("start is required: a recording's start, as /api/records lists it")
+    zone = parse_zone(args.get("tz"))
+    query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
+    for _, coord, point in iter_points(conn, query):
+        readings = [item for _, item in ecg_readings(point)]
+        units = {item.get("units") for item in readings if type(item.get("units")) is str}
+        offset = zone.point_offset(raw_start(point), coord[0])
+        trace = dict(ecg_item(point, coord), start=format_instant(coord[0]),
+                    local_start=local_iso(coord[0], offset),
+                    units=units.pop() if len(units) == 1 else None,
+                    voltages=[item["voltage"] for item in readings])
+        trace["unit_label"] = unit_label("ecg", trace["units"])
+        return trace
+    raise NotFound("no ECG recording starts then")
+
+
+# -- the journal: what arrived and what became of it, a page at a time ---------------
+
+DELIVERY_FIELDS = ("id", "received_at", "body_bytes", "automation_name", "automation_id",
+                   "automation_aggregation", "path_name", "parse_status", "layer", "error",
+                   "uncovered_keys", "folded_at") + _COUNTERS
+
+
+def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
+    """A page of the journal, newest first: what arrived and what became of it, never a
+    body or a value."""
+    status = args.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise BadRequest("status must be one of " + ", ".join(STATUSES))
+    limit = _whole_number("limit", args.get("limit"), DELIVERIES_LIMIT[0], DELIVERIES_LIMIT[1])
+    before = args.get("before")
+    where, values = [], []
+    if status is not None:
+        where.append("parse_status = ?")
+        values.append(status)
+    if before:
+        anchor_id = _whole_number("before", before, 0, 1 << 62)
+        anchor = conn.execute("SELECT received_at FROM delivery WHERE id = ?",
+                              (anchor_id,)).fetchone()
+        if anchor is None:
+            raise BadRequest("before names no delivery")
+        where.append("(received_at < ? OR (received_at = ? AND id < ?))")
+        values += [anchor[0], anchor[0], anchor_id]
+    rows = conn.execute(
+        "SELECT %s FROM delivery%s ORDER BY received_at DESC, id DESC LIMIT ?"
+        % (", ".join(DELIVERY_FIELDS), " WHERE " + " AND ".join(where) if where else ""),
+        values + [limit + 1]).fetchall()
+    items = []
+    for row in rows[:limit]:
+        item = dict(zip(DELIVERY_FIELDS, row))
+        item["status"] = item.pop("parse_status")
+        item["uncovered_keys"] = json.loads(item["uncovered_keys"] or "[]")
+        if item["status"] == "failed" and worth_retrying(item["error"]):
+            item["remedy"] = ("the machine, not the body, may have caused this (a disk not"
+                              " mounted, memory): `healthlog refold %d` folds it again"
+                              % item["id"])
+        for name in ("received_at", "folded_at"):
+            item[name] = journal_time(item[name])
+        items.append(item)
+    return {"deliveries": items,
+            "next_before": items[-1]["id"] if len(rows) > limit else None}
+
+
+def _whole_number(name: str, text: Optional[str], default: int, high: int) -> int:
+    if text is None or text == "":
+        return default
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise BadRequest("%s must be a whole number" % name)
+    value = int(text)
+    if not 1 <= value <= high:
+        raise BadRequest("%s must be between 1 and %d" % (name, high))
+    return value
+
+
+# ==============================================================================
+# Workouts: a list, one workout whole: its figures, heart rate, route and splits.
+# ==============================================================================
 # The functions below take a connection and plain parameters and return plain dicts: the
 # routes (/api/workouts, /api/workouts/<id>), the GPX and SQLite exports and any other
 # reader answer from them alone (workouts spec).
@@ -8214,10 +8654,14 @@ GPX and the SQLite export, and the bounds and figures are the whole route's."""
 HEART_DRAW_MAX = 1000
 """Heart-rate samples drawn, at most: a longer series is drawn in runs of consecutive samples
 (the first's time, their mean, lowest and highest)."""
+HEART_NEAREST_S = 5.0
+"""A route point's heart rate is the workout's sample nearest to it in time, when one is
+within this many seconds (the page's colours, the GPX's ``gpxtpx:hr``): HAE's Seconds
+grouping sends one every few seconds; nothing is interpolated across a gap."""
 HEART_HOLD_S = 60.0
 """A heart-rate sample stands for the time until the next one, at most this long: HAE's
 Minutes grouping sends one a minute; a longer gap is time without heart rate, never filled
-(zones; the GPX takes the nearest sample within :data:`GPX_HR_WINDOW_S`)."""
+(zones; the GPX takes the nearest sample within :data:`HEART_NEAREST_S`)."""
 ELEVATION_STEP_M = 3.0
 """A route's altitude counts as a climb or a descent once it has moved this far from the last
 turning point: GPS altitude wanders a metre or two between seconds, and adding every rise of
@@ -8318,9 +8762,9 @@ def workout_id(point: dict, coord: tuple) -> str:
     return "%s_%s" % (_compact_instant(coord[0]), _compact_instant(coord[1]))
 
 
-def _id_instants(workout_id: str) -> Optional[tuple]:
+def _id_instants(ident: str) -> Optional[tuple]:
     """(start, end) of an id made of a coordinate, else None."""
-    match = _COORD_ID.fullmatch(workout_id)
+    match = _COORD_ID.fullmatch(ident)
     if not match:
         return None
     out = []
@@ -8550,8 +8994,8 @@ class RouteWalk:
     meters: float = 0.0
     gain: Optional[float] = None
     loss: Optional[float] = None
-    boundaries: list = field(default_factory=list)
-    drawn: list = field(default_factory=list)
+    boundaries: list = _field(default_factory=list)
+    drawn: list = _field(default_factory=list)
 
 
 def walk_route(items: Any, split_m: float, draw_max: int = ROUTE_DRAW_MAX) -> RouteWalk:
@@ -8786,7 +9230,7 @@ def _workout_source(point: dict) -> Optional[str]:
     return None
 
 
-def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
+def workout_listing(workout: StoredWorkout, zone: Zone) -> dict:
     """A workout as a list shows it: its id, times (UTC, local in ``zone``, the local date),
     :func:`workout_item`'s figures as sent, its activity, whether a route and the session's
     heart rate were sent, and its source."""
@@ -8812,7 +9256,7 @@ def workout_summary(workout: StoredWorkout, zone: Zone) -> dict:
 
 
 def mark_duplicates(entries: list) -> None:
-    """Mark the workouts recorded twice among ``entries`` ([(summary, coordinate)]): same
+    """Mark the workouts recorded twice among ``entries`` ([(listing, coordinate)]): same
     activity (by its name's words; the same name when neither is known) and times
     overlapping by at least :data:`DUPLICATE_OVERLAP` of the longer.  Of each group the one
     shown first has a route, then the session's heart rate, then more route points, then
@@ -8854,11 +9298,11 @@ def mark_duplicates(entries: list) -> None:
             item = entries[k][0]
             if k != best:
                 item["duplicate_of"] = first["id"]
-                item["shown_first"] = _named(first)
-                first["duplicates"].append(_named(item))
+                item["shown_first"] = _workout_reference(first)
+                first["duplicates"].append(_workout_reference(item))
 
 
-def _named(item: dict) -> dict:
+def _workout_reference(item: dict) -> dict:
     """A workout as another names it beside itself."""
     return {"id": item["id"], "name": item["name"], "local_start": item["local_start"],
             "source": item["source"]}
@@ -8868,7 +9312,7 @@ def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Op
                     zone: Zone, scratch: Optional[Path], limit: Optional[int] = None,
                     wanted: Callable[[StoredWorkout], bool] = lambda w: True,
                     decoded: Optional[dict] = None) -> tuple:
-    """([(summary, coordinate)] of the workouts ``wanted``, newest first, at most
+    """([(listing, coordinate)] of the workouts ``wanted``, newest first, at most
     ``limit``; whether more were left out), duplicates marked among them and the workouts
     of :data:`DUPLICATE_MARGIN_S` around them.  ``decoded``: hour -> the workouts of an
     object already decoded (not decoded again)."""
@@ -8884,7 +9328,7 @@ def _range_workouts(conn: sqlite3.Connection, low_us: Optional[int], high_us: Op
             workouts = (decoded or {}).get(row[0])
             for workout in reversed(workouts if workouts is not None
                                     else _workouts_of(row, scratch)):
-                entry = (workout_summary(workout, zone), workout.coord)  # not the point
+                entry = (workout_listing(workout, zone), workout.coord)  # not the point
                 if wanted(workout):
                     inside.append(entry)
                     oldest = workout.coord[0] if oldest is None else min(oldest,
@@ -8903,25 +9347,53 @@ def list_workouts(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
                   limit: Optional[int] = WORKOUTS_LIST_MAX) -> dict:
     """``GET /api/workouts?from&to&tz``: the workouts whose start is in the range (read as
     ``/api/points`` reads it), newest first, at most ``limit``; each as
-    :func:`workout_summary` gives it, duplicates marked (:func:`mark_duplicates`); and the
-    count and seconds of the workouts shown first (a duplicate is counted once)."""
+    :func:`workout_listing` gives it, duplicates marked (:func:`mark_duplicates`); and the
+    count and seconds of the workouts shown first (a duplicate is counted once,
+    :func:`workout_totals`); with ``bucket`` (``day`` or ``week``), the same per local day or
+    week of the workouts listed (``buckets``, :func:`workout_buckets`)."""
     zone = parse_zone(args.get("tz"))
     start, day_from = _query_bound("from", args.get("from"), zone, is_end=False)
     end, day_to = _query_bound("to", args.get("to"), zone, is_end=True)
     if (start is not None and end is not None and start >= end) or (
             day_from is not None and day_to is not None and day_from >= day_to):
         raise BadRequest("from must be before to")
+    bucket = args.get("bucket") or None
+    if bucket not in (None, "day", "week"):
+        raise BadRequest("bucket must be day or week")
     query = PointQuery(WORKOUT_METRIC, RECORD_LAYER, start, end, zone=zone,
                        day_from=day_from, day_to=day_to)
     entries, more = _range_workouts(
         conn, start, end, zone, scratch, limit,
         lambda w: _coord_in_range(w.coord, query, w.point))
     items = [item for item, _ in entries]
+    answer = {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
+              "workouts": items, **workout_totals(items), "truncated": more}
+    if bucket is not None:
+        answer.update(bucket=bucket, buckets=workout_buckets(items, bucket))
+    return answer
+
+
+def workout_totals(items: list) -> dict:
+    """``count`` and ``seconds`` of the workouts shown first among ``items`` (summaries
+    marked by :func:`mark_duplicates`): a workout two apps recorded counts once."""
     shown = [item for item in items if item["duplicate_of"] is None]
-    return {"tz": zone.name, "from": _instant_or_null(start), "to": _instant_or_null(end),
-            "workouts": items, "count": len(shown),
-            "seconds": math.fsum(item["duration_s"] or 0 for item in shown),
-            "truncated": more}
+    return {"count": len(shown), "seconds": math.fsum(item["duration_s"] or 0
+                                                     for item in shown)}
+
+
+def workout_buckets(items: list, bucket: str) -> list:
+    """The workout time of each local day (``bucket=day``) or week (``week``: dated by its
+    Monday) of ``items``' dates that has a workout: [{date, count, seconds}] in date
+    order, each counted as :func:`workout_totals` counts (a workout two apps recorded
+    once)."""
+    slots: dict = {}
+    for item in items:
+        day = _dt.date.fromisoformat(item["date"])
+        if bucket == "week":
+            day -= _dt.timedelta(days=day.weekday())
+        slots.setdefault(day, []).append(item)
+    return [{"date": day.isoformat(), **workout_totals(slots[day])} for day in sorted(slots)
+            if any(item["duplicate_of"] is None for item in slots[day])]
 
 
 # -- one workout, whole ---------------------------------------------------------------
@@ -9003,11 +9475,11 @@ def workout_figures(point: dict, duration: Optional[float], activity: str, syste
         label, size = units["elevation"]
         figures.append(_figure("elevation_gain", "Elevation gain", walk.gain / size, "number",
                                label, note="from the route"))
-    summary = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
+    sent_heart = point.get("heartRate") if type(point.get("heartRate")) is dict else {}
     for key, label, sent, pick in (
             ("average_heart_rate", "Average heart rate", "avg", None),
             ("max_heart_rate", "Highest heart rate", "max", max)):
-        amount = _quantity(summary.get(sent)) or _quantity(point.get(
+        amount = _quantity(sent_heart.get(sent)) or _quantity(point.get(
             "avgHeartRate" if sent == "avg" else "maxHeartRate"))
         if amount is not None:
             figures.append(_sent_figure(key, label, amount))
@@ -9078,7 +9550,7 @@ def get_workout(conn: sqlite3.Connection, ident: str,
                 args: Optional[Mapping[str, Optional[str]]] = None,
                 scratch: Optional[Path] = None, max_heart_rate: Optional[float] = None,
                 distance_units: Optional[str] = None) -> dict:
-    """``GET /api/workouts/<id>``: one workout whole: its summary (:func:`workout_summary`,
+    """``GET /api/workouts/<id>``: one workout whole: its listing (:func:`workout_listing`,
     duplicates marked among the workouts around it), its figures (:func:`workout_figures`),
     the route thinned for drawing (:data:`ROUTE_DRAW_MAX`) with its bounds, the session's
     heart rate and the recovery apart, with zones, the splits per km or mile (100 m or yards
@@ -9087,11 +9559,11 @@ def get_workout(conn: sqlite3.Connection, ident: str,
     :func:`walk_route`)."""
     zone = parse_zone((args or {}).get("tz"))
     found, siblings = _find(conn, ident, scratch)
-    [(summary, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
+    [(listing, _)] = _range_workouts(conn, found.coord[0], found.coord[1], zone, scratch,
                                      wanted=lambda w: w is found,
                                      decoded={found.hour: siblings})[0]
     point, (start, end, _) = found.point, found.coord
-    activity = summary["activity"]
+    activity = listing["activity"]
     system = owner_units(point, distance_units)
     units = UNIT_SYSTEMS[system]
     split_label, split_m = units["swim" if activity == "swimming" else "distance"]
@@ -9106,12 +9578,12 @@ def get_workout(conn: sqlite3.Connection, ident: str,
             activity, "walkingAndRunningDistance")), end, split_m)
         if series is not None:
             boundaries, source = series[0], "distance series"
-    duration = summary["duration_s"]
+    duration = listing["duration_s"]
     notes = [] if heart.state == "sent" else [HEART_WORDS[heart.state]]
     if walk is None:
         notes.append("No route was sent with this workout.")
     return {
-        "workout": summary,
+        "workout": listing,
         "figures": workout_figures(point, duration, activity, system, walk, heart),
         "units": {"system": system, **{key: {"label": label, "meters": size}
                                        for key, (label, size) in units.items()}},
@@ -9131,8 +9603,8 @@ def get_workout(conn: sqlite3.Connection, ident: str,
             "profile": [[p[4], p[3]] for p in walk.drawn if p[3] is not None]},
         "notes": notes,
         "link": {"metric": WORKOUT_METRIC, "from": _dt.date.fromordinal(
-            _dt.date.fromisoformat(summary["date"]).toordinal() - 6).isoformat(),
-            "to": summary["date"]},
+            _dt.date.fromisoformat(listing["date"]).toordinal() - 6).isoformat(),
+            "to": listing["date"]},
     }
 
 
@@ -9149,640 +9621,9 @@ def _splits_answer(rows: list, activity: str, units: dict, label: str, size: flo
             "pace_label": "/" + label, "speed_label": speed_label}
 
 
-# -- the view's plan: which layer and bucket answer a range, decided once -------------
-
-VIEW_RANGES = {"24h": 1, "7d": 7, "30d": 30, "1y": 365}
-"""The page's ranges and their days; ``all`` and ``custom`` (``from``/``to`` dates, both
-shown) besides."""
-HOUR_MAX_DAYS = 2
-"""Series are drawn per hour for ranges of two days or less (never finer than the layer's
-own grouping: a metric that arrives once a day stays per day)."""
-DAY_MAX_DAYS = 186
-"""Per day up to half a year, per week beyond."""
-DAY_ONLY_LAYERS = ("days", "weeks", "months", "years")
-"""Layers whose points each stand for a whole day or more: never bucketed per hour."""
-_BUCKET_WORDS = {"hour": "per hour", "day": "per day", "week": "per week"}
-
-
-def _newest(conn: sqlite3.Connection, metric: str, layer: str, zone: Zone) -> Optional[tuple]:
-    """(instant, offset) of the newest point of a metric's layer, as the view's zone sees
-    it (``tz=local``: the offset written in the point)."""
-    for _, coord, point in iter_points_newest(conn, PointQuery(metric, layer)):
-        return coord[0], zone.point_offset(raw_start(point), coord[0])
-    return None
-
-
-def _view_day_text(ordinal: int) -> str:
-    """``Mon 3 Mar 2025``."""
-    day = _dt.date.fromordinal(ordinal)
-    return "%s %d %s %d" % (day.strftime("%a"), day.day, day.strftime("%b"), day.year)
-
-
-def plan_view(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
-    """``GET /api/plan?metric=&range=&tz=[&layer=][&from=&to=]``: what the metric view
-    reads and draws for a range, decided here and nowhere else: the layer (the one whose
-    newest point is newest anchors the range, the one answering it best is read), the
-    bucket (per hour up to two days, per day up to half a year, per week beyond; never finer
-    than the layer: day data on a 24 h range is one day; lists get the days or weeks their
-    chart counts by), the bounds to ask for, and the words the page shows for all of it."""
-    metric = args.get("metric")
-    if not metric:
-        raise BadRequest("metric is required; see /api/catalog")
-    view = args.get("range") or "7d"
-    if view not in VIEW_RANGES and view not in ("all", "custom"):
-        raise BadRequest("range must be one of %s, all or custom" % ", ".join(VIEW_RANGES))
-    zone = parse_zone(args.get("tz"))
-    hours = layer_hours(conn, metric)
-    layers = {layer: last for layer, (_, last) in hours.items()}
-    if not layers:
-        raise UnknownMetric([loggable_metric(name) for name in stored_metrics(conn)])
-    asked = args.get("layer") or None
-    if asked is not None and asked not in layers:
-        raise UnknownLayer("%s has no data in that layer; it has %s"
-                           % (loggable_metric(metric), ", ".join(sorted(layers))))
-    kind = meaning_of(metric).kind
-    series = kind in ("total", "average")
-    anchor_layer = asked or max(layers, key=lambda name: (layers[name], -LAYER_ORDER.index(
-        name) if name in LAYER_ORDER else 0))
-    plan: dict = {"metric": metric, "range": view, "tz": zone.name, "kind": kind}
-    if view == "custom":
-        day_from, last = read_day("from", args.get("from")), read_day("to", args.get("to"))
-        if day_from is None or last is None or day_from > last:
-            raise BadRequest("a custom range wants from and to as days YYYY-MM-DD, from on or"
-                             " before to, both %s" % READ_DAYS)
-        day_to = last + 1
-        days = day_to - day_from
-    elif view == "all":
-        first_hour = min(first for first, _ in hours.values())
-        days = (max(layers.values()) - first_hour) / 24 + 1
-        day_from = day_to = None
-    else:
-        days = VIEW_RANGES[view]
-        newest = _newest(conn, metric, anchor_layer, zone)
-        if newest is None:
-            raise UnknownMetric([loggable_metric(metric)])
-        anchor_day = local_ordinal(*newest)
-        if kind == "sleep":  # a night is on the morning it ended
-            nights = [day for day in sleep_nights(conn, PointQuery(
-                metric, anchor_layer, start=newest[0] - 2 * 86400 * US,
-                end=newest[0] + 2 * 86400 * US, zone=zone)) if day.night is not None]
-            anchor_day = nights[-1].date if nights else anchor_day
-        day_to = anchor_day + 1
-        day_from = day_to - days
-        plan["anchor"] = {"date": _dt.date.fromordinal(anchor_day).isoformat(),
-                          "local": local_iso(*newest)}
-
-    def read_layer(first: Optional[str], last: Optional[str]) -> str:
-        """The layer /api/points picks for these bounds (the same rule, the same bounds)."""
-        start = _query_bound("from", first, zone, is_end=False)[0]
-        end = _query_bound("to", last, zone, is_end=True)[0]
-        return asked or _finest_layer(conn, metric, list(layers), start, end)
-
-    def dates(first: Optional[int], end: Optional[int]) -> tuple:
-        """The bounds of the dates [first, end) as the routes read dates: ``to`` is the
-        last day, included."""
-        return (None if first is None else read_day_text(first),
-                None if end is None else read_day_text(end - 1))
-
-    layer = read_layer(*dates(day_from, day_to))
-    bucket = ("hour" if series and days <= HOUR_MAX_DAYS and layer not in DAY_ONLY_LAYERS
-              else "day" if days <= DAY_MAX_DAYS else "week")  # lists: their chart's days
-    if bucket == "week" and day_from is not None and view != "custom":
-        day_from -= (day_from - 1) % 7  # weeks start on Monday
-    bounds = dates(day_from, day_to)
-    span = ("all stored data" if day_from is None else _view_day_text(day_from)
-            if day_to - day_from == 1 else "%s – %s" % (_view_day_text(day_from),
-                                                       _view_day_text(day_to - 1)))
-    if bucket == "hour" and view == "24h":
-        newest = _newest(conn, metric, layer, zone) or newest
-        t1 = (newest[0] // HOUR_US + 1) * HOUR_US
-        hours = (format_instant(t1 - 24 * HOUR_US), format_instant(t1))
-        if read_layer(*hours) not in DAY_ONLY_LAYERS:
-            bounds, layer = hours, read_layer(*hours)
-            span = "24 hours to %s" % local_iso(t1, newest[1])[11:16]
-        else:  # the last 24 hours hold only day data: the day it is
-            bucket = "day"
-    day_only = layer in DAY_ONLY_LAYERS
-    plan.update(layer=layer, bucket=bucket, axis="hours" if bucket == "hour" else "dates",
-                **{"from": bounds[0], "to": bounds[1]})
-    words = [span]
-    if series:
-        words.append("%s %s" % ("totals" if kind == "total" else "averages",
-                                _BUCKET_WORDS[bucket]))
-    elif kind == "sleep":
-        words.append("one bar per night" if bucket == "day" else "the average night per week")
-    if day_only and series and days <= HOUR_MAX_DAYS:
-        words.append("this metric arrives once a day, so it is shown per day")
-    words.append("read from the %s layer" % layer)
-    plan["words"] = " · ".join(words)
-    return plan
-
-
-def ecg_trace(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
-    """``GET /api/ecg?start=…``: the recording that starts then, with its voltages in the
-    order they were measured, at its sampling frequency."""
-    start = _query_time("start", args.get("start"))
-    if start is None:
-        raise BadRequest("start is required: a recording's start, as /api/records lists it")
-    zone = parse_zone(args.get("tz"))
-    query = PointQuery("ecg", RECORD_LAYER, start, start + 1, zone=zone)
-    for _, coord, point in iter_points(conn, query):
-        readings = [item for _, item in ecg_readings(point)]
-        units = {item.get("units") for item in readings if type(item.get("units")) is str}
-        offset = zone.point_offset(raw_start(point), coord[0])
-        trace = dict(ecg_item(point, coord), start=format_instant(coord[0]),
-                    local_start=local_iso(coord[0], offset),
-                    units=units.pop() if len(units) == 1 else None,
-                    voltages=[item["voltage"] for item in readings])
-        trace["unit_label"] = unit_label("ecg", trace["units"])
-        return trace
-    raise NotFound("no ECG recording starts then")
-
-
-# -- the summary: a day at a glance, against the person's own usual ---------------------
-
-USUAL_DAYS = 30
-"""The usual is the median of the day values of the 30 days before the day shown."""
-USUAL_MIN_DAYS = 5
-"""Fewer days with a value than this, and there is no usual (a median of two days is no
-one's usual)."""
-SPARK_DAYS = 14
-TREND_RECENT_DAYS = 90
-TREND_BASELINE_DAYS = 365
-TREND_MIN_RECENT, TREND_MIN_BASELINE = 30, 90
-"""A trend compares the mean day value of the last 90 days with that of the 365 days
-before, when the recent window holds at least 30 days with a value and the baseline 90; it
-is flagged when the difference exceeds one standard deviation of the baseline days."""
-
-
-_DAY_SHIFT = 1 << 20
-"""Days SQLite adds to a local second before it divides by a day, and takes off after:
-its integer division truncates toward zero, so a dividend kept positive floors, as a date
-does (2,870 years: before any day a query can ask)."""
-
-
-def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
-                    zone: Zone, low: int, high: int) -> Optional[tuple]:
-    """([(epoch day, units, count, sum)], [hours left]): per local day, from the hours'
-    tallies, summed inside SQLite, for the hours whose points all lie in one local day:
-    one offset (the one the fold wrote for them, ``tz=local``; the zone's) under which the
-    hour crosses no local midnight; the other hours (two offsets, the hour a day in which
-    a half-hour offset's midnight falls, a tally from before offsets were kept) are left
-    to be read from their points.  One statement; each tally's JSON read by four scalar
-    ``json_extract`` (one call of several paths costs more: the small array it builds is
-    parsed again for each use).  An IANA zone: :func:`_zone_day_values`.  None where this
-    SQLite has no JSON functions."""
-    path = '$.f."%s"' % field.replace('"', "")
-    if isinstance(zone, NamedZone):
-        return _zone_day_values(conn, metric, layer, path, zone, low, high)
-    local = "hour * 3600 + %s + %d" % ("o0" if zone is LOCAL_ZONE else int(zone.offset_s),
-                                       _DAY_SHIFT * 86400)
-    single = "o0 IS NOT NULL AND o1 IS NULL AND " if zone is LOCAL_ZONE else "has AND "
-    # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
-    # repeat its json_extract calls (each a parse of the whole tally) for every use.
-    try:
-        rows = conn.execute(
-            "SELECT CASE WHEN ok THEN (%s) / 86400 - %d END, CASE WHEN ok THEN NULL ELSE hour"
-            " END, units, sum(c), sum(s) FROM (SELECT hour, units, o0, c, s, coalesce(%s(%s)"
-            " %% 86400 <= 82800, 0) AS ok FROM (SELECT hour, units, summary IS NOT NULL AS"
-            " has, json_extract(summary, '$.o[0]') AS o0, json_extract(summary, '$.o[1]') AS"
-            " o1, json_extract(summary, ?) AS c, json_extract(summary, ?) AS s FROM object"
-            " WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ? LIMIT -1 OFFSET 0)"
-            " LIMIT -1 OFFSET 0) WHERE NOT ok OR c IS NOT NULL GROUP BY 1, 2, 3"
-            % (local, _DAY_SHIFT, single, local),
-            (path + "[0]", path + "[3]", metric, layer, low, high)).fetchall()
-    except sqlite3.OperationalError:
-        return None
-    return ([(day, units, count, total) for day, hour, units, count, total in rows
-             if hour is None],
-            sorted({hour for _, hour, _, _, _ in rows if hour is not None}))
-
-
-def _zone_day_values(conn: sqlite3.Connection, metric: str, layer: str, path: str,
-                     zone: "NamedZone", low: int, high: int) -> Optional[tuple]:
-    """:func:`_day_values_sql` in an IANA zone: SQLite reads each tally's count and sum,
-    and the hours are placed on the zone's days here (an hour whose offset at its start
-    differs from the next hour's, a DST change, is read from its points)."""
-    try:
-        rows = conn.execute(
-            "SELECT hour, units, summary IS NOT NULL, json_extract(summary, ?),"
-            " json_extract(summary, ?) FROM object WHERE metric = ? AND layer = ? AND hour"
-            " BETWEEN ? AND ?", (path + "[0]", path + "[3]", metric, layer, low, high))
-        rows = rows.fetchall()
-    except sqlite3.OperationalError:
-        return None
-    days: dict = {}
-    left = []
-    for hour, units, has, count, total in rows:
-        offset = zone.offset_at(hour * HOUR_US)
-        local = hour * 3600 + offset
-        if not has or offset != zone.offset_at((hour + 1) * HOUR_US) or local % 86400 > 82800:
-            left.append(hour)
-        elif count is not None:
-            slot = days.setdefault((local // 86400, units), [0, 0.0])
-            slot[0] += count
-            slot[1] += total or 0.0
-    return [(day, units, count, total) for (day, units), (count, total) in days.items()], left
-
-
-def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
-               last: int) -> dict:
-    """Local date ordinal → (value, units) of a ``total`` or ``average`` metric over the
-    days ``first``..``last``: the day's sum or mean of its main field, from the first layer
-    of :data:`DAY_LAYERS` that holds that day."""
-    meaning = meaning_of(metric)
-    field = meaning.fields[0]
-    low = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
-    high = ((last + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    layers = _layers_between(conn, metric, low, high)
-    found: dict = {}
-    for layer in sorted((layer for layer in layers if layer in DAY_LAYERS),
-                        key=DAY_LAYERS.index):
-        totals: dict = {}  # (ordinal, units) -> [count, sum]
-        fast = _day_values_sql(conn, metric, layer, field, zone, low, high)
-        if fast is None:
-            hours = None
-        else:
-            rows, hours = fast
-            for epoch_day, units, count, total in rows:
-                if count:
-                    slot = totals.setdefault((epoch_day + _EPOCH_ORDINAL, units), [0, 0.0])
-                    slot[0] += count
-                    slot[1] += total or 0.0
-        query = PointQuery(metric, layer, low * HOUR_US, (high + 1) * HOUR_US, "day", zone)
-        for hour_range in ([None] if hours is None else _hour_spans(hours)):
-            part = query if hour_range is None else _replace(
-                query, start=hour_range[0] * HOUR_US, end=(hour_range[1] + 1) * HOUR_US)
-            for run in bucket_runs(conn, part):
-                for ordinal, bucket in run.buckets.items():
-                    stats = bucket.fields.get(field)
-                    if stats is not None and stats[3] is not None:
-                        slot = totals.setdefault((ordinal, run.units), [0, 0.0])
-                        slot[0] += stats[0]
-                        slot[1] += stats[3]
-        for (ordinal, units), (count, total) in totals.items():
-            if first <= ordinal <= last and ordinal not in found:
-                found[ordinal] = (total if meaning.kind == "total" else total / count, units)
-        if all(day in found for day in range(first, last + 1)):
-            break
-    return found
-
-
-def _hour_spans(hours: list) -> list:
-    """Runs of consecutive hours, as (first, last)."""
-    spans: list = []
-    for hour in sorted(hours):
-        if spans and hour == spans[-1][1] + 1:
-            spans[-1][1] = hour
-        else:
-            spans.append([hour, hour])
-    return spans
-
-
-def _median(values: list) -> Optional[float]:
-    values = sorted(values)
-    if not values:
-        return None
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
-def _usual(values: dict, day: int, units: Optional[str]) -> tuple:
-    """(median, days) of the day values of the :data:`USUAL_DAYS` before ``day`` in the
-    same units; the median is None with fewer than :data:`USUAL_MIN_DAYS` days."""
-    before = [value for ordinal, (value, unit) in values.items()
-              if day - USUAL_DAYS <= ordinal < day and unit == units]
-    return (_median(before) if len(before) >= USUAL_MIN_DAYS else None), len(before)
-
-
-def _spark(values: dict, day: int) -> list:
-    return [{"date": _dt.date.fromordinal(ordinal).isoformat(),
-             "value": values[ordinal][0] if ordinal in values else None}
-            for ordinal in range(day - SPARK_DAYS + 1, day + 1)]
-
-
-def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
-    """A card's range as a query takes it: ``from`` and ``to`` both included."""
-    return {"metric": metric, "from": read_day_text(day - days + 1), "to": read_day_text(day)}
-
-
-def _written(metric: str, units: Optional[str]) -> dict:
-    """How a card writes its numbers: its units as shown (:func:`unit_label`) and the
-    decimals its meaning always shows."""
-    return {"unit_label": unit_label(metric, units), "digits": meaning_of(metric).digits}
-
-
-def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
-    values = day_values(conn, metric, zone, day - USUAL_DAYS, day)
-    if not values:
-        return None
-    meaning = meaning_of(metric)
-    value, units = values.get(day, (None, None))
-    if units is None:
-        units = values[max(values)][1]
-    usual, usual_days = _usual(values, day, units)
-    return {"metric": metric, "name": meaning.name, "render": "series", "kind": meaning.kind,
-            "units": units, **_written(metric, units),
-            "value": value, "usual": usual, "usual_days": usual_days,
-            "spark": _spark(values, day), "link": _link(metric, day)}
-
-
-def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
-                title: str) -> Optional[dict]:
-    """Last night: the night that ended on the day, its stages in the sleep meaning's order
-    (``stage_order``), its fields (the main one first) with their labels, against the
-    usual night."""
-    if RECORD_LAYER not in metric_layers(conn, SLEEP_METRIC):
-        return None
-    query = PointQuery(SLEEP_METRIC, RECORD_LAYER, None, None, "day", zone,
-                       day_from=day - USUAL_DAYS, day_to=day + 1)
-    query = _replace(query, start=((day - USUAL_DAYS - _EPOCH_ORDINAL) * 86400
-                                   - MAX_OFFSET_S) * US,
-                     end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
-    nights = {_dt.date.fromisoformat(item["date"]).toordinal(): item
-              for item in sleep_buckets(sleep_nights(conn, query), query)}
-    if not nights:
-        return None
-    asleep = {ordinal: (item["asleep"], "hr") for ordinal, item in nights.items()
-              if item["asleep"] is not None}
-    usual, usual_days = _usual(asleep, day, "hr")
-    night = nights.get(day)
-    meaning = meaning_of(SLEEP_METRIC)
-    return {"metric": SLEEP_METRIC, "name": title, "render": "night", "units": "hr",
-            "fields": [{"field": field, "label": meaning.label(field)}
-                       for field in meaning.fields],
-            "stage_order": stage_order_json(),
-            "nights": night["nights"] if night else 0,
-            "overlapping": night["overlapping"] if night else False,
-            "naps": night["naps"] if night else [],
-            "asleep": night["asleep"] if night else None,
-            "in_bed": night["in_bed"] if night else None,
-            "stages": night["stages"] if night else {},
-            "sleep_start": night["sleep_start"] if night else None,
-            "sleep_end": night["sleep_end"] if night else None,
-            **(_night_words(None) if night is None else {
-                key: night[key] for key in _night_words(None)}),
-            "usual": usual, "usual_days": usual_days, "spark": _spark(asleep, day),
-            "link": _link(SLEEP_METRIC, day)}
-
-
-def _range_card(conn: sqlite3.Connection, metric: str, zone: Zone,
-                day: int) -> Optional[dict]:
-    """The day's lowest, average and highest of a metric whose points hold their span's
-    lowest and highest (its meaning's ``bounds``: heart rate's Min and Max), the average
-    that of its main field, from the finest layer with the day (:data:`DAY_LAYERS`,
-    finest first)."""
-    meaning = meaning_of(metric)
-    low_field, high_field = meaning.bounds
-    query = PointQuery(metric, "", None, None, "day", zone, day_from=day, day_to=day + 1)
-    for layer in DAY_LAYERS[::-1]:
-        part = _replace(query, layer=layer,
-                        start=((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US,
-                        end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
-        for run in bucket_runs(conn, part):
-            bucket = run.buckets.get(day)
-            if bucket is None:
-                continue
-            low, mean, high = (bucket.fields.get(name)
-                               for name in (low_field, meaning.fields[0], high_field))
-            if mean is None:
-                continue
-            return {"metric": metric, "name": meaning.name, "render": "range",
-                    "units": run.units, **_written(metric, run.units), "layer": layer,
-                    "min": (low or mean)[1], "max": (high or mean)[2],
-                    "avg": None if mean[3] is None else mean[3] / mean[0],
-                    "link": _link(metric, day, 1)}
-    return None
-
-
-def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
-    """The last measurement of a body metric on or before the day; ``day_value`` when it
-    stands for a whole day (a layer of days: a Days automation's, at local midnight), whose
-    time of day means nothing."""
-    meaning = meaning_of(metric)
-    end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
-    best = None
-    for layer in metric_layers(conn, metric):
-        query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
-        for units, coord, point in iter_points_newest(conn, query):
-            if best is None or coord[0] > best[1][0]:
-                best = (units, coord, point, layer)
-            break
-    if best is None:
-        return None
-    units, coord, point, layer = best
-    offset = zone.point_offset(raw_start(point), coord[0])
-    values = {name: point.get(name) for name in meaning.fields
-              if type(point.get(name)) in (int, float)}
-    return {"metric": metric, "name": meaning.name, "render": "latest", "units": units,
-            **_written(metric, units), "values": values, "measured": local_iso(coord[0], offset),
-            "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
-
-
-def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
-    """Everything else recorded on the day: a value per series, a count per list."""
-    low = ((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
-    high = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
-    metrics = [metric for metric in stored_metrics(conn)
-               if metric not in shown and _layers_between(conn, metric, low, high)]
-    out = []
-    for metric in metrics:
-        meaning = meaning_of(metric)
-        if meaning.kind in ("total", "average"):
-            found = day_values(conn, metric, zone, day, day).get(day)
-            if found is not None:
-                out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
-                            "value": found[0], "units": found[1],
-                            **_written(metric, found[1]), "link": _link(metric, day)})
-        elif meaning.kind == "events":
-            query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
-                               None, zone, day_from=day, day_to=day + 1)
-            count = sum(1 for _ in iter_points(conn, query))
-            if count:
-                out.append({"metric": metric, "name": meaning.name, "kind": "events",
-                            "value": count, "units": None, "link": _link(metric, day)})
-    return out
-
-
-def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
-    """Per series metric where a direction means something (the meaning's ``better``), the
-    mean day value of the last :data:`TREND_RECENT_DAYS` days against the
-    :data:`TREND_BASELINE_DAYS` before; flagged past one standard deviation of the baseline
-    days, when both windows hold enough days (:data:`TREND_MIN_RECENT`,
-    :data:`TREND_MIN_BASELINE`)."""
-    first = day - TREND_RECENT_DAYS - TREND_BASELINE_DAYS + 1
-    out = []
-    for metric in stored_metrics(conn):
-        meaning = meaning_of(metric)
-        if meaning.kind not in ("total", "average") or meaning.better is None:
-            continue
-        values = day_values(conn, metric, zone, first, day)
-        if not values:
-            continue
-        units = values[max(values)][1]
-        recent = [v for o, (v, u) in values.items() if o > day - TREND_RECENT_DAYS and u == units]
-        base = [v for o, (v, u) in values.items() if o <= day - TREND_RECENT_DAYS and u == units]
-        if len(recent) < TREND_MIN_RECENT or len(base) < TREND_MIN_BASELINE:
-            continue
-        mean_recent, mean_base = sum(recent) / len(recent), sum(base) / len(base)
-        spread = math.sqrt(sum((v - mean_base) ** 2 for v in base) / (len(base) - 1))
-        change = mean_recent - mean_base
-        direction = "up" if change > 0 else "down" if change < 0 else None
-        out.append({"metric": metric, "name": meaning.name, "units": units,
-                    **_written(metric, units), "recent": mean_recent, "baseline": mean_base,
-                    "baseline_sd": spread,
-                    "recent_days": len(recent), "baseline_days": len(base), "change": change,
-                    "flagged": abs(change) > spread, "direction": direction,
-                    "better": None if direction is None else direction == meaning.better,
-                    "link": _link(metric, day, TREND_RECENT_DAYS + TREND_BASELINE_DAYS)})
-    return out
-
-
-WEEK_DAYS = 7
-"""A ``week`` card lists the records of the 7 days ending on the day."""
-
-
-def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> list:
-    """The records of the :data:`WEEK_DAYS` ending on the day, newest first: workouts as
-    /api/workouts lists them (a workout recorded twice marked, :func:`mark_duplicates`),
-    others as /api/records."""
-    if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
-                    (metric,)).fetchone() is None:
-        return []
-    bounds = {"tz": zone.name, "from": read_day_text(day - WEEK_DAYS + 1),
-              "to": read_day_text(day)}
-    if metric == WORKOUT_METRIC:  # with ids, and a workout recorded twice marked
-        return list_workouts(conn, bounds, limit=100)["workouts"]
-    return records(conn, dict(bounds, metric=metric, limit="100"))["items"]
-
-
-def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
-    """The local date of the newest point of any series or night (today, for a phone that
-    pushes): where a person opening the page expects to land."""
-    row = None  # (last_at, metric, layer, hour) of the object with the newest start
-    for metric in stored_metrics(conn):  # a seek per metric and layer: never a scan
-        for layer in metric_layers(conn, metric):
-            if layer == RECORD_LAYER and metric != SLEEP_METRIC:
-                continue
-            last_at, hour = conn.execute(
-                "SELECT last_at, hour FROM object WHERE metric = ? AND layer = ?"
-                " ORDER BY hour DESC LIMIT 1", (metric, layer)).fetchone()
-            if row is None or last_at > row[0]:
-                row = (last_at, metric, layer, hour)
-    if row is None:
-        return utc_now().date().toordinal()
-    _, metric, layer, hour = row
-    query = PointQuery(metric, layer, hour * HOUR_US, (hour + 1) * HOUR_US, None, zone)
-    newest = None
-    for _, coord, point in iter_points(conn, query):
-        newest = (coord[0], zone.point_offset(raw_start(point), coord[0]))
-    if newest is None:
-        return utc_now().date().toordinal()
-    return local_ordinal(*newest)
-
-
-def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
-            fresh: Optional[Freshness] = None) -> dict:
-    """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
-    day (default: the day of the newest point, in its own local time); with ``fresh``, its
-    ``attention``: a notice for what is late or stale now, whatever the day.  Its cards are
-    the meaning table's (:data:`SUMMARY_CARDS`): ``cards`` by group, and ``card_order`` the
-    groups in their order with their titles, metrics and ``render``, so that the page draws
-    what it is sent."""
-    zone = parse_zone(args.get("tz"))
-    day = read_day("date", args.get("date"))
-    if day is None:
-        day = _newest_day(conn, zone)
-    cards: dict = {}
-    order = []
-    shown = {metric for group in SUMMARY_CARDS for metric in group.metrics}
-    for group in SUMMARY_CARDS:  # the meaning table's cards, in its order
-        entry = group.as_json()
-        if group.render == "series":
-            found = [(_range_card if meaning_of(metric).bounds else _series_card)(
-                conn, metric, zone, day) for metric in group.metrics]
-            cards[group.group] = [card for card in found if card is not None]
-        elif group.render == "latest":
-            found = [_latest(conn, metric, zone, day) for metric in group.metrics]
-            cards[group.group] = [card for card in found if card is not None]
-        elif group.render == "night":
-            cards[group.group] = _sleep_card(conn, zone, day, group.title)
-        elif group.render == "week":
-            [metric] = group.metrics
-            cards[group.group] = _week_of(conn, metric, zone, day)
-            entry["link"] = _link(metric, day, WEEK_DAYS)
-        else:
-            cards[group.group] = _other_today(conn, zone, day, shown)
-        order.append(entry)
-    return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
-            "attention": [] if fresh is None else [n.as_json() for n in attention(fresh)],
-            "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
-            "card_order": order, "cards": cards, "trends": trends(conn, zone, day),
-            "trend_rule": {"recent_days": TREND_RECENT_DAYS,
-                           "baseline_days": TREND_BASELINE_DAYS,
-                           "min_recent_days": TREND_MIN_RECENT,
-                           "min_baseline_days": TREND_MIN_BASELINE,
-                           "flagged_when": "the difference of the means exceeds one standard"
-                                           " deviation of the baseline days"}}
-
-
-DELIVERY_FIELDS = ("id", "received_at", "body_bytes", "automation_name", "automation_id",
-                   "automation_aggregation", "path_name", "parse_status", "layer", "error",
-                   "uncovered_keys", "folded_at") + _COUNTERS
-
-
-def deliveries(conn: sqlite3.Connection, args: Mapping[str, Optional[str]]) -> dict:
-    """A page of the journal, newest first: what arrived and what became of it, never a
-    body or a value."""
-    status = args.get("status") or None
-    if status is not None and status not in STATUSES:
-        raise BadRequest("status must be one of " + ", ".join(STATUSES))
-    limit = _whole_number("limit", args.get("limit"), DELIVERIES_LIMIT[0], DELIVERIES_LIMIT[1])
-    before = args.get("before")
-    where, values = [], []
-    if status is not None:
-        where.append("parse_status = ?")
-        values.append(status)
-    if before:
-        anchor_id = _whole_number("before", before, 0, 1 << 62)
-        anchor = conn.execute("SELECT received_at FROM delivery WHERE id = ?",
-                              (anchor_id,)).fetchone()
-        if anchor is None:
-            raise BadRequest("before names no delivery")
-        where.append("(received_at < ? OR (received_at = ? AND id < ?))")
-        values += [anchor[0], anchor[0], anchor_id]
-    rows = conn.execute(
-        "SELECT %s FROM delivery%s ORDER BY received_at DESC, id DESC LIMIT ?"
-        % (", ".join(DELIVERY_FIELDS), " WHERE " + " AND ".join(where) if where else ""),
-        values + [limit + 1]).fetchall()
-    items = []
-    for row in rows[:limit]:
-        item = dict(zip(DELIVERY_FIELDS, row))
-        item["status"] = item.pop("parse_status")
-        item["uncovered_keys"] = json.loads(item["uncovered_keys"] or "[]")
-        if item["status"] == "failed" and worth_retrying(item["error"]):
-            item["remedy"] = ("the machine, not the body, may have caused this (a disk not"
-                              " mounted, memory): `healthlog refold %d` folds it again"
-                              % item["id"])
-        for name in ("received_at", "folded_at"):
-            item[name] = journal_time(item[name])
-        items.append(item)
-    return {"deliveries": items,
-            "next_before": items[-1]["id"] if len(rows) > limit else None}
-
-
-def _whole_number(name: str, text: Optional[str], default: int, high: int) -> int:
-    if text is None or text == "":
-        return default
-    if not re.fullmatch(r"[0-9]{1,18}", text):
-        raise BadRequest("%s must be a whole number" % name)
-    value = int(text)
-    if not 1 <= value <= high:
-        raise BadRequest("%s must be between 1 and %d" % (name, high))
-    return value
-
-
-# -- freshness: is anything missing? (freshness spec) ------------------------------------
+# ==============================================================================
+# Freshness: is anything missing? States, notices' words, coverage; the notifier.
+# ==============================================================================
 # Everything here is derived from the journal and the store, as ``reindex`` rebuilds them:
 # nothing is stored.  Facts that do not depend on the clock (last deliveries, usual
 # intervals, newest points, carriers) are kept in memory by :class:`FreshnessSource`
@@ -9847,8 +9688,8 @@ class _Sender:
     deliveries: int = 0
     first_us: int = 0
     last_us: int = 0
-    runs: list = field(default_factory=list)  # start of each run, sorted (µs)
-    times: Any = field(default_factory=lambda: array.array("q"))  # every delivery, sorted
+    runs: list = _field(default_factory=list)  # start of each run, sorted (µs)
+    times: Any = _field(default_factory=lambda: array.array("q"))  # every delivery, sorted
     session: Optional[str] = None  # the session-id of its latest delivery
 
     def last_folded_us(self, pending: Optional[collections.Counter]) -> int:
@@ -10388,8 +10229,8 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
     days = list(range(first, end))
     rows = []
     for item in fresh.metrics:
-        if item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US or \
-                item.first_hour * HOUR_US >= high_us:
+        if (item.newest_us < low_us - USUAL_SPACING_DAYS * 86400 * US
+                or item.first_hour * HOUR_US >= high_us):
             continue
         rows.append((item, _coverage_row(conn, item, zone, days, today, low_us, high_us)))
     rows.sort(key=lambda r: (r[1]["group"], r[1]["name"], r[1]["metric"], r[1]["layer"]))
@@ -10399,10 +10240,10 @@ def coverage(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
             "days": [_dt.date.fromordinal(day).isoformat() for day in days],
             "rules": {"thin": "fewer than half the median hours of the row's days with data",
                       "daily_spacing_s": DAILY_SPACING_S},
-            "rows": [row for _, row in rows], "fill": _fill(rows)}
+            "rows": [row for _, row in rows], "fill": _gap_actions(rows)}
 
 
-def _fill(rows: list) -> list:
+def _gap_actions(rows: list) -> list:
     """The gaps of every row, per automation that carries them: one Manual Export of a run
     of days sends every metric of the automation, so each run of days with a gap in any of
     them is one action, naming the metrics it fills."""
@@ -10414,12 +10255,12 @@ def _fill(rows: list) -> list:
             first = _dt.date.fromisoformat(gap["from"]).toordinal()
             for day in range(first, first + gap["days"]):
                 entry[1].setdefault(day, set()).add("%s (%s)" % (row["name"], row["layer"]))
-    fill = []
+    actions = []
     for carrier, days in found.values():
         run: list = []
         for day in sorted(days) + [None]:
             if run and (day is None or day != run[-1] + 1):
-                fill.append({"automation": None if carrier is None else carrier.name
+                actions.append({"automation": None if carrier is None else carrier.name
                              or carrier.key,
                              "from": _dt.date.fromordinal(run[0]).isoformat(),
                              "to": _dt.date.fromordinal(run[-1]).isoformat(),
@@ -10428,7 +10269,7 @@ def _fill(rows: list) -> list:
                 run = []
             if day is not None:
                 run.append(day)
-    return sorted(fill, key=lambda f: (f["from"], f["automation"] or ""))
+    return sorted(actions, key=lambda f: (f["from"], f["automation"] or ""))
 
 
 def _local_hours(conn: sqlite3.Connection, query: PointQuery) -> dict:
@@ -10515,6 +10356,595 @@ def _coverage_row(conn: sqlite3.Connection, item: MetricState, zone: Zone, days:
                       "to": _dt.date.fromordinal(b).isoformat(), "days": b - a + 1,
                       "states": sorted({states[day - days[0]] for day in range(a, b + 1)}),
                       "action": hae_action(item.carrier, a, b)} for a, b in gaps]}
+
+
+# -- the notifier: a judgement a minute, each change told once -------------------------
+
+class Notifier:
+    """Freshness as ``serve`` follows it: every judgement goes through :meth:`judge`, which
+    compares each automation's and metric's state with the one judged before and, on a
+    change into or out of ``late`` or ``stale``, logs it and (``--notify URL``) queues one
+    notice.  With a URL, a thread of its own judges every ``freshness_check_s`` and posts
+    the queued notices in order, retrying a failed one after each of ``notify_retry_s``:
+    ingest and the fold never wait for it.  The states found by the first judgement are
+    the baseline: a restart never repeats a notice."""
+
+    def __init__(self, config: Config, source: FreshnessSource):
+        self.config, self.source = config, source
+        self._lock = threading.Lock()  # one judgement and comparison at a time
+        self._states: Optional[dict] = None
+        self._queue: collections.deque = collections.deque()  # [notice, attempts, due]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.counts = {"sent": 0, "failures": 0, "dropped": 0}
+        self.thread: Optional[threading.Thread] = None
+
+    def judge(self) -> Freshness:
+        with self._lock:
+            fresh = self.source.judge()
+            self._compare(fresh)
+        return fresh
+
+    def _compare(self, fresh: Freshness) -> None:
+        items: dict = {("automation", a.key): a for a in fresh.automations}
+        items.update((("metric", m.metric, m.layer), m) for m in fresh.metrics)
+        before, self._states = self._states, {subject: item.state
+                                              for subject, item in items.items()}
+        if before is None:
+            return
+        for subject, item in items.items():
+            was = before.get(subject)
+            if was is None or was == item.state or not {was, item.state} & {"late", "stale"}:
+                continue
+            if subject[0] == "automation":
+                notice = automation_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "late" else logging.INFO,
+                          "an automation is late" if item.state == "late"
+                          else "an automation delivers again", automation=item.key,
+                          last_delivery=journal_time(item.last_us))
+            else:
+                notice = metric_notice(item, fresh.now_s)
+                log_event(logging.WARNING if item.state == "stale" else logging.INFO,
+                          "a metric has stopped while its automation delivers"
+                          if item.state == "stale" else "a metric arrives again",
+                          metric=loggable_metric(item.metric), layer=item.layer,
+                          newest_point=local_iso(item.newest_us, item.newest_offset))
+            if self.config.notify_url:
+                self._enqueue(notice)
+
+    def _enqueue(self, notice: Notice) -> None:
+        if len(self._queue) >= NOTIFY_QUEUE_MAX:
+            self._queue.popleft()
+            self.counts["dropped"] += 1
+            log_event(logging.WARNING, "notice dropped: too many waiting",
+                      waiting=NOTIFY_QUEUE_MAX)
+        self._queue.append([notice, 0, time.monotonic()])
+        self._wake.set()
+
+    # -- the thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self.config.notify_url:
+            return
+        self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
+        self.thread.start()
+        log_event(logging.INFO, "notices on", host=urllib.parse.urlsplit(
+            self.config.notify_url).hostname, format=self.config.notify_format)
+
+    def stop(self, budget: float) -> bool:
+        self._stop.set()
+        self._wake.set()
+        if self.thread is not None:
+            self.thread.join(budget)
+            return not self.thread.is_alive()
+        return True
+
+    def _run(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.config.freshness_check_s
+                try:
+                    self.judge()
+                except Exception as exc:  # a database fault: judged again next time
+                    if self._stop.is_set():
+                        return
+                    log_event(logging.WARNING, "freshness could not be read; tried again"
+                              " later", error=_error_name(exc))
+            with self._lock:
+                head = self._queue[0] if self._queue else None
+            if head is not None and head[2] <= time.monotonic():
+                self._attempt(head)
+                continue
+            wait = next_check - time.monotonic()
+            if head is not None:
+                wait = min(wait, head[2] - time.monotonic())
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _attempt(self, entry: list) -> None:
+        notice = entry[0]
+        error = self._post(notice)
+        with self._lock:
+            if error is None:
+                self.counts["sent"] += 1
+                self._forget(entry)
+                log_event(logging.INFO, "notice sent", kind=notice.kind, state=notice.state)
+                return
+            self.counts["failures"] += 1
+            entry[1] += 1
+            retries = self.config.notify_retry_s
+            if entry[1] > len(retries):
+                self._forget(entry)
+                self.counts["dropped"] += 1
+                log_event(logging.WARNING, "notice dropped: the receiver did not take it",
+                          kind=notice.kind, state=notice.state, attempts=entry[1], error=error)
+                return
+            entry[2] = time.monotonic() + retries[entry[1] - 1]
+        log_event(logging.WARNING, "notice not delivered; it is sent again later",
+                  kind=notice.kind, state=notice.state, attempt=entry[1], error=error,
+                  retry_in_s=retries[entry[1] - 1],
+                  host=urllib.parse.urlsplit(self.config.notify_url).hostname)
+
+    def _forget(self, entry: list) -> None:
+        if self._queue and self._queue[0] is entry:  # not pushed out meanwhile
+            self._queue.popleft()
+
+    def _post(self, notice: Notice) -> Optional[str]:
+        """POST one notice; None when the receiver took it (2xx), else what went wrong (an
+        HTTP status or an error's name, never the address: it may hold a secret)."""
+        import urllib.error
+        import urllib.request
+
+        if self.config.notify_format == "json":
+            body = json.dumps(notice.as_json()).encode()
+            headers = {"Content-Type": "application/json"}
+        else:
+            text = notice.text + ("\n\n" + notice.action if notice.action else "")
+            body = (text + "\n").encode()
+            headers = {"Content-Type": "text/plain; charset=utf-8",
+                       "Title": _header_text(notice.title)}
+        request = urllib.request.Request(self.config.notify_url, data=body, headers=headers,
+                                         method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.config.notify_timeout_s) as answer:
+                answer.read(65536)
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return "http_%d" % exc.code
+        except Exception as exc:  # refused, timed out, a bad answer
+            return "timeout" if _is_timeout(exc) else _error_name(exc)
+        return None if 200 <= status < 300 else "http_%d" % status
+
+
+def _header_text(text: str) -> str:
+    """A header value as HTTP carries it: Latin-1 as it is, anything else as RFC 2047
+    (which ntfy reads)."""
+    try:
+        text.encode("latin-1")
+        return text
+    except UnicodeEncodeError:
+        return "=?UTF-8?B?%s?=" % codecs.encode(text.encode(), "base64").decode().replace(
+            "\n", "")
+
+
+# ==============================================================================
+# Summary page: a day at a glance, against the person's own usual.
+# ==============================================================================
+
+USUAL_DAYS = 30
+"""The usual is the median of the day values of the 30 days before the day shown."""
+USUAL_MIN_DAYS = 5
+"""Fewer days with a value than this, and there is no usual (a median of two days is no
+one's usual)."""
+SPARK_DAYS = 14
+TREND_RECENT_DAYS = 90
+TREND_BASELINE_DAYS = 365
+TREND_MIN_RECENT, TREND_MIN_BASELINE = 30, 90
+"""A trend compares the mean day value of the last 90 days with that of the 365 days
+before, when the recent window holds at least 30 days with a value and the baseline 90; it
+is flagged when the difference exceeds one standard deviation of the baseline days."""
+
+
+def _layers_between(conn: sqlite3.Connection, metric: str, low: int, high: int) -> list:
+    """The layers of a metric with an object in the hours ``low``..``high``."""
+    return list(layer_hours(conn, metric, low, high))
+
+
+_DAY_SHIFT = 1 << 20
+"""Days SQLite adds to a local second before it divides by a day, and takes off after:
+its integer division truncates toward zero, so a dividend kept positive floors, as a date
+does (2,870 years: before any day a query can ask)."""
+
+
+def _day_values_sql(conn: sqlite3.Connection, metric: str, layer: str, field: str,
+                    zone: Zone, low: int, high: int) -> Optional[tuple]:
+    """([(epoch day, units, count, sum)], [hours left]): per local day, from the hours'
+    tallies, summed inside SQLite, for the hours whose points all lie in one local day:
+    one offset (the one the fold wrote for them, ``tz=local``; the zone's) under which the
+    hour crosses no local midnight; the other hours (two offsets, the hour a day in which
+    a half-hour offset's midnight falls, a tally from before offsets were kept) are left
+    to be read from their points.  One statement; each tally's JSON read by four scalar
+    ``json_extract`` (one call of several paths costs more: the small array it builds is
+    parsed again for each use).  An IANA zone: :func:`_zone_day_values`.  None where this
+    SQLite has no JSON functions."""
+    path = '$.f."%s"' % field.replace('"', "")
+    if isinstance(zone, NamedZone):
+        return _zone_day_values(conn, metric, layer, path, zone, low, high)
+    local = "hour * 3600 + %s + %d" % ("o0" if zone is LOCAL_ZONE else int(zone.offset_s),
+                                       _DAY_SHIFT * 86400)
+    single = "o0 IS NOT NULL AND o1 IS NULL AND " if zone is LOCAL_ZONE else "has AND "
+    # LIMIT -1 OFFSET 0 keeps SQLite from flattening a subquery into the next, which would
+    # repeat its json_extract calls (each a parse of the whole tally) for every use.
+    try:
+        rows = conn.execute(
+            "SELECT CASE WHEN ok THEN (%s) / 86400 - %d END, CASE WHEN ok THEN NULL ELSE hour"
+            " END, units, sum(c), sum(s) FROM (SELECT hour, units, o0, c, s, coalesce(%s(%s)"
+            " %% 86400 <= 82800, 0) AS ok FROM (SELECT hour, units, summary IS NOT NULL AS"
+            " has, json_extract(summary, '$.o[0]') AS o0, json_extract(summary, '$.o[1]') AS"
+            " o1, json_extract(summary, ?) AS c, json_extract(summary, ?) AS s FROM object"
+            " WHERE metric = ? AND layer = ? AND hour BETWEEN ? AND ? LIMIT -1 OFFSET 0)"
+            " LIMIT -1 OFFSET 0) WHERE NOT ok OR c IS NOT NULL GROUP BY 1, 2, 3"
+            % (local, _DAY_SHIFT, single, local),
+            (path + "[0]", path + "[3]", metric, layer, low, high)).fetchall()
+    except sqlite3.OperationalError:
+        return None
+    return ([(day, units, count, total) for day, hour, units, count, total in rows
+             if hour is None],
+            sorted({hour for _, hour, _, _, _ in rows if hour is not None}))
+
+
+def _zone_day_values(conn: sqlite3.Connection, metric: str, layer: str, path: str,
+                     zone: "NamedZone", low: int, high: int) -> Optional[tuple]:
+    """:func:`_day_values_sql` in an IANA zone: SQLite reads each tally's count and sum,
+    and the hours are placed on the zone's days here (an hour whose offset at its start
+    differs from the next hour's, a DST change, is read from its points)."""
+    try:
+        rows = conn.execute(
+            "SELECT hour, units, summary IS NOT NULL, json_extract(summary, ?),"
+            " json_extract(summary, ?) FROM object WHERE metric = ? AND layer = ? AND hour"
+            " BETWEEN ? AND ?", (path + "[0]", path + "[3]", metric, layer, low, high))
+        rows = rows.fetchall()
+    except sqlite3.OperationalError:
+        return None
+    days: dict = {}
+    left = []
+    for hour, units, has, count, total in rows:
+        offset = zone.offset_at(hour * HOUR_US)
+        local = hour * 3600 + offset
+        if not has or offset != zone.offset_at((hour + 1) * HOUR_US) or local % 86400 > 82800:
+            left.append(hour)
+        elif count is not None:
+            slot = days.setdefault((local // 86400, units), [0, 0.0])
+            slot[0] += count
+            slot[1] += total or 0.0
+    return [(day, units, count, total) for (day, units), (count, total) in days.items()], left
+
+
+def day_values(conn: sqlite3.Connection, metric: str, zone: Zone, first: int,
+               last: int) -> dict:
+    """Local date ordinal → (value, units) of a ``total`` or ``average`` metric over the
+    days ``first``..``last``: the day's sum or mean of its main field, from the first layer
+    of :data:`DAY_LAYERS` that holds that day."""
+    meaning = meaning_of(metric)
+    field = meaning.fields[0]
+    low = ((first - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
+    high = ((last + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
+    layers = _layers_between(conn, metric, low, high)
+    found: dict = {}
+    for layer in sorted((layer for layer in layers if layer in DAY_LAYERS),
+                        key=DAY_LAYERS.index):
+        totals: dict = {}  # (ordinal, units) -> [count, sum]
+        fast = _day_values_sql(conn, metric, layer, field, zone, low, high)
+        if fast is None:
+            hours = None
+        else:
+            rows, hours = fast
+            for epoch_day, units, count, total in rows:
+                if count:
+                    slot = totals.setdefault((epoch_day + _EPOCH_ORDINAL, units), [0, 0.0])
+                    slot[0] += count
+                    slot[1] += total or 0.0
+        query = PointQuery(metric, layer, low * HOUR_US, (high + 1) * HOUR_US, "day", zone)
+        for hour_range in ([None] if hours is None else _hour_spans(hours)):
+            part = query if hour_range is None else _replace(
+                query, start=hour_range[0] * HOUR_US, end=(hour_range[1] + 1) * HOUR_US)
+            for run in bucket_runs(conn, part):
+                for ordinal, bucket in run.buckets.items():
+                    stats = bucket.fields.get(field)
+                    if stats is not None and stats[3] is not None:
+                        slot = totals.setdefault((ordinal, run.units), [0, 0.0])
+                        slot[0] += stats[0]
+                        slot[1] += stats[3]
+        for (ordinal, units), (count, total) in totals.items():
+            if first <= ordinal <= last and ordinal not in found:
+                found[ordinal] = (total if meaning.kind == "total" else total / count, units)
+        if all(day in found for day in range(first, last + 1)):
+            break
+    return found
+
+
+def _usual(values: dict, day: int, units: Optional[str]) -> tuple:
+    """(median, days) of the day values of the :data:`USUAL_DAYS` before ``day`` in the
+    same units; the median is None with fewer than :data:`USUAL_MIN_DAYS` days."""
+    before = [value for ordinal, (value, unit) in values.items()
+              if day - USUAL_DAYS <= ordinal < day and unit == units]
+    return (_median(before) if len(before) >= USUAL_MIN_DAYS else None), len(before)
+
+
+def _spark(values: dict, day: int) -> list:
+    return [{"date": _dt.date.fromordinal(ordinal).isoformat(),
+             "value": values[ordinal][0] if ordinal in values else None}
+            for ordinal in range(day - SPARK_DAYS + 1, day + 1)]
+
+
+def _link(metric: str, day: int, days: int = SPARK_DAYS) -> dict:
+    """A card's range as a query takes it: ``from`` and ``to`` both included."""
+    return {"metric": metric, "from": read_day_text(day - days + 1), "to": read_day_text(day)}
+
+
+def _written(metric: str, units: Optional[str]) -> dict:
+    """How a card writes its numbers: its units as shown (:func:`unit_label`) and the
+    decimals its meaning always shows."""
+    return {"unit_label": unit_label(metric, units), "digits": meaning_of(metric).digits}
+
+
+def _series_card(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
+    values = day_values(conn, metric, zone, day - USUAL_DAYS, day)
+    if not values:
+        return None
+    meaning = meaning_of(metric)
+    value, units = values.get(day, (None, None))
+    if units is None:
+        units = values[max(values)][1]
+    usual, usual_days = _usual(values, day, units)
+    return {"metric": metric, "name": meaning.name, "render": "series", "kind": meaning.kind,
+            "units": units, **_written(metric, units),
+            "value": value, "usual": usual, "usual_days": usual_days,
+            "spark": _spark(values, day), "link": _link(metric, day)}
+
+
+def _sleep_card(conn: sqlite3.Connection, zone: Zone, day: int,
+                title: str) -> Optional[dict]:
+    """Last night: the night that ended on the day, its stages in the sleep meaning's order
+    (``stage_order``), its fields (the main one first) with their labels, against the
+    usual night."""
+    if RECORD_LAYER not in metric_layers(conn, SLEEP_METRIC):
+        return None
+    query = PointQuery(SLEEP_METRIC, RECORD_LAYER, None, None, "day", zone,
+                       day_from=day - USUAL_DAYS, day_to=day + 1)
+    query = _replace(query, start=((day - USUAL_DAYS - _EPOCH_ORDINAL) * 86400
+                                   - MAX_OFFSET_S) * US,
+                     end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
+    nights = {_dt.date.fromisoformat(item["date"]).toordinal(): item
+              for item in sleep_buckets(sleep_nights(conn, query), query)}
+    if not nights:
+        return None
+    asleep = {ordinal: (item["asleep"], "hr") for ordinal, item in nights.items()
+              if item["asleep"] is not None}
+    usual, usual_days = _usual(asleep, day, "hr")
+    night = nights.get(day)
+    meaning = meaning_of(SLEEP_METRIC)
+    return {"metric": SLEEP_METRIC, "name": title, "render": "night", "units": "hr",
+            "fields": [{"field": field, "label": meaning.label(field)}
+                       for field in meaning.fields],
+            "stage_order": stage_order_json(),
+            "nights": night["nights"] if night else 0,
+            "overlapping": night["overlapping"] if night else False,
+            "naps": night["naps"] if night else [],
+            "asleep": night["asleep"] if night else None,
+            "in_bed": night["in_bed"] if night else None,
+            "stages": night["stages"] if night else {},
+            "sleep_start": night["sleep_start"] if night else None,
+            "sleep_end": night["sleep_end"] if night else None,
+            **(_night_words(None) if night is None else {
+                key: night[key] for key in _night_words(None)}),
+            "usual": usual, "usual_days": usual_days, "spark": _spark(asleep, day),
+            "link": _link(SLEEP_METRIC, day)}
+
+
+def _range_card(conn: sqlite3.Connection, metric: str, zone: Zone,
+                day: int) -> Optional[dict]:
+    """The day's lowest, average and highest of a metric whose points hold their span's
+    lowest and highest (its meaning's ``bounds``: heart rate's Min and Max), the average
+    that of its main field, from the finest layer with the day (:data:`DAY_LAYERS`,
+    finest first)."""
+    meaning = meaning_of(metric)
+    low_field, high_field = meaning.bounds
+    query = PointQuery(metric, "", None, None, "day", zone, day_from=day, day_to=day + 1)
+    for layer in DAY_LAYERS[::-1]:
+        part = _replace(query, layer=layer,
+                        start=((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) * US,
+                        end=((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US)
+        for run in bucket_runs(conn, part):
+            bucket = run.buckets.get(day)
+            if bucket is None:
+                continue
+            low, mean, high = (bucket.fields.get(name)
+                               for name in (low_field, meaning.fields[0], high_field))
+            if mean is None:
+                continue
+            return {"metric": metric, "name": meaning.name, "render": "range",
+                    "units": run.units, **_written(metric, run.units), "layer": layer,
+                    "min": (low or mean)[1], "max": (high or mean)[2],
+                    "avg": None if mean[3] is None else mean[3] / mean[0],
+                    "link": _link(metric, day, 1)}
+    return None
+
+
+def _latest(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> Optional[dict]:
+    """The last measurement of a body metric on or before the day; ``day_value`` when it
+    stands for a whole day (a layer of days: a Days automation's, at local midnight), whose
+    time of day means nothing."""
+    meaning = meaning_of(metric)
+    end = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) * US
+    best = None
+    for layer in metric_layers(conn, metric):
+        query = PointQuery(metric, layer, None, end, None, zone, day_to=day + 1)
+        for units, coord, point in iter_points_newest(conn, query):
+            if best is None or coord[0] > best[1][0]:
+                best = (units, coord, point, layer)
+            break
+    if best is None:
+        return None
+    units, coord, point, layer = best
+    offset = zone.point_offset(raw_start(point), coord[0])
+    values = {name: point.get(name) for name in meaning.fields
+              if type(point.get(name)) in (int, float)}
+    return {"metric": metric, "name": meaning.name, "render": "latest", "units": units,
+            **_written(metric, units), "values": values, "measured": local_iso(coord[0], offset),
+            "day_value": layer in DAY_ONLY_LAYERS, "link": _link(metric, day, 90)}
+
+
+def _other_today(conn: sqlite3.Connection, zone: Zone, day: int, shown: set) -> list:
+    """Everything else recorded on the day: a value per series, a count per list."""
+    low = ((day - _EPOCH_ORDINAL) * 86400 - MAX_OFFSET_S) // 3600
+    high = ((day + 1 - _EPOCH_ORDINAL) * 86400 + MAX_OFFSET_S) // 3600
+    metrics = [metric for metric in stored_metrics(conn)
+               if metric not in shown and _layers_between(conn, metric, low, high)]
+    out = []
+    for metric in metrics:
+        meaning = meaning_of(metric)
+        if meaning.kind in ("total", "average"):
+            found = day_values(conn, metric, zone, day, day).get(day)
+            if found is not None:
+                out.append({"metric": metric, "name": meaning.name, "kind": meaning.kind,
+                            "value": found[0], "units": found[1],
+                            **_written(metric, found[1]), "link": _link(metric, day)})
+        elif meaning.kind == "events":
+            query = PointQuery(metric, RECORD_LAYER, low * HOUR_US, (high + 1) * HOUR_US,
+                               None, zone, day_from=day, day_to=day + 1)
+            count = sum(1 for _ in iter_points(conn, query))
+            if count:
+                out.append({"metric": metric, "name": meaning.name, "kind": "events",
+                            "value": count, "units": None, "link": _link(metric, day)})
+    return out
+
+
+def trends(conn: sqlite3.Connection, zone: Zone, day: int) -> list:
+    """Per series metric where a direction means something (the meaning's ``better``), the
+    mean day value of the last :data:`TREND_RECENT_DAYS` days against the
+    :data:`TREND_BASELINE_DAYS` before; flagged past one standard deviation of the baseline
+    days, when both windows hold enough days (:data:`TREND_MIN_RECENT`,
+    :data:`TREND_MIN_BASELINE`)."""
+    first = day - TREND_RECENT_DAYS - TREND_BASELINE_DAYS + 1
+    out = []
+    for metric in stored_metrics(conn):
+        meaning = meaning_of(metric)
+        if meaning.kind not in ("total", "average") or meaning.better is None:
+            continue
+        values = day_values(conn, metric, zone, first, day)
+        if not values:
+            continue
+        units = values[max(values)][1]
+        recent = [v for o, (v, u) in values.items() if o > day - TREND_RECENT_DAYS and u == units]
+        base = [v for o, (v, u) in values.items() if o <= day - TREND_RECENT_DAYS and u == units]
+        if len(recent) < TREND_MIN_RECENT or len(base) < TREND_MIN_BASELINE:
+            continue
+        mean_recent, mean_base = sum(recent) / len(recent), sum(base) / len(base)
+        spread = math.sqrt(sum((v - mean_base) ** 2 for v in base) / (len(base) - 1))
+        change = mean_recent - mean_base
+        direction = "up" if change > 0 else "down" if change < 0 else None
+        out.append({"metric": metric, "name": meaning.name, "units": units,
+                    **_written(metric, units), "recent": mean_recent, "baseline": mean_base,
+                    "baseline_sd": spread,
+                    "recent_days": len(recent), "baseline_days": len(base), "change": change,
+                    "flagged": abs(change) > spread, "direction": direction,
+                    "better": None if direction is None else direction == meaning.better,
+                    "link": _link(metric, day, TREND_RECENT_DAYS + TREND_BASELINE_DAYS)})
+    return out
+
+
+WEEK_DAYS = 7
+"""A ``week`` card lists the records of the 7 days ending on the day."""
+
+
+def _week_of(conn: sqlite3.Connection, metric: str, zone: Zone, day: int) -> list:
+    """The records of the :data:`WEEK_DAYS` ending on the day, newest first: workouts as
+    /api/workouts lists them (a workout recorded twice marked, :func:`mark_duplicates`),
+    others as /api/records."""
+    if conn.execute("SELECT 1 FROM object WHERE metric = ? LIMIT 1",
+                    (metric,)).fetchone() is None:
+        return []
+    bounds = {"tz": zone.name, "from": read_day_text(day - WEEK_DAYS + 1),
+              "to": read_day_text(day)}
+    if metric == WORKOUT_METRIC:  # with ids, and a workout recorded twice marked
+        return list_workouts(conn, bounds, limit=100)["workouts"]
+    return records(conn, dict(bounds, metric=metric, limit="100"))["items"]
+
+
+def _newest_day(conn: sqlite3.Connection, zone: Zone) -> int:
+    """The local date of the newest point of any series or night (today, for a phone that
+    pushes): where a person opening the page expects to land."""
+    row = None  # (last_at, metric, layer, hour) of the object with the newest start
+    for metric in stored_metrics(conn):  # a seek per metric and layer: never a scan
+        for layer in metric_layers(conn, metric):
+            if layer == RECORD_LAYER and metric != SLEEP_METRIC:
+                continue
+            last_at, hour = conn.execute(
+                "SELECT last_at, hour FROM object WHERE metric = ? AND layer = ?"
+                " ORDER BY hour DESC LIMIT 1", (metric, layer)).fetchone()
+            if row is None or last_at > row[0]:
+                row = (last_at, metric, layer, hour)
+    if row is None:
+        return utc_now().date().toordinal()
+    _, metric, layer, hour = row
+    query = PointQuery(metric, layer, hour * HOUR_US, (hour + 1) * HOUR_US, None, zone)
+    newest = None
+    for _, coord, point in iter_points(conn, query):
+        newest = (coord[0], zone.point_offset(raw_start(point), coord[0]))
+    if newest is None:
+        return utc_now().date().toordinal()
+    return local_ordinal(*newest)
+
+
+def summary(conn: sqlite3.Connection, args: Mapping[str, Optional[str]],
+            fresh: Optional[Freshness] = None) -> dict:
+    """``GET /api/summary?date=YYYY-MM-DD&tz=…``: what the summary page shows, for one local
+    day (default: the day of the newest point, in its own local time); with ``fresh``, its
+    ``attention``: a notice for what is late or stale now, whatever the day.  Its cards are
+    the meaning table's (:data:`SUMMARY_CARDS`): ``cards`` by group, and ``card_order`` the
+    groups in their order with their titles, metrics and ``render``, so that the page draws
+    what it is sent."""
+    zone = parse_zone(args.get("tz"))
+    day = read_day("date", args.get("date"))
+    if day is None:
+        day = _newest_day(conn, zone)
+    cards: dict = {}
+    order = []
+    shown = {metric for group in SUMMARY_CARDS for metric in group.metrics}
+    for group in SUMMARY_CARDS:  # the meaning table's cards, in its order
+        entry = group.as_json()
+        if group.render == "series":
+            found = [(_range_card if meaning_of(metric).bounds else _series_card)(
+                conn, metric, zone, day) for metric in group.metrics]
+            cards[group.group] = [card for card in found if card is not None]
+        elif group.render == "latest":
+            found = [_latest(conn, metric, zone, day) for metric in group.metrics]
+            cards[group.group] = [card for card in found if card is not None]
+        elif group.render == "night":
+            cards[group.group] = _sleep_card(conn, zone, day, group.title)
+        elif group.render == "week":
+            [metric] = group.metrics
+            cards[group.group] = _week_of(conn, metric, zone, day)
+            entry["link"] = _link(metric, day, WEEK_DAYS)
+            if metric == WORKOUT_METRIC:  # their count and time, each workout once
+                entry.update(workout_totals(cards[group.group]))
+        else:
+            cards[group.group] = _other_today(conn, zone, day, shown)
+        order.append(entry)
+    return {"date": _dt.date.fromordinal(day).isoformat(), "tz": zone.name,
+            "attention": [] if fresh is None else [n.as_json() for n in attention(fresh)],
+            "usual": {"days": USUAL_DAYS, "min_days": USUAL_MIN_DAYS, "rule": "median"},
+            "card_order": order, "cards": cards, "trends": trends(conn, zone, day),
+            "trend_rule": {"recent_days": TREND_RECENT_DAYS,
+                           "baseline_days": TREND_BASELINE_DAYS,
+                           "min_recent_days": TREND_MIN_RECENT,
+                           "min_baseline_days": TREND_MIN_BASELINE,
+                           "flagged_when": "the difference of the means exceeds one standard"
+                                           " deviation of the baseline days"}}
 
 
 # ==============================================================================
@@ -10619,7 +11049,7 @@ CREATE TABLE workout_route (workout_id TEXT NOT NULL, seq INTEGER NOT NULL, time
                             altitude REAL, speed REAL, course REAL, horizontal_accuracy REAL,
                             vertical_accuracy REAL, heart_rate REAL);
 """
-"""``workouts``: one row a workout (:func:`workout_summary`), its figures as sent, its UTC and
+"""``workouts``: one row a workout (:func:`workout_listing`), its figures as sent, its UTC and
 local times (as the phone wrote them) and ``duplicate_of`` (the id of the one shown first,
 for a workout recorded twice); ``workout_route``: one row a route point with a position, in
 the order sent (``seq`` from 0), its time in UTC and as the phone wrote it, and the heart
@@ -10671,7 +11101,7 @@ def export_workouts(conn: sqlite3.Connection, target: sqlite3.Connection,
         for row in rows:
             for workout in _workouts_of(row, scratch):
                 point = workout.point
-                entries.append((workout_summary(workout, LOCAL_ZONE), workout.coord))
+                entries.append((workout_listing(workout, LOCAL_ZONE), workout.coord))
                 sent.append((_quantity(point.get("activeEnergyBurned"))
                              or _quantity(point.get("activeEnergy")), _elevation_sent(point)))
                 target.executemany("INSERT INTO workout_route VALUES (%s)" % ",".join(
@@ -11427,19 +11857,16 @@ def _series_plan(conn: sqlite3.Connection, arguments: dict) -> dict:
     return plan_view(conn, args)
 
 
-def _planned_query(conn: sqlite3.Connection, arguments: dict, plan: dict) -> PointQuery:
-    """The query the page sends for a plan (its ``from``, ``to`` and bucket; the layer only
-    when one was picked, so that days the layer lacks are filled from the others)."""
-    return point_query(conn, dict(_mcp_args(arguments, metric="metric", tz="tz",
-                                            layer="layer"),
-                                  bucket=plan["bucket"], **{"from": plan["from"],
-                                                           "to": plan["to"]}))
+def _planned_query(conn: sqlite3.Connection, plan: dict) -> PointQuery:
+    """The query the page sends for a plan: its ``points``, the layers read as named (the
+    one picked, else the one chosen and those that fill the days it lacks)."""
+    return point_query(conn, plan["points"])
 
 
 def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
     """A total or average metric bucketed by the view's plan (per hour up to two days, never
     for day data; per day up to half a year; per week beyond): ``/api/plan``, then
-    ``/api/points`` with its bounds and bucket; each bucket's ``value`` is its main field
+    ``/api/points`` as its ``points`` name it; each bucket's ``value`` is its main field
     combined as the meaning says (sum or average), as the page draws it."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, arguments)
@@ -11449,7 +11876,7 @@ def mcp_get_series(reader: McpReader, arguments: dict) -> dict:
         if plan["kind"] not in ("total", "average"):
             raise BadRequest("%s is a list of records, not a series"
                              % loggable_metric(plan["metric"]))
-        answer = _api_json(conn, _planned_query(conn, arguments, plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     field_name = meaning.fields[0]
     buckets = []
     for run in answer["runs"]:
@@ -11592,13 +12019,12 @@ _MCP_SUMMARY_OUT = _mcp_object({
 
 def mcp_get_sleep(reader: McpReader, arguments: dict) -> dict:
     """Nights and naps for a range, as the sleep view reads them: ``/api/plan`` for
-    ``sleep_analysis``, then ``/api/points`` with its bounds and bucket (a night per day up
+    ``sleep_analysis``, then ``/api/points`` as its ``points`` name it (a night per day up
     to half a year, the average night per week beyond), each night with its counted
     figures, its stages and ``overlapping``."""
     with reader.snapshot() as conn:
         plan = _series_plan(conn, dict(arguments, metric=SLEEP_METRIC))
-        answer = _api_json(conn, _planned_query(conn, dict(arguments, metric=SLEEP_METRIC),
-                                                plan))
+        answer = _api_json(conn, _planned_query(conn, plan))
     nights, note = _mcp_cut(answer["nights"], "date", "nights" if plan["bucket"] == "day"
                             else "weeks")
     return {"tz": answer["tz"], "from": answer["from"], "to": answer["to"],
@@ -12175,8 +12601,8 @@ class McpSession:
         complete (else -32602), over HTTP its headers the body's (else -32020), and the
         version one served (else -32022)."""
         meta = params.get("_meta")
-        if not isinstance(meta, dict) or MCP_META_VERSION not in meta or \
-                MCP_META_CAPABILITIES not in meta:
+        if (not isinstance(meta, dict) or MCP_META_VERSION not in meta
+                or MCP_META_CAPABILITIES not in meta):
             raise McpError(RPC_INVALID_PARAMS, "params._meta must carry %s and %s"
                            % (MCP_META_VERSION, MCP_META_CAPABILITIES))
         version = meta[MCP_META_VERSION]
@@ -12188,8 +12614,8 @@ class McpSession:
             if headers.get("mcp-method") != method:
                 raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Method header is not the"
                                " request's method")
-            if method == "tools/call" and params.get("name") is not None and \
-                    _decoded_header(headers.get("mcp-name")) != params.get("name"):
+            if (method == "tools/call" and params.get("name") is not None
+                    and _decoded_header(headers.get("mcp-name")) != params.get("name")):
                 raise McpError(RPC_HEADER_MISMATCH, "the Mcp-Name header is not the tool"
                                " called")
         if not isinstance(version, str):
@@ -12391,44 +12817,6 @@ LOGIN_FORM_MAX = 4096
 """A sign-in form is one field: a body larger than this is no sign-in."""
 
 
-class ByteBudget:
-    """Admission by size, first come first served: what holders hold together stays
-    under ``ceiling``, except that a holder alone may exceed it (a body larger than the
-    ceiling waits until nothing else is held)."""
-
-    def __init__(self, ceiling: int):
-        self.ceiling = ceiling
-        self.held = 0
-        self._line: collections.deque = collections.deque()
-        self._changed = threading.Condition()
-
-    @contextlib.contextmanager
-    def hold(self, size: int, timeout: float) -> Iterator[None]:
-        """Hold ``size`` bytes for the block; ServiceBusy after ``timeout`` s of waiting."""
-        deadline = time.monotonic() + timeout
-        me = object()
-        with self._changed:
-            self._line.append(me)
-            try:
-                while self._line[0] is not me or (self.held and
-                                                  self.held + size > self.ceiling):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise ServiceBusy("too many uploads are being checked at once;"
-                                          " send the body again after %d s" % RETRY_AFTER_S)
-                    self._changed.wait(remaining)
-                self.held += size
-            finally:
-                self._line.remove(me)
-                self._changed.notify_all()
-        try:
-            yield
-        finally:
-            with self._changed:
-                self.held -= size
-                self._changed.notify_all()
-
-
 class App:
     """The WSGI application: bottle routes inside an access-log and error boundary.
 
@@ -12452,7 +12840,8 @@ class App:
         # Uploads never take the last threads; bodies under validation share a ceiling.
         self.upload_slots = threading.BoundedSemaphore(
             max(1, config.http_threads - HTTP_RESERVED_THREADS))
-        self.validation = ByteBudget(VALIDATION_CEILING_BYTES)
+        self.validation = ByteBudget(validation_ceiling(config.max_body_bytes))
+        self.quick_max = quick_check_bytes(config.max_body_bytes)
         self.guesses = GuessLimiter()
         self._hinted: set = set()  # untrusted peers whose forwarding headers were logged
         self._token = b""
@@ -12693,12 +13082,13 @@ class App:
         try:
             upload = self._receive(environ, length)
             try:
-                with self.validation.hold(validation_bytes(upload.size), VALIDATION_WAIT_S):
+                with self.validation.hold(validation_bytes(upload.size, self.quick_max),
+                                          VALIDATION_WAIT_S):
                     headers = {h: _header(environ, h) for h in AUTOMATION_HEADERS}
                     delivery_id = accept_delivery(
                         self.archive, conn, upload, received_at, headers, name,
                         {"content_type": environ.get("CONTENT_TYPE") or None},
-                        self.worker.handoff)
+                        self.worker.handoff, self.quick_max)
             except ServiceBusy:
                 log_event(logging.WARNING, "upload refused: the validation ceiling was not"
                           " free in time", body_bytes=upload.size, retry_after_s=RETRY_AFTER_S)
@@ -12784,9 +13174,9 @@ class App:
         if kinds:  # e.g. kind=total,average: the series a chart of buckets can draw
             wanted = {kind.strip() for kind in kinds.split(",")}
             items = [item for item in items if item["meaning"]["kind"] in wanted]
-        main = args.get("field")
-        if main:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
-            items = [item for item in items if item["meaning"]["fields"][:1] == [main]]
+        wanted_field = args.get("field")
+        if wanted_field:  # e.g. field=qty: those whose value is qty (a chart that draws qty)
+            items = [item for item in items if item["meaning"]["fields"][:1] == [wanted_field]]
         return self._ok({"metrics": items, "groups": groups_json()})
 
     def points(self, environ: dict) -> tuple:
@@ -12831,7 +13221,7 @@ class App:
             if ident.endswith(".gpx"):
                 found = find_workout(conn, ident[:-4], self.archive.tmp)
                 pieces = gpx_pieces(found)  # NoRoute here, before the answer starts
-                name = gpx_file_name(workout_summary(found, LOCAL_ZONE))
+                name = gpx_file_name(workout_listing(found, LOCAL_ZONE))
             else:
                 answer = get_workout(conn, ident, _query_args(environ), self.archive.tmp,
                                      self.config.max_heart_rate, self.config.distance_units)
@@ -13200,12 +13590,6 @@ class ChunkedBody:
         if not self._left and self._rfile.read(2) != b"\r\n":
             raise ValueError("chunk not followed by CRLF")
         return data
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    import socket
-
-    return isinstance(exc, socket.timeout) or "timed out" in str(exc)
 
 
 def _request_socket(environ: Mapping[str, Any]) -> Any:
@@ -13767,189 +14151,18 @@ class Service:
         self.lock.release()
 
 
-class Notifier:
-    """Freshness as ``serve`` follows it: every judgement goes through :meth:`judge`, which
-    compares each automation's and metric's state with the one judged before and, on a
-    change into or out of ``late`` or ``stale``, logs it and (``--notify URL``) queues one
-    notice.  With a URL, a thread of its own judges every ``freshness_check_s`` and posts
-    the queued notices in order, retrying a failed one after each of ``notify_retry_s``:
-    ingest and the fold never wait for it.  The states found by the first judgement are
-    the baseline: a restart never repeats a notice."""
-
-    def __init__(self, config: Config, source: FreshnessSource):
-        self.config, self.source = config, source
-        self._lock = threading.Lock()  # one judgement and comparison at a time
-        self._states: Optional[dict] = None
-        self._queue: collections.deque = collections.deque()  # [notice, attempts, due]
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.counts = {"sent": 0, "failures": 0, "dropped": 0}
-        self.thread: Optional[threading.Thread] = None
-
-    def judge(self) -> Freshness:
-        with self._lock:
-            fresh = self.source.judge()
-            self._compare(fresh)
-        return fresh
-
-    def _compare(self, fresh: Freshness) -> None:
-        items: dict = {("automation", a.key): a for a in fresh.automations}
-        items.update((("metric", m.metric, m.layer), m) for m in fresh.metrics)
-        before, self._states = self._states, {subject: item.state
-                                              for subject, item in items.items()}
-        if before is None:
-            return
-        for subject, item in items.items():
-            was = before.get(subject)
-            if was is None or was == item.state or not {was, item.state} & {"late", "stale"}:
-                continue
-            if subject[0] == "automation":
-                notice = automation_notice(item, fresh.now_s)
-                log_event(logging.WARNING if item.state == "late" else logging.INFO,
-                          "an automation is late" if item.state == "late"
-                          else "an automation delivers again", automation=item.key,
-                          last_delivery=journal_time(item.last_us))
-            else:
-                notice = metric_notice(item, fresh.now_s)
-                log_event(logging.WARNING if item.state == "stale" else logging.INFO,
-                          "a metric has stopped while its automation delivers"
-                          if item.state == "stale" else "a metric arrives again",
-                          metric=loggable_metric(item.metric), layer=item.layer,
-                          newest_point=local_iso(item.newest_us, item.newest_offset))
-            if self.config.notify_url:
-                self._enqueue(notice)
-
-    def _enqueue(self, notice: Notice) -> None:
-        if len(self._queue) >= NOTIFY_QUEUE_MAX:
-            self._queue.popleft()
-            self.counts["dropped"] += 1
-            log_event(logging.WARNING, "notice dropped: too many waiting",
-                      waiting=NOTIFY_QUEUE_MAX)
-        self._queue.append([notice, 0, time.monotonic()])
-        self._wake.set()
-
-    # -- the thread ------------------------------------------------------------
-
-    def start(self) -> None:
-        if not self.config.notify_url:
-            return
-        self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
-        self.thread.start()
-        log_event(logging.INFO, "notices on", host=urllib.parse.urlsplit(
-            self.config.notify_url).hostname, format=self.config.notify_format)
-
-    def stop(self, budget: float) -> bool:
-        self._stop.set()
-        self._wake.set()
-        if self.thread is not None:
-            self.thread.join(budget)
-            return not self.thread.is_alive()
-        return True
-
-    def _run(self) -> None:
-        next_check = 0.0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + self.config.freshness_check_s
-                try:
-                    self.judge()
-                except Exception as exc:  # a database fault: judged again next time
-                    if self._stop.is_set():
-                        return
-                    log_event(logging.WARNING, "freshness could not be read; tried again"
-                              " later", error=_error_name(exc))
-            with self._lock:
-                head = self._queue[0] if self._queue else None
-            if head is not None and head[2] <= time.monotonic():
-                self._attempt(head)
-                continue
-            wait = next_check - time.monotonic()
-            if head is not None:
-                wait = min(wait, head[2] - time.monotonic())
-            self._wake.wait(max(0.0, wait))
-            self._wake.clear()
-
-    def _attempt(self, entry: list) -> None:
-        notice = entry[0]
-        error = self._post(notice)
-        with self._lock:
-            if error is None:
-                self.counts["sent"] += 1
-                self._forget(entry)
-                log_event(logging.INFO, "notice sent", kind=notice.kind, state=notice.state)
-                return
-            self.counts["failures"] += 1
-            entry[1] += 1
-            retries = self.config.notify_retry_s
-            if entry[1] > len(retries):
-                self._forget(entry)
-                self.counts["dropped"] += 1
-                log_event(logging.WARNING, "notice dropped: the receiver did not take it",
-                          kind=notice.kind, state=notice.state, attempts=entry[1], error=error)
-                return
-            entry[2] = time.monotonic() + retries[entry[1] - 1]
-        log_event(logging.WARNING, "notice not delivered; it is sent again later",
-                  kind=notice.kind, state=notice.state, attempt=entry[1], error=error,
-                  retry_in_s=retries[entry[1] - 1],
-                  host=urllib.parse.urlsplit(self.config.notify_url).hostname)
-
-    def _forget(self, entry: list) -> None:
-        if self._queue and self._queue[0] is entry:  # not pushed out meanwhile
-            self._queue.popleft()
-
-    def _post(self, notice: Notice) -> Optional[str]:
-        """POST one notice; None when the receiver took it (2xx), else what went wrong (an
-        HTTP status or an error's name, never the address: it may hold a secret)."""
-        import urllib.error
-        import urllib.request
-
-        if self.config.notify_format == "json":
-            body = json.dumps(notice.as_json()).encode()
-            headers = {"Content-Type": "application/json"}
-        else:
-            text = notice.text + ("\n\n" + notice.action if notice.action else "")
-            body = (text + "\n").encode()
-            headers = {"Content-Type": "text/plain; charset=utf-8",
-                       "Title": _header_text(notice.title)}
-        request = urllib.request.Request(self.config.notify_url, data=body, headers=headers,
-                                         method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.config.notify_timeout_s) as answer:
-                answer.read(65536)
-                status = answer.status
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            return "http_%d" % exc.code
-        except Exception as exc:  # refused, timed out, a bad answer
-            return "timeout" if _is_timeout(exc) else _error_name(exc)
-        return None if 200 <= status < 300 else "http_%d" % status
-
-
-def _header_text(text: str) -> str:
-    """A header value as HTTP carries it: Latin-1 as it is, anything else as RFC 2047
-    (which ntfy reads)."""
-    try:
-        text.encode("latin-1")
-        return text
-    except UnicodeEncodeError:
-        return "=?UTF-8?B?%s?=" % codecs.encode(text.encode(), "base64").decode().replace(
-            "\n", "")
-
-
 SERVE_BASE_MIB = 64
-"""Resident memory of an idle ``serve`` (about 45 MiB measured), with room."""
-FOLD_MEMORY_FACTOR = 2.5
-WHOLE_FOLD_FACTOR = 7.0
-VALIDATION_MEMORY_FACTOR = 2.0
-"""Memory above the base per byte of the largest body.  Its fold: from
-:data:`STREAM_FOLD_BYTES` on, at most 2.42 times the body (``tests/bench_memory.py --mib
-64``, the worst of every body shape: 600,000 metrics of one point each; a Days history,
-a two-day workout, dense seconds and emoji sources 2.02 to 2.25; a fold holds a bounded
-batch of objects, and a record's long arrays stay in the text); a smaller body
-is parsed whole, up to 6.6 times its size (``--mib 7.9``), so the fold of a body just
-under that size bounds what small limits need.  The next body's validation beside it
-takes about 2 times (``tests/bench.py ingest``)."""
+"""Resident memory of an idle ``serve`` (57 MiB measured, with orjson), with room."""
+FOLD_MEMORY_FACTOR = 3.0
+WHOLE_FOLD_FACTOR = 10.0
+"""Memory above the base per byte of the largest body, for its fold as serve's fold
+thread runs it (``tests/bench_memory.py --serve``, every body shape, over serve's idle
+memory): from :data:`STREAM_FOLD_BYTES` on, at most 2.79 times the body (600,000 metrics
+of one point each at 64 MiB, 2.63 in another run; 2.04 to 2.46 for every other shape;
+2.00 to 2.23 for every shape folded in a process of its own: in serve's fold thread,
+glibc's allocator keeps more of what a fold frees); a smaller body is parsed whole, up to
+9.4 times its size (``--mib 7.9``; 6.5 in a process of its own), so the fold of a body
+just under that size bounds what small limits need."""
 CGROUP_ROOT = Path("/")
 """Where ``/proc/self/cgroup`` and ``/sys/fs/cgroup`` are read from."""
 
@@ -13960,11 +14173,20 @@ def fold_memory_mib(max_body_bytes: int) -> float:
                WHOLE_FOLD_FACTOR * min(max_body_bytes, STREAM_FOLD_BYTES - 1)) / 1048576
 
 
+def validation_memory_mib(max_body_bytes: int) -> float:
+    """What the ingest checks running at once may hold, in MiB: as much as the check of
+    the largest body (:data:`VALIDATION_MEMORY_FACTOR`; :func:`validation_ceiling` and
+    :func:`quick_check_bytes` keep them within it)."""
+    return VALIDATION_MEMORY_FACTOR * max_body_bytes / 1048576
+
+
 def memory_needed_mib(max_body_bytes: int) -> int:
-    """What ``serve`` may need while it folds one body of the largest size, validates
-    another, and small documents wait for the fold (:class:`Handoff`)."""
+    """What ``serve`` may need at once: its base, the small documents waiting for the
+    fold (:class:`Handoff`), the fold of a body of the largest size and, beside it, the
+    ingest check of another as large (a phone sending its backfill again while the first
+    copy folds)."""
     return int(SERVE_BASE_MIB + HANDOFF_BUDGET / 1048576 + fold_memory_mib(max_body_bytes)
-               + VALIDATION_MEMORY_FACTOR * max_body_bytes / 1048576)
+               + validation_memory_mib(max_body_bytes))
 
 
 def largest_body_mib(limit_bytes: int) -> int:
@@ -14109,7 +14331,7 @@ def run_serve(config: Config) -> int:
     service = Service(config)
     stop = threading.Event()
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         log_event(logging.INFO, "stop requested", signal=signal.Signals(signum).name)
         stop.set()
 
@@ -14142,14 +14364,6 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return "%dm%02ds" % divmod(seconds, 60)
     return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-
-
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
-        count /= 1024.0
-    return str(count)
 
 
 def run_refold(config: Config, ids: Sequence[int], all_failed: bool, out: Any = None) -> int:
@@ -15445,7 +15659,7 @@ def _export_gpx(conn: sqlite3.Connection, args: argparse.Namespace, scratch: Pat
     folder = Path(args.out_dir)
     names: list = []
     for workout in chosen:
-        name = gpx_file_name(workout_summary(workout, LOCAL_ZONE))
+        name = gpx_file_name(workout_listing(workout, LOCAL_ZONE))
         stem, number = name[:-4], 2
         while name in names:
             name, number = "%s-%d.gpx" % (stem, number), number + 1
@@ -15582,6 +15796,14 @@ def _recent_problems(conn: sqlite3.Connection) -> list:
     return [{"id": row_id, "received_at": journal_time(received), "automation": automation,
              "status": status, "error": error, "uncovered_keys": json.loads(keys or "[]")}
             for row_id, received, automation, status, error, keys in rows]
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1024.0
+    return str(count)
 
 
 def format_status(status: dict) -> str:
@@ -16347,10 +16569,9 @@ main {
 .stage-rem { fill: var(--rem); }
 .stage-awake { fill: var(--awake); }
 .stage-asleep { fill: var(--asleep); }
-.stage-other, .stage-unstaged { fill: var(--other); }
+.stage-other { fill: var(--other); }
 .stage-inbed { fill: var(--inbed); }
 .swatch.stage-inbed { background: var(--inbed); }
-.swatch.stage-unstaged { background: var(--other); }
 .cursor { stroke: var(--muted); stroke-width: 1; stroke-dasharray: 3 3; pointer-events: none; }
 .hit { fill: transparent; cursor: crosshair; }
 .chart-head .units + span { color: var(--muted); }
@@ -16702,8 +16923,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   const HOUR = 3600e3;
   const DAY_MS = 24 * HOUR;
   const RANGE_KEYS = ['24h', '7d', '30d', '1y', 'all', 'custom'];
-  const LIST_PAGE = 50; // ECG recordings and events: a page, then "More"
-  const JOURNAL_PAGE = 20;
+  const JOURNAL_PAGE = 20; // the journal's rows a page shows, then "More deliveries"
   const DATE_RE = /^(\d{4})-(\d{2})-(\d{2})$/;
   const LOCAL_RE = new RegExp('^(\\d{4}-\\d{2}-\\d{2})T(\\d{2}):(\\d{2})' +
     '(?::(\\d{2})(?:\\.\\d+)?)?(Z|[+-]\\d{2}:\\d{2})$');
@@ -16731,9 +16951,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function mondayOf(date) { return addDays(date, -weekdayOf(date)); }
 
   function isDate(text) { return typeof text === 'string' && DATE_RE.test(text); }
-
-  /** A kind of meaning whose points are listed, not bucketed (workouts, ECG, events). */
-  function isList(kind) { return kind === 'workouts' || kind === 'ecg' || kind === 'events'; }
 
   /** The slots of a date axis: every day of [from, to), or the Monday of every week. */
   function dateSlots(from, to, bucket) {
@@ -17083,11 +17300,12 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   // From replies to what is drawn (pure)
   // ---------------------------------------------------------------------------------
 
-  /** The value of a bucket's field as the metric's meaning combines it (sum or avg). */
+  /** The value of a bucket's field as the metric's meaning combines it: ``combine`` names
+   *  the bucket's figure that is its value (``sum`` or ``avg``). */
   function bucketValue(bucket, field, combine) {
     const stats = bucket.fields && bucket.fields[field];
     if (!stats) return null;
-    const v = stats[combine === 'sum' ? 'sum' : 'avg'];
+    const v = stats[combine];
     return typeof v === 'number' && isFinite(v) ? v : null;
   }
 
@@ -17120,21 +17338,6 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return out;
   }
 
-  /** Workout minutes per slot of a date axis, from the items' own duration and date:
-   *  {date: {minutes, count}}; weeks add up on their Monday; a workout recorded twice
-   *  (``duplicate_of``, the server's mark) counts once. */
-  function workoutMinutes(items, bucket) {
-    const out = {};
-    items.forEach(function (w) {
-      if (w.duplicate_of || !isDate(w.date) || typeof w.duration_s !== 'number') return;
-      const key = bucket === 'week' ? mondayOf(w.date) : w.date;
-      const slot = out[key] || (out[key] = { minutes: 0, count: 0 });
-      slot.minutes += w.duration_s / 60;
-      slot.count += 1;
-    });
-    return out;
-  }
-
   /** The stages of a night with hours, in the order the server gives (``order``: the sleep
    *  meaning's stages, deepest first, awake last, each {stage, label, asleep, unspecified});
    *  a stage it does not list comes after the listed stages of sleep. Pure. */
@@ -17156,26 +17359,30 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return found || { stage: stage, label: stage, asleep: true, unspecified: false };
   }
 
-  /** A night's bar: its stages of sleep bottom up in the server's order (the unspecified
-   *  stage, "asleep, no stage", among them), the asleep hours no stage shown holds above
-   *  them ("unstaged": a night whose figure has no stage hours, or a week's nights without
-   *  them), the stages that are not sleep (awake) on top, in bed behind. The server's
-   *  stages never add up to more than the hours asleep. Pure. */
+  /** A night's bar: its stages of sleep bottom up in the server's order, the stages that
+   *  are not sleep (awake) on top, in bed behind. The asleep hours no stage holds (a night
+   *  whose figure has no stage hours, or a week's nights without them) are the sleep no
+   *  stage was given for: the order's ``unspecified`` stage ("asleep, no stage"), added to
+   *  its hours where the night has some; a remainder under a minute is the rounding of
+   *  averages, not drawn. The server's stages never add up to more than the hours asleep.
+   *  Pure. */
   function nightBar(night, order) {
-    const stages = night.stages || {};
+    const stages = Object.assign({}, night.stages || {});
+    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
+    const unspecified = (order || []).filter(function (s) { return s.unspecified; })[0];
+    let staged = 0;
+    stagesOf(stages, order).forEach(function (k) {
+      if (stageOf(k, order).asleep) staged += stages[k];
+    });
+    if (unspecified && asleep !== null && asleep - staged > 1 / 60) {
+      stages[unspecified.stage] = (stages[unspecified.stage] || 0) + asleep - staged;
+    }
     const keys = stagesOf(stages, order);
     const awake = keys.filter(function (k) { return !stageOf(k, order).asleep; });
     const parts = [];
-    let staged = 0;
     keys.forEach(function (k) {
-      if (awake.indexOf(k) >= 0) return;
-      parts.push({ stage: k, hours: stages[k] });
-      staged += stages[k];
+      if (awake.indexOf(k) < 0) parts.push({ stage: k, hours: stages[k] });
     });
-    const asleep = typeof night.asleep === 'number' ? night.asleep : null;
-    if (asleep !== null && asleep - staged > 1 / 60) {
-      parts.push({ stage: 'unstaged', hours: asleep - staged });
-    }
     awake.forEach(function (k) { parts.push({ stage: k, hours: stages[k] }); });
     let top = 0;
     parts.forEach(function (p) { top += p.hours; });
@@ -17425,9 +17632,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
 
   /** The metric a first visit opens on: the series with the latest data. */
   function defaultMetric() {
-    const series = state.metrics.filter(function (m) {
-      return m.meaning.kind === 'total' || m.meaning.kind === 'average';
-    });
+    const series = state.metrics.filter(function (m) { return m.meaning.drawn === 'series'; });
     const pool = series.length ? series : state.metrics;
     return pool.slice().sort(function (a, b) {
       return b.last - a.last || (a.metric < b.metric ? -1 : 1);
@@ -17544,11 +17749,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       let m = byMetric[entry.metric];
       if (!m) {
         m = byMetric[entry.metric] = {
-          metric: entry.metric, meaning: entry.meaning || {
-            name: entry.metric, group: entry.group, kind: 'average', fields: [],
-            combine: 'avg',
-          },
-          layers: [], first: Infinity, last: -Infinity, points: 0,
+          metric: entry.metric, meaning: entry.meaning, layers: [], first: Infinity,
+          last: -Infinity, points: 0,
         };
         state.metrics.push(m);
       }
@@ -17600,6 +17802,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const token = ++state.token;
     const current = function () { return token === state.token; };
     const kind = metric.meaning.kind;
+    const drawn = metric.meaning.drawn;
     writeHash();
     markControls();
     state.more = null;
@@ -17625,39 +17828,33 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         $('from').value = plan.from;
         $('to').value = plan.to;
       }
-      setChart({ bucket: isList(kind) ? null : plan.bucket, from: plan.from,
-        to: plan.to, layer: plan.layer });
+      // the plan's query, as it names it: /api/points reads the layers it names (the one
+      // picked, else the one chosen and those that fill the days it lacks, READ-2.8); a
+      // list's has no bucket
+      setChart({ bucket: plan.points.bucket || null, from: plan.from, to: plan.to,
+        layer: plan.layer });
       const meta = capitalise(plan.words) + ' · ' + zoneText();
       $('view-meta').textContent = meta;
-      state.layerRead = null;
-      // the layer picked, if any: the server reads the same layer it planned, and fills a
-      // day the layer lacks from another (READ-2.8) only when none was picked
-      const params = {
-        metric: metric.metric, layer: state.layer || null, from: plan.from, to: plan.to,
-        tz: state.tz,
-      };
-      setCsv(params, plan, kind);
+      state.layerRead = plan.layer;
+      fillLayers();
+      setCsv(plan);
       let view;
-      if (kind === 'total' || kind === 'average' || kind === 'sleep') {
-        const data = await getJSON(query('/api/points', Object.assign({ bucket: plan.bucket },
-          params)), controller.signal);
+      if (drawn !== 'list') {
+        const data = await getJSON(query('/api/points', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, data: data };
-        state.layerRead = data.layer || null;
-        fillLayers();
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, data: data };
       } else if (kind === 'workouts') {
         const data = await getJSON(query('/api/workouts', {
-          from: plan.from, to: plan.to, tz: state.tz,
+          from: plan.from, to: plan.to, tz: plan.tz, bucket: plan.bucket,
         }), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: data.workouts || [],
-          truncated: data.truncated };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan,
+          items: data.workouts || [], buckets: data.buckets || [], truncated: data.truncated };
       } else {
-        const page = await getJSON(query('/api/records', Object.assign({ limit: LIST_PAGE },
-          params)), controller.signal);
+        const page = await getJSON(query('/api/records', plan.points), controller.signal);
         if (!current()) return;
-        view = { kind: kind, metric: metric, plan: plan, items: page.items || [],
-          next: page.next_before, params: params };
+        view = { kind: kind, drawn: drawn, metric: metric, plan: plan, items: page.items || [],
+          next: page.next_before, params: plan.points };
       }
       state.shown = view;
       draw(view);
@@ -17676,12 +17873,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
   }
 
-  function setCsv(params, plan, kind) {
+  /** The CSV link: the plan's query, as CSV (a list's records, a series' buckets). */
+  function setCsv(plan) {
     const csv = $('csv');
-    const csvParams = Object.assign({}, params, { format: 'csv' });
-    if (!isList(kind)) csvParams.bucket = plan.bucket;
-    csv.href = query('/api/points', csvParams);
-    csv.setAttribute('download', [params.metric, state.range, plan.from || 'all']
+    csv.href = query('/api/points', Object.assign({}, plan.points, { format: 'csv' }));
+    csv.setAttribute('download', [plan.metric, state.range, plan.from || 'all']
       .join('-').replace(/[^A-Za-z0-9._-]+/g, '_') + '.csv');
   }
 
@@ -17690,8 +17886,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     clear(chart);
     clear($('records'));
     const kind = view.kind;
-    if (kind === 'total' || kind === 'average') drawSeries(chart, view);
-    else if (kind === 'sleep') drawNights(chart, view);
+    if (view.drawn === 'series') drawSeries(chart, view);
+    else if (view.drawn === 'nights') drawNights(chart, view);
     else if (kind === 'workouts') {
       drawWorkoutMinutes(chart, view);
       drawWorkoutList($('records'), view.items);
@@ -17702,10 +17898,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function redraw() {
     const view = state.shown;
     if (!view || $('chart').dataset.state !== 'ready') return;
-    if (view.kind === 'total' || view.kind === 'average') {
+    if (view.drawn === 'series') {
       clear($('chart'));
       drawSeries($('chart'), view);
-    } else if (view.kind === 'sleep') {
+    } else if (view.drawn === 'nights') {
       clear($('chart'));
       drawNights($('chart'), view);
     } else if (view.kind === 'workouts') {
@@ -17938,15 +18134,20 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const meaning = view.metric.meaning;
     const plan = view.plan;
     const total = meaning.kind === 'total';
-    const combine = meaning.combine || (total ? 'sum' : 'avg');
+    const combine = meaning.combine;
     const buckets = group.buckets.slice().sort(function (a, b) {
       return instant(a.start) - instant(b.start);
     });
     const fields = seriesFields(meaning, buckets);
-    const band = !total && fields.indexOf('Min') >= 0 && fields.indexOf('Max') >= 0;
-    const lines = band ? fields.filter(function (f) { return f !== 'Min' && f !== 'Max'; })
+    // the band: the fields the meaning names as each point's lowest and highest (``bounds``)
+    const bounds = meaning.bounds || [];
+    const band = !total && bounds.length === 2 && bounds.every(function (f) {
+      return fields.indexOf(f) >= 0;
+    });
+    const lines = band ? fields.filter(function (f) { return bounds.indexOf(f) < 0; })
       : fields;
     const drawn = total ? fields : lines;
+    const fieldName = function (f) { return words((meaning.labels || {})[f] || f); };
     const units = group.units;
     const shown = unitText(group.label); // " bpm", " steps", or "" (BMI: its name says it)
     const digits = meaning.digits;
@@ -17967,8 +18168,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       }
       const row = { b: b, values: values, value: value, lo: null, hi: null };
       if (band) {
-        row.lo = b.fields.Min ? b.fields.Min.min : null;
-        row.hi = b.fields.Max ? b.fields.Max.max : null;
+        const low = b.fields[bounds[0]];
+        const high = b.fields[bounds[1]];
+        row.lo = low && isNumber(low.min) ? low.min : null;
+        row.hi = high && isNumber(high.max) ? high.max : null;
       }
       [row.value, row.lo, row.hi].concat(total ? [] : drawn.map(function (f) {
         return values[f];
@@ -17993,9 +18196,10 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       item.appendChild(document.createTextNode(text));
       legend.appendChild(item);
     };
+    // a series of its main field alone is named by the metric; several fields by theirs
     drawn.forEach(function (f, i) {
       legendItem((total ? 'bar-swatch' : 's' + (i % 6)) + (total && i ? ' s' + (i % 6) : ''),
-        (drawn.length > 1 || f !== 'qty' ? words(f) + ', ' : '') +
+        (drawn.length > 1 || f !== (meaning.fields || [])[0] ? fieldName(f) + ', ' : '') +
         (total ? 'total per ' + plan.bucket : 'average per ' + plan.bucket));
     });
     if (band) legendItem('band-swatch', 'lowest – highest');
@@ -18078,7 +18282,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         text += fmt(r.value) + shown;
         if (drawn.length > 1) {
           text += ' (' + drawn.filter(function (f) { return r.values[f] !== null; })
-            .map(function (f) { return words(f) + ' ' + fmt(r.values[f]); })
+            .map(function (f) { return fieldName(f) + ' ' + fmt(r.values[f]); })
             .join(', ') + ')';
         }
       } else {
@@ -18097,7 +18301,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
           node.appendChild(dot);
         });
         text += drawn.filter(function (f) { return r.values[f] !== null; }).map(function (f) {
-          return (drawn.length > 1 ? words(f) + ' ' : '') + fmt(r.values[f]) + shown;
+          return (drawn.length > 1 ? fieldName(f) + ' ' : '') + fmt(r.values[f]) + shown;
         }).join(', ');
         if (band && r.lo !== null && r.hi !== null) {
           text += ' (lowest ' + fmt(r.lo) + ', highest ' + fmt(r.hi) + ')';
@@ -18190,8 +18394,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     seen.forEach(function (s) {
       const item = el('span', 'legend-item');
       item.appendChild(el('span', 'swatch stage-' + s));
-      item.appendChild(document.createTextNode(s === 'unstaged' ? fieldLabel(meaning, 0)
-        : stageOf(s, order).label));
+      item.appendChild(document.createTextNode(stageOf(s, order).label));
       legend.appendChild(item);
     });
     if (bars.some(function (b) { return b.bar.inBed !== null; })) {
@@ -18204,7 +18407,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     panel.appendChild(head);
     chart.appendChild(panel);
     const g = frame(chart, plan, nights, 0, hi, true);
-    const root = svgRoot(g, 'Sleep per night in hours');
+    const root = svgRoot(g, meaning.name + ' per night in hours');
     drawGrid(root, g, plan, nights);
     const data = svg('g', { class: 'data' });
     const marks = [];
@@ -18283,31 +18486,28 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     wireReadout(root, g, marks, summary);
   }
 
+  /** Workout minutes per day or week (its Monday), as /api/workouts counts them for the
+   *  plan's bucket (a workout two apps recorded once). */
   function drawWorkoutMinutes(chart, view) {
     const plan = view.plan;
-    const items = view.items;
-    const perSlot = workoutMinutes(items, plan.bucket === 'week' ? 'week' : 'day');
-    const buckets = Object.keys(perSlot).sort().map(function (date) {
-      return { date: date, minutes: perSlot[date].minutes, count: perSlot[date].count };
+    const buckets = view.buckets.map(function (b) {
+      return { date: b.date, minutes: b.seconds / 60, count: b.count };
     });
     if (!buckets.length) {
       emptyNote(chart, 'No workouts in this range.');
       $('readout').textContent = '';
       return;
     }
-    const datePlan = Object.assign({}, plan, {
-      bucket: plan.bucket === 'week' ? 'week' : 'day', axis: 'dates',
-    });
     let hi = 0;
     buckets.forEach(function (b) { hi = Math.max(hi, b.minutes); });
     const panel = el('div', 'chart-panel');
     const head = el('div', 'chart-head');
-    head.appendChild(el('span', 'units', 'workout minutes per ' + datePlan.bucket));
+    head.appendChild(el('span', 'units', 'workout minutes per ' + plan.bucket));
     panel.appendChild(head);
     chart.appendChild(panel);
-    const g = frame(chart, datePlan, buckets, 0, hi, true);
-    const root = svgRoot(g, 'Workout minutes per ' + datePlan.bucket);
-    drawGrid(root, g, datePlan, buckets);
+    const g = frame(chart, plan, buckets, 0, hi, true);
+    const root = svgRoot(g, 'Workout minutes per ' + plan.bucket);
+    drawGrid(root, g, plan, buckets);
     const data = svg('g', { class: 'data' });
     const marks = [];
     const barW = Math.max(2, Math.min(g.slotW * 0.7, 44));
@@ -18327,7 +18527,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         height: g.plotH,
       }));
       data.appendChild(node);
-      marks.push(markOf(node, g, pos, whenText(datePlan, b) + ': ' +
+      marks.push(markOf(node, g, pos, whenText(plan, b) + ': ' +
         formatSeconds(b.minutes * 60) +
         ' of workouts (' + b.count + (b.count === 1 ? ' workout)' : ' workouts)')));
     });
@@ -18406,7 +18606,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       button.disabled = true;
       try {
         const page = await getJSON(query('/api/records', Object.assign({
-          limit: LIST_PAGE, before: view.next,
+          before: view.next,
         }, view.params)), state.controller ? state.controller.signal : undefined);
         if (token !== state.token) return;
         view.items = view.items.concat(page.items || []);
@@ -18499,7 +18699,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   function drawTrace(chart, trace) {
     const volts = trace.voltages || [];
     const hz = trace.sampling_frequency;
-    const units = trace.unit_label || trace.units || 'µV';
+    const units = trace.unit_label || trace.units || '';
     const head = el('div', 'chart-head');
     head.appendChild(el('span', 'units', units + ' against seconds'));
     head.appendChild(el('span', null, formatLocal(trace.local_start) + ' · ' +
@@ -18879,7 +19079,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
     node.appendChild(usualNode(card.usual, card.usual_days, labelOf(0), isNumber(card.usual)
       ? formatHours(card.usual) : undefined, rule));
-    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours asleep',
+    node.appendChild(drawSpark(card.spark || [], true, card.usual, 'Hours ' + labelOf(0),
       formatHours, day));
     return node;
   }
@@ -18933,8 +19133,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return node;
   }
 
-  /** The workouts of the week: ``group`` is the summary's entry for them (its title, and
-   *  the link to their view, {metric, from, to}, that the server made). */
+  /** The workouts of the week: ``group`` is the summary's entry for them (its title, the
+   *  link to their view, {metric, from, to}, that the server made, and their ``count`` and
+   *  ``seconds``). */
   function workoutsCard(items, day, group) {
     const link = group.link;
     // a card of links (each workout opens its page): the title links to the list
@@ -18943,15 +19144,16 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       ' – ' + formatDate(link.to, 'short'));
     title.href = linkHash(link, state.tz);
     node.appendChild(title);
+    // their count and time as the server counts them (a workout two apps recorded once);
+    // the list shows each once, the one the server shows first
     const shown = items.filter(function (w) { return !w.duplicate_of; });
-    let seconds = 0;
-    shown.forEach(function (w) { if (isNumber(w.duration_s)) seconds += w.duration_s; });
-    setData(node, { metric: link.metric, count: items.length, seconds: seconds, date: day });
+    setData(node, { metric: link.metric, count: group.count, seconds: group.seconds,
+      date: day });
     const value = el('span', 'card-value');
-    value.appendChild(el('span', 'num', formatCount(shown.length)));
+    value.appendChild(el('span', 'num', formatCount(group.count)));
     value.appendChild(document.createTextNode(' '));
-    value.appendChild(el('span', 'card-units', 'workout' + (shown.length === 1 ? '' : 's') +
-      ', ' + formatSeconds(seconds)));
+    value.appendChild(el('span', 'card-units', 'workout' + (group.count === 1 ? '' : 's') +
+      ', ' + formatSeconds(group.seconds)));
     node.appendChild(value);
     const list = el('ul', 'card-list');
     shown.forEach(function (w) {
@@ -19040,7 +19242,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
     if (!shown) {
       box.appendChild(el('p', 'empty', wanted
-        ? 'Nothing recorded on this day or the ' + (rule.days || 30) + ' days before it.'
+        ? 'Nothing recorded on this day or the ' + rule.days + ' days before it.'
         : 'No data yet. Point a Health Auto Export automation at /api/ingest.'));
     }
     return shown;
@@ -19116,8 +19318,8 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     const rule = data.usual || {};
     const usual = $('usual-rule');
     setData(usual, { days: rule.days, minDays: rule.min_days });
-    usual.textContent = 'Usual: the median of the ' + rule.days + ' days before, from at least ' +
-      rule.min_days + ' days with data.';
+    usual.textContent = 'Usual: the ' + rule.rule + ' of the ' + rule.days +
+      ' days before, from at least ' + rule.min_days + ' days with data.';
     $('day-next').disabled = Boolean(newest) && data.date >= newest;
     $('day-latest').hidden = !wanted || data.date === newest;
     $('day-latest').href = summaryHash(null, state.tz);
@@ -19484,11 +19686,11 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     if (heart.session.length || heart.recovery.length) {
       $('part-heart').hidden = false;
       drawHeart($('workout-heart'), heart);
-      drawZones(heart.zones);
+      drawZones(heart.zones, heart.units_label);
     }
     if (data.splits && data.splits.rows.length) {
       $('part-splits').hidden = false;
-      drawSplits($('workout-splits'), data.splits);
+      drawSplits($('workout-splits'), data.splits, data.heart_rate.units_label);
     }
     if (data.elevation && data.elevation.profile.length > 1) {
       $('part-elevation').hidden = false;
@@ -19600,7 +19802,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
         'Tiles: ' + tileHost(data.map_tiles)));
     }
     box.appendChild(root);
-    drawRouteLegend(track, by, steps, hasHeart, data.units);
+    drawRouteLegend(track, by, steps, hasHeart, data.units, data.heart_rate.units_label);
   }
 
   /** A workout page drawn again when the window's width changes (its map and charts are
@@ -19624,7 +19826,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     return m ? m[1] : template;
   }
 
-  function drawRouteLegend(track, by, steps, hasHeart, units) {
+  /** The route's colours: speed in the owner's units (``units.speed``: its label and its
+   *  size in m/s) or heart rate (``bpm``: its units as the server shows them). */
+  function drawRouteLegend(track, by, steps, hasHeart, units, bpm) {
     const legend = $('route-legend');
     clear(legend);
     const pick = el('span', 'route-colour');
@@ -19643,7 +19847,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     legend.appendChild(pick);
     const cuts = steps.cuts;
     const text = function (v) {
-      return by === 'hr' ? formatCount(v) : formatNumber(v * 3600 / units.distance.meters);
+      return by === 'hr' ? formatCount(v) : formatNumber(v / units.speed.meters);
     };
     for (let c = 0; c + 1 < cuts.length; c++) {
       const item = el('span', 'legend-item');
@@ -19652,7 +19856,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       legend.appendChild(item);
     }
     if (cuts.length) {
-      legend.appendChild(el('span', 'units', by === 'hr' ? 'bpm' : units.speed.label));
+      legend.appendChild(el('span', 'units', by === 'hr' ? bpm : units.speed.label));
     }
     legend.appendChild(el('span', 'meta', ' · ' + formatNumber(track.points, 0) +
       ' points, ' + formatNumber(track.drawn.length, 0) + ' drawn'));
@@ -19743,7 +19947,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     box.appendChild(legend);
   }
 
-  function drawZones(zones) {
+  function drawZones(zones, bpm) {
     const table = $('workout-zones');
     const rule = $('zone-rule');
     rule.textContent = zones ? zones.words : '';
@@ -19760,9 +19964,9 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       const tr = el('tr', 'zone-row');
       setData(tr, { zone: z.zone, seconds: z.seconds, low: z.low, high: z.high });
       tr.appendChild(el('td', null, z.label));
-      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' bpm'
-        : z.high === null ? formatCount(z.low) + ' bpm and over'
-          : formatCount(z.low) + '–' + formatCount(z.high) + ' bpm'));
+      tr.appendChild(el('td', 'num', z.low === null ? 'under ' + formatCount(z.high) + ' ' + bpm
+        : z.high === null ? formatCount(z.low) + ' ' + bpm + ' and over'
+          : formatCount(z.low) + '–' + formatCount(z.high) + ' ' + bpm));
       tr.appendChild(el('td', 'num', formatClock(z.seconds)));
       tr.appendChild(el('td', 'num', total ? formatNumber(100 * z.seconds / total, 0) + ' %'
         : '–'));
@@ -19770,7 +19974,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     });
   }
 
-  function drawSplits(table, splits) {
+  function drawSplits(table, splits, bpm) {
     const speed = splits.shown === 'speed';
     const head = el('tr');
     [splits.unit.label, 'Time', speed ? 'Speed' : 'Pace', 'Heart rate']
@@ -19788,7 +19992,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       tr.appendChild(el('td', 'num', speed ? formatNumber(r.speed) + ' ' + splits.speed_label
         : formatClock(r.pace_s) + ' ' + splits.pace_label));
       tr.appendChild(el('td', 'num', isNumber(r.average_heart_rate)
-        ? formatCount(r.average_heart_rate) + ' bpm' : '–'));
+        ? formatCount(r.average_heart_rate) + ' ' + bpm : '–'));
       body.appendChild(tr);
     });
   }
@@ -20071,7 +20275,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
       splitLocal: splitLocal, planOf: planOf,
       niceTicks: niceTicks, dateTicks: dateTicks,
       hourTicks: hourTicks, bucketValue: bucketValue, seriesFields: seriesFields,
-      segmentsOf: segmentsOf, workoutMinutes: workoutMinutes, nightBar: nightBar,
+      segmentsOf: segmentsOf, nightBar: nightBar,
       stagesOf: stagesOf, listWords: listWords, bedWords: bedWords, bedTime: bedTime,
       napTimes: napTimes,
       overlapWords: overlapWords,

@@ -1,7 +1,9 @@
-"""Benchmark of the fold's peak memory per body shape: figures to report, not to assert.
+"""Benchmark of the fold's and the ingest check's peak memory per body shape, alone and in
+a real ``serve``: figures to report, not to assert.
 
     python3 tests/bench_memory.py [--mib N] [--shapes SHAPE ...] [--root DIR]
                                   [--python PYTHON] [--no-orjson] [--stages] [--tracemalloc]
+                                  [--serve [--beside SHAPE]]
 
 For each body shape below, a body of about ``--mib`` MiB (default 32) is written to a
 file, journaled into a fresh data directory with ``healthlog.py import --aggregation ...``
@@ -13,11 +15,27 @@ baseline), resets VmHWM to the current RSS (``echo 5 > /proc/self/clear_refs``, 
 4.0+), folds, and reads VmHWM again: the peak is that fold's alone (the import of the
 modules and the parent's body generation are not in it).
 
+Before the fold, the body's ingest check (``check_delivery_shape``, what
+``accept_delivery`` calls) runs in another fresh subprocess, in a thread as serve's HTTP
+workers run it, its VmHWM reset just before it.
+
 The table, one row per shape: body MiB, bytes per point, points (the fold's own counter
 in the journal), baseline RSS, peak RSS (VmHWM), (peak - baseline) / body, peak / body,
 whether peak <= 4 x body + 100 MiB (the goal for a dense body; the 100 MiB stands for the
-interpreter and what does not scale with the body), fold seconds and the delivery's
-outcome (it must be ``parsed``).
+interpreter and what does not scale with the body), fold seconds, the check's
+(peak - RSS before it) / body and seconds, and the delivery's outcome (it must be
+``parsed``).
+
+``--serve``: instead, each body is POSTed to a real ``healthlog.py serve`` (a fresh data
+directory, ``--max-body-mib`` the body's size rounded up) and folded by its fold thread,
+serve's memory read from outside: its RSS when idle, its VmHWM at the 200 (the check;
+reset just before the POST) and after the fold (reset again at the 200: the fold's own
+peak), each over the idle RSS per byte of the body, and the need serve's start-up check
+counts (``memory_needed_mib``).  In serve's threads glibc's allocator keeps more of what a
+fold frees than in a process of its own: these are the figures the memory check's
+factors must cover.  With ``--beside SHAPE``, once each fold is under way (serve's RSS
+grown by the body: its text read), a body of SHAPE as large is POSTed (a phone sending
+during a backfill): serve's peak with both, against the need it counts.
 
 Shapes (each a valid HAE body):
 
@@ -57,6 +75,14 @@ Issue 27's shapes, whose folds held an object, a row or a metric per point:
 * ``emoji-sources``: like ``compact-1metric-qty``, with an emoji (astral characters, ZWJ
   sequences, variation selectors) in every ``source``.
 
+Issue 33's, with the owner's devices named as iOS writes names given with an emoji
+(``Anna’s Apple Watch 🏃``, ``Anna’s iPhone 📱``: the typographic apostrophe and an
+astral character):
+
+* ``days-backfill-ios-names``: ``days-backfill`` with those names in its sources.
+* ``many-metrics-ios-names``: ``many-metrics-one-point`` with the watch's name in every
+  point's ``source``.
+
 ``--root DIR`` benches DIR/healthlog.py (import and fold), with this script's bodies: run
 it once per checkout for a before/after comparison.  ``--no-orjson`` hides orjson from
 both subprocesses (a PYTHONPATH module that refuses to import, as bench.py does); note
@@ -68,9 +94,10 @@ allocation sites at the end of the merge (tracemalloc slows the fold several tim
 inflates RSS: read its heap figures, not its RSS).
 
 Bodies are generated in the parent (a second or two per shape), each shape's files in a
-temporary directory removed afterwards.  The default run takes about half a minute on 2
-cores, ``--mib 64`` a minute and a half; ``--tracemalloc`` one to three minutes a shape
-(its snapshots of ~1.5M blocks take most of that).
+temporary directory removed afterwards.  ``--mib 64`` takes 5 minutes on 2 quiet cores
+(the one-point metrics and the Days histories fold for a minute each), ``--serve`` as
+long; ``--tracemalloc`` one to three minutes a shape (its snapshots of ~1.5M blocks take
+most of that).
 """
 
 from __future__ import annotations
@@ -544,13 +571,23 @@ DAYS_METRICS = (  # name, units, point kind, (low, high), integer, source kind
 """A manual Days export of every metric the Health app has (hae-format §7 names and units,
 nutrition and cycle symptoms as daily totals): 154 metrics."""
 
-DAYS_SOURCES = {
-    "piped": [OWNER_WATCH + "|" + OWNER_PHONE] * 3 + [OWNER_WATCH, OWNER_PHONE],
-    "watch": [OWNER_WATCH],
-    "phone": [OWNER_PHONE],
-    "app": ["Withings", "Health Mate", OWNER_PHONE],
-    "food": ["MyFitnessPal", "Lifesum"],
-}
+def days_sources(watch: str, phone: str) -> dict:
+    """Source kind -> the sources a Days export names, the owner's devices as given."""
+    return {
+        "piped": [watch + "|" + phone] * 3 + [watch, phone],
+        "watch": [watch],
+        "phone": [phone],
+        "app": ["Withings", "Health Mate", phone],
+        "food": ["MyFitnessPal", "Lifesum"],
+    }
+
+
+DAYS_SOURCES = days_sources(OWNER_WATCH, OWNER_PHONE)
+IOS_WATCH, IOS_PHONE = "Anna’s Apple Watch 🏃", "Anna’s iPhone 📱"
+"""Device names as iOS writes them when their owner gave them an emoji: the typographic
+apostrophe (3 bytes of UTF-8, a ``\\u2019`` escape of 6 in the fold's text) and an astral
+character (4 bytes, a surrogate pair of 12).  Decoded whole, one of them in a body makes
+every character of its text 4 bytes wide."""
 DAYS_ZONE = "America/New_York"
 """Days at local midnight in a zone with DST: -0500 in winter, -0400 in summer (hae-format
 §11: the offset follows the phone's zone)."""
@@ -592,11 +629,15 @@ def _days_point(kind: str, date: str, low: float, high: float, integer: bool,
     return '{"date":"%s","qty":%s%s}' % (date, number(), tail)
 
 
-def days_backfill(out: BodyFile, target: int, rng: random.Random) -> dict:
+def days_backfill(out: BodyFile, target: int, rng: random.Random,
+                  owner: tuple = (OWNER_WATCH, OWNER_PHONE)) -> dict:
     """Every metric, one point a day at local midnight, for as many years as fit (HAE's
     manual export of a history with aggregation "days"): one point in each (metric, UTC
-    hour), so as many hour objects as points."""
+    hour), so as many hour objects as points.  ``owner``: the names of the owner's watch
+    and phone."""
     from zoneinfo import ZoneInfo
+
+    named = days_sources(*owner)
 
     r = rng.random
     zone = ZoneInfo(DAYS_ZONE)
@@ -605,7 +646,7 @@ def days_backfill(out: BodyFile, target: int, rng: random.Random) -> dict:
                                   sources[int(len(sources) * draw())], draw).encode()) + 1
                   for _ in range(16)
                   for _, _, kind, (low, high), integer, source in DAYS_METRICS
-                  for sources in [DAYS_SOURCES[source]]) / 16
+                  for sources in [named[source]]) / 16
     overhead = 40 + sum(len('{"name":"%s","units":"%s","data":[]},' % (name, units))
                         for name, units, *_ in DAYS_METRICS)
     days = max(2, int((target - overhead) / per_day))
@@ -620,7 +661,7 @@ def days_backfill(out: BodyFile, target: int, rng: random.Random) -> dict:
     out.write('{"data":{"metrics":[')
     count = 0
     for index, (name, units, kind, (low, high), integer, source) in enumerate(DAYS_METRICS):
-        sources = DAYS_SOURCES[source]
+        sources = named[source]
         out.write(("," if index else "") + '{"name":%s,"units":%s,"data":[' % (
             _quoted(name), _quoted(units)))
         for start in range(0, days, BATCH):
@@ -702,11 +743,12 @@ def workout_long(out: BodyFile, target: int, rng: random.Random) -> dict:
             "heart_rate_points": seconds}
 
 
-def many_metrics_one_point(out: BodyFile, target: int, rng: random.Random) -> dict:
+def many_metrics_one_point(out: BodyFile, target: int, rng: random.Random,
+                           source_share: float = 0.2, watch: str = OWNER_WATCH) -> dict:
     """As many metrics as fit, each with a name of its own and ONE point (the names of
     symptoms, medications and cycle tracking come from what the user typed, so nothing
-    bounds how many a body names), compact, a count and mostly no source: one metric, one
-    hour object and one row per ~100 bytes."""
+    bounds how many a body names), compact, a count and mostly no source (``watch`` in
+    ``source_share`` of them): one metric, one hour object and one row per ~100 bytes."""
     r = rng.random
     names = [name for name, *_ in DAYS_METRICS]
     out.write('{"data":{"metrics":[')
@@ -715,7 +757,7 @@ def many_metrics_one_point(out: BodyFile, target: int, rng: random.Random) -> di
         batch = []
         for _ in range(min(BATCH, max(1, (target - out.size) // 160))):
             name = "%s_%d" % (names[count % len(names)], count)
-            source = ',"source":%s' % _quoted(OWNER_WATCH) if r() < 0.2 else ""
+            source = ',"source":%s' % _quoted(watch) if r() < source_share else ""
             batch.append('{"name":"%s","units":"count","data":[{"date":"%s","qty":%d%s}]}'
                          % (name, stamp(t, -18000, "-0500"), 1 + int(20 * r()), source))
             count += 1
@@ -738,6 +780,17 @@ def emoji_sources(out: BodyFile, target: int, rng: random.Random) -> dict:
     return {"points": _qty_minutes(out, target, rng, EMOJI_SOURCES), "aggregation": "Minutes"}
 
 
+def days_backfill_ios_names(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """``days-backfill`` whose owner's devices carry iOS names with ``’`` and an emoji."""
+    return days_backfill(out, target, rng, owner=(IOS_WATCH, IOS_PHONE))
+
+
+def many_metrics_ios_names(out: BodyFile, target: int, rng: random.Random) -> dict:
+    """``many-metrics-one-point`` with the watch's iOS name (``’`` and an emoji) in every
+    point's ``source``."""
+    return many_metrics_one_point(out, target, rng, source_share=1.0, watch=IOS_WATCH)
+
+
 SHAPES = {
     "compact-1metric-seconds": heart_rate_seconds,
     "compact-1metric-qty": step_count_minutes,
@@ -749,6 +802,8 @@ SHAPES = {
     "workout-long": workout_long,
     "many-metrics-one-point": many_metrics_one_point,
     "emoji-sources": emoji_sources,
+    "days-backfill-ios-names": days_backfill_ios_names,
+    "many-metrics-ios-names": many_metrics_ios_names,
 }
 """Shape name -> generator(out, target bytes, rng) -> {"points", "aggregation", ...}."""
 
@@ -921,6 +976,38 @@ def fold_child(root: Path, data_dir: Path, stages: bool, trace: bool) -> dict:
             "stages": marks.marks if marks else None, "top": marks.top if marks else None}
 
 
+def check_child(root: Path, body: Path) -> dict:
+    """The ingest check of ``body`` (``check_delivery_shape``, what ``accept_delivery``
+    calls) in a thread, as an HTTP worker of serve runs it; the figures."""
+    sys.path.insert(0, str(root))
+    import threading
+
+    import healthlog
+
+    if Path(healthlog.__file__).resolve() != (root / "healthlog.py").resolve():
+        raise SystemExit("healthlog comes from %s, not from %s" % (healthlog.__file__, root))
+    outcome = {}
+
+    def check() -> None:
+        started = time.perf_counter()
+        try:
+            parsed = healthlog.check_delivery_shape(body)
+            outcome["verdict"] = "accepted" if parsed is None else "accepted (quick check)"
+        except healthlog.HTTPFailure as exc:
+            outcome["verdict"] = "refused: %s" % exc.message
+        outcome["s"] = time.perf_counter() - started
+
+    gc.collect()
+    reset = reset_peak()
+    at_start = proc_status()
+    worker = threading.Thread(target=check)
+    worker.start()
+    worker.join()
+    peak = proc_status()
+    return {"base": at_start["vmrss"], "peak": peak["vmhwm"], "peak_reset": reset,
+            "check_s": outcome["s"], "verdict": outcome["verdict"]}
+
+
 # ==========================================================================================
 # The parent: generate, import, fold in a fresh subprocess, print.
 # ==========================================================================================
@@ -943,19 +1030,27 @@ def run_shape(args: argparse.Namespace, shape: str, env: Optional[dict], tmp: Pa
         raise SystemExit("import of %s failed (exit %d):\n%s%s" % (
             shape, imported.returncode, imported.stdout, imported.stderr))
     import_s = time.perf_counter() - started
+    check = _internal(args, env, "check", "--body", str(body_path), what="check of " + shape)
     body_path.unlink()  # the archive holds its copy; the fold reads that one
-    child = [args.python, "-u", str(Path(__file__).resolve()), "--internal", "fold",
-             "--root", str(args.root), "--data", str(data_dir)]
-    child += ["--stages"] if args.stages else []
-    child += ["--tracemalloc"] if args.tracemalloc else []
+    figures = _internal(args, env, "fold", "--data", str(data_dir),
+                        *(["--stages"] if args.stages else []),
+                        *(["--tracemalloc"] if args.tracemalloc else []),
+                        what="the fold of " + shape)
+    figures.update(shape=shape, made=made, generate_s=generated, import_s=import_s,
+                   check=check)
+    return figures
+
+
+def _internal(args: argparse.Namespace, env: Optional[dict], part: str, *more: str,
+              what: str) -> dict:
+    """This script's hidden ``part`` in a fresh subprocess; the figures it prints."""
+    child = [args.python, "-u", str(Path(__file__).resolve()), "--internal", part,
+             "--root", str(args.root)] + list(more)
     proc = subprocess.run(child, stdout=subprocess.PIPE, text=True, env=env)
     found = [line for line in proc.stdout.splitlines() if line.startswith(RESULTS)]
     if proc.returncode or not found:
-        raise SystemExit("the fold of %s failed (exit %d):\n%s" % (shape, proc.returncode,
-                                                                   proc.stdout))
-    figures = json.loads(found[-1][len(RESULTS):])
-    figures.update(shape=shape, made=made, generate_s=generated, import_s=import_s)
-    return figures
+        raise SystemExit("%s failed (exit %d):\n%s" % (what, proc.returncode, proc.stdout))
+    return json.loads(found[-1][len(RESULTS):])
 
 
 def row_of(figures: dict) -> dict:
@@ -970,6 +1065,8 @@ def row_of(figures: dict) -> dict:
         "growth": (figures["peak"] - figures["baseline_rss"]) / body,
         "ratio": figures["peak"] / body, "limit": limit, "met": figures["peak"] <= limit,
         "fold_s": figures["fold_s"],
+        "check": (figures["check"]["peak"] - figures["check"]["base"]) / body,
+        "check_s": figures["check"]["check_s"],
         "status": ",".join("%s%s" % (d["status"], " (%s)" % d["error"] if d["error"] else "")
                            for d in figures["deliveries"]),
     }
@@ -977,7 +1074,8 @@ def row_of(figures: dict) -> dict:
 
 def print_table(rows: list) -> None:
     header = ("shape", "body MiB", "B/point", "points", "base MiB", "peak MiB",
-              "(peak-base)/body", "peak/body", "peak <= 4xbody+100", "fold s", "status")
+              "(peak-base)/body", "peak/body", "peak <= 4xbody+100", "fold s",
+              "check: growth/body", "check s", "status")
     cells = [header]
     for row in rows:
         cells.append((row["shape"], "%.1f" % row["body"],
@@ -986,7 +1084,8 @@ def print_table(rows: list) -> None:
                       "%.0f" % row["base"], "%.0f" % row["peak"], "%.2fx" % row["growth"],
                       "%.2fx" % row["ratio"],
                       "%s (%.0f)" % ("yes" if row["met"] else "NO", row["limit"]),
-                      "%.1f" % row["fold_s"], row["status"]))
+                      "%.1f" % row["fold_s"], "%.2fx" % row["check"], "%.1f" % row["check_s"],
+                      row["status"]))
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     for index, line in enumerate(cells):
         print("| " + " | ".join(cell.rjust(width) if 0 < i < len(header) - 1 else
@@ -1011,6 +1110,207 @@ def print_stages(figures: dict) -> None:
         for site in top["sites"]:
             print("    %7.1f MiB %9d blocks  %-22s %s" % (site["mib"], site["blocks"],
                                                         site["where"], site["line"]))
+
+
+# ==========================================================================================
+# --serve: a real ``serve``, its memory read from outside; --beside: a body arriving during
+# a fold, as a phone retrying during a backfill sends one.
+# ==========================================================================================
+
+TOKEN = "bench-memory-token-0123456789abcdef"
+SAMPLE_S = 0.005
+"""How often serve's VmRSS is read from outside (its VmHWM catches what falls between)."""
+
+
+class WatchedServe:
+    """A ``healthlog.py serve`` subprocess on a fresh data directory, its VmRSS read from
+    /proc every :data:`SAMPLE_S` by a thread of this process."""
+
+    def __init__(self, args: argparse.Namespace, env: Optional[dict], data_dir: Path,
+                 max_body_mib: int):
+        import threading
+
+        self.data_dir, self.log = data_dir, data_dir.parent / "serve.log"
+        with open(str(self.log), "wb") as log:
+            self.proc = subprocess.Popen(
+                [args.python, str(args.root / "healthlog.py"), "serve", "--data",
+                 str(data_dir), "--listen", "127.0.0.1:0", "--token", TOKEN,
+                 "--max-body-mib", str(max_body_mib)],
+                stdout=subprocess.DEVNULL, stderr=log, env=env)
+        self.port = self._port()
+        self.samples: list = []  # (seconds since start, VmRSS MiB)
+        self.started = time.perf_counter()
+        self.done = threading.Event()
+        self.sampler = threading.Thread(target=self._sample, daemon=True)
+        self.sampler.start()
+
+    def _port(self) -> int:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            for line in self.log.read_text(errors="replace").splitlines():
+                if "msg=serving" in line:
+                    return int(line.split(" listen=", 1)[1].split()[0].rsplit(":", 1)[1])
+            time.sleep(0.05)
+        raise SystemExit("serve did not start:\n" + self.log.read_text(errors="replace"))
+
+    def status(self) -> dict:
+        """VmRSS and VmHWM of serve, in MiB ({} once it has ended)."""
+        try:
+            text = Path("/proc/%d/status" % self.proc.pid).read_text()
+        except OSError:
+            return {}
+        return {key.lower(): int(value) / 1024 for key, value in
+                re.findall(r"^(VmHWM|VmRSS):\s+(\d+) kB", text, re.M)}
+
+    def _sample(self) -> None:
+        while not self.done.is_set():
+            rss = self.status().get("vmrss")
+            if rss is None:
+                return
+            self.samples.append((time.perf_counter() - self.started, rss))
+            self.done.wait(SAMPLE_S)
+
+    def reset_peak(self) -> bool:
+        """serve's VmHWM back to its VmRSS (Linux 4.0+, the same user)."""
+        try:
+            with open("/proc/%d/clear_refs" % self.proc.pid, "w") as handle:
+                handle.write("5")
+            return True
+        except OSError:
+            return False
+
+    def post(self, body: Path, aggregation: Optional[str]) -> tuple:
+        """POST ``body`` (read from its file as it is sent): (status, seconds)."""
+        import http.client
+
+        headers = {"Authorization": "Bearer " + TOKEN, "Content-Type": "application/json",
+                   "Content-Length": str(body.stat().st_size)}
+        if aggregation:
+            headers["automation-aggregation"] = aggregation
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        started = time.perf_counter()
+        try:
+            with open(str(body), "rb") as handle:
+                conn.request("POST", "/api/ingest", body=handle, headers=headers)
+                answer = conn.getresponse()
+                answer.read()
+        finally:
+            conn.close()
+        return answer.status, time.perf_counter() - started
+
+    def statuses(self) -> list:
+        journal = sqlite3_connect(self.data_dir)
+        try:
+            return [row[0] + (" (%s)" % row[1] if row[1] else "") for row in journal.execute(
+                "SELECT parse_status, error FROM delivery ORDER BY id")]
+        finally:
+            journal.close()
+
+    def wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.proc.poll() is not None:
+                raise SystemExit("serve ended (exit %s) while waiting for %s:\n%s" % (
+                    self.proc.returncode, what, self.log.read_text(errors="replace")))
+            if time.monotonic() > deadline:
+                raise SystemExit("no %s within %.0f s" % (what, timeout))
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.sampler.join(10)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(120)
+
+
+def sqlite3_connect(data_dir: Path):
+    import sqlite3
+
+    return sqlite3.connect(str(data_dir / "healthlog.sqlite3"), isolation_level=None)
+
+
+def serve_shape(args: argparse.Namespace, shape: str, env: Optional[dict], tmp: Path) -> dict:
+    """A body of ``shape`` POSTed to a fresh serve and folded by its fold thread; with
+    ``--beside``, a body of that shape POSTed once the fold is under way (serve's RSS grown
+    by the body: its text is read).  serve's memory over its idle RSS, and the need its
+    start-up check counts for its ``--max-body-mib``."""
+    target = int(args.mib * MIB)
+    body = tmp / (shape + ".json")
+    made = write_body(shape, body, target, seed=len(shape))
+    sizes = [made["bytes"]]
+    if args.beside:
+        other = tmp / ("beside-" + args.beside + ".json")
+        beside = write_body(args.beside, other, target, seed=len(args.beside) + 1)
+        sizes.append(beside["bytes"])
+    max_body_mib = -(-max(sizes) // MIB)
+    serve = WatchedServe(args, env, tmp / "data", max_body_mib)
+    figures = {"shape": shape, "made": made, "max_body_mib": max_body_mib, "beside": None}
+    try:
+        time.sleep(1.0)  # the start-up settles (its first fold pass finds nothing)
+        figures["idle"] = serve.status()["vmrss"]
+        figures["peak_reset"] = serve.reset_peak()
+        status, figures["post_s"] = serve.post(body, made["aggregation"])
+        if status != 200:
+            raise SystemExit("POST of %s answered %d" % (shape, status))
+        figures["at_200"] = serve.status()["vmhwm"]
+        if not args.beside:  # from here on, the fold's own peak (its start is in the RSS)
+            figures["fold_reset"] = serve.reset_peak()
+        if args.beside:
+            journal = sqlite3_connect(serve.data_dir)
+            try:
+                serve.wait(lambda: serve.status().get("vmrss", 0) >= figures["idle"] +
+                           made["bytes"] / MIB or not journal.execute(
+                               "SELECT count(*) FROM delivery WHERE parse_status = 'pending'"
+                           ).fetchone()[0], 900, "fold under way")
+                figures["beside_after_s"] = time.perf_counter() - serve.started
+                figures["beside_rss"] = serve.status()["vmrss"]
+                status, seconds = serve.post(other, beside["aggregation"])
+                figures["beside"] = {"shape": args.beside, "made": beside, "status": status,
+                                     "post_s": seconds}
+            finally:
+                journal.close()
+        journal = sqlite3_connect(serve.data_dir)
+        try:
+            serve.wait(lambda: not journal.execute(
+                "SELECT count(*) FROM delivery WHERE parse_status = 'pending'").fetchone()[0],
+                3600, "fold of every delivery")
+        finally:
+            journal.close()
+        figures["peak"] = serve.status()["vmhwm"]
+        figures["sampled_peak"] = max(rss for _, rss in serve.samples)
+        figures["statuses"] = serve.statuses()
+        figures["elapsed_s"] = time.perf_counter() - serve.started
+    finally:
+        serve.stop()
+    sys.path.insert(0, str(args.root))
+    import healthlog
+
+    figures["needed"] = healthlog.memory_needed_mib(max_body_mib * MIB)
+    return figures
+
+
+def print_serve(figures: dict) -> None:
+    body = figures["made"]["bytes"] / MIB
+    line = ("%s: %.1f MiB, --max-body-mib %d; serve idle %.0f MiB, VmHWM %.0f at the 200"
+            " (%.1f s, +%.2fx the body)" % (
+                figures["shape"], body, figures["max_body_mib"], figures["idle"],
+                figures["at_200"], figures["post_s"], (figures["at_200"] - figures["idle"]) /
+                body))
+    beside = figures["beside"]
+    if beside:
+        line += "; %s (%.1f MiB) posted %.1f s after serve's start at %.0f MiB RSS: %d in" \
+                " %.1f s" % (beside["shape"], beside["made"]["bytes"] / MIB,
+                             figures["beside_after_s"], figures["beside_rss"],
+                             beside["status"], beside["post_s"])
+    print(line + "; %s VmHWM %.0f MiB (+%.2fx the body over idle; sampled VmRSS peak %.0f),"
+          " the start-up check counts %d MiB%s; %s in %.0f s" % (
+              "peak" if beside else "the fold's", figures["peak"],
+              (figures["peak"] - figures["idle"]) / body,
+              figures["sampled_peak"], figures["needed"],
+              "" if figures["peak_reset"] else " (VmHWM not reset: the peak may be the"
+              " start-up's)", ", ".join(figures["statuses"]), figures["elapsed_s"]),
+          flush=True)
 
 
 def environment(args: argparse.Namespace, env: Optional[dict]) -> None:
@@ -1048,15 +1348,24 @@ def main(argv=None) -> int:
     parser.add_argument("--tracemalloc", action="store_true",
                         help="with --stages: the Python heap per stage and the largest"
                              " allocation sites (slow; inflates RSS)")
-    parser.add_argument("--internal", choices=["fold"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true",
+                        help="POST each body to a real serve and read its memory from"
+                             " outside while it checks and folds it")
+    parser.add_argument("--beside", choices=tuple(SHAPES), metavar="SHAPE",
+                        help="with --serve: POST a body of SHAPE while each fold runs")
+    parser.add_argument("--internal", choices=["fold", "check"], help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--body", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.root = args.root.resolve()
     args.stages = args.stages or args.tracemalloc
     if not (args.root / "healthlog.py").is_file():
         parser.error("no healthlog.py in %s" % args.root)
+    if args.beside and not args.serve:
+        parser.error("--beside needs --serve")
     if args.internal:
-        figures = fold_child(args.root, args.data, args.stages, args.tracemalloc)
+        figures = fold_child(args.root, args.data, args.stages, args.tracemalloc) if (
+            args.internal == "fold") else check_child(args.root, args.body)
         print(RESULTS + json.dumps(figures))
         return 0
     started = time.monotonic()
@@ -1064,12 +1373,22 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         env = hidden_orjson_env(Path(tmp) / "no-orjson") if args.no_orjson else None
         environment(args, env)
+        if args.serve:
+            for shape in args.shapes:
+                with tempfile.TemporaryDirectory(dir=tmp) as shape_tmp:
+                    print_serve(serve_shape(args, shape, env, Path(shape_tmp)))
+            print("total wall time: %.0f s" % (time.monotonic() - started))
+            return 0
         for shape in args.shapes:
             with tempfile.TemporaryDirectory(dir=tmp) as shape_tmp:
                 figures = run_shape(args, shape, env, Path(shape_tmp))
             row = row_of(figures)
             rows.append(row)
             made = figures["made"]
+            check = figures["check"]
+            print("%s: ingest check %s in %.1f s, VmHWM %.0f MiB over %.0f (+%.2fx the body)" % (
+                shape, check["verdict"], check["check_s"], check["peak"], check["base"],
+                (check["peak"] - check["base"]) / (figures["made"]["bytes"] / MIB)))
             print("%s: %d bytes, %d points%s written in %.1f s, imported in %.1f s; fold (%s):"
                   " %.1f s, RSS %.0f MiB at its start (VmHWM %.0f after the imports%s), peak"
                   " %.0f MiB, %.0f MiB at its end; %s" % (
@@ -1088,7 +1407,9 @@ def main(argv=None) -> int:
     print()
     print_table(rows)
     print("(base: the fold process's RSS just before the fold, healthlog imported and the"
-          " journal open; peak: its VmHWM after the fold; 4xbody+100 in parentheses, MiB)")
+          " journal open; peak: its VmHWM after the fold; 4xbody+100 in parentheses, MiB;"
+          " check: the ingest check's VmHWM over the RSS before it, in a fresh process,"
+          " per byte of the body)")
     print("total wall time: %.0f s" % (time.monotonic() - started))
     return 0
 

@@ -341,8 +341,7 @@ def page_view(serve: Serve, metric: str, view: str, runs: int) -> tuple:
     plan_runs = timed(lambda: serve.get("/api/plan", metric=metric, range=view, tz="local"),
                       runs)
     plan = json.loads(plan_runs[0][1])
-    dated = timed(lambda: serve.get("/api/points", metric=metric, bucket=plan["bucket"],
-                                    from_=plan["from"], to=plan["to"], tz="local"), runs)
+    dated = timed(lambda: serve.get("/api/points", **plan["points"]), runs)  # as asked
     if len(plan["from"]) == 10:
         first, last = (dt.date.fromisoformat(plan[k]) for k in ("from", "to"))
         bounds = epoch_ms(first, HOME), epoch_ms(last + dt.timedelta(days=1), HOME)

@@ -465,8 +465,9 @@ def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
             # the stages add up to the hours asleep: the minutes the watch left unstaged
             # (form (b)'s "asleep") are the stage "asleep, no stage", nothing stacks above
             assert drawn == pytest.approx(night["stages"], abs=1e-6)
-        else:  # form (a): no stage hours, the asleep hours are the bar, unstaged
-            assert drawn == pytest.approx({"unstaged": night["asleep"]}, abs=1e-6)
+        else:  # form (a): no stage hours: the asleep hours are the bar, as sleep without a
+            # stage (HealthKit's and HAE's plain "asleep", "asleep, no stage")
+            assert drawn == pytest.approx({"asleep": night["asleep"]}, abs=1e-6)
         text = readout_of(page, '#chart .night[data-date="%s"]' % date)
         assert "asleep %s" % _hours_text(night["asleep"]) in text, text
         assert "in bed %s" % _hours_text(night["in_bed"]) in text, text
@@ -475,6 +476,11 @@ def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
             label = "asleep, no stage" if stage == "asleep" else stage
             assert "%s %s" % (label, _hours_text(hours)) in text, text
         assert " 0 min" not in text and "asleep –" not in text
+    # The legend names each stage drawn once, by its label, and the hours in bed.
+    drawn = {stage for night in truth.values() for stage in night["stages"]} | {"asleep"}
+    legend = page.eval_on_selector_all("#chart .legend-item", "is => is.map(i => i.textContent)")
+    assert sorted(legend) == sorted(["asleep, no stage" if stage == "asleep" else stage
+                                     for stage in drawn] + ["in bed"]), legend
     # The 7-day view opens on the latest night.
     page = s.open(metric="sleep_analysis", range="7d", tz="local")
     assert sorted(b["date"] for b in buckets(page, "#chart .night")) == sorted(truth)[-7:]
@@ -789,24 +795,27 @@ def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
 
 def test_read_10_15_the_server_chooses_the_layer_and_the_page_names_it(session):
     """Steps are stored in ``days`` (three years) and ``minutes`` (New York's autumn DST
-    days): without a layer picked the page asks for none, and shows the one the reply
-    names; a layer picked is asked for, kept in the address and named."""
+    days): without a layer picked the page asks /api/points for the layers the plan names
+    (the one it chose, and for days the other that fills the days it lacks: no second
+    choice on the server), and shows the one chosen; a layer picked is asked for alone,
+    kept in the address and named."""
     s = session(timezone="Asia/Kolkata").sign_in()
     page = s.page
     asked = []
     page.on("request", lambda r: asked.append(query(r.url))
             if "/api/points" in r.url and "bucket=" in r.url else None)
-    for first, last, layer in ((DST_DAY, DST_DAY, "minutes"),
-                               ("2023-07-01", "2023-12-31", "days")):
+    for first, last, layer, read in ((DST_DAY, DST_DAY, "minutes", "minutes"),
+                                     ("2023-07-01", "2023-12-31", "days", "days,minutes")):
         asked.clear()
         page = s.open(metric="step_count", range="custom", tz="local",
                       **{"from": first, "to": last})
-        assert asked and all("layer" not in q for q in asked), asked
+        assert asked and all(q["layer"] == read for q in asked), asked
         assert page.get_attribute("#chart", "data-layer") == layer
         assert "read from the %s layer" % layer in page.inner_text("#view-meta")
         assert page.eval_on_selector("#layer option[value='']", "o => o.textContent") \
             == "Best for the range: " + layer
-        assert "layer=" not in page.url and "layer=" not in page.get_attribute("#csv", "href")
+        assert "layer=" not in page.url
+        assert query(page.get_attribute("#csv", "href"))["layer"] == read
     # Picked: the days layer for the DST day (one bucket at its midnight), asked and named.
     asked.clear()
     page.select_option("#layer", "days")
@@ -982,6 +991,18 @@ def test_read_10_17_units_and_decimals_as_people_read_them(session):
         assert text == "%s: %s bpm (lowest %s, highest %s) · 1 point" % (
             long_date(dt.date.fromisoformat(date)), shown_number(p["Avg"]),
             shown_number(p["Min"]), shown_number(p["Max"])), text
+    # the band is each day's Min to Max, the fields heart rate's meaning names as its
+    # bounds: its edges, read back through the value axis, are the body's figures
+    days = ["2024-05-%02d" % d for d in range(1, 8)]
+    ticks = page.eval_on_selector_all("#chart .ylabel", "ls => ls.map(l => [parseFloat("
+                                      "l.dataset.value), parseFloat(l.getAttribute('y')) - 4])")
+    (v0, y0), (v1, y1) = ticks[0], ticks[-1]
+    edge = [v0 + (float(y) - y0) * (v1 - v0) / (y1 - y0) for y in re.findall(
+        r"[ML]\s*[\d.]+ ([\d.]+)", page.get_attribute("#chart path.band", "d"))]
+    assert edge == pytest.approx([heart[d]["Max"] for d in days]
+                                 + [heart[d]["Min"] for d in reversed(days)], abs=0.1), edge
+    legend = page.eval_on_selector_all("#chart .legend-item", "is => is.map(i => i.textContent)")
+    assert legend == ["average per day", "lowest – highest"], legend  # no field's name
     page = s.open(metric="step_count", range="custom", tz="local",
                   **{"from": "2024-05-01", "to": "2024-05-07"})
     assert page.inner_text("#chart .chart-head .units") == "steps"

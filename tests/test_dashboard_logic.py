@@ -234,22 +234,20 @@ def test_read_16_2_a_sparkline_has_gaps_never_zeros(js):
     assert empty["marks"] == [] and empty["segments"] == []
 
 
-def test_read_10_14_workout_minutes_and_night_bars(js):
-    items = [{"date": "2026-01-20", "duration_s": 720}, {"date": "2026-01-20", "duration_s": 960},
-             {"date": "2026-01-22", "duration_s": 2700.4}, {"date": "2026-01-23"}]
-    assert js("workoutMinutes", items, "day") == {
-        "2026-01-20": {"minutes": 28, "count": 2},
-        "2026-01-22": {"minutes": pytest.approx(45.00667, abs=1e-4), "count": 1}}
-    assert js("workoutMinutes", items, "week") == {
-        "2026-01-19": {"minutes": pytest.approx(73.00667, abs=1e-4), "count": 3}}
+def test_read_10_14_night_bars_and_durations(js):
+    """A night's bar is its stages in the server's order; the hours asleep no stage holds
+    are the stage the order names ``unspecified`` (its label "asleep, no stage"), never a
+    stage of the page's own; workout minutes per day are the server's (/api/workouts'
+    ``buckets``, tests/test_workouts.py), the page only writes them."""
     assert js("formatMinutes", 12.0) == "12 min"
     assert js("formatHours", 7.5) == "7 h 30 min"
     # the stages in the order the server sends them (the sleep meaning's, as /api/points
     # and the summary's sleep card carry it): the bar follows it, whatever its order
     order = healthlog.meaning_of("sleep_analysis").as_json()["stages"]
+    [unspecified] = [s["stage"] for s in order if s["unspecified"]]
     old = js("nightBar", {"asleep": 6.5, "in_bed": 7.25, "stages": {}}, order)
-    assert old == {"parts": [{"stage": "unstaged", "hours": 6.5}], "top": 6.5, "asleep": 6.5,
-                   "inBed": 7.25}  # no stage hours: the hours asleep, unstaged
+    assert old == {"parts": [{"stage": unspecified, "hours": 6.5}], "top": 6.5, "asleep": 6.5,
+                   "inBed": 7.25}  # no stage hours: the hours asleep, no stage given
     # the stage of sleep no stage was given for is a stage like the others, and the
     # stages the server sends add up to the hours asleep: nothing stacks above them
     told = js("nightBar", {"asleep": 7.0, "in_bed": None, "stages": {
@@ -259,15 +257,27 @@ def test_read_10_14_workout_minutes_and_night_bars(js):
     assert told["top"] == pytest.approx(7.2)
     staged = js("nightBar", {"asleep": 6.0, "in_bed": None, "stages": {
         "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}}, order)
-    assert [p["stage"] for p in staged["parts"]] == ["deep", "core", "rem", "unstaged", "awake"]
-    assert staged["parts"][3]["hours"] == pytest.approx(0.5)
+    assert [p["stage"] for p in staged["parts"]] == ["deep", "core", "rem", unspecified,
+                                                      "awake"]
+    assert staged["parts"][3]["hours"] == pytest.approx(6.0 - 5.5)
     assert staged["inBed"] is None
+    # a week's average night: its unspecified hours and those of its nights without stages
+    week = js("nightBar", {"asleep": 7.0, "in_bed": None, "stages": {
+        "core": 4.0, "asleep": 1.0, "awake": 0.3}}, order)
+    assert week["parts"] == [{"stage": "core", "hours": 4.0},
+                             {"stage": "asleep", "hours": pytest.approx(3.0)},
+                             {"stage": "awake", "hours": 0.3}]
     # another order, and a stage that is not sleep in it: the bar is what the order says
     turned = [dict(s, asleep=s["stage"] != "rem") for s in reversed(order)]
     again = js("nightBar", {"asleep": 4.5, "in_bed": None, "stages": {
         "rem": 1.5, "awake": 0.25, "core": 3.0, "deep": 1.0}}, turned)
-    assert [p["stage"] for p in again["parts"]] == ["awake", "core", "deep", "unstaged", "rem"]
-    assert again["parts"][3]["hours"] == pytest.approx(0.25)
+    assert [p["stage"] for p in again["parts"]] == ["awake", unspecified, "core", "deep",
+                                                    "rem"]
+    assert again["parts"][1]["hours"] == pytest.approx(4.5 - 4.25)
+    # an order without an unspecified stage: the page adds none of its own
+    bare = [s for s in order if not s["unspecified"]]
+    assert [p["stage"] for p in js("nightBar", {"asleep": 6.5, "stages": {"core": 3.0}},
+                                   bare)["parts"]] == ["core"]
     assert js("stagesOf", {"rem": 1.5, "new": 0.5, "deep": 0, "core": 2}, order) == [
         "core", "rem", "new"]  # an unknown stage after those listed; none of 0 hours
 
@@ -352,8 +362,8 @@ def test_read_10_14_numbers_have_one_format(js):
 
 def test_read_10_14_dates_instants_and_bucket_values(js):
     """dateOf is dayNumber's inverse; isoZ writes an instant in UTC to the second;
-    bucketValue takes the sum of a ``sum`` meaning and the mean otherwise, and nothing for
-    a field the bucket lacks or a value that is no finite number; seriesFields draws the
+    bucketValue takes the figure the meaning's ``combine`` names (``sum`` or ``avg``), and
+    nothing for a field the bucket lacks or a value that is no finite number; seriesFields draws the
     meaning's fields that the buckets hold, main first, else whatever numeric fields they
     hold."""
     days = [dt.date(1969, 12, 30) + dt.timedelta(days=k) for k in range(0, 20000, 97)]

@@ -26,20 +26,28 @@ between two reads counts.  A fold killed, or over its cap, fails the test.
   limit the check accepts (no WARN, where 1 MiB less draws one) is the cap of a real
   ``serve`` with that ``--max-body-mib``, which folds the largest body of each shape it
   accepts.
+- RELY-10.5: what runs at once.  Under the smallest limit the check accepts for
+  ``--max-body-mib 48``, a real ``serve`` folds a Days history of about 48 MiB while a
+  body as large with an emoji in every ``source`` arrives (a phone sending during a
+  backfill).  With the ingest check as it was (the body decoded whole: 4 bytes a
+  character, 4.8 times the body), ``serve`` went over the limit here (346 of 332 MiB in one
+  run, killed by the watchdog in another); now it peaks near 205 MiB.
 """
 
+import http.client
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 import bench_memory
 import healthlog
 from conftest import ROOT, TOKEN, assert_no_leaks, db_rows, parse_logfmt, wait_for
-from test_fold_faults import OomWatchdog, proc_status
+from test_fold_faults import OomWatchdog, port_of, proc_status
 
 # Memory of the large-body path: no JSON library in it; folds killed by a watchdog on purpose:
 # with the torture runs (pyproject.toml).
@@ -168,6 +176,27 @@ def assert_within(figures: dict, what: str) -> None:
             what, figures["peak"] / MIB, figures["cap"] / MIB))
 
 
+def smallest_accepted_limit(tmp_path: Path, monkeypatch, logs, max_body_mib: int) -> int:
+    """The smallest memory limit (bytes) serve's start-up check accepts for
+    ``--max-body-mib``: no WARN at it, one WARN at 1 MiB less (a cgroup v2 ``memory.max``
+    as systemd's ``MemoryMax`` writes it, read by warn_if_memory_short)."""
+    limit = healthlog.memory_needed_mib(max_body_mib * MIB) * MIB
+    root = tmp_path / "root"
+    for cap, warned in ((limit, False), (limit - MIB, True)):
+        (root / "proc/self").mkdir(parents=True, exist_ok=True)
+        (root / "proc/self/cgroup").write_text("0::/system.slice/healthlog.service\n")
+        group = root / "sys/fs/cgroup/system.slice/healthlog.service"
+        group.mkdir(parents=True, exist_ok=True)
+        (group / "memory.max").write_text("%d\n" % cap)
+        monkeypatch.setattr(healthlog, "CGROUP_ROOT", root)
+        before = len(logs.find("the largest body allowed may need more memory"))
+        healthlog.warn_if_memory_short(healthlog.Config(
+            data_dir=tmp_path, max_body_bytes=max_body_mib * MIB))
+        after = len(logs.find("the largest body allowed may need more memory"))
+        assert (after > before) is warned, (cap / MIB, max_body_mib)
+    return limit
+
+
 @pytest.mark.parametrize("shape", sorted(FOLDED))
 def test_rely_10_2_each_shape_folds_within_its_bodys_memory(shape, bodies, tmp_path):
     """WHEN a body of each shape (and the long workout sent again with one value changed)
@@ -195,21 +224,7 @@ def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_
     enforced by a watchdog, folds the largest body of every shape it accepts, each
     delivery parsed, its peak under the limit."""
     max_body_mib = LARGEST_MIB
-    limit = healthlog.memory_needed_mib(max_body_mib * MIB) * MIB
-    root = tmp_path / "root"
-    for cap, warned in ((limit, False), (limit - MIB, True)):
-        (root / "proc/self").mkdir(parents=True, exist_ok=True)
-        (root / "proc/self/cgroup").write_text("0::/system.slice/healthlog.service\n")
-        group = root / "sys/fs/cgroup/system.slice/healthlog.service"
-        group.mkdir(parents=True, exist_ok=True)
-        (group / "memory.max").write_text("%d\n" % cap)
-        monkeypatch.setattr(healthlog, "CGROUP_ROOT", root)
-        before = len(logs.find("the largest body allowed may need more memory"))
-        healthlog.warn_if_memory_short(healthlog.Config(
-            data_dir=tmp_path, max_body_bytes=max_body_mib * MIB))
-        after = len(logs.find("the largest body allowed may need more memory"))
-        assert (after > before) is warned, (cap / MIB, max_body_mib)
-
+    limit = smallest_accepted_limit(tmp_path, monkeypatch, logs, max_body_mib)
     data_dir = tmp_path / "data"
     for (kind, shape), made in sorted(bodies.items()):
         if kind == "largest":
@@ -243,3 +258,82 @@ def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_
     assert [row["parse_status"] for row in db_rows(data_dir)] == ["parsed"] * 5
     assert not [line for line in lines if "may need more memory" in line]
     assert "serving" in [parse_logfmt(line).get("msg") for line in lines]
+
+
+BESIDE_MIB = 48
+"""RELY-10.5's --max-body-mib: a Days history of about this size folds while a body of
+emoji sources as large arrives.  Large enough that the ingest check's old 4.8 times the
+body (its text decoded whole, 4 bytes a character) passes the limit beside the fold (by
+about 10 MiB: the fold holds about 1.2 times its body while the check runs)."""
+
+
+def post_file(port: int, path: Path) -> Optional[int]:
+    """POST the body in ``path`` to /api/ingest, read as it is sent; the status (None when
+    the connection broke: serve killed)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        with open(str(path), "rb") as body:
+            conn.request("POST", "/api/ingest", body=body, headers={
+                "Authorization": "Bearer " + TOKEN, "Content-Type": "application/json",
+                "Content-Length": str(path.stat().st_size),
+                "automation-aggregation": "Minutes"})
+            answer = conn.getresponse()
+            answer.read()
+            return answer.status
+    except (http.client.HTTPException, OSError):
+        return None
+    finally:
+        conn.close()
+
+
+def test_rely_10_5_a_body_of_emoji_sources_arrives_while_a_days_history_folds(
+        tmp_path, monkeypatch, logs):
+    """WHEN a real serve, under the smallest memory limit its start-up check accepts for
+    --max-body-mib 48 (enforced by the watchdog), folds a Days export of every metric of
+    about 48 MiB and, while that fold runs, a body as large whose every ``source`` carries
+    an emoji arrives (a phone sending during a backfill), THEN the body is answered 200
+    while the history is still pending, both deliveries end parsed, the watchdog never
+    fires and serve's VmHWM stays under the limit."""
+    limit = smallest_accepted_limit(tmp_path, monkeypatch, logs, BESIDE_MIB)
+    folder = tmp_path / "bodies"
+    folder.mkdir()
+    history, aggregation, _ = write(folder, "days-backfill", BESIDE_MIB * MIB - (16 << 10))
+    arriving, _, _ = write(folder, "emoji-sources", BESIDE_MIB * MIB - (16 << 10))
+    data_dir = tmp_path / "data"
+    journal(data_dir, history, aggregation)  # folded as soon as serve starts
+    log_path = tmp_path / "serve.log"
+    with open(str(log_path), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+             "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib", str(BESIDE_MIB)],
+            stdout=subprocess.DEVNULL, stderr=log)
+    watchdog = OomWatchdog(proc.pid, limit, POLL_S)
+    watchdog.start()
+    try:
+        wait_for(lambda: proc.poll() is not None or port_of(log_path), timeout=60,
+                 what="serve listening")
+        idle = proc_status(proc.pid).get("VmRSS", 0)
+        wait_for(lambda: proc.poll() is not None or proc_status(proc.pid).get(
+            "VmRSS", 0) > idle + BESIDE_MIB * MIB // 2, timeout=120,
+            what="the history's fold under way (its text read)")
+        assert proc.poll() is None, "serve ended before the body arrived"
+        status = post_file(port_of(log_path), arriving)
+        during = [row["parse_status"] for row in db_rows(data_dir)]
+        wait_for(lambda: proc.poll() is not None or all(
+            row["parse_status"] != "pending" for row in db_rows(data_dir)), timeout=600,
+            what="both deliveries folded, or serve killed")
+        peak = proc_status(proc.pid).get("VmHWM", 0)
+    finally:
+        watchdog.finish()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    lines = log_path.read_text(errors="replace").splitlines()
+    assert_no_leaks(lines)
+    assert watchdog.killed_at is None, "serve killed at %.1f MiB, its limit %.1f MiB" % (
+        watchdog.killed_at / MIB, limit / MIB)
+    print("RELY-10.5: serve's VmHWM %.1f MiB, its limit %.1f MiB" % (peak / MIB, limit / MIB))
+    assert status == 200 and during == ["pending", "pending"], (status, during)
+    assert peak <= limit, "serve's VmHWM %.1f MiB, its limit %.1f MiB" % (peak / MIB,
+                                                                           limit / MIB)
+    assert [row["parse_status"] for row in db_rows(data_dir)] == ["parsed", "parsed"]

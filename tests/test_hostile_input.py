@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator, Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1150,3 +1151,200 @@ def test_ingest_4_5_the_quick_check_holds_no_more_than_the_ceiling_counts(tmp_pa
         assert result.returncode == 0, result.stderr
         added = int(result.stdout)
         assert 2 * len(body) < added <= healthlog.validation_bytes(len(body)), (len(body), added)
+
+
+# -- INGEST-4.6: the full check reads every character as one byte ---------------------------
+
+
+class _Members(list):
+    """A JSON object as the reference reads it: every (key, value) pair, in order."""
+
+
+def _strings(value) -> Iterator[str]:
+    """Every string of a document read with :class:`_Members`: keys and values."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def whole_text_reason(body: bytes) -> Optional[str]:
+    """Why the full check refuses ``body``, read as the text decoded whole (the check
+    before issue 33 decoded it so), or None when it accepts it: "UTF-8", "JSON" (syntax,
+    NaN/Infinity, a number beyond a double or int64, nesting the parser cannot follow),
+    "surrogate" (an escape of one half of a pair, in any key or value) or "data" (not an
+    object whose last ``data`` member is an object)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "UTF-8"
+    try:
+        doc = json.loads(text, object_pairs_hook=_Members, parse_float=_ref_float,
+                         parse_int=_ref_int, parse_constant=_ref_constant)
+    except (_Refused, ValueError, RecursionError):
+        return "JSON"
+    for string in _strings(doc):
+        try:
+            string.encode("utf-8")
+        except UnicodeEncodeError:
+            return "surrogate"
+    data = [value for key, value in doc if key == "data"] if isinstance(doc, _Members) else []
+    return None if data and isinstance(data[-1], _Members) else "data"
+
+
+CHECK_WORDS = {"UTF-8": "not UTF-8", "JSON": "not valid JSON", "surrogate": "unpaired UTF-16",
+               "data": 'a "data" object'}
+"""The words of each refusal's message, as check_delivery_shape gives it."""
+
+
+def full_check_reason(path: Path, body: bytes) -> Optional[str]:
+    """Why check_delivery_shape refuses ``body`` (None: it accepts it).  The caller hides
+    orjson, so that the full check reads every body."""
+    path.write_bytes(body)
+    try:
+        healthlog.check_delivery_shape(path)
+    except healthlog.BadRequest as exc:
+        [reason] = [reason for reason, words in CHECK_WORDS.items() if words in exc.message]
+        return reason
+    return None
+
+
+@pytest.fixture
+def full_check(tmp_path, monkeypatch):
+    """(path, set(read chunk, UTF-8 step)): the full check alone, its chunks made tiny so
+    that characters fall across every seam."""
+    monkeypatch.setattr(healthlog, "_orjson", None)
+
+    def seams(chunk: int, step: int) -> None:
+        monkeypatch.setattr(healthlog, "SHAPE_READ_CHUNK", chunk)
+        monkeypatch.setattr(healthlog, "UTF8_CHECK_STEP", step)
+
+    return tmp_path / "body.json", seams
+
+
+WIDE = ["é", "’", "中", "🏃", "🏃‍♀️", "⚖️", "\u0085", "\u2028", "\ufeff", "\U0010ffff"]
+"""Characters of 2, 3 and 4 bytes: ``’`` and emoji as iOS device names carry them (with a
+zero-width joiner and a variation selector), C1 NEL, LINE SEPARATOR, a BOM, the last code
+point."""
+
+SEAM_BODIES = [
+    # valid: in values and in keys, a key that only looks like data, pairs of escapes
+    '{"data":{"metrics":[{"name":"%s","units":"count","data":[{"date":"2024-03-08 10:00:00'
+    ' -0800","qty":1,"source":"Anna’s Apple Watch %s"}]}],"%s":"%s%s"}}',
+    '{"%s":1,"data":{"k%s":["%s","\\\\%s"]},"dаta%s":5}',  # a Cyrillic а: not "data"
+    '{"data":{"a":"\\ud83d\\ude00%s","b":"%s\\u00e9%s","c":"%s\\\\ud800%s"}}',
+    # refused: a backslash before a wide character, a wide character in a \\u escape,
+    # outside a string, in a number or a literal, a lone surrogate escape beside one
+    '{"data":{"a":"\\%s%s%s%s"}}',
+    '{"data":{"a":"\\u00%s%s%s%s"}}',
+    '{"data":{"a":%s1%s%s%s}}',
+    '{"data":{"a":1%s%s%s%s}}',
+    '{"data":{"a":tru%s%s%s%s}}',
+    '%s{"data":{"a":"%s%s%s"}}',
+    '{"data":{"a":"%s%s%s"}}%s',
+    '{"data":{"a":"\\ud83d%s%s%s%s"}}',
+    '{"data":{"a":"%s%s%s\\ude00%s"}}',
+    '{"data":{"%s\\udbff%s%s%s":1}}',
+    '{"data":[],"%s%s%s%s":{}}',
+    '{"data":{}, "data":"%s%s%s%s"}',
+]
+BROKEN_UTF8 = [b"\xff", b"\xfe", b"\x80", b"\xc0\xaf", b"\xc3", b"\xe2\x80", b"\xf0\x9f\x8f",
+               b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x28\xa1", b"\xc3\xc3\xa9"]
+"""Bytes that are no UTF-8: 0xFF, 0xFE, a lone continuation byte, an overlong ``/``, a
+character cut after 1, 2 and 3 of its bytes, an encoded surrogate, a code point beyond
+U+10FFFF, a continuation byte missing, a lead byte followed by another character."""
+
+
+@pytest.mark.json_agnostic  # the full check alone, orjson hidden in the test
+def test_ingest_4_6_wide_characters_at_every_chunk_seam_are_read_as_the_whole_text(full_check):
+    """WHEN bodies carry characters of 2 to 4 bytes (``’`` and emoji as iOS names devices)
+    in keys and values, after a backslash, in escapes, beside unpaired surrogate escapes,
+    outside strings, or bytes that are no UTF-8, each at every offset of the chunks the
+    check reads and decodes, THEN each body is accepted or refused, with the same reason,
+    as the text decoded whole reads it."""
+    path, seams = full_check
+    rng = random.Random(4606)
+    bodies = []
+    for template in SEAM_BODIES:
+        slots = template.count("%s")
+        for pad in range(8):  # every offset against chunks of up to 8 bytes
+            fill = tuple(rng.choice(WIDE) for _ in range(slots))
+            bodies.append((" " * pad + template % fill).encode("utf-8"))
+    valid = bodies[0]
+    for junk in BROKEN_UTF8:
+        for at in range(len(valid) - 24, len(valid) + 1):  # in a string, then outside
+            bodies.append(valid[:at] + junk + valid[at:])
+        bodies.append(valid + junk)
+        bodies.append(valid.replace(b"Anna", b"An" + junk + b"na"))
+    reasons = collections.Counter()
+    for chunk, step in ((1, 1), (2, 3), (3, 2), (5, 7), (8, 1), (1 << 20, 1 << 16)):
+        seams(chunk, step)
+        for body in bodies:
+            expected = whole_text_reason(body)
+            assert full_check_reason(path, body) == expected, (chunk, step, body)
+            reasons[expected] += 1
+    assert set(reasons) == {None, "UTF-8", "JSON", "surrogate", "data"}, reasons
+
+
+@pytest.mark.json_agnostic  # the full check alone, orjson hidden in the test
+def test_ingest_4_6_a_file_longer_than_its_size_at_open_is_read_to_its_end(full_check,
+                                                                          monkeypatch):
+    """WHEN the body's file holds more than its size said when it was opened (the check
+    reads that size in place, then what follows), THEN each body is still read whole:
+    its verdict and reason are those of the text decoded whole."""
+    path, seams = full_check
+    seams(3, 2)
+    real_fstat = os.fstat
+    for cut in (1, 2, 5, 40):
+        monkeypatch.setattr(os, "fstat", lambda fd, cut=cut: os.stat_result(
+            real_fstat(fd)[:6] + (max(0, real_fstat(fd).st_size - cut),) + real_fstat(fd)[7:]))
+        for template in SEAM_BODIES[:4] + SEAM_BODIES[-3:]:
+            body = (template % (("🏃",) * template.count("%s"))).encode("utf-8")
+            for tail in (b"", b"\xf0\x9f", "’".encode("utf-8"), b"}"):
+                assert full_check_reason(path, body + tail) == whole_text_reason(body + tail)
+
+
+_PIECES = st.sampled_from(
+    ['"', "\\", "\\\\", "\\u", "\\ud83d", "\\ude00", "\\u00e9", "\\n", "{", "}", "[", "]",
+     ":", ",", " ", "1", "-", ".5", "e9", "true", "null", "data", "a"] + WIDE)
+_BYTES = st.sampled_from([b""] * 6 + BROKEN_UTF8)
+
+
+@pytest.mark.json_agnostic  # the full check alone, orjson hidden in the test
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(_PIECES, _BYTES), max_size=12), st.booleans(),
+       st.integers(1, 9), st.integers(1, 9))
+def test_ingest_4_6_any_mix_of_wide_characters_and_escapes_is_read_as_the_whole_text(
+        full_check, pieces, in_key, chunk, step):
+    """WHEN a body holds any mix of JSON punctuation, escapes, surrogate escapes, wide
+    characters and bytes that are no UTF-8, in a value or a key, and the check reads it in
+    chunks of any size, THEN its verdict and reason are those of the text decoded whole."""
+    path, seams = full_check
+    seams(chunk, step)
+    middle = b"".join(text.encode("utf-8") + junk for text, junk in pieces)
+    body = (b'{"data":{"%s":1}}' if in_key else b'{"data":{"a":"%s"}}') % middle
+    assert full_check_reason(path, body) == whole_text_reason(body), body
+
+
+@pytest.mark.json_agnostic  # the full check alone, orjson hidden in the test
+def test_ingest_4_6_the_hostile_corpus_is_read_as_the_whole_text(full_check):
+    """WHEN the hand-made hostile corpus, real-shaped bodies and 400 of their mutants are
+    checked in chunks of 61 bytes (of 4,099 for the megabyte ones), THEN each verdict and
+    reason is that of the text decoded whole."""
+    path, seams = full_check
+    bodies = [case.body for case in named_cases() if case.mode == "plain"]
+    bodies += [case.body for case in mutants(SEEDS["stdlib"] + 46, 400)]
+    bodies += [body for _, body in base_bodies()]
+    reasons = collections.Counter()
+    for body in bodies:
+        if nesting_depth(body.decode("utf-8", "replace")) > NESTING_PROMISED:
+            continue  # where the parser's recursion ends depends on the stack in use
+        seams(*((61, 13) if len(body) < 1 << 16 else (4099, 1031)))  # megabytes: fewer
+        expected = whole_text_reason(body)
+        assert full_check_reason(path, body) == expected, body[:300]
+        reasons[expected] += 1
+    assert reasons[None] > 50 and len(reasons) >= 4, reasons

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import hae_factory as hf
 import healthlog
 from conftest import without_source
-from healthlog import (all_keys, canonical, content_keys, decide, dominates, incomparable,
+from healthlog import (all_keys, arbitrate, canonical, content_keys, dominates, incomparable,
                        is_empty, reduce_candidates, same_value)
 
 
@@ -196,7 +196,7 @@ def test_sto_2_1_poor_point_does_not_erase_rich_fields():
     assert dominates(stored, arriving)
     assert not dominates(arriving, stored)
     for position in (EARLY, LATE):
-        assert decide(stored, EARLY, arriving, position) == (False, False, False)
+        assert arbitrate(stored, EARLY, arriving, position) == (False, False, False)
     winner, clash = reduce_candidates([arriving, stored])
     assert winner is stored and "context" in winner and not clash
 
@@ -208,8 +208,8 @@ def test_sto_2_2_fields_without_content_add_no_completeness():
     assert dominates(arriving, stored)
     assert not dominates(stored, arriving)
     # dominance wins whatever the journal positions
-    assert decide(stored, LATE, arriving, EARLY) == (True, True, False)
-    assert decide(stored, EARLY, arriving, LATE) == (True, True, False)
+    assert arbitrate(stored, LATE, arriving, EARLY) == (True, True, False)
+    assert arbitrate(stored, EARLY, arriving, LATE) == (True, True, False)
     winner, clash = reduce_candidates([stored, arriving])
     assert winner is arriving and not clash
 
@@ -220,9 +220,9 @@ def test_sto_2_3_equal_content_keeps_the_empty_extra_keys():
     assert content_keys(stored) == content_keys(arriving)
     assert dominates(stored, arriving)
     assert not dominates(arriving, stored)
-    assert decide(stored, EARLY, arriving, LATE) == (False, False, False)
-    assert decide(arriving, EARLY, stored, LATE) == (True, True, False)
-    assert decide(arriving, LATE, stored, EARLY) == (True, True, False)
+    assert arbitrate(stored, EARLY, arriving, LATE) == (False, False, False)
+    assert arbitrate(arriving, EARLY, stored, LATE) == (True, True, False)
+    assert arbitrate(arriving, LATE, stored, EARLY) == (True, True, False)
     winner, _ = reduce_candidates([arriving, stored])
     assert winner is stored
 
@@ -233,7 +233,7 @@ def test_equal_content_and_more_empty_keys_dominates_whatever_the_shared_values(
     padded = {"date": DATE, "qty": 0.001, "p1": None, "p2": None}
     real = {"date": DATE, "qty": 72.5}
     assert dominates(padded, real)
-    assert decide(real, LATE, padded, EARLY) == (True, True, False)
+    assert arbitrate(real, LATE, padded, EARLY) == (True, True, False)
 
 
 def test_equal_content_and_more_empty_keys_dominates():
@@ -253,9 +253,9 @@ def test_superset_with_a_differing_shared_value_is_not_dominance():
     assert not dominates(poorer, richer)
     assert not incomparable(richer, poorer)
     # neither dominates: the later journal position decides, and it is a collision
-    assert decide(poorer, EARLY, richer, LATE) == (True, True, False)
-    assert decide(richer, EARLY, poorer, LATE) == (True, True, False)
-    assert decide(richer, LATE, poorer, EARLY) == (False, False, False)
+    assert arbitrate(poorer, EARLY, richer, LATE) == (True, True, False)
+    assert arbitrate(richer, EARLY, poorer, LATE) == (True, True, False)
+    assert arbitrate(richer, LATE, poorer, EARLY) == (False, False, False)
 
 
 def test_superset_whose_shared_values_differ_only_by_jitter_dominates():
@@ -279,22 +279,22 @@ def test_incomparable_needs_a_content_key_on_each_side():
 
 
 # ---------------------------------------------------------------------------
-# decide: stored point vs arriving point
+# arbitrate: stored point vs arriving point
 # ---------------------------------------------------------------------------
 
 
 def test_sto_1_1_the_same_point_again_changes_nothing():
     point = {"date": DATE, "qty": 12.5, "source": "Watch"}
     for position in (EARLY, LATE, SAME_INSTANT_LATER_ID):
-        assert decide(point, EARLY, copy.deepcopy(point), position) == (False, False, False)
-        assert decide(point, LATE, point, position) == (False, False, False)
+        assert arbitrate(point, EARLY, copy.deepcopy(point), position) == (False, False, False)
+        assert arbitrate(point, LATE, point, position) == (False, False, False)
 
 
 def test_sto_1_2_a_changed_source_is_no_change():
     stored = {"date": DATE, "qty": 12.5, "source": "Anton’s Apple Watch|iPhone (Anton)"}
     arriving = {"date": DATE, "qty": 12.5, "source": "Anton’s Apple Watch"}
-    assert decide(stored, EARLY, arriving, LATE) == (False, False, False)
-    assert decide(stored, EARLY, {"qty": 12.5, "date": DATE}, LATE) == (False, False, False)
+    assert arbitrate(stored, EARLY, arriving, LATE) == (False, False, False)
+    assert arbitrate(stored, EARLY, {"qty": 12.5, "date": DATE}, LATE) == (False, False, False)
 
 
 def test_sto_2_8_reordered_keys_and_last_digit_are_no_collision():
@@ -303,37 +303,37 @@ def test_sto_2_8_reordered_keys_and_last_digit_are_no_collision():
     stored = json.loads(body)
     arriving = json.loads(hf.resend(body, random.Random(5)))
     arriving["qty"] = math.nextafter(arriving["qty"], math.inf)
-    assert decide(stored, EARLY, arriving, LATE) == (False, False, False)
+    assert arbitrate(stored, EARLY, arriving, LATE) == (False, False, False)
 
 
 def test_sto_2_4_equal_key_sets_later_journal_position_wins():
     stored = {"date": DATE, "qty": 10}
     arriving = {"date": DATE, "qty": 12}
     # replayed in either order, the point of the later delivery (LATE) is what remains
-    assert decide(stored, EARLY, arriving, LATE)[0] is True       # 10 then 12 -> 12
-    assert decide(arriving, LATE, stored, EARLY)[0] is False      # 12 then 10 -> 12
-    assert decide(stored, EARLY, arriving, LATE) == (True, True, False)
-    assert decide(stored, LATE, arriving, EARLY) == (False, False, False)
+    assert arbitrate(stored, EARLY, arriving, LATE)[0] is True       # 10 then 12 -> 12
+    assert arbitrate(arriving, LATE, stored, EARLY)[0] is False      # 12 then 10 -> 12
+    assert arbitrate(stored, EARLY, arriving, LATE) == (True, True, False)
+    assert arbitrate(stored, LATE, arriving, EARLY) == (False, False, False)
     # the delivery id breaks a tie of received_at
-    assert decide(stored, EARLY, arriving, SAME_INSTANT_LATER_ID) == (True, True, False)
-    assert decide(stored, SAME_INSTANT_LATER_ID, arriving, EARLY) == (False, False, False)
+    assert arbitrate(stored, EARLY, arriving, SAME_INSTANT_LATER_ID) == (True, True, False)
+    assert arbitrate(stored, SAME_INSTANT_LATER_ID, arriving, EARLY) == (False, False, False)
     # the same position (a delivery folded again over its own point) is not later
-    assert decide(stored, LATE, arriving, LATE) == (False, False, False)
+    assert arbitrate(stored, LATE, arriving, LATE) == (False, False, False)
 
 
 def test_sto_2_7_a_replacement_by_a_different_value_is_a_collision():
-    replace, collision, _ = decide({"date": DATE, "qty": 10}, EARLY, {"date": DATE, "qty": 12},
-                                   LATE)
+    replace, collision, _ = arbitrate({"date": DATE, "qty": 10}, EARLY,
+                                      {"date": DATE, "qty": 12}, LATE)
     assert replace and collision
-    replace, collision, _ = decide({"date": DATE}, LATE, {"date": DATE, "qty": 12}, EARLY)
+    replace, collision, _ = arbitrate({"date": DATE}, LATE, {"date": DATE, "qty": 12}, EARLY)
     assert replace and collision  # by dominance, still a change of value
 
 
 def test_sto_2_5_incomparable_is_flagged_whoever_wins():
     stored = {"date": DATE, "qty": 1, "context": "Sedentary"}
     arriving = {"date": DATE, "qty": 1, "mealTime": "After Meal"}
-    assert decide(stored, EARLY, arriving, LATE) == (True, True, True)
-    assert decide(stored, LATE, arriving, EARLY) == (False, False, True)
+    assert arbitrate(stored, EARLY, arriving, LATE) == (True, True, True)
+    assert arbitrate(stored, LATE, arriving, EARLY) == (False, False, True)
 
 
 @pytest.mark.parametrize("not_an_object", ["garbage", 42, 0, None, [1, 2],
@@ -341,8 +341,8 @@ def test_sto_2_5_incomparable_is_flagged_whoever_wins():
 def test_sto_2_6_content_that_is_not_an_object_loses_to_a_point_with_fields(not_an_object):
     point = {"date": DATE, "qty": 5}
     for stored_at, arriving_at in ((EARLY, LATE), (LATE, EARLY)):
-        assert decide(not_an_object, stored_at, point, arriving_at) == (True, True, False)
-        assert decide(point, stored_at, not_an_object, arriving_at) == (False, False, False)
+        assert arbitrate(not_an_object, stored_at, point, arriving_at) == (True, True, False)
+        assert arbitrate(point, stored_at, not_an_object, arriving_at) == (False, False, False)
     winner, clash = reduce_candidates([not_an_object, point])
     assert winner is point and not clash
     winner, clash = reduce_candidates([point, not_an_object])
@@ -543,9 +543,9 @@ positions = st.tuples(st.sampled_from(["2024-03-08T10:00:00.000000Z",
 def test_property_folding_the_same_candidates_twice_changes_nothing(points, first, second):
     winner, _ = reduce_candidates(points)
     winner_again, _ = reduce_candidates([copy.deepcopy(p) for p in points])
-    assert decide(winner, first, winner_again, second) == (False, False, False)
+    assert arbitrate(winner, first, winner_again, second) == (False, False, False)
     for point in points:
-        assert decide(point, first, copy.deepcopy(point), second) == (False, False, False)
+        assert arbitrate(point, first, copy.deepcopy(point), second) == (False, False, False)
 
 
 def impoverish(rich: dict, drop: list) -> dict:
@@ -567,8 +567,8 @@ def test_property_a_dominated_point_never_replaces_a_richer_stored_one(rich, dat
     if "source" in rich and data.draw(st.booleans()):
         poor["source"] = "another device"
     assert dominates(rich, poor)  # fewer content keys with equal values, or fewer empty keys
-    assert decide(rich, stored_at, poor, arriving_at) == (False, False, False)
-    replace, collision, clash = decide(poor, stored_at, rich, arriving_at)
+    assert arbitrate(rich, stored_at, poor, arriving_at) == (False, False, False)
+    replace, collision, clash = arbitrate(poor, stored_at, rich, arriving_at)
     assert replace and collision and not clash
     assert reduce_candidates([poor, rich])[0] is rich
 
@@ -577,7 +577,7 @@ def fold_in_journal_order(points: list) -> tuple:
     """One candidate per delivery, folded in journal order → (stored point, its index)."""
     stored, stored_at = points[0], ("t", 0)
     for index, point in enumerate(points[1:], start=1):
-        replace, _, _ = decide(stored, stored_at, point, ("t", index))
+        replace, _, _ = arbitrate(stored, stored_at, point, ("t", index))
         if replace:
             stored, stored_at = point, ("t", index)
     return stored, stored_at[1]
@@ -604,12 +604,12 @@ def test_property_journal_order_fold_ends_with_a_non_dominated_winner_with_boole
     assert not any(dominates(p, stored) for p in points[index + 1:])
 
 
-def test_decide_never_takes_a_boolean_for_the_number_python_equates_it_with():
+def test_arbitrate_never_takes_a_boolean_for_the_number_python_equates_it_with():
     # False is content and 0 is empty: the arriving point dominates and must replace
-    assert decide({"date": DATE, "isIndoor": 0}, EARLY,
-                  {"date": DATE, "isIndoor": False}, LATE) == (True, True, False)
+    assert arbitrate({"date": DATE, "isIndoor": 0}, EARLY,
+                     {"date": DATE, "isIndoor": False}, LATE) == (True, True, False)
     # True is not the same value as 1: neither dominates, the later one wins
-    assert decide({"date": DATE, "qty": 1}, EARLY, {"date": DATE, "qty": True}, LATE) == (
+    assert arbitrate({"date": DATE, "qty": 1}, EARLY, {"date": DATE, "qty": True}, LATE) == (
         True, True, False)
 
 
@@ -622,7 +622,7 @@ def test_design_residual_three_way_pattern_depends_on_fold_order():
     def fold(order):
         stored = order[0]
         for point in order[1:]:
-            if decide(stored, at[id(stored)], point, at[id(point)])[0]:
+            if arbitrate(stored, at[id(stored)], point, at[id(point)])[0]:
                 stored = point
         return stored
 

@@ -221,8 +221,7 @@ def test_read_18_1_the_pages_requests_decode_only_the_hours_at_their_edges(store
                                                tz=tz)
             plan = json.loads(plan_body)
             assert plan_decoded <= 2, (view, plan_decoded)  # the newest point, found twice
-            _, decoded, checked = fetch(store, metric=metric, bucket=plan["bucket"],
-                                        from_=plan["from"], to=plan["to"], tz=tz)
+            _, decoded, checked = fetch(store, **plan["points"])  # as the page asks it
             points = store.corpus.points[metric]
             if plan["from"] is None:  # all stored data
                 first, last = "1970-01-01", "2100-01-01"
@@ -323,9 +322,7 @@ def test_read_18_3_the_fast_answer_is_the_slow_answer_byte_for_byte(store, monke
         for view in PAGE_VIEWS:
             for tz in ("local", "Asia/Kolkata"):
                 plan = get_json(store.address, "/api/plan", metric=metric, range=view, tz=tz)
-                requests.append(("/api/points", {"metric": metric, "bucket": plan["bucket"],
-                                                 "from_": plan["from"], "to": plan["to"],
-                                                 "tz": tz}))
+                requests.append(("/api/points", plan["points"]))
     fast = [fetch(store, path, **query) for path, query in requests]
     monkeypatch.setattr(healthlog, "_object_part", lambda *args: healthlog.SOME)
     slow = [fetch(store, path, **query) for path, query in requests]

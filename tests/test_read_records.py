@@ -190,8 +190,10 @@ def test_read_13_1_nutrients_are_totals_in_nutrition_rates_are_averages(store):
     meanings = {e["metric"]: e["meaning"] for e in catalog}
     for entry in catalog:
         meaning = entry["meaning"]
-        assert set(meaning) == {"name", "group", "kind", "fields", "combine", "better",
-                                "digits", "bounds", "stages", "labels"}
+        assert set(meaning) == {"name", "group", "kind", "drawn", "fields", "combine",
+                                "better", "digits", "bounds", "stages", "labels"}
+        assert meaning["drawn"] == {"total": "series", "average": "series",
+                                    "sleep": "nights"}.get(meaning["kind"], "list")
         assert set(meaning["labels"]) == set(meaning["fields"])  # how each field is read
         assert meaning["group"] == entry["group"] and meaning["name"].strip()
         assert meaning["combine"] == {"total": "sum", "average": "avg"}.get(meaning["kind"])

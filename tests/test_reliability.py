@@ -370,22 +370,104 @@ def test_rely_10_1_the_memory_limit_is_the_smallest_of_the_control_groups(
 def test_rely_10_1_serve_warns_when_the_largest_body_may_not_fit(start_service, tmp_path,
                                                                  monkeypatch, logs):
     """WHEN serve starts under a 425 MiB limit with the default 256 MiB body limit, THEN one
-    WARN gives what it may need, the limit and the largest --max-body-mib that fits (75;
-    contrib/healthlog.service pairs 425M with 64); with that limit no WARN is written."""
+    WARN gives what it may need (its 88 MiB, the fold of a 256 MiB body at 3 times it and
+    the check of another beside it at 2.1 times), the limit and the largest --max-body-mib
+    that fits (66; contrib/healthlog.service pairs 425M with 64, which needs 414 MiB);
+    with that limit no WARN is written."""
     _cgroups(tmp_path / "root", "0::/system.slice/healthlog.service\n",
              {"system.slice/healthlog.service/memory.max": str(425 * MIB)})
     monkeypatch.setattr(healthlog, "CGROUP_ROOT", tmp_path / "root")
     service = start_service(max_body_bytes=256 * MIB)
     [warn] = logs.find("the largest body allowed may need more memory", level="WARN")
     assert (warn["max_body_mib"], warn["limit_mib"]) == ("256", "425")
-    assert int(warn["needed_mib"]) == healthlog.memory_needed_mib(256 * MIB) == 1240
+    assert int(warn["needed_mib"]) == healthlog.memory_needed_mib(256 * MIB) == int(
+        64 + 24 + 3 * 256 + 2.1 * 256) == 1393
     safe = int(warn["safe_max_body_mib"])
     assert healthlog.memory_needed_mib(safe * MIB) <= 425 < healthlog.memory_needed_mib(
         (safe + 1) * MIB)
-    assert safe == 75 and healthlog.memory_needed_mib(64 * MIB) == 376
+    assert safe == 66 and healthlog.memory_needed_mib(64 * MIB) == int(88 + 5.1 * 64) == 414
     assert service.stop()
     start_service(max_body_bytes=safe * MIB, data_dir=tmp_path / "other")
     assert len(logs.find("the largest body allowed may need more memory")) == 1
+
+
+CHECK_RSS = r"""
+import sys, threading
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import healthlog
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+path, verdict = Path(sys.argv[2]), []
+
+def check():  # in a thread, as an HTTP worker of serve runs it
+    try:
+        healthlog.check_delivery_shape(path)
+        verdict.append("accepted")
+    except healthlog.BadRequest as exc:
+        verdict.append(exc.message)
+
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM starts again from VmRSS
+before = status("VmRSS")
+worker = threading.Thread(target=check)
+worker.start()
+worker.join()
+print(status("VmHWM") - before, verdict[0])
+"""
+CHECK_MIB = 5
+"""Over QUICK_CHECK_BYTES: the full check, the one whose memory scales with the body."""
+CHECK_FIXED_MIB = 6
+"""What a check holds whatever its body: its chunks, read, decoded and translated."""
+
+
+def _wide_bodies(folder: Path) -> dict:
+    """name -> (path, accepted?) of bodies of about CHECK_MIB MiB whose strings carry wide
+    characters: the bench's emoji, CJK and iOS device-name shapes, strings of emoji alone,
+    and that last body with one byte that is no UTF-8 at its end."""
+    import bench_memory
+
+    made = {}
+    for shape in ("emoji-sources", "non-ascii", "many-metrics-ios-names"):
+        path = folder / (shape + ".json")
+        bench_memory.write_body(shape, path, CHECK_MIB * MIB, seed=33)
+        made[shape] = path, True
+    point = '{"date":"2024-03-08 10:%02d:00 -0800","qty":1,"source":"%s"}'
+    emoji = "🏃‍♀️⌚️💓📱’" * 40
+    points = ",".join(point % (minute % 60, emoji) for minute in range(
+        CHECK_MIB * MIB // len((point % (0, emoji)).encode("utf-8"))))
+    text = '{"data":{"metrics":[{"name":"%s","units":"count","data":[%s]}]}}' % (emoji, points)
+    path = folder / "emoji-alone.json"
+    path.write_text(text, encoding="utf-8")
+    made["emoji-alone"] = path, True
+    path = folder / "emoji-alone-not-utf-8.json"
+    path.write_bytes(text.encode("utf-8") + b"\xff")
+    made["emoji-alone-not-utf-8"] = path, False
+    return made
+
+
+def test_rely_10_4_the_ingest_check_holds_twice_its_body_whatever_the_characters(tmp_path):
+    """WHEN bodies whose strings carry emoji, ``’``, CJK or nothing but emoji (and one that
+    turns out not to be UTF-8 at its last byte) are checked as ingest checks them, each in
+    a fresh process, THEN the check's peak memory stays within VALIDATION_MEMORY_FACTOR
+    times the body plus a few MiB of chunks (decoded whole, an emoji made every character
+    4 bytes wide: 4.8 times the body), and each is accepted, or refused as not UTF-8."""
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak")
+    for name, (path, accepted) in sorted(_wide_bodies(tmp_path).items()):
+        size = path.stat().st_size
+        result = subprocess.run(
+            [sys.executable, "-c", CHECK_RSS, str(Path(healthlog.__file__).parent), str(path)],
+            capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        added, verdict = result.stdout.split(" ", 1)
+        allowance = healthlog.VALIDATION_MEMORY_FACTOR * size + CHECK_FIXED_MIB * MIB
+        assert int(added) <= allowance, (name, int(added) / size)
+        assert (verdict.strip() == "accepted") is accepted, (name, verdict)
+        assert accepted or "not UTF-8" in verdict
 
 
 # -- RELY-8.1/8.2: the fold thread ------------------------------------------------
@@ -486,6 +568,37 @@ def test_rely_8_3_bytes_under_validation_have_a_ceiling(start_service, data_dir,
     assert db_rows(data_dir) == [] and archive_files(data_dir) == []
     assert not list((data_dir / "tmp").iterdir())
     assert client.ingest(hae_body())[0] == 200
+
+
+def test_rely_8_3_a_smaller_body_limit_lowers_the_ceiling_and_the_quick_check(
+        start_service, tmp_path, monkeypatch, logs):
+    """WHEN --max-body-mib is 1 (below the 64 MiB ceiling), THEN 1 MiB under validation
+    is the ceiling (a small upload beside it waits, then gets 503), and orjson's quick
+    check, which may hold 32 times its body, takes a body of 40 KB but not one of 100 KB
+    (it takes both under the default limit): no check holds more than the full check of a
+    1 MiB body may, 2.1 MiB."""
+    monkeypatch.setattr(healthlog, "VALIDATION_WAIT_S", 0.5)
+    for limit, status in ((1 << 20, 503), (None, 200)):
+        service = start_service(data_dir=tmp_path / ("ceiling-%s" % limit),
+                                **({"max_body_bytes": limit} if limit else {}))
+        with service.app.validation.hold(1 << 20, 1):
+            assert Client("127.0.0.1", service.address[1]).ingest(hae_body())[0] == status
+    if healthlog._orjson is None:
+        return  # without orjson every body takes the full check
+    bodies = [hae_factory.big_metrics_body(40_000, seed=3),
+              hae_factory.big_metrics_body(100_000, seed=4)]
+    assert len(bodies[0]) < 64 << 10 < len(bodies[1]) < 1 << 20
+    for limit, expected in ((1 << 20, ["at ingest", None]), (None, ["at ingest"] * 2)):
+        service = start_service(data_dir=tmp_path / ("quick-%s" % limit),
+                                **({"max_body_bytes": limit} if limit else {}))
+        before = len(logs.find("delivery folded"))
+        client = Client("127.0.0.1", service.address[1])
+        ids = [client.ingest(body)[1]["delivery_id"] for body in bodies]
+        wait_for(lambda before=before: len(logs.find("delivery folded")) == before + 2,
+                 timeout=60, what="the bodies folded")
+        parsed = {int(r["delivery_id"]): r.get("parsed")
+                  for r in logs.find("delivery folded")[before:]}
+        assert [parsed[i] for i in ids] == expected
 
 
 def test_rely_8_3_byte_budget_admits_in_order_and_lets_a_large_body_in_alone():

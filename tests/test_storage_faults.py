@@ -31,8 +31,8 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import (TOKEN, Client, archive_files, assert_no_leaks, db_rows, journal_rows,
-                      live_fingerprint, one_line, parse_logfmt, run_cli, statuses, wait_folded,
-                      wait_for)
+                      live_fingerprint, log_records, one_line, parse_logfmt, run_cli, statuses,
+                      wait_folded, wait_for)
 
 AUTOMATION = hf.Automation("Storage faults", "Minutes", "Since Last Sync")
 HEADERS = hf.headers_for(AUTOMATION, session_id="0C6B1C53-2D4A-4F7E-9B7B-6A1B2C3D4E5F")
@@ -402,12 +402,16 @@ def test_rely_3_4_a_full_disk_under_the_database_loses_no_acknowledged_delivery(
            if r.get("msg") == "delivery failed to fold"])
     assert proc.terminate() == 0
 
-    again = serve_process(data_dir)  # space is back
-    wait_folded(data_dir, len(acknowledged))
+    # Space is back: the restart adopts the two bodies whose rows the full disk refused
+    # (RELY-11.4: never acknowledged, but the phone's own data) and folds everything.
+    again = serve_process(data_dir)
+    wait_folded(data_dir, len(acknowledged) + 2)
+    assert [r for r in log_records(again.log_lines()) if r.get("msg", "").startswith(
+        "archive settled at start")][0]["adopted"] == "2"
     assert again.terminate() == 0
     result = run_cli("reindex", "--data", data_dir)
     assert result.returncode == 0, result.stderr
-    assert "orphans adopted: 2" in result.stdout
+    assert "orphans adopted: 0" in result.stdout
     final = statuses(data_dir)
     assert len(final) == len(acknowledged) + 2
     assert set(final.values()) == {"parsed"}

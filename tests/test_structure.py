@@ -19,6 +19,7 @@ import ast
 import builtins
 import io
 import re
+import tokenize
 import types
 
 import pytest
@@ -198,6 +199,29 @@ def test_a_number_two_sections_read_is_in_the_constants_section():
     assert not misplaced, "move to the Constants section:\n  " + "\n  ".join(misplaced)
 
 
+SHARED_NUMBERS = "# Read by more than one section below"
+
+
+def test_the_constants_said_to_be_shared_are_read_by_two_sections():
+    """Section 1 holds serve's defaults and limits first, then, after the comment that
+    says so, the numbers that more than one section reads: each of those is."""
+    starts = sections()
+    first_shared = SOURCE.count("\n", 0, SOURCE.index(SHARED_NUMBERS)) + 1
+    tree = ast.parse(SOURCE)
+    shared = {name for node in tree.body
+              if node.lineno > first_shared and section_index(node.lineno, starts) == 0
+              for name in top_level_names(node) if name in numeric_constants()}
+    assert {"GZIP_LEVEL", "FOLD_ATTEMPTS_MAX", "MAX_OFFSET_S"} <= shared
+    readers: dict = {}
+    for node in tree.body:
+        visitor = References(shared)
+        visitor.visit(node)
+        for name, line in visitor.found:
+            readers.setdefault(name, set()).add(section_index(line, starts))
+    alone = sorted(name for name in shared if len(readers.get(name, ())) < 2)
+    assert not alone, "read by one section only (move to its part): %s" % alone
+
+
 def test_the_last_section_is_data_only():
     """Constants, then the ``if __name__ == "__main__"`` guard, which must come after
     every definition (running the module calls main() there)."""
@@ -221,6 +245,161 @@ def test_the_docstring_map_lists_the_sections_in_order():
     listed = re.findall(r"^\s*\d+\.\s+(.+?)\s+[-—]", map_text, re.M)
     titles = [title.split(":", 1)[0] for _, title in sections()]
     assert listed == titles
+
+
+# -- Names ------------------------------------------------------------------------------
+
+
+def module_level_names(tree: ast.Module) -> set:
+    """Every name the module binds at its top level: definitions, assignments, imports
+    (``field as _field`` binds ``_field``), and those bound inside a top-level ``if`` or
+    ``try`` (an optional import and its fallback)."""
+    names = set()
+    for node in tree.body:
+        names.update(top_level_names(node))
+        for inner in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in inner.names)
+            elif isinstance(node, (ast.If, ast.Try)) and isinstance(inner, ast.Name) and (
+                    isinstance(inner.ctx, ast.Store)):
+                names.add(inner.id)
+    return names
+
+
+class Hiding(ast.NodeVisitor):
+    """The local bindings that hide a module-level name: in every function and lambda,
+    its parameters, assignment targets (plain, augmented, annotated, ``:=``), ``for``,
+    ``with`` and ``except`` targets, nested definitions; and every comprehension's
+    variables, wherever it stands.  A class body's names are attributes, read through
+    ``self`` or the class, and hide nothing; an ``import`` inside a function binds the
+    very module the module's own import does."""
+
+    def __init__(self, module_names: set):
+        self.module_names = module_names
+        self.functions: list = []
+        self.found: list = []
+
+    def _hides(self, name: str, line: int, how: str) -> None:
+        if name in self.module_names and not (
+                self.functions and name in self.functions[-1][1]):
+            where = self.functions[-1][0] if self.functions else "a comprehension"
+            self.found.append((line, name, how, where))
+
+    def _function(self, node) -> None:
+        for expression in (getattr(node, "decorator_list", []) + node.args.defaults
+                           + [d for d in node.args.kw_defaults if d]):
+            self.visit(expression)
+        if self.functions and not isinstance(node, ast.Lambda):
+            self._hides(node.name, node.lineno, "nested definition")
+        declared = {name for inner in ast.walk(node) if isinstance(inner, ast.Global)
+                    for name in inner.names}
+        self.functions.append((getattr(node, "name", "lambda"), declared))
+        arguments = node.args
+        for arg in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+                    + [a for a in (arguments.vararg, arguments.kwarg) if a]):
+            self._hides(arg.arg, arg.lineno, "parameter")
+        for statement in node.body if isinstance(node.body, list) else [node.body]:
+            self.visit(statement)
+        self.functions.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if self.functions:
+            self._hides(node.name, node.lineno, "nested definition")
+        outer, self.functions = self.functions, []  # a class body binds attributes
+        self.generic_visit(node)
+        self.functions = outer
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if self.functions and isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._hides(node.id, node.lineno, "assignment")
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name and self.functions:
+            self._hides(node.name, node.lineno, "except target")
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        for name in ast.walk(node.target):
+            if isinstance(name, ast.Name):
+                self._hides(name.id, name.lineno, "comprehension variable")
+        self.visit(node.iter)
+        for condition in node.ifs:
+            self.visit(condition)
+
+
+def hidden_names(source: str) -> list:
+    tree = ast.parse(source)
+    visitor = Hiding(module_level_names(tree))
+    visitor.visit(tree)
+    return sorted(visitor.found)
+
+
+def test_no_local_name_hides_a_module_level_one():
+    """A reader who meets ``deliveries`` or ``field`` inside a function finds the module's
+    function or import of that name, not a local that hides it."""
+    found = hidden_names(SOURCE)
+    assert not found, "local names that hide module-level ones:\n" + "\n".join(
+        "  line %d: %s (%s, in %s)" % entry for entry in found)
+
+
+@pytest.mark.parametrize("code, name", [
+    ("def deliveries(): pass\ndef f(deliveries): pass", "deliveries"),
+    ("def deliveries(): pass\ndef f():\n    deliveries = 1", "deliveries"),
+    ("X = 1\ndef f():\n    for X in (): pass", "X"),
+    ("X = 1\ndef f():\n    return [1 for X in ()]", "X"),
+    ("X = 1\nY = [X for X in ()]", "X"),
+    ("import io\ndef f():\n    with open('x') as io: pass", "io"),
+    ("from dataclasses import field\ndef f():\n    try: pass\n    except Exception as field:"
+     " pass", "field"),
+    ("X = 1\ndef f():\n    g = lambda X: X", "X"),
+    ("X = 1\ndef f():\n    def X(): pass", "X"),
+    ("try:\n    import orjson as J\nexcept ImportError:\n    J = None\ndef f(J): pass", "J"),
+])
+def test_the_hiding_check_sees_each_kind_of_binding(code, name):
+    assert [entry[1] for entry in hidden_names(code)] == [name]
+
+
+@pytest.mark.parametrize("code", [
+    "X = 1\nclass C:\n    X = 2",  # an attribute
+    "import json\ndef f():\n    import json",  # the same module
+    "X = 1\ndef f():\n    global X\n    X = 2",  # the module's own name
+    "def f(x):\n    y = x",
+])
+def test_the_hiding_check_leaves_what_hides_nothing(code):
+    assert hidden_names(code) == []
+
+
+def test_each_module_level_name_is_defined_once():
+    """One name, one definition: a second ``def`` of a name silently replaces the first
+    for every caller, however far apart the two stand."""
+    seen: dict = {}
+    for node in ast.parse(SOURCE).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                             ast.Assign, ast.AnnAssign)):
+            for name in top_level_names(node):
+                seen.setdefault(name, []).append(node.lineno)
+    twice = {name: lines for name, lines in seen.items() if len(lines) > 1}
+    assert not twice, "defined more than once (name: lines): %s" % twice
+
+
+def backslash_continuations(source: str) -> list:
+    """Lines of ``source`` that go on to the next after a backslash, outside strings."""
+    in_strings = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tokenize.tok_name[token.type] in ("STRING", "FSTRING_MIDDLE", "TSTRING_MIDDLE"):
+            in_strings.update(range(token.start[0], token.end[0]))
+    return [number for number, line in enumerate(source.splitlines(), 1)
+            if line.endswith("\\") and number not in in_strings]
+
+
+def test_lines_continue_inside_brackets_never_after_a_backslash():
+    assert backslash_continuations("x = 1 + \\\n    2\n") == [1]
+    assert backslash_continuations('x = """a \\\nb"""\ny = (1 +\n     2)\n') == []
+    for name in ("healthlog.py", "build_zipapp.py"):
+        found = backslash_continuations((ROOT / name).read_text())
+        assert not found, "%s: a backslash continues lines %s" % (name, found)
 
 
 # -- The Cheroot adapter ----------------------------------------------------------------

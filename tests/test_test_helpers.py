@@ -40,7 +40,7 @@ PENDING = {
 """Duplicates in files this change could not edit, with the files and why."""
 
 PENDING_IMPORTS = {
-    ("test_fold_memory.py", "test_fold_faults"): "OomWatchdog and proc_status: to move to"
+    ("test_fold_memory.py", "test_fold_faults"): "OomWatchdog, port_of and proc_status: to move to"
     " fold_helpers.py when test_fold_memory.py's concurrent change is folded in",
     ("test_reliability.py", "test_ingest"): "hae_body, HAE_HEADERS, raw_post, read_response"
     " (now conftest's, which test_ingest.py imports): to import from conftest when"

@@ -3,8 +3,10 @@ never finer than the data arrived, and says so in words; the page draws what it 
 
 A real ``serve`` holds, for a phone in America/New_York: a Days automation (steps, weight:
 one point per day at local midnight) for 60 days, a Minutes automation of heart rate for
-the last three days, and nine nights of sleep summaries. Every expectation is worked out
-here from the bodies: the newest point's written date, the points of a day summed.
+the last three days, and nine nights of sleep summaries; active energy from both, the Days
+automation's up to the day before the newest, the Minutes one's for the last three days.
+Every expectation is worked out here from the bodies: the newest point's written date, the
+points of a day summed.
 """
 
 import datetime as dt
@@ -32,7 +34,15 @@ def corpus() -> dict:
               "Max": 80 + t % 20, "source": hf.OWNER_WATCH} for t in range(start, end, 300)]
     nights = hf.sleep_summaries(3, NEWEST - dt.timedelta(days=8), NEWEST + dt.timedelta(days=1),
                                 phone=PHONE, form="c")
-    return {"days": export, "heart": heart, "nights": nights}
+    # active energy: the Days automation's to yesterday, the Minutes one's since two days
+    # before the newest day (both hold the two days between)
+    energy_days = [{"date": hf.zoned_stamp(ZONE, dt.datetime.combine(FIRST + dt.timedelta(
+        days=k), dt.time())), "qty": 400.0 + k, "source": hf.OWNER_PHONE}
+        for k in range((NEWEST - FIRST).days)]
+    energy_minutes = [{"date": hf.zoned_stamp(ZONE, t), "qty": 0.5 + t % 7 / 10,
+                       "source": hf.OWNER_WATCH} for t in range(start, end, 600)]
+    return {"days": export, "heart": heart, "nights": nights,
+            "energy": {"days": energy_days, "minutes": energy_minutes}}
 
 
 CORPUS = corpus()
@@ -46,6 +56,10 @@ def store(tmp_path_factory):
             hf.metric("heart_rate", CORPUS["heart"], "count/min")]))),
         (hf.headers_for(SLEEP), hf.dumps_hae(hf.envelope(metrics=[
             hf.metric("sleep_analysis", CORPUS["nights"], "hr")]))),
+        (hf.headers_for(DAYS), hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("active_energy", CORPUS["energy"]["days"], "kcal")]))),
+        (hf.headers_for(MINUTES), hf.dumps_hae(hf.envelope(metrics=[
+            hf.metric("active_energy", CORPUS["energy"]["minutes"], "kcal")]))),
     ]
     yield from serve_corpus(tmp_path_factory.mktemp("plan"), CORPUS, deliveries)
 
@@ -116,6 +130,53 @@ def test_read_17_3_sleep_is_per_night_to_the_newest_morning(store):
     got = plan(store, metric="sleep_analysis", range="7d")
     assert (got["bucket"], got["to"]) == ("day", wake)
     assert got["anchor"]["date"] == wake and "one bar per night" in got["words"]
+
+
+def energy_by_day(layer: str) -> dict:
+    """Active energy per written date of the points the test sent in that layer."""
+    out: dict = {}
+    for point in CORPUS["energy"][layer]:
+        out[point["date"][:10]] = out.get(point["date"][:10], 0.0) + point["qty"]
+    return out
+
+
+def test_read_17_7_the_plan_names_the_query_and_points_reads_its_layers_as_named(store):
+    """The plan names the query that reads the view (``points``): its layer, and when none
+    was picked the layers that fill the days it lacks; /api/points reads them as named,
+    which is what it answers when it chooses itself, byte for byte (it chooses nothing
+    again), and another order of the same layers reads each day from the first named."""
+    days, minutes = energy_by_day("days"), energy_by_day("minutes")
+    assert set(days) & set(minutes)  # two days held by both layers
+    for view in ("7d", "30d"):
+        got = plan(store, metric="active_energy", range=view)
+        assert (got["layer"], got["bucket"]) == ("days", "day")
+        assert got["points"] == {"metric": "active_energy", "layer": "days,minutes",
+                                 "from": got["from"], "to": got["to"], "tz": "local",
+                                 "bucket": "day"}
+        named = get(store.address, "/api/points", **got["points"])
+        chosen = get(store.address, "/api/points", **dict(got["points"], layer=None))
+        assert named.status == chosen.status == 200 and named.body == chosen.body
+        assert named.headers["X-Healthlog-Layer"] == "days,minutes"
+        for order, first in (("days,minutes", days), ("minutes,days", minutes)):
+            reply = get_json(store.address, "/api/points", **dict(got["points"], layer=order))
+            sums = {b["date"]: b["fields"]["qty"]["sum"] for run in reply["runs"]
+                    for b in run["buckets"]}
+            want = dict(minutes if first is days else days, **first)
+            assert sums == pytest.approx({d: v for d, v in want.items()
+                                          if got["from"] <= d <= got["to"]}), order
+            assert (reply["layer"], reply["layers"]) == (order.split(",")[0], order.split(","))
+    hours = plan(store, metric="active_energy", range="24h")
+    assert (hours["bucket"], hours["points"]["layer"]) == ("hour", "minutes")
+    picked = plan(store, metric="active_energy", range="30d", layer="minutes")
+    assert picked["points"]["layer"] == "minutes"  # a layer picked is read alone
+    week = {"metric": "active_energy", "from": "2025-03-04", "to": "2025-03-10"}
+    for query, status, code in (
+            ({"layer": "days,minutes"}, 400, "bad_request"),  # raw points: one layer
+            ({"layer": "days,minutes", "bucket": "hour"}, 400, "bad_request"),
+            ({"layer": "days,days", "bucket": "day"}, 400, "bad_request"),
+            ({"layer": "days,weeks", "bucket": "day"}, 400, "bad_request"),
+            ({"layer": "days,hours", "bucket": "day"}, 404, "unknown_layer")):
+        assert_error(get(store.address, "/api/points", **week, **query), status, code)
 
 
 @pytest.mark.parametrize("query, status, code", [

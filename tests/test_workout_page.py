@@ -83,6 +83,12 @@ def clock(seconds: float) -> str:
     return ("%d:%02d" % (h, m) if h else "%d" % m) + ":%02d" % s
 
 
+def hours_minutes(seconds: float) -> str:
+    """"45 min", "2 h 37 min": a workout time as the page writes one of a minute or more."""
+    whole = int(math.floor(seconds / 60 + 0.5))
+    return "%d min" % whole if whole < 60 else "%d h %02d min" % divmod(whole, 60)
+
+
 def mercator(lat: float, lon: float) -> tuple:
     phi = math.radians(lat)
     return ((lon + 180) / 360, (1 - math.log(math.tan(phi) + 1 / math.cos(phi)) / math.pi) / 2)
@@ -220,6 +226,9 @@ def test_wkt_9_2_the_list_opens_each_workout_and_shows_one_recorded_twice_once(b
             if b["date"] == "2025-06-01"][0]
         minutes = sum(sent[n]["duration"] for n in ("run", "walk_over", "part_run")) / 60
         assert float(day["value"]) == pytest.approx(minutes) and day["count"] == "3"
+        page.focus('#chart .bucket[data-date="2025-06-01"]')
+        assert page.inner_text("#readout").endswith(
+            ": %s of workouts (3 workouts)" % hours_minutes(minutes * 60))
         page.click('#records li.workout[data-id="%s"] a.rec-pick' % sent["ride"]["id"])
         page.wait_for_selector('#workout-view[data-state="ready"][data-id="%s"]'
                                % sent["ride"]["id"])
@@ -232,6 +241,18 @@ def test_wkt_9_2_the_list_opens_each_workout_and_shows_one_recorded_twice_once(b
         page.wait_for_selector('#summary[data-state="ready"][data-date="2025-06-07"]')
         card = page.evaluate(ROWS, ".workouts-card li.workout-item")
         assert sent["again"]["id"] not in {c["id"] for c in card}
+        # the week's count and time: each sent workout of the 7 days, the run that another
+        # app recorded too once (version 1's without a duration: its end minus its start)
+        week = [w for n, w in sent.items() if n != "again"
+                and "2025-06-01" <= w["start"][:10] <= "2025-06-07"]
+        seconds = sum(w["duration"] if "duration" in w
+                      else wc.seconds(w["end"]) - wc.seconds(w["start"]) for w in week)
+        head = page.evaluate("""() => { const c = document.querySelector('.workouts-card');
+          return Object.assign({value: c.querySelector('.card-value').textContent},
+                               c.dataset); }""")
+        assert (int(head["count"]), float(head["seconds"])) == (len(week),
+                                                                pytest.approx(seconds))
+        assert head["value"] == "%d workouts, %s" % (len(week), hours_minutes(seconds))
         assert sent["run"]["id"] in {c["id"] for c in card}
         assert page.get_attribute('.workouts-card li[data-id="%s"] a' % sent["run"]["id"],
                                   "href") == "#view=workout&id=" + sent["run"]["id"]

@@ -387,14 +387,50 @@ def test_wkt_7_1_a_workout_recorded_twice_is_shown_once_and_counted_once(store):
         assert by_id[id_of(sent[name])]["duplicate_of"] is None
     counted = [w for name, w in sent.items() if name != "again"]
     assert answer["count"] == len(counted) == len(sent) - 1
-    assert answer["seconds"] == pytest.approx(sum(
-        w["duration"] if "duration" in w else (written(w["end"]) - written(
-            w["start"])).total_seconds() for w in counted))
+    assert answer["seconds"] == pytest.approx(sum(sent_seconds(w) for w in counted))
     one = workout(store, "again")["workout"]  # its own page names the first
     assert one["duplicate_of"] == run["id"]
     summary = get_json(store.address, "/api/summary", date="2025-06-07", tz="local")
     items = {i["id"]: i for i in summary["cards"]["workouts"]}
     assert items[again["id"]]["duplicate_of"] == run["id"]
+    # the summary's card of the 7 days to 06-07 counts them as the list does
+    [card] = [g for g in summary["card_order"] if g["group"] == "workouts"]
+    week = [w for w in counted if "2025-06-01" <= w["start"][:10] <= "2025-06-07"]
+    assert (card["count"], card["seconds"]) == (len(week), pytest.approx(sum(
+        sent_seconds(w) for w in week)))
+
+
+def sent_seconds(w: dict) -> float:
+    """A sent workout's time: version 2's duration, else its end minus its start."""
+    return w["duration"] if "duration" in w else (written(w["end"]) - written(
+        w["start"])).total_seconds()
+
+
+def test_wkt_7_2_workout_time_per_day_and_per_week_counts_a_copy_once(store):
+    """The page's chart of workout minutes is the list's ``buckets``: per local day of each
+    workout's written start, or per week from its Monday, the workouts and their time, the
+    run another app recorded too counted once."""
+    sent = store.corpus.workouts
+    for bucket in ("day", "week"):
+        expected: dict = {}
+        for name, w in sent.items():
+            if name == "again":  # the copy of the run
+                continue
+            day = written(w["start"]).date()
+            if bucket == "week":
+                day -= dt.timedelta(days=day.weekday())
+            slot = expected.setdefault(day.isoformat(), [0, 0.0])
+            slot[0] += 1
+            slot[1] += sent_seconds(w)
+        answer = get_json(store.address, "/api/workouts", bucket=bucket, **RANGE)
+        assert answer["bucket"] == bucket
+        assert [(b["date"], b["count"], b["seconds"]) for b in answer["buckets"]] == [
+            (day, count, pytest.approx(seconds)) for day, (count, seconds)
+            in sorted(expected.items())]
+        assert sum(b["count"] for b in answer["buckets"]) == answer["count"]
+    assert "buckets" not in get_json(store.address, "/api/workouts", **RANGE)
+    assert_error(get(store.address, "/api/workouts", bucket="hour", **RANGE), 400,
+                 "bad_request")
 
 
 # -- WKT-8: the SQLite export ----------------------------------------------------------------
