@@ -208,9 +208,10 @@ def test_the_constants_said_to_be_shared_are_read_by_two_sections():
     starts = sections()
     first_shared = SOURCE.count("\n", 0, SOURCE.index(SHARED_NUMBERS)) + 1
     tree = ast.parse(SOURCE)
+    constants = numeric_constants()  # once: it parses the whole module
     shared = {name for node in tree.body
               if node.lineno > first_shared and section_index(node.lineno, starts) == 0
-              for name in top_level_names(node) if name in numeric_constants()}
+              for name in top_level_names(node) if name in constants}
     assert {"GZIP_LEVEL", "FOLD_ATTEMPTS_MAX", "MAX_OFFSET_S"} <= shared
     readers: dict = {}
     for node in tree.body:
