@@ -15,12 +15,14 @@ import gzip
 import io
 import json
 import os
+import signal
 import sqlite3
+import threading
 from pathlib import Path
 
 import hae_factory as hf
 import healthlog
-from conftest import Client, GatedWorker, db_rows, run_cli, wait_for
+from conftest import Client, GatedWorker, db_rows, log_records, run_cli, wait_for
 
 #: The headers `Journal.post` sends unless told otherwise: a Minutes automation.
 AUTOMATION = {
@@ -244,3 +246,55 @@ def body_of(*metrics, **sections) -> bytes:
     data = {"metrics": list(metrics)} if metrics else {}
     data.update(sections)
     return hf.dumps_hae({"data": data})
+
+
+# ---------------------------------------------------------------------------------------------
+# A process's memory, watched from outside (FOLD-14.1, RELY-10)
+
+
+def proc_status(pid: int) -> dict:
+    """The Vm* figures of /proc/PID/status, in bytes ({} once the process is gone)."""
+    figures = {}
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key.startswith("Vm"):
+                    figures[key] = int(value.split()[0]) * 1024
+    except OSError:  # ended, or a zombie without figures
+        return {}
+    return figures
+
+
+class OomWatchdog(threading.Thread):
+    """The OOM killer of one process: SIGKILL once its resident memory exceeds ``cap``,
+    read every ``poll_s`` seconds."""
+
+    def __init__(self, pid: int, cap: int, poll_s: float = 0.002):
+        super().__init__(name="test-oom-watchdog", daemon=True)
+        self.pid, self.cap, self.poll_s = pid, cap, poll_s
+        self.killed_at = None  # the VmRSS that got the process killed
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            rss = proc_status(self.pid).get("VmRSS")
+            if rss is None:
+                return
+            if rss > self.cap:
+                os.kill(self.pid, signal.SIGKILL)
+                self.killed_at = rss
+                return
+            self.done.wait(self.poll_s)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(30)
+
+
+def port_of(log_path: Path) -> int:
+    """The port a serve process logged with ``serving`` (0 before it has)."""
+    for record in log_records(log_path.read_text(errors="replace").splitlines()):
+        if record.get("msg") == "serving":
+            return int(record["listen"].rsplit(":", 1)[1])
+    return 0

@@ -34,7 +34,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -42,10 +41,10 @@ import pytest
 import hae_factory as hf
 import healthlog
 from conftest import (ROOT, TOKEN, Client, Passes, WriteLock, assert_no_leaks, db_rows,
-                      delivery_row, find_records, healthz, journal_rows, log_records, run_cli,
+                      delivery_row, find_records, healthz, journal_rows, run_cli,
                       statuses_of, wait_for)
-from fold_helpers import (DAY, HEADERS, QUICK_SERVE, QuickRetryWorker, import_bodies, post_small,
-                          small_body)
+from fold_helpers import (DAY, HEADERS, QUICK_SERVE, OomWatchdog, QuickRetryWorker, import_bodies,
+                          port_of, post_small, proc_status, small_body)
 
 pytestmark = pytest.mark.json_agnostic  # faults of the machine: no JSON library plays a part
 
@@ -78,20 +77,6 @@ def healthy(client: Client) -> bool:
     return status == 200 and health["status"] == "ok" and "fault" not in health
 
 
-def proc_status(pid: int) -> dict:
-    """The Vm* figures of /proc/PID/status, in bytes ({} once the process is gone)."""
-    figures = {}
-    try:
-        with open("/proc/%d/status" % pid) as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key.startswith("Vm"):
-                    figures[key] = int(value.split()[0]) * 1024
-    except OSError:  # ended, or a zombie without figures
-        return {}
-    return figures
-
-
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -100,43 +85,9 @@ def sha256_of(path: Path) -> str:
 # Requirement 14: no delivery can stop the fold.
 
 
-class OomWatchdog(threading.Thread):
-    """The OOM killer of one process: SIGKILL once its resident memory exceeds ``cap``,
-    read every ``poll_s`` seconds."""
-
-    def __init__(self, pid: int, cap: int, poll_s: float = 0.002):
-        super().__init__(name="test-oom-watchdog", daemon=True)
-        self.pid, self.cap, self.poll_s = pid, cap, poll_s
-        self.killed_at = None  # the VmRSS that got the process killed
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            rss = proc_status(self.pid).get("VmRSS")
-            if rss is None:
-                return
-            if rss > self.cap:
-                os.kill(self.pid, signal.SIGKILL)
-                self.killed_at = rss
-                return
-            self.done.wait(self.poll_s)
-
-    def finish(self) -> None:
-        self.done.set()
-        self.join(30)
-
-
 def serve_command(data_dir: Path) -> list:
     return [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
             "--listen", "127.0.0.1:0", "--token", TOKEN]
-
-
-def port_of(log_path: Path) -> int:
-    """The port a serve process logged with ``serving`` (0 before it has)."""
-    for record in log_records(log_path.read_text(errors="replace").splitlines()):
-        if record.get("msg") == "serving":
-            return int(record["listen"].rsplit(":", 1)[1])
-    return 0
 
 
 @contextlib.contextmanager

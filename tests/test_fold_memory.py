@@ -47,7 +47,7 @@ import pytest
 import bench_memory
 import healthlog
 from conftest import ROOT, TOKEN, assert_no_leaks, db_rows, parse_logfmt, wait_for
-from test_fold_faults import OomWatchdog, port_of, proc_status
+from fold_helpers import OomWatchdog, port_of, proc_status
 
 # Memory of the large-body path: no JSON library in it; folds killed by a watchdog on purpose:
 # with the torture runs (pyproject.toml).
@@ -70,7 +70,7 @@ LARGEST_MIB = 1
 """RELY-10.3's --max-body-mib: the largest body of each shape a serve with it accepts."""
 
 
-def journal(data_dir: Path, body: Path, aggregation) -> None:
+def import_one(data_dir: Path, body: Path, aggregation) -> None:
     """``healthlog import`` of one body, in this process (the ingest path)."""
     config = healthlog.Config(data_dir=data_dir, log_level="WARN")
     out = open(os.devnull, "w")
@@ -207,7 +207,7 @@ def test_rely_10_2_each_shape_folds_within_its_bodys_memory(shape, bodies, tmp_p
     made = bodies["folded", shape]
     for index, (path, aggregation, size) in enumerate(
             made if shape.endswith("changed") else [made]):  # the original, then the change
-        journal(data_dir, path, aggregation)
+        import_one(data_dir, path, aggregation)
         stream = 0 if size >= healthlog.STREAM_FOLD_BYTES else MIB  # small ones indexed too
         allowance = int(healthlog.FOLD_MEMORY_FACTOR * size) + FIXED_MIB * MIB
         figures = fold_watched(data_dir, allowance, stream)
@@ -230,11 +230,11 @@ def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_
         if kind == "largest":
             for path, aggregation, size in made if shape.endswith("changed") else [made]:
                 assert size <= max_body_mib * MIB
-                journal(data_dir, path, aggregation)
+                import_one(data_dir, path, aggregation)
     log_path = tmp_path / "serve.log"
     with open(str(log_path), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
              "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib",
              str(max_body_mib)], stdout=subprocess.DEVNULL, stderr=log)
     watchdog = OomWatchdog(proc.pid, limit, POLL_S)
@@ -300,11 +300,11 @@ def test_rely_10_5_a_body_of_emoji_sources_arrives_while_a_days_history_folds(
     history, aggregation, _ = write(folder, "days-backfill", BESIDE_MIB * MIB - (16 << 10))
     arriving, _, _ = write(folder, "emoji-sources", BESIDE_MIB * MIB - (16 << 10))
     data_dir = tmp_path / "data"
-    journal(data_dir, history, aggregation)  # folded as soon as serve starts
+    import_one(data_dir, history, aggregation)  # folded as soon as serve starts
     log_path = tmp_path / "serve.log"
     with open(str(log_path), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "healthlog.py"), "serve", "--data", str(data_dir),
+            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
              "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib", str(BESIDE_MIB)],
             stdout=subprocess.DEVNULL, stderr=log)
     watchdog = OomWatchdog(proc.pid, limit, POLL_S)

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 import hae_factory
 import healthlog
-from conftest import TOKEN, Client, archive_files, db_rows, wait_for
-from test_ingest import HAE_HEADERS, hae_body, raw_post, read_response
+from conftest import (HAE_HEADERS, TOKEN, Client, archive_files, db_rows, hae_body, raw_post,
+                      read_response, wait_for)
 
 pytestmark = pytest.mark.json_agnostic
 

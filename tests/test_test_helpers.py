@@ -31,27 +31,15 @@ MODULE_DATA = {
 from module to module, the one name says the same role in each, and the building is shared.
 Allowed in test_*.py files only, never in a helper module."""
 
-PENDING = {
-    "journal": ({"test_fold.py", "test_fold_memory.py"},
-                "test_fold_memory.py is being changed by another engineer (issue 37); its"
-                " `journal` (one body imported in this process) is to be renamed when the"
-                " lead folds that change in: test_fold.py's fixture keeps the name"),
-}
+PENDING: dict = {}
 """Duplicates in files this change could not edit, with the files and why."""
 
-PENDING_IMPORTS = {
-    ("test_fold_memory.py", "test_fold_faults"): "OomWatchdog, port_of and proc_status: to move to"
-    " fold_helpers.py when test_fold_memory.py's concurrent change is folded in",
-    ("test_reliability.py", "test_ingest"): "hae_body, HAE_HEADERS, raw_post, read_response"
-    " (now conftest's, which test_ingest.py imports): to import from conftest when"
-    " test_reliability.py's concurrent change is folded in",
-}
+PENDING_IMPORTS: dict = {}
 """Imports from a test module in files this change could not edit."""
 
 SCRIPT_RUNS = {
     "test_serve.py": "ING-15.1 starts serve as `python3 healthlog.py`, the one test of the"
                      " file run as a script",
-    "test_fold_memory.py": "being changed by another engineer (issue 37)",
 }
 """Files that may start ``healthlog.py`` as a script, and why."""
 
