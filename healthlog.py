@@ -4740,8 +4740,13 @@ def settle_archive(conn: sqlite3.Connection, data_dir: Path) -> tuple:
         return 0, 0
     since = archive_day_before(newest)
     settled_before = time.time() - SCRATCH_GRACE_S if import_running(data_dir) else None
-    adopted = adopt_orphans(conn, data_dir, settled_before, since)
-    removed = remove_stray_meta(conn, data_dir, settled_before, since)
+    try:
+        adopted = adopt_orphans(conn, data_dir, settled_before, since)
+        removed = remove_stray_meta(conn, data_dir, settled_before, since)
+    except OSError as exc:  # a folder that cannot be read or written: reindex's, later
+        log_event(logging.WARNING, "the archive could not be settled at start; `healthlog"
+                  " reindex` adopts what a killed process left", error=type(exc).__name__)
+        return 0, 0
     if adopted or removed:
         log_event(logging.INFO, "archive settled at start: bodies without a journal row"
                   " adopted, metadata without a body removed (none was acknowledged)",
