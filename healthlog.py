@@ -17515,6 +17515,15 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
     }
   }
 
+  // A view's load supersedes the one before it: that one is aborted, and its answers,
+  // should any still arrive, are recognised by their older token and dropped.
+  function newLoad(slot) {
+    if (slot.controller) slot.controller.abort();
+    slot.controller = new AbortController();
+    slot.token += 1;
+    return { controller: slot.controller, token: slot.token };
+  }
+
   async function getJSON(url, signal) {
     let response;
     try {
@@ -17801,10 +17810,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   async function showView() {
     const metric = state.metric;
     if (!metric) return;
-    if (state.controller) state.controller.abort();
-    const controller = new AbortController();
-    state.controller = controller;
-    const token = ++state.token;
+    const { controller, token } = newLoad(state);
     const current = function () { return token === state.token; };
     const kind = metric.meaning.kind;
     const drawn = metric.meaning.drawn;
@@ -19334,10 +19340,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   async function showSummary(date) {
     const box = $('summary');
     const s = state.summary;
-    if (s.controller) s.controller.abort();
-    const controller = new AbortController();
-    s.controller = controller;
-    const token = ++s.token;
+    const { controller, token } = newLoad(s);
     box.dataset.state = 'loading';
     box.setAttribute('aria-busy', 'true');
     $('nav-summary').href = summaryHash(date, state.tz);
@@ -19636,10 +19639,7 @@ APP_JS = r"""// healthlog dashboard: plain ES2017, no libraries, no build step.
   async function showWorkout(id) {
     const box = $('workout-view');
     const w = state.workout;
-    if (w.controller) w.controller.abort();
-    const controller = new AbortController();
-    w.controller = controller;
-    const token = ++w.token;
+    const { controller, token } = newLoad(w);
     box.dataset.state = 'loading';
     box.dataset.id = id;
     let data;
