@@ -2169,16 +2169,32 @@ def journal_has_rows(db_path: Path) -> bool:
         conn.close()
 
 
+def absent_bodies(data_dir: Path, rows: Iterator[tuple]) -> tuple:
+    """([ids of bodies provably gone], [relative folders that cannot be read]) for
+    ``(id, archive_path)`` rows: a body absent from a readable folder is gone; one whose
+    folder is missing or unreadable may be on a disk not mounted yet (one listing per
+    folder)."""
+    readable: dict = {}
+    gone, unreachable = [], []
+    for row_id, relative in rows:
+        folder, _, name = relative.rpartition("/")
+        if folder not in readable:
+            try:
+                readable[folder] = set(os.listdir(str(data_dir / folder)))
+            except OSError:
+                readable[folder] = None
+                unreachable.append(folder)
+        names = readable[folder]
+        if names is not None and not (name in names and (data_dir / relative).is_file()):
+            gone.append(row_id)
+    return gone, unreachable
+
+
 def body_lost(data_dir: Path, relative: str) -> bool:
     """Is an archived body provably gone: the archive mounted, its day folder readable,
-    and the file not in it?  False whenever the answer might be a mount or a permission."""
-    if archive_absent(data_dir):
-        return False
-    try:
-        os.listdir(str((data_dir / relative).parent))
-    except OSError:
-        return False
-    return not (data_dir / relative).is_file()
+    and the file not in it (:func:`absent_bodies`' rule)?  False whenever the answer might
+    be a mount or a permission."""
+    return not archive_absent(data_dir) and bool(absent_bodies(data_dir, [(0, relative)])[0])
 
 
 def received_at_from_name(name: str) -> Optional[str]:
@@ -14442,28 +14458,6 @@ REBUILD_AHEAD = 16
 REBUILD_AHEAD_BYTES = 32 << 20
 """A parallel rebuild asks its workers to prepare at most 16 deliveries per worker beyond
 the one being decided, and at most 32 MiB of bodies."""
-
-
-def absent_bodies(data_dir: Path, rows: Iterator[tuple]) -> tuple:
-    """([ids of bodies provably gone], [relative folders that cannot be read]) for
-    ``(id, archive_path)`` rows: a body absent from a readable folder is gone; one whose
-    folder is missing or unreadable may be on a disk not mounted yet (:func:`body_lost`'s
-    rule, one listing per folder)."""
-    readable: dict = {}
-    gone, unreachable = [], []
-    for row_id, relative in rows:
-        folder = relative.rpartition("/")[0]
-        if folder not in readable:
-            try:
-                readable[folder] = set(os.listdir(str(data_dir / folder)))
-            except OSError:
-                readable[folder] = None
-                unreachable.append(folder)
-        names = readable[folder]
-        if names is not None and not (relative.rpartition("/")[2] in names
-                                      and (data_dir / relative).is_file()):
-            gone.append(row_id)
-    return gone, unreachable
 
 
 def refuse_unreachable(data_dir: Path, paths: Iterator[tuple], command: str) -> None:
