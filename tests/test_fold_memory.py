@@ -34,6 +34,7 @@ between two reads counts.  A fold killed, or over its cap, fails the test.
   run, killed by the watchdog in another); now it peaks near 205 MiB.
 """
 
+import contextlib
 import http.client
 import os
 import signal
@@ -217,6 +218,30 @@ def test_rely_10_2_each_shape_folds_within_its_bodys_memory(shape, bodies, tmp_p
         assert rows[-1]["objects_written"] >= 1
 
 
+@contextlib.contextmanager
+def capped_serve(data_dir: Path, log_path: Path, max_body_mib: int, limit: int):
+    """A real ``serve`` with ``--max-body-mib``, its memory capped at ``limit`` by
+    :class:`OomWatchdog` (SIGKILL above it, as the OOM killer); yields the process, then
+    stops it and checks that the watchdog never fired and its log leaks nothing."""
+    with open(str(log_path), "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
+             "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib",
+             str(max_body_mib)], stdout=subprocess.DEVNULL, stderr=log)
+    watchdog = OomWatchdog(proc.pid, limit, POLL_S)
+    watchdog.start()
+    try:
+        yield proc
+    finally:
+        watchdog.finish()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert_no_leaks(log_path.read_text(errors="replace").splitlines())
+    assert watchdog.killed_at is None, "serve killed at %.1f MiB, its limit %.1f MiB" % (
+        watchdog.killed_at / MIB, limit / MIB)
+
+
 def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_each_shape(
         bodies, tmp_path, monkeypatch, logs):
     """WHEN serve gets the smallest memory limit its start-up check accepts for a
@@ -232,30 +257,15 @@ def test_rely_10_3_a_limit_the_start_up_check_accepts_folds_the_largest_body_of_
                 assert size <= max_body_mib * MIB
                 import_one(data_dir, path, aggregation)
     log_path = tmp_path / "serve.log"
-    with open(str(log_path), "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
-             "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib",
-             str(max_body_mib)], stdout=subprocess.DEVNULL, stderr=log)
-    watchdog = OomWatchdog(proc.pid, limit, POLL_S)
-    watchdog.start()
-    try:
+    with capped_serve(data_dir, log_path, max_body_mib, limit) as proc:
         wait_for(lambda: proc.poll() is not None or all(
             row["parse_status"] != "pending" for row in db_rows(data_dir)), timeout=300,
             what="every delivery folded, or serve killed")
         peak = proc_status(proc.pid).get("VmHWM", 0)
-    finally:
-        watchdog.finish()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    lines = log_path.read_text(errors="replace").splitlines()
-    assert_no_leaks(lines)
-    assert watchdog.killed_at is None, "serve killed at %.1f MiB, its limit %.1f MiB" % (
-        watchdog.killed_at / MIB, limit / MIB)
     assert peak <= limit, "serve's VmHWM %.1f MiB, its limit %.1f MiB" % (peak / MIB,
                                                                            limit / MIB)
     assert [row["parse_status"] for row in db_rows(data_dir)] == ["parsed"] * 5
+    lines = log_path.read_text(errors="replace").splitlines()
     assert not [line for line in lines if "may need more memory" in line]
     assert "serving" in [parse_logfmt(line).get("msg") for line in lines]
 
@@ -302,14 +312,7 @@ def test_rely_10_5_a_body_of_emoji_sources_arrives_while_a_days_history_folds(
     data_dir = tmp_path / "data"
     import_one(data_dir, history, aggregation)  # folded as soon as serve starts
     log_path = tmp_path / "serve.log"
-    with open(str(log_path), "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "healthlog", "serve", "--data", str(data_dir),
-             "--listen", "127.0.0.1:0", "--token", TOKEN, "--max-body-mib", str(BESIDE_MIB)],
-            stdout=subprocess.DEVNULL, stderr=log)
-    watchdog = OomWatchdog(proc.pid, limit, POLL_S)
-    watchdog.start()
-    try:
+    with capped_serve(data_dir, log_path, BESIDE_MIB, limit) as proc:
         wait_for(lambda: proc.poll() is not None or port_of(log_path), timeout=60,
                  what="serve listening")
         idle = proc_status(proc.pid).get("VmRSS", 0)
@@ -323,15 +326,6 @@ def test_rely_10_5_a_body_of_emoji_sources_arrives_while_a_days_history_folds(
             row["parse_status"] != "pending" for row in db_rows(data_dir)), timeout=600,
             what="both deliveries folded, or serve killed")
         peak = proc_status(proc.pid).get("VmHWM", 0)
-    finally:
-        watchdog.finish()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    lines = log_path.read_text(errors="replace").splitlines()
-    assert_no_leaks(lines)
-    assert watchdog.killed_at is None, "serve killed at %.1f MiB, its limit %.1f MiB" % (
-        watchdog.killed_at / MIB, limit / MIB)
     print("RELY-10.5: serve's VmHWM %.1f MiB, its limit %.1f MiB" % (peak / MIB, limit / MIB))
     assert status == 200 and during == ["pending", "pending"], (status, during)
     assert peak <= limit, "serve's VmHWM %.1f MiB, its limit %.1f MiB" % (peak / MIB,
