@@ -4818,13 +4818,18 @@ def accumulate(fields: dict, points: Sequence) -> int:
 
 
 def hour_tally(points: list, coords: Sequence) -> dict:
-    """An object's aggregates, kept beside it for bucketed reads: the number of points,
-    per numeric top-level field [count, min, max, sum] (:func:`accumulate`), and the
-    offsets its points' starts were written in (``o``, sorted), so that a read in each
-    point's local time knows the hour's local day without reading the points."""
+    """An object's aggregates, kept beside it for reads that need not decode it: the
+    number of points, per numeric top-level field [count, min, max, sum]
+    (:func:`accumulate`), for buckets; the offsets its points' starts were written in
+    (``o``, sorted), so that a read in each point's local time knows the hour's local day
+    without reading the points; and every top-level key its points hold (``k``, in the
+    order first seen), the columns of a raw CSV."""
     fields: dict = {}
     count = accumulate(fields, points)
-    return {"n": count, "f": fields, "o": sorted(start_offsets(points, coords))}
+    keys = dict.fromkeys(itertools.chain.from_iterable(
+        point for point in points if type(point) is dict))
+    return {"n": count, "f": fields, "o": sorted(start_offsets(points, coords)),
+            "k": list(keys)}
 
 
 def object_hash(points: list) -> str:
@@ -7201,27 +7206,48 @@ _CSV_PLAIN = frozenset((int, float))
 """Types of a value a CSV cell holds as it is (no text: never a formula)."""
 _CSV_SAFE_FIRST = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 """First characters of a text that can start no formula (nor space)."""
+_CSV_TEXT = frozenset((str,))
+_CSV_UNSAFE_NEXT = re.compile("\0(?![0-9A-Za-z])")
+"""In texts each preceded by a NUL, a text that does not begin with one of
+:data:`_CSV_SAFE_FIRST` (an empty one too): one that may be a formula.  A NUL inside a
+text only adds a place to look."""
 _CSV_ROWS_HELD = 512
 """Raw CSV lines joined at once."""
 
 
 def _raw_csv(conn: sqlite3.Connection, query: PointQuery) -> Iterator[bytes]:
-    fields: set = set()  # every key seen (a first pass over the range)
-    for _, raw, whole in _objects(conn, query):
-        points = loads_body(raw)
-        if whole:  # every point's keys, first-seen order, in one C loop
-            fields.update(dict.fromkeys(itertools.chain.from_iterable(
+    names = csv_field_order(query.metric, iter(_range_keys(conn, query)))
+    yield from _csv_lines(iter([list(RAW_CSV_COLUMNS) + [
+        name + "_" if name in RAW_CSV_COLUMNS else name for name in names]]))
+    for lines in _raw_csv_rows(conn, query, names):
+        yield ("\r\n".join(lines) + "\r\n").encode()
+
+
+def _range_keys(conn: sqlite3.Connection, query: PointQuery) -> set:
+    """Every top-level key of the points of the range (the columns of a raw CSV): of an
+    object wholly in the range, the keys its tally names (:func:`hour_tally`'s ``k``), read
+    from the tallies' index; of an object at the range's edges, or whose tally was written
+    before it named them, the keys of its points in the range, decoded."""
+    keys: set = set()
+    for hour, _, part, tally_text in _in_range_rows(conn, query, "summary"):
+        if part == NONE:
+            continue
+        named = _tally_of(tally_text).get("k") if part == ALL and tally_text else None
+        if named is not None:
+            keys.update(named)
+            continue
+        blob = conn.execute("SELECT blob FROM object WHERE metric = ? AND layer = ? AND"
+                            " hour = ?", (query.metric, query.layer, hour)).fetchone()[0]
+        points = loads_body(_read_blob(blob))
+        if part == ALL:  # every point's keys, in one C loop
+            keys.update(dict.fromkeys(itertools.chain.from_iterable(
                 point for point in points if type(point) is dict)))
             continue
         READ_DECODES.check()
         for point in points:
             if type(point) is dict and _in_range(point, query):
-                fields.update(dict.fromkeys(point))
-    names = csv_field_order(query.metric, iter(fields))
-    yield from _csv_lines(iter([list(RAW_CSV_COLUMNS) + [
-        name + "_" if name in RAW_CSV_COLUMNS else name for name in names]]))
-    for lines in _raw_csv_rows(conn, query, names):
-        yield ("\r\n".join(lines) + "\r\n").encode()
+                keys.update(point)
+    return keys
 
 
 def _raw_csv_rows(conn: sqlite3.Connection, query: PointQuery, names: list) -> Iterator[list]:
@@ -7272,6 +7298,7 @@ class _RawCsvLines:
 
     def __init__(self, query: PointQuery, names: list, sleep: Optional[SleepDates]):
         self.zone, self.names, self.sleep = query.zone, names, sleep
+        self.take = operator.itemgetter(*names) if names else None  # every key of a point
         self.tails: dict = {}  # " +hhmm" -> seconds east of UTC (tz=local)
         self.dates: dict = {}  # local date ordinal -> its ISO text
 
@@ -7299,29 +7326,70 @@ class _RawCsvLines:
                 and value[:1] in safe and not quoted(value) else text_of(value)
                 for value in map(point.get, self.names)]
 
+    def columns(self, points: list) -> list:
+        """The cells of the points' own keys, a column (a key) at a time: a column of
+        numbers, or of texts none of which needs a quote or a ``'`` (a few searches of the
+        joined column: for what :data:`_CSV_QUOTED` finds, and :data:`_CSV_UNSAFE_NEXT`), is
+        written as it is, in one C loop; any other column a cell at a time, as
+        :meth:`values` writes it."""
+        names = self.names
+        if not names:
+            return []
+        try:  # every point has every key: a C loop takes them out
+            cells = list(map(self.take, points))
+            columns = list(zip(*cells)) if len(names) > 1 else [cells]
+        except KeyError:
+            columns = [[point.get(name) for point in points] for name in names]
+        out = []
+        unsafe = _CSV_UNSAFE_NEXT.search
+        for column in columns:
+            kinds = set(map(type, column))
+            if kinds <= _CSV_PLAIN:
+                out.append(list(map(str, column)))
+                continue
+            if kinds == _CSV_TEXT:
+                joined = "\0" + "\0".join(column)
+                if not ("," in joined or '"' in joined or "\n" in joined or "\r" in joined
+                        or unsafe(joined)):
+                    out.append(column)
+                    continue
+            out.append(list(map(_csv_text, column)))
+        return out
+
     def whole_hour(self, hour: int, units_cell: str, points: list, known: tuple,
                    offset: int) -> list:
-        """The lines of a whole hour's points, all placed in ``offset`` (a whole hour)."""
+        """The lines of a whole hour's points, all placed in ``offset`` (a whole hour): the
+        five cells of the time from the hour's own texts and the point's minute and second
+        (an instant's start and end in one text each), the rest a column at a time
+        (:meth:`columns`)."""
         base = hour * HOUR_US
         start_text, local_text = format_instant(base), local_iso(base, offset)
         utc_hour, local_hour, date = start_text[:14], local_text[:14], local_text[:10]
         zone_text = local_text[19:]
-        minute_second, values, line = _MINUTE_SECOND, self.values, self.line
-        out = []
-        for start, end, point in zip(known[0], known[1], points):
-            rest = start - base
-            if rest % US:  # a fraction of a second: the general line
-                out.append(line(units_cell, start, end, point))
-                continue
-            piece = minute_second[rest // US]
-            utc = utc_hour + piece + "Z"
-            out.append(",".join([utc, utc if end == start else format_instant(end),
-                                 units_cell, local_hour + piece + zone_text, date]
-                                + values(point)))
-        return out
+        minute_second, starts, ends = _MINUTE_SECOND, known[0], known[1]
+        if starts == ends and not any(map(US.__rmod__, starts)):
+            parts = (utc_hour, "Z," + utc_hour, "Z,%s,%s" % (units_cell, local_hour),
+                     "%s,%s" % (zone_text, date))
+            heads = [minute_second[(start - base) // US].join(parts) for start in starts]
+        else:
+            heads = []
+            for start, end, point in zip(starts, ends, points):
+                rest = start - base
+                if rest % US:  # a fraction of a second: the general line's cells
+                    heads.append(self.head(units_cell, start, end, point))
+                    continue
+                piece = minute_second[rest // US]
+                utc = utc_hour + piece + "Z"
+                heads.append(",".join((utc, utc if end == start else format_instant(end),
+                                       units_cell, local_hour + piece + zone_text, date)))
+        return list(map(",".join, zip(heads, *self.columns(points))))
 
     def line(self, units_cell: str, start: int, end: int, point: dict) -> str:
         """The line of any point."""
+        return ",".join([self.head(units_cell, start, end, point)] + self.values(point))
+
+    def head(self, units_cell: str, start: int, end: int, point: dict) -> str:
+        """The five cells of any point's time, joined (:data:`RAW_CSV_COLUMNS`)."""
         if self.zone is LOCAL_ZONE:
             raw = raw_start(point)
             offset = self.tails.get(raw[19:]) if type(raw) is str and len(raw) == 25 else None
@@ -7346,8 +7414,8 @@ class _RawCsvLines:
         date = self.dates.get(day)
         if date is None:
             date = self.dates[day] = _dt.date.fromordinal(day).isoformat()
-        return ",".join([utc, utc if end == start else format_instant(end), units_cell,
-                         local_text, date] + self.values(point))
+        return ",".join((utc, utc if end == start else format_instant(end), units_cell,
+                         local_text, date))
 
 
 RAW_CSV_TIMES = ("date", "start", "end", "startDate", "endDate")

@@ -562,9 +562,13 @@ def test_storage_3_2_each_object_carries_the_tally_of_its_points(store):
     qty = [p["qty"] for p in stored]
     offsets = sorted({-8 * 3600 if p["date"].endswith("-0800") else None for p in stored})
     assert offsets == [-8 * 3600]  # what the points were written in: Pacific standard time
+    keys = []  # every key of the stored points, in the order they are first met
+    for point in stored:
+        keys += [key for key in point if key not in keys]
+    assert "flag" in keys and "Min" in keys
     assert json.loads(row["summary"]) == {
         "n": len(stored), "f": {"qty": [len(qty), min(qty), max(qty), sum(qty)],
-                                "Min": [1, 4, 4, 4]}, "o": offsets}
+                                "Min": [1, 4, 4, 4]}, "o": offsets, "k": keys}
 
 
 def test_storage_3_3_a_version_1_database_is_upgraded_in_place(data_dir, start_service):
