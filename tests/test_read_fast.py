@@ -33,6 +33,8 @@ import zoneinfo
 from typing import NamedTuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hae_factory as hf
 import healthlog
@@ -496,3 +498,20 @@ def test_read_18_3_raw_csv_is_what_the_csv_module_writes(start_service):
         notes = [row[rows[0].index("note")] for row in rows[1:]]
         assert [note.lstrip("'") if note.startswith("'") and note[1:] in TRICKY else note
                 for note in notes] == TRICKY
+
+
+NUMBERS = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                    st.integers(-(2 ** 70), 2 ** 70),
+                    st.floats(1e-5, 1e17), st.floats(-1e17, -1e-5),
+                    st.sampled_from([0, 0.0, -0.0, 1e-4, -1e-4, 1e16, -1e16,
+                                     9999999999999998.0, 9.999999999999999e-05]))
+"""Numbers a raw CSV column holds, crowded around where ``str`` changes notation."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(NUMBERS, max_size=70), st.booleans())
+def test_read_18_3_a_column_of_numbers_is_written_as_str_writes_each(column, as_tuple):
+    """A whole hour's column of numbers is written in one piece (by orjson where it writes
+    what ``str`` writes): every cell is what the csv module writes for that number."""
+    cells = healthlog._number_cells(tuple(column) if as_tuple else column)
+    assert cells == [str(number) for number in column]
