@@ -5,6 +5,7 @@ connections behind, the command line (``run_cli``), the journal's and the store'
 clock, HTTP servers of a test's own and the browser. A family's helpers have their own
 module (tests/test_test_helpers.py says which, and fails on a helper written twice)."""
 
+import ast
 import contextlib
 import dataclasses
 import fcntl
@@ -823,6 +824,21 @@ def raw_request(service, method: str, path: str, headers: dict = None, body: byt
     pairs = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if line]
     return RawAnswer(status, pairs, payload)
 
+
+
+def statements(tree: ast.AST):
+    """Every statement of a syntax tree at any depth (definitions, imports, nested in
+    classes, functions, branches and handlers alike): the statements ``ast.walk`` finds,
+    without visiting the expressions, ten times as fast (the static checks of
+    tests/test_docs.py and tests/test_test_helpers.py read the whole suite)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, None) or ():
+                if isinstance(child, ast.stmt):
+                    yield child
+                stack.append(child)
 
 
 # -- other Pythons (the .pyz's tests) ---------------------------------------------------------
