@@ -50,18 +50,24 @@ def rewrite_tests_once(config) -> None:
     tests/__pycache__, checked by the source's hash), which every worker then reads
     instead of rewriting 37,000 lines itself (5 s of CPU a worker): pytest writes it only
     when Python may write bytecode, and CI sets PYTHONDONTWRITEBYTECODE. The files are
-    those pytest rewrites: test_*.py, this file and the helper modules registered above.
-    It uses pytest's own rewriting functions; should a pytest release change them, nothing
-    is written and each worker rewrites as it always did."""
+    those pytest rewrites: test_*.py, this file and the helper modules registered above,
+    and the modules of the packages that bring a pytest plugin (hypothesis, anyio,
+    xdist: pytest rewrites every module of such a package), those this process imported
+    and hypothesis's that the test files import (1.3 s of CPU a worker, rewritten again in
+    each). It uses pytest's own rewriting functions; should a pytest release change them,
+    nothing is written and each worker rewrites as it always did."""
     try:
         from _pytest.assertion import rewrite
 
         state = config.stash.get(rewrite.assertstate_key, None)
         if state is None:  # --assert=plain
             return
+        import hypothesis.strategies  # noqa: F401  (rewritten here, as in every worker)
+
         tests = Path(__file__).resolve().parent
         files = sorted(tests.glob("test_*.py")) + [
             tests / name for name in ("conftest.py", "read_helpers.py", "fold_helpers.py")]
+        files += sorted(set(config.pluginmanager.rewrite_hook._rewritten_names.values()))
         for source in files:
             cache = rewrite.get_cache_dir(source)
             pyc = cache / (source.name[:-3] + rewrite.PYC_TAIL)
