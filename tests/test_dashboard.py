@@ -384,9 +384,8 @@ def test_read_10_3_hours_are_the_phones_clock_hours_on_a_dst_day(session):
             key = "%sT%02d:00:00%s" % (date, hour, offset)
             expected[key] = expected.get(key, 0) + p["qty"]
     assert len(expected) == 25  # 01:00 twice: -04:00, then -05:00
-    s = session(timezone="Asia/Kolkata").sign_in()  # +05:30: its hours cut the phone's
-    page = s.open(metric="step_count", range="custom", tz="local",
-                  **{"from": DST_DAY, "to": DST_DAY})
+    page = session(timezone="Asia/Kolkata").sign_in(  # +05:30: its hours cut the phone's
+        metric="step_count", range="custom", tz="local", **{"from": DST_DAY, "to": DST_DAY}).page
     assert page.get_attribute("#chart", "data-bucket") == "hour"
     assert page.get_attribute("#chart", "data-layer") == "minutes"
     shown = buckets(page)
@@ -449,9 +448,10 @@ def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
     truth = nights_truth()
     assert sorted(truth) == [d.isoformat() for d in SLEEP_DAYS]
     assert [truth[d]["form"] for d in sorted(truth)] == list(SLEEP_FORMS)
-    s = session(timezone="Pacific/Auckland").sign_in()
-    page = s.open(metric="sleep_analysis", range="custom", tz="local",
-                  **{"from": "2026-01-09", "to": "2026-01-18"})
+    s = session(timezone="Pacific/Auckland").sign_in(
+        metric="sleep_analysis", range="custom", tz="local",
+        **{"from": "2026-01-09", "to": "2026-01-18"})
+    page = s.page
     shown = {b["date"]: b for b in buckets(page, "#chart .night")}
     assert sorted(shown) == sorted(truth)
     for date, night in truth.items():
@@ -504,11 +504,11 @@ def workouts_truth() -> list:
 
 def test_read_10_5_workouts_of_both_versions_listed_and_counted_in_minutes(session):
     truth = workouts_truth()
-    s = session(timezone="Europe/Helsinki").sign_in()
+    s = session(timezone="Europe/Helsinki")
     asked = []
     s.page.on("request", lambda r: asked.append(r.url) if "/api/workouts" in r.url else None)
-    page = s.open(metric="workouts", range="custom", tz="local",
-                  **{"from": "2025-11-20", "to": "2026-01-31"})
+    page = s.sign_in(metric="workouts", range="custom", tz="local",
+                     **{"from": "2025-11-20", "to": "2026-01-31"}).page
     assert len(asked) == 1 and "from=2025-11-20" in asked[0], asked  # the range at once
     cards = buckets(page, "#records li.workout")
     assert len(cards) == len(truth) == 60
@@ -541,9 +541,9 @@ def test_read_10_5_workouts_of_both_versions_listed_and_counted_in_minutes(sessi
 
 def test_read_10_6_ecg_list_and_trace(session):
     newest, oldest = CORPUS.ecg[1], CORPUS.ecg[0]
-    s = session(timezone="Asia/Singapore").sign_in()
-    page = s.open(metric="ecg", range="custom", tz="local",
-                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    s = session(timezone="Asia/Singapore").sign_in(
+        metric="ecg", range="custom", tz="local", **{"from": "2026-01-24", "to": "2026-01-31"})
+    page = s.page
     items = buckets(page, "#records li.ecg")
     assert [i["local"][:16] for i in items] == [
         "%sT%s" % (e["start"][:10], e["start"][11:16]) for e in (newest, oldest)]
@@ -622,9 +622,10 @@ def check_amplitude_axis(page, volts: list, hz: float) -> None:
 
 
 def test_read_10_7_events_are_lists_with_their_local_times(session):
-    s = session(timezone="Africa/Nairobi").sign_in()
-    page = s.open(metric="state_of_mind", range="custom", tz="local",
-                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    s = session(timezone="Africa/Nairobi").sign_in(
+        metric="state_of_mind", range="custom", tz="local",
+        **{"from": "2026-01-24", "to": "2026-01-31"})
+    page = s.page
     assert page.locator("#chart svg").count() == 0
     items = buckets(page, "#records li.event")
     # stateOfMind is written in UTC ("…Z"): its local time as written is UTC's
@@ -768,9 +769,10 @@ def test_read_10_10_the_address_keeps_the_view_and_the_zone(session):
 
 
 def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
-    s = session(timezone="America/Chicago").sign_in()
-    page = s.open(metric="heart_rate", range="custom", tz="local",
-                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    s = session(timezone="America/Chicago").sign_in(
+        metric="heart_rate", range="custom", tz="local",
+        **{"from": "2024-05-01", "to": "2024-05-31"})
+    page = s.page
     dates = [b["date"] for b in buckets(page)]
     assert not set(dates) & GAPS and len(dates) == 31 - len(GAPS)
     path = page.get_attribute('#chart path.series[data-field="Avg"]', "d")
@@ -912,10 +914,10 @@ def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
     export = CORPUS.days["Australia/Sydney"]
     steps = {p["date"][:10]: p["qty"] for p in export["step_count"]}
     last = max(steps)
-    s = session(timezone="America/Sao_Paulo").sign_in()
     first = (dt.date.fromisoformat(last) - dt.timedelta(days=1)).isoformat()
-    page = s.open(metric="step_count", range="custom", tz="local", **{"from": first,
-                                                                      "to": last})
+    s = session(timezone="America/Sao_Paulo").sign_in(
+        metric="step_count", range="custom", tz="local", **{"from": first, "to": last})
+    page = s.page
     assert page.get_attribute("#chart", "data-bucket") == "day"
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
         first: steps[first], last: steps[last]}
@@ -957,10 +959,11 @@ def test_read_10_17_units_and_decimals_as_people_read_them(session):
     """Pounds to a tenth (167.8 and 168.0 read differently), an axis whose ticks read as the
     values they mark, heart rate in bpm and steps as steps: the units the server shows, never
     HAE's ``count/min`` or ``count``. (The ECG's amplitude axis: READ-10.6's trace.)"""
-    s = session(timezone="Asia/Tokyo").sign_in()
     days = sorted(SCALE)
-    page = s.open(metric="weight_body_mass", range="custom", tz="local",
-                  **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
+    s = session(timezone="Asia/Tokyo").sign_in(
+        metric="weight_body_mass", range="custom", tz="local",
+        **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
+    page = s.page
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
         d.isoformat(): lb for d, lb in SCALE.items()}
     assert page.inner_text("#chart .chart-head .units") == "lb"

@@ -210,9 +210,8 @@ def test_wkt_9_2_the_list_opens_each_workout_and_shows_one_recorded_twice_once(b
                                                                              corpus):
     s = Session(browser, store, width=1280, height=900)
     try:
-        s.sign_in()
-        page = s.open(metric="workouts", range="custom", tz="local",
-                      **{"from": "2025-06-01", "to": "2025-06-08"})
+        page = s.sign_in(metric="workouts", range="custom", tz="local",
+                         **{"from": "2025-06-01", "to": "2025-06-08"}).page
         items = page.evaluate(ROWS, "#records li.workout")
         sent = corpus.workouts
         in_range = {n: w for n, w in sent.items()
