@@ -37,6 +37,7 @@ import hae_factory as hf
 import healthlog
 from conftest import Passes, WriteLock, db_rows, stored_points, wait_for, without_source
 from fold_helpers import AUTOMATION, Journal, body_of
+from reindex_helpers import copy_store, module_service
 
 
 # One JSON mode (conftest's json_agnostic) but where the library is what the test is about.
@@ -853,11 +854,20 @@ def post_week(journal: Journal, days: int = 7) -> dict:
     return pushes
 
 
-def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordinate(
-        start_service):
-    journal = Journal(start_service())
-    pushes = post_week(journal)
-    rows = {r["id"]: r for r in db_rows(journal.data_dir)}
+@pytest.fixture(scope="module")
+def folded_week(tmp_path_factory, json_mode) -> tuple:
+    """A week of traffic (``post_week``) folded live once for the module by a service that
+    has stopped since: (its data directory, {delivery id: Push}). FOLD-11.1 reads it, and
+    FOLD-11.2 sends its re-sends to a service of its own on a copy."""
+    data_dir = tmp_path_factory.mktemp("week") / "data"
+    with module_service(data_dir) as service:
+        pushes = post_week(Journal(service))
+    return data_dir, pushes
+
+
+def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordinate(folded_week):
+    data_dir, pushes = folded_week
+    rows = {r["id"]: r for r in db_rows(data_dir)}
 
     # Statuses: partial exactly where the body has a section the storage spec does not cover.
     for delivery, push in pushes.items():
@@ -883,7 +893,7 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
             versions.setdefault(coordinate, []).append(without_source(point))
 
     stored = {}
-    for obj in db_rows(journal.data_dir, "SELECT * FROM object"):
+    for obj in db_rows(data_dir, "SELECT * FROM object"):
         for point in json.loads(gzip.decompress(obj["blob"])):
             coordinate = (obj["metric"], obj["layer"]) + coordinate_span(point)
             assert coordinate not in stored, "two stored points for %r" % (coordinate,)
@@ -896,9 +906,10 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
     assert len(growing) > 20  # the still-growing buckets were really exercised
 
 
-def test_fold_11_2_re_sends_of_the_same_data_write_nothing(start_service):
-    journal = Journal(start_service())
-    pushes = post_week(journal)
+def test_fold_11_2_re_sends_of_the_same_data_write_nothing(folded_week, start_service,
+                                                          tmp_path):
+    data_dir, pushes = folded_week
+    journal = Journal(start_service(data_dir=copy_store(data_dir, tmp_path)))
     rows = {r["id"]: r for r in db_rows(journal.data_dir)}
     backfills = [i for i, push in pushes.items()
                  if push.automation.period == "Previous 7 Days"]
