@@ -929,17 +929,25 @@ def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {d: steps[d] for d in week}
 
 
+@pytest.fixture(scope="module")
+def tokyo(browser, store):
+    """One session signed in at Tokyo for the tests that only open views by their address
+    (each checks the page's errors itself): one sign-in for them all, not one a test."""
+    s = Session(browser, store, timezone="Asia/Tokyo")
+    yield s.sign_in()
+    s.close()
+
+
 @pytest.mark.parametrize("metric, every", [
     ("step_count", "week"), ("heart_rate", "week"), ("sleep_analysis", "day"),
     ("workouts", "day")])
-def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
+def test_read_10_1_every_range_draws_its_buckets(tokyo, metric, every):
     """24 h, 1 y and All end on the latest data too, in the bucket the server planned for
     their length (All: weeks for the three years of steps and heart rate, days for eight
     nights and two months of workouts). The latest steps and heart rate are the Sydney
     phone's Days exports: their 24 hours are one day, never an hour (READ-17)."""
-    s = session(timezone="Asia/Tokyo").sign_in()
     for key, bucket in (("24h", "day"), ("1y", "week"), ("all", every)):
-        page = s.open(metric=metric, range=key, tz="local")
+        page = tokyo.open(metric=metric, range=key, tz="local")
         shown = buckets(page)
         assert shown, (metric, key)
         if metric != "workouts":  # workouts are counted from their list, per day or week
@@ -947,6 +955,7 @@ def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
         if bucket == "week":
             weeks = [b["date"] for b in shown]
             assert all(dt.date.fromisoformat(d).weekday() == 0 for d in weeks), weeks
+    assert tokyo.watch.errors == []
 
 
 def axis_ticks(page) -> list:
@@ -955,15 +964,14 @@ def axis_ticks(page) -> list:
                                      " [t.textContent, parseFloat(t.dataset.value)])")
 
 
-def test_read_10_17_units_and_decimals_as_people_read_them(session):
+def test_read_10_17_units_and_decimals_as_people_read_them(tokyo):
     """Pounds to a tenth (167.8 and 168.0 read differently), an axis whose ticks read as the
     values they mark, heart rate in bpm and steps as steps: the units the server shows, never
     HAE's ``count/min`` or ``count``. (The ECG's amplitude axis: READ-10.6's trace.)"""
     days = sorted(SCALE)
-    s = session(timezone="Asia/Tokyo").sign_in(
-        metric="weight_body_mass", range="custom", tz="local",
-        **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
-    page = s.page
+    s = tokyo
+    page = s.open(metric="weight_body_mass", range="custom", tz="local",
+                  **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
         d.isoformat(): lb for d, lb in SCALE.items()}
     assert page.inner_text("#chart .chart-head .units") == "lb"
@@ -1013,6 +1021,7 @@ def test_read_10_17_units_and_decimals_as_people_read_them(session):
     assert " steps · " in page.get_attribute("#chart", "data-summary")
     text = page.inner_text("#metric-view")
     assert not re.search(r"\bcount\b|count/min", text), text
+    assert s.watch.errors == []
 
 
 WORDS = r"""() => {
