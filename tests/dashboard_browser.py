@@ -139,9 +139,9 @@ class Session:
 
     def sign_in(self, hash_="", **view):
         """Sign in through the form, as a person does: at / (the summary answers, a first
-        visit's page), or at a metric view's address as a bookmark holds it (``hash_``, or
-        the view's parameters as ``view``): the form comes at that address, and signing in
-        draws that view (READ-10.16) without the summary first."""
+        visit's page), or at a view's address as a bookmark holds it (a metric view's or a
+        workout's; ``hash_``, or the view's parameters as ``view``): the form comes at that
+        address, and signing in draws that view (READ-10.16) without the summary first."""
         if view:
             hash_ = "#" + urllib.parse.urlencode(view)
         page = self.page
@@ -161,6 +161,10 @@ class Session:
         return self.wait(params)
 
     def wait(self, params):
+        if params.get("view") == "workout":  # a workout's page (#view=workout&id=…)
+            self.page.wait_for_selector('#workout-view[data-state="ready"][data-id="%s"]'
+                                        % params["id"])
+            return self.page
         selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
         for key in ("range", "from", "tz"):
             if key in params:
