@@ -257,13 +257,14 @@ def module_leaves_nothing_running(request):
         yield
 
 
-HEAVY_FIRST = ("test_reindex.py", "test_workout_large.py", "test_fold.py", "test_dashboard.py",
-               "test_reindex_parallel.py", "test_late_disk.py", "test_fold_stream.py",
-               "test_hostile_input.py", "test_mcp.py", "test_read.py", "test_proxy.py",
-               "test_storage.py", "test_real_exports.py", "test_read_fast.py", "test_merge.py",
-               "test_ingest.py", "test_fold_properties.py", "test_fold_faults.py",
-               "test_serve.py", "test_reliability.py", "test_summary_page.py",
-               "test_read_time.py", "test_security.py")
+HEAVY_FIRST = ("test_reindex.py", "test_workout_large.py", "test_dashboard.py", "test_fold.py",
+               "test_late_disk.py", "test_reindex_parallel.py", "test_hostile_input.py",
+               "test_fold_stream.py", "test_storage.py", "test_read.py", "test_real_exports.py",
+               "test_reliability.py", "test_fold_faults.py", "test_read_fast.py", "test_merge.py",
+               "test_ingest.py", "test_read_time.py", "test_mcp.py", "test_storage_faults.py",
+               "test_serve.py", "test_summary_page.py", "test_hae_factory.py",
+               "test_sleep_nights.py", "test_workout_page.py", "test_fold_properties.py",
+               "test_read_records.py", "test_security.py")
 """Test files that take the longest, longest first (``--durations``): pytest-xdist hands
 whole files to its workers in collection order (``--dist loadfile
 --no-loadscope-reorder``; its own order, by the number of tests in a file, put files of a
