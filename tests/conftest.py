@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import gc
 import gzip
 import http.client
 import importlib.util
@@ -291,6 +292,15 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: n for n, name in enumerate(HEAVY_FIRST)}
     kept.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
     items[:] = kept
+
+
+def pytest_collection_finish(session):
+    """What collection made (the test modules, healthlog, hypothesis, the items) lives to the
+    end of the run: frozen out of the garbage collector's passes (``gc.freeze``), which
+    otherwise walk all of it again at each full one (2.2 of 5.2 s of collector CPU in four
+    of the heaviest files)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="module", params=["orjson", "stdlib"])
