@@ -137,16 +137,20 @@ class Session:
         self.store = store
         self.timezone = timezone
 
-    def sign_in(self, hash_=""):
-        """Sign in through the form (which answers with the page at /, the summary), then
-        open ``hash_`` (a metric view) as a bookmark would."""
+    def sign_in(self, hash_="", **view):
+        """Sign in through the form, as a person does: at / (the summary answers, a first
+        visit's page), or at a view's address as a bookmark holds it (a metric view's or a
+        workout's; ``hash_``, or the view's parameters as ``view``): the form comes at that
+        address, and signing in draws that view (READ-10.16) without the summary first."""
+        if view:
+            hash_ = "#" + urllib.parse.urlencode(view)
         page = self.page
-        page.goto(self.store.base + "/")
+        page.goto(self.store.base + "/" + hash_)
         sign_in(page)
-        page.wait_for_selector('#summary[data-state="ready"]')  # a first visit's page
         if hash_:
-            page.goto(self.store.base + "/" + hash_)
             self.wait(dict(urllib.parse.parse_qsl(hash_.lstrip("#"))))
+        else:
+            page.wait_for_selector('#summary[data-state="ready"]')  # a first visit's page
         return self
 
     def open(self, **params):
@@ -157,6 +161,10 @@ class Session:
         return self.wait(params)
 
     def wait(self, params):
+        if params.get("view") == "workout":  # a workout's page (#view=workout&id=…)
+            self.page.wait_for_selector('#workout-view[data-state="ready"][data-id="%s"]'
+                                        % params["id"])
+            return self.page
         selector = '#chart[data-state="ready"][data-metric="%s"]' % params["metric"]
         for key in ("range", "from", "tz"):
             if key in params:

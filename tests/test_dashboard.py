@@ -384,9 +384,8 @@ def test_read_10_3_hours_are_the_phones_clock_hours_on_a_dst_day(session):
             key = "%sT%02d:00:00%s" % (date, hour, offset)
             expected[key] = expected.get(key, 0) + p["qty"]
     assert len(expected) == 25  # 01:00 twice: -04:00, then -05:00
-    s = session(timezone="Asia/Kolkata").sign_in()  # +05:30: its hours cut the phone's
-    page = s.open(metric="step_count", range="custom", tz="local",
-                  **{"from": DST_DAY, "to": DST_DAY})
+    page = session(timezone="Asia/Kolkata").sign_in(  # +05:30: its hours cut the phone's
+        metric="step_count", range="custom", tz="local", **{"from": DST_DAY, "to": DST_DAY}).page
     assert page.get_attribute("#chart", "data-bucket") == "hour"
     assert page.get_attribute("#chart", "data-layer") == "minutes"
     shown = buckets(page)
@@ -449,9 +448,10 @@ def test_read_10_4_sleep_in_four_forms_on_the_mornings_it_ended(session):
     truth = nights_truth()
     assert sorted(truth) == [d.isoformat() for d in SLEEP_DAYS]
     assert [truth[d]["form"] for d in sorted(truth)] == list(SLEEP_FORMS)
-    s = session(timezone="Pacific/Auckland").sign_in()
-    page = s.open(metric="sleep_analysis", range="custom", tz="local",
-                  **{"from": "2026-01-09", "to": "2026-01-18"})
+    s = session(timezone="Pacific/Auckland").sign_in(
+        metric="sleep_analysis", range="custom", tz="local",
+        **{"from": "2026-01-09", "to": "2026-01-18"})
+    page = s.page
     shown = {b["date"]: b for b in buckets(page, "#chart .night")}
     assert sorted(shown) == sorted(truth)
     for date, night in truth.items():
@@ -504,11 +504,11 @@ def workouts_truth() -> list:
 
 def test_read_10_5_workouts_of_both_versions_listed_and_counted_in_minutes(session):
     truth = workouts_truth()
-    s = session(timezone="Europe/Helsinki").sign_in()
+    s = session(timezone="Europe/Helsinki")
     asked = []
     s.page.on("request", lambda r: asked.append(r.url) if "/api/workouts" in r.url else None)
-    page = s.open(metric="workouts", range="custom", tz="local",
-                  **{"from": "2025-11-20", "to": "2026-01-31"})
+    page = s.sign_in(metric="workouts", range="custom", tz="local",
+                     **{"from": "2025-11-20", "to": "2026-01-31"}).page
     assert len(asked) == 1 and "from=2025-11-20" in asked[0], asked  # the range at once
     cards = buckets(page, "#records li.workout")
     assert len(cards) == len(truth) == 60
@@ -541,9 +541,9 @@ def test_read_10_5_workouts_of_both_versions_listed_and_counted_in_minutes(sessi
 
 def test_read_10_6_ecg_list_and_trace(session):
     newest, oldest = CORPUS.ecg[1], CORPUS.ecg[0]
-    s = session(timezone="Asia/Singapore").sign_in()
-    page = s.open(metric="ecg", range="custom", tz="local",
-                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    s = session(timezone="Asia/Singapore").sign_in(
+        metric="ecg", range="custom", tz="local", **{"from": "2026-01-24", "to": "2026-01-31"})
+    page = s.page
     items = buckets(page, "#records li.ecg")
     assert [i["local"][:16] for i in items] == [
         "%sT%s" % (e["start"][:10], e["start"][11:16]) for e in (newest, oldest)]
@@ -622,9 +622,10 @@ def check_amplitude_axis(page, volts: list, hz: float) -> None:
 
 
 def test_read_10_7_events_are_lists_with_their_local_times(session):
-    s = session(timezone="Africa/Nairobi").sign_in()
-    page = s.open(metric="state_of_mind", range="custom", tz="local",
-                  **{"from": "2026-01-24", "to": "2026-01-31"})
+    s = session(timezone="Africa/Nairobi").sign_in(
+        metric="state_of_mind", range="custom", tz="local",
+        **{"from": "2026-01-24", "to": "2026-01-31"})
+    page = s.page
     assert page.locator("#chart svg").count() == 0
     items = buckets(page, "#records li.event")
     # stateOfMind is written in UTC ("…Z"): its local time as written is UTC's
@@ -768,9 +769,10 @@ def test_read_10_10_the_address_keeps_the_view_and_the_zone(session):
 
 
 def test_read_10_11_gaps_stay_gaps_and_a_lone_bucket_shows(session):
-    s = session(timezone="America/Chicago").sign_in()
-    page = s.open(metric="heart_rate", range="custom", tz="local",
-                  **{"from": "2024-05-01", "to": "2024-05-31"})
+    s = session(timezone="America/Chicago").sign_in(
+        metric="heart_rate", range="custom", tz="local",
+        **{"from": "2024-05-01", "to": "2024-05-31"})
+    page = s.page
     dates = [b["date"] for b in buckets(page)]
     assert not set(dates) & GAPS and len(dates) == 31 - len(GAPS)
     path = page.get_attribute('#chart path.series[data-field="Avg"]', "d")
@@ -912,10 +914,10 @@ def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
     export = CORPUS.days["Australia/Sydney"]
     steps = {p["date"][:10]: p["qty"] for p in export["step_count"]}
     last = max(steps)
-    s = session(timezone="America/Sao_Paulo").sign_in()
     first = (dt.date.fromisoformat(last) - dt.timedelta(days=1)).isoformat()
-    page = s.open(metric="step_count", range="custom", tz="local", **{"from": first,
-                                                                      "to": last})
+    s = session(timezone="America/Sao_Paulo").sign_in(
+        metric="step_count", range="custom", tz="local", **{"from": first, "to": last})
+    page = s.page
     assert page.get_attribute("#chart", "data-bucket") == "day"
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
         first: steps[first], last: steps[last]}
@@ -927,17 +929,25 @@ def test_read_17_1_day_data_on_short_ranges_is_drawn_in_days(session):
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {d: steps[d] for d in week}
 
 
+@pytest.fixture(scope="module")
+def tokyo(browser, store):
+    """One session signed in at Tokyo for the tests that only open views by their address
+    (each checks the page's errors itself): one sign-in for them all, not one a test."""
+    s = Session(browser, store, timezone="Asia/Tokyo")
+    yield s.sign_in()
+    s.close()
+
+
 @pytest.mark.parametrize("metric, every", [
     ("step_count", "week"), ("heart_rate", "week"), ("sleep_analysis", "day"),
     ("workouts", "day")])
-def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
+def test_read_10_1_every_range_draws_its_buckets(tokyo, metric, every):
     """24 h, 1 y and All end on the latest data too, in the bucket the server planned for
     their length (All: weeks for the three years of steps and heart rate, days for eight
     nights and two months of workouts). The latest steps and heart rate are the Sydney
     phone's Days exports: their 24 hours are one day, never an hour (READ-17)."""
-    s = session(timezone="Asia/Tokyo").sign_in()
     for key, bucket in (("24h", "day"), ("1y", "week"), ("all", every)):
-        page = s.open(metric=metric, range=key, tz="local")
+        page = tokyo.open(metric=metric, range=key, tz="local")
         shown = buckets(page)
         assert shown, (metric, key)
         if metric != "workouts":  # workouts are counted from their list, per day or week
@@ -945,6 +955,7 @@ def test_read_10_1_every_range_draws_its_buckets(session, metric, every):
         if bucket == "week":
             weeks = [b["date"] for b in shown]
             assert all(dt.date.fromisoformat(d).weekday() == 0 for d in weeks), weeks
+    assert tokyo.watch.errors == []
 
 
 def axis_ticks(page) -> list:
@@ -953,12 +964,12 @@ def axis_ticks(page) -> list:
                                      " [t.textContent, parseFloat(t.dataset.value)])")
 
 
-def test_read_10_17_units_and_decimals_as_people_read_them(session):
+def test_read_10_17_units_and_decimals_as_people_read_them(tokyo):
     """Pounds to a tenth (167.8 and 168.0 read differently), an axis whose ticks read as the
     values they mark, heart rate in bpm and steps as steps: the units the server shows, never
     HAE's ``count/min`` or ``count``. (The ECG's amplitude axis: READ-10.6's trace.)"""
-    s = session(timezone="Asia/Tokyo").sign_in()
     days = sorted(SCALE)
+    s = tokyo
     page = s.open(metric="weight_body_mass", range="custom", tz="local",
                   **{"from": days[0].isoformat(), "to": days[-1].isoformat()})
     assert {b["date"]: float(b["value"]) for b in buckets(page)} == {
@@ -1010,6 +1021,7 @@ def test_read_10_17_units_and_decimals_as_people_read_them(session):
     assert " steps · " in page.get_attribute("#chart", "data-summary")
     text = page.inner_text("#metric-view")
     assert not re.search(r"\bcount\b|count/min", text), text
+    assert s.watch.errors == []
 
 
 WORDS = r"""() => {

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 import healthlog
+from conftest import statements
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -114,7 +115,7 @@ def all_test_names() -> frozenset:
     names = set()
     for path in sorted(TESTS.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
+        for node in statements(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                     and node.name.startswith("test_"):
                 names.add(node.name)

@@ -28,6 +28,7 @@ import random
 import re
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import hae_factory as hf
 import healthlog
 from conftest import Passes, WriteLock, db_rows, stored_points, wait_for, without_source
 from fold_helpers import AUTOMATION, Journal, body_of
+from reindex_helpers import copy_store, module_service
 
 
 # One JSON mode (conftest's json_agnostic) but where the library is what the test is about.
@@ -569,17 +571,32 @@ def test_fold_7_1_start_requeues_rows_this_version_would_fold_differently(start_
 @pytest.mark.json_agnostic
 def test_ing_6_1_a_stop_during_a_fold_lets_it_finish_whole_and_leaves_the_rest_pending(
         start_service, logs, monkeypatch):
+    # A body folded hour by hour (1 MiB, 22 hours of five metrics, over STREAM_FOLD_BYTES
+    # lowered to 64 KiB) whose fold, once begun, is held until the stop has been asked for:
+    # the stop lands mid-fold on any machine, without a body large enough to take seconds.
+    monkeypatch.setattr(healthlog, "STREAM_FOLD_BYTES", 64 << 10)
     service = start_service(paused=True, stop_budget_s=30.0)
     journal = Journal(service)
-    # 16 MiB: over STREAM_FOLD_BYTES (the hour-by-hour fold) and about 2.5 s of fold alone,
-    # so that the stop lands mid-fold and the fold still ends within the budget when the
-    # heaviest test files run beside it (32 MiB took over 30 s there once).
-    big = journal.post(hf.big_metrics_body(16 << 20, seed=6))
+    big = journal.post(hf.big_metrics_body(1 << 20, seed=6))
     small = journal.post(body_of(steps(MINUTES)))
+    stop_asked = threading.Event()
+    stop = service.worker.stop
+
+    def watched_stop(timeout: float) -> bool:
+        stop_asked.set()
+        return stop(timeout)
+
+    monkeypatch.setattr(service.worker, "stop", watched_stop)
     planning = []  # the ids whose fold has begun: the real plan, watched on its way in
     plan = healthlog.FoldEngine.plan
-    monkeypatch.setattr(healthlog.FoldEngine, "plan", lambda engine, row, deadline: (
-        planning.append(row["id"]), plan(engine, row, deadline))[1])
+
+    def held_plan(engine, row, deadline):
+        planning.append(row["id"])
+        if row["id"] == big:
+            stop_asked.wait(60)
+        return plan(engine, row, deadline)
+
+    monkeypatch.setattr(healthlog.FoldEngine, "plan", held_plan)
     service.worker.gate.set()
     wait_for(lambda: big in planning, timeout=60, what="the fold of the big delivery begins")
     asked = healthlog.format_received_at(healthlog.utc_now())
@@ -588,7 +605,8 @@ def test_ing_6_1_a_stop_during_a_fold_lets_it_finish_whole_and_leaves_the_rest_p
 
     row = journal.row(big)
     assert row["parse_status"] == "parsed"
-    assert row["folded_at"] > asked, "the fold had ended before the stop; use a bigger body"
+    assert row["folded_at"] > asked, "the fold had ended before the stop"
+    assert row["points"] > 5000 and row["objects_written"] > 5 * 20  # hour by hour, 22 hours
     objects = db_rows(journal.data_dir, "SELECT count(*) AS n, sum(points) AS points"
                       " FROM object WHERE updated_by = ?", (big,))[0]
     assert (objects["n"], objects["points"]) == (row["objects_written"], row["points"])
@@ -853,11 +871,20 @@ def post_week(journal: Journal, days: int = 7) -> dict:
     return pushes
 
 
-def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordinate(
-        start_service):
-    journal = Journal(start_service())
-    pushes = post_week(journal)
-    rows = {r["id"]: r for r in db_rows(journal.data_dir)}
+@pytest.fixture(scope="module")
+def folded_week(tmp_path_factory, json_mode) -> tuple:
+    """A week of traffic (``post_week``) folded live once for the module by a service that
+    has stopped since: (its data directory, {delivery id: Push}). FOLD-11.1 reads it, and
+    FOLD-11.2 sends its re-sends to a service of its own on a copy."""
+    data_dir = tmp_path_factory.mktemp("week") / "data"
+    with module_service(data_dir) as service:
+        pushes = post_week(Journal(service))
+    return data_dir, pushes
+
+
+def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordinate(folded_week):
+    data_dir, pushes = folded_week
+    rows = {r["id"]: r for r in db_rows(data_dir)}
 
     # Statuses: partial exactly where the body has a section the storage spec does not cover.
     for delivery, push in pushes.items():
@@ -883,7 +910,7 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
             versions.setdefault(coordinate, []).append(without_source(point))
 
     stored = {}
-    for obj in db_rows(journal.data_dir, "SELECT * FROM object"):
+    for obj in db_rows(data_dir, "SELECT * FROM object"):
         for point in json.loads(gzip.decompress(obj["blob"])):
             coordinate = (obj["metric"], obj["layer"]) + coordinate_span(point)
             assert coordinate not in stored, "two stored points for %r" % (coordinate,)
@@ -896,9 +923,10 @@ def test_fold_11_1_a_week_of_traffic_folds_live_to_one_latest_point_per_coordina
     assert len(growing) > 20  # the still-growing buckets were really exercised
 
 
-def test_fold_11_2_re_sends_of_the_same_data_write_nothing(start_service):
-    journal = Journal(start_service())
-    pushes = post_week(journal)
+def test_fold_11_2_re_sends_of_the_same_data_write_nothing(folded_week, start_service,
+                                                          tmp_path):
+    data_dir, pushes = folded_week
+    journal = Journal(start_service(data_dir=copy_store(data_dir, tmp_path)))
     rows = {r["id"]: r for r in db_rows(journal.data_dir)}
     backfills = [i for i, push in pushes.items()
                  if push.automation.period == "Previous 7 Days"]

@@ -199,6 +199,8 @@ def test_reindex_11_1_the_same_store_and_journal_on_every_core(tmp_path, seed):
     assert parallel.stderr == ""  # nothing above INFO, and no progress off a terminal
 
 
+@pytest.mark.json_agnostic  # the large body's parse and index with and without orjson: FOLD-13.1
+# and FOLD-13.2 (test_fold_stream); between the processes its pieces are pickled
 def test_reindex_11_2_a_large_body_is_read_by_the_writer_and_sent_in_pieces(tmp_path):
     """A body of STREAM_FOLD_BYTES or more is never sent whole between processes: the
     writer indexes it and sends its hours in pieces of REBUILD_CHUNK_POINTS points."""

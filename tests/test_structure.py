@@ -17,6 +17,7 @@ internals; ``CHEROOT_INTERNALS`` names them, and each is checked when the server
 
 import ast
 import builtins
+import functools
 import io
 import re
 import tokenize
@@ -29,6 +30,13 @@ from conftest import ROOT
 
 SOURCE = (ROOT / "healthlog.py").read_text()
 BANNER = re.compile(r"^# =+\n# (.+)\n# =+$", re.M)
+
+
+@functools.lru_cache(maxsize=1)
+def module_tree() -> ast.Module:
+    """healthlog.py parsed once for all the tests here (a parse is half a second of CPU);
+    they only read the tree."""
+    return ast.parse(SOURCE)
 
 
 def sections() -> list:
@@ -130,7 +138,7 @@ def bound_in(function) -> set:
 def forward_references() -> list:
     """(reader, section, name, its section, line) for every name read above its section."""
     starts = sections()
-    tree = ast.parse(SOURCE)
+    tree = module_tree()
     home: dict = {}
     for node in tree.body:
         for name in top_level_names(node):
@@ -161,12 +169,13 @@ UNITS = {"US"}
 section however many read them."""
 
 
+@functools.lru_cache(maxsize=1)
 def numeric_constants() -> dict:
     """{name: its section} of every module-level UPPER_CASE name bound to a number, or a
     tuple of numbers, that the module computes without calling anything of its own."""
     starts = sections()
     out = {}
-    for node in ast.parse(SOURCE).body:
+    for node in module_tree().body:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         try:
@@ -187,7 +196,7 @@ def test_a_number_two_sections_read_is_in_the_constants_section():
     starts, constants = sections(), numeric_constants()
     assert {"FOLD_ATTEMPTS_MAX", "GZIP_LEVEL", "SESSION_MAX_AGE_S"} <= set(constants)
     readers: dict = {}
-    for node in ast.parse(SOURCE).body:
+    for node in module_tree().body:
         visitor = References(set(constants))
         visitor.visit(node)
         for name, line in visitor.found:
@@ -207,8 +216,8 @@ def test_the_constants_said_to_be_shared_are_read_by_two_sections():
     says so, the numbers that more than one section reads: each of those is."""
     starts = sections()
     first_shared = SOURCE.count("\n", 0, SOURCE.index(SHARED_NUMBERS)) + 1
-    tree = ast.parse(SOURCE)
-    constants = numeric_constants()  # once: it parses the whole module
+    tree = module_tree()
+    constants = numeric_constants()
     shared = {name for node in tree.body
               if node.lineno > first_shared and section_index(node.lineno, starts) == 0
               for name in top_level_names(node) if name in constants}
@@ -227,7 +236,7 @@ def test_the_last_section_is_data_only():
     """Constants, then the ``if __name__ == "__main__"`` guard, which must come after
     every definition (running the module calls main() there)."""
     starts = sections()
-    tree = ast.parse(SOURCE)
+    tree = module_tree()
     last = [node for node in tree.body if node.lineno >= starts[-1][0]]
     assert last, "the page assets section is empty"
     guard = last.pop()
@@ -241,7 +250,7 @@ def test_the_last_section_is_data_only():
 def test_the_docstring_map_lists_the_sections_in_order():
     """The module docstring's map names each section by the title's words before the
     colon, in banner order."""
-    docstring = ast.get_docstring(ast.parse(SOURCE))
+    docstring = ast.get_docstring(module_tree())
     map_text = docstring.split("Sections, top-down", 1)[1]
     listed = re.findall(r"^\s*\d+\.\s+(.+?)\s+[-—]", map_text, re.M)
     titles = [title.split(":", 1)[0] for _, title in sections()]
@@ -331,7 +340,10 @@ class Hiding(ast.NodeVisitor):
 
 
 def hidden_names(source: str) -> list:
-    tree = ast.parse(source)
+    return hidden_in(ast.parse(source))
+
+
+def hidden_in(tree: ast.Module) -> list:
     visitor = Hiding(module_level_names(tree))
     visitor.visit(tree)
     return sorted(visitor.found)
@@ -340,7 +352,7 @@ def hidden_names(source: str) -> list:
 def test_no_local_name_hides_a_module_level_one():
     """A reader who meets ``deliveries`` or ``field`` inside a function finds the module's
     function or import of that name, not a local that hides it."""
-    found = hidden_names(SOURCE)
+    found = hidden_in(module_tree())
     assert not found, "local names that hide module-level ones:\n" + "\n".join(
         "  line %d: %s (%s, in %s)" % entry for entry in found)
 
@@ -376,7 +388,7 @@ def test_each_module_level_name_is_defined_once():
     """One name, one definition: a second ``def`` of a name silently replaces the first
     for every caller, however far apart the two stand."""
     seen: dict = {}
-    for node in ast.parse(SOURCE).body:
+    for node in module_tree().body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
                              ast.Assign, ast.AnnAssign)):
             for name in top_level_names(node):

@@ -10,8 +10,11 @@ once for the whole run, tests/conftest.py) would do.
 """
 
 import ast
+import functools
 import re
 from pathlib import Path
+
+from conftest import statements
 
 TESTS = Path(__file__).resolve().parent
 
@@ -48,10 +51,16 @@ def suite_files() -> list:
     return sorted(p for p in TESTS.glob("*.py") if p.name not in SCRIPTS)
 
 
+@functools.lru_cache(maxsize=None)
+def syntax_tree(path: Path) -> ast.Module:
+    """A suite file parsed once for all the tests here (they only read the trees)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def helpers_defined(path: Path) -> list:
     """The functions and classes a file defines at its top level, test functions and
     test classes left out (pytest collects those per file)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = syntax_tree(path)
     return [node.name for node in tree.body
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             and not node.name.startswith(("test_", "Test"))]
@@ -96,7 +105,7 @@ def test_the_allow_lists_name_only_what_exists():
 def imported_test_modules(path: Path) -> set:
     """The test modules (test_*) a file imports from."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in statements(syntax_tree(path)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
             out.add(node.module)
         elif isinstance(node, ast.Import):

@@ -184,9 +184,8 @@ def check_run_page(page, run: dict, width: int) -> None:
 def test_wkt_9_1_the_run_page_at_1280_and_360_px(browser, store, corpus, width):
     s = Session(browser, store, width=width, height=900, phone=width < 400)
     try:
-        s.sign_in()
         run = corpus.workouts["run"]
-        page = open_workout(s, run["id"])
+        page = s.sign_in(view="workout", id=run["id"]).page
         check_run_page(page, run, width)
         gpx = page.request.get(store.base + page.get_attribute("#workout-gpx", "href"))
         assert gpx.status == 200 and gpx.body().count(b"<trkpt ") == len(run["route"])
@@ -210,9 +209,8 @@ def test_wkt_9_2_the_list_opens_each_workout_and_shows_one_recorded_twice_once(b
                                                                              corpus):
     s = Session(browser, store, width=1280, height=900)
     try:
-        s.sign_in()
-        page = s.open(metric="workouts", range="custom", tz="local",
-                      **{"from": "2025-06-01", "to": "2025-06-08"})
+        page = s.sign_in(metric="workouts", range="custom", tz="local",
+                         **{"from": "2025-06-01", "to": "2025-06-08"}).page
         items = page.evaluate(ROWS, "#records li.workout")
         sent = corpus.workouts
         in_range = {n: w for n, w in sent.items()
@@ -265,8 +263,7 @@ def test_wkt_9_3_map_tiles_come_from_the_one_server_named_and_only_when_asked(
     run = corpus.workouts["run"]
     s = Session(browser, store, width=1280, height=900)
     try:  # without --map-tiles: no image, the policy names no other server
-        s.sign_in()
-        page = open_workout(s, run["id"])
+        page = s.sign_in(view="workout", id=run["id"]).page
         assert page.evaluate(MAP)["images"] == []
         csp = page.request.get(store.base + "/").headers["content-security-policy"]
         assert "img-src 'self' data:;" in csp
@@ -278,8 +275,7 @@ def test_wkt_9_3_map_tiles_come_from_the_one_server_named_and_only_when_asked(
     with serving(tmp_path / "data", deliveries, map_tiles=template) as tiled:
         s = Session(browser, tiled, width=1280, height=900)
         try:
-            s.sign_in()
-            page = open_workout(s, run["id"])
+            page = s.sign_in(view="workout", id=run["id"]).page
             shown = page.evaluate(MAP)
             assert shown["images"] and all(i.startswith(tiles.origin + "/") for i in
                                            shown["images"])
