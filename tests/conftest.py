@@ -63,7 +63,8 @@ def rewrite_tests_once(config) -> None:
         state = config.stash.get(rewrite.assertstate_key, None)
         if state is None:  # --assert=plain
             return
-        import hypothesis.strategies  # noqa: F401  (rewritten here, as in every worker)
+        with contextlib.suppress(ImportError):  # rewritten here, as in every worker
+            import hypothesis.strategies  # noqa: F401
 
         tests = Path(__file__).resolve().parent
         files = sorted(tests.glob("test_*.py")) + [
