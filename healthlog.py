@@ -4826,10 +4826,15 @@ def hour_tally(points: list, coords: Sequence) -> dict:
     order first seen), the columns of a raw CSV."""
     fields: dict = {}
     count = accumulate(fields, points)
-    keys = dict.fromkeys(itertools.chain.from_iterable(
-        point for point in points if type(point) is dict))
     return {"n": count, "f": fields, "o": sorted(start_offsets(points, coords)),
-            "k": list(keys)}
+            "k": point_keys(points)}
+
+
+def point_keys(points: list) -> list:
+    """Every top-level key of the points that are objects, in the order first met, in one
+    C loop."""
+    return list(dict.fromkeys(itertools.chain.from_iterable(
+        point for point in points if type(point) is dict)))
 
 
 def object_hash(points: list) -> str:
@@ -7257,12 +7262,9 @@ def _range_keys(conn: sqlite3.Connection, query: PointQuery) -> set:
         if named is not None:
             keys.update(named)
             continue
-        blob = conn.execute("SELECT blob FROM object WHERE metric = ? AND layer = ? AND"
-                            " hour = ?", (query.metric, query.layer, hour)).fetchone()[0]
-        points = loads_body(_read_blob(blob))
-        if part == ALL:  # every point's keys, in one C loop
-            keys.update(dict.fromkeys(itertools.chain.from_iterable(
-                point for point in points if type(point) is dict)))
+        points = loads_body(_object_blob(conn, query, hour))
+        if part == ALL:
+            keys.update(point_keys(points))
             continue
         READ_DECODES.check()
         for point in points:
