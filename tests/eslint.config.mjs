@@ -1,5 +1,5 @@
 // ESLint flat config for the dashboard's script (healthlog.APP_JS), which
-// tests/test_dashboard_lint.py extracts and lints through standard input.
+// tests/test_dashboard_lint.py extracts and lints, with the snippets this config must refuse.
 // No imports: the eslint package is installed outside the repository (.ci/run), so this
 // file names its rules and globals itself. ecmaVersion 2017 makes any later syntax a parse
 // error: the page is plain ES2017 for the browsers a phone or a NAS still runs.
