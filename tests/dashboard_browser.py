@@ -2,8 +2,9 @@
 used as installed (Playwright never downloads a browser here), with flags for a closed
 network; and what the page's browser tests share: a store built once per module from bodies
 posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
-the check that nothing reaches past a phone's screen. Used by tests/test_dashboard.py,
-tests/test_summary_page.py and tests/test_dashboard_logic.py."""
+the check that nothing reaches past a phone's screen. Used by the page's browser tests:
+tests/test_dashboard.py, test_dashboard_logic.py, test_freshness_page.py,
+test_sleep_nights.py, test_summary_page.py and test_workout_page.py."""
 
 import contextlib
 import datetime as dt
@@ -30,17 +31,19 @@ PLAYWRIGHT_DISABLED_FEATURES = (
 honours only the last ``--disable-features`` of its command line, and ours comes after
 Playwright's: ours repeats these so that adding to it takes none away (:func:`launched`
 fails when Playwright's list holds one that ours lacks)."""
-IDLE_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup",
+UNSEEN_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup",
                  "SpareRendererForSitePerProcess")
-"""Work Chromium does for each browser context that no test looks at: every context's window
-renders its address bar's popup page ahead of use (a renderer process of its own, the
-costliest of the three a context started), and the browser starts a spare renderer for the
-next context, which a new context cannot use. Measured: 21 contexts cost 11.8 s of CPU with
-them and 6.9 s without."""
+"""Work Chromium does for each browser context that no test looks at. Headless Chromium is
+the whole browser: each context opens a window, and the window's address bar has its popup
+page ready in a renderer process of its own, which works at every change of the address
+(40 changes of the hash and 10 loads: 0.6 s of CPU there, 0.3 s in the page's renderer);
+and the browser keeps a spare renderer for the next context, which a new context cannot use.
+Without them 21 contexts cost 6.9 s of CPU instead of 11.8 s, and the six browser files
+78 s instead of 130 s (openspec/reference/building-and-testing.md)."""
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync",
-                 "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + IDLE_FEATURES)]
+                 "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + UNSEEN_FEATURES)]
 WAIT_MS = 20_000
 """How long the page may take to show what a test waits for (a ceiling, not a pause)."""
 

@@ -142,7 +142,7 @@ def test_the_browsers_features_keep_playwrights_off():
     """Chromium honours only the last ``--disable-features`` of its command line: the page
     tests' browser (dashboard_browser.launched) fails to start when ours, last, would turn
     back on a feature Playwright's own, earlier, turns off."""
-    from dashboard_browser import CHROMIUM_ARGS, IDLE_FEATURES, features_turned_back_on
+    from dashboard_browser import CHROMIUM_ARGS, UNSEEN_FEATURES, features_turned_back_on
 
     playwright_first = ["--disable-features=PaintHolding,MediaRouter", "--headless"]
     assert features_turned_back_on(playwright_first + CHROMIUM_ARGS) == []
@@ -152,4 +152,4 @@ def test_the_browsers_features_keep_playwrights_off():
     assert features_turned_back_on(CHROMIUM_ARGS) == []
     assert features_turned_back_on(["--headless"]) == []
     [ours] = [a for a in CHROMIUM_ARGS if a.startswith("--disable-features=")]
-    assert set(IDLE_FEATURES) <= set(ours.split("=", 1)[1].split(","))
+    assert set(UNSEEN_FEATURES) <= set(ours.split("=", 1)[1].split(","))
