@@ -31,13 +31,13 @@ PLAYWRIGHT_DISABLED_FEATURES = (
 honours only the last ``--disable-features`` of its command line, and ours comes after
 Playwright's: ours repeats these so that adding to it takes none away (:func:`launched`
 fails when Playwright's list holds one that ours lacks)."""
-UNSEEN_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup",
-                 "SpareRendererForSitePerProcess")
+UNSEEN_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
 """Work Chromium does for each browser context that no test looks at. Headless Chromium is
-the whole browser: each context opens a window, and the window's address bar has its popup
-page ready in a renderer process of its own, which works at every change of the address
-(40 changes of the hash and 10 loads: 0.6 s of CPU there, 0.3 s in the page's renderer);
-and the browser keeps a spare renderer for the next context, which a new context cannot use.
+the whole browser: each context opens a window, whose address bar keeps its popup page
+(chrome://omnibox-popup.top-chrome/; in Chromium 156 each of the first two features keeps
+one) ready in a renderer of its own, which works at every change of the address (40
+changes of the hash and 10 loads: 0.6 s of CPU there, 0.3 s in the page's renderer); and
+the browser keeps a spare renderer for the next context, which a new context cannot use.
 Without them 21 contexts cost 6.9 s of CPU instead of 11.8 s, and the six browser files
 78 s instead of 130 s (openspec/reference/building-and-testing.md)."""
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
