@@ -2,8 +2,9 @@
 used as installed (Playwright never downloads a browser here), with flags for a closed
 network; and what the page's browser tests share: a store built once per module from bodies
 posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
-the check that nothing reaches past a phone's screen. Used by tests/test_dashboard.py,
-tests/test_summary_page.py and tests/test_dashboard_logic.py."""
+the check that nothing reaches past a phone's screen. Used by the page's browser tests:
+tests/test_dashboard.py, test_dashboard_logic.py, test_freshness_page.py,
+test_sleep_nights.py, test_summary_page.py and test_workout_page.py."""
 
 import contextlib
 import datetime as dt
@@ -20,9 +21,29 @@ from conftest import TOKEN, db_rows, wait_for
 from read_helpers import Store
 
 CHROMIUM = Path("/usr/bin/chromium")
+PLAYWRIGHT_DISABLED_FEATURES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding",
+    "ThirdPartyStoragePartitioning", "AvoidCorsURLLoaderRestartOnRedirect",
+    "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying", "AimEnabled",
+    "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion")
+"""The features Playwright (1.65) turns off with its own ``--disable-features``. Chromium
+honours only the last ``--disable-features`` of its command line, and ours comes after
+Playwright's: ours repeats these so that adding to it takes none away (:func:`launched`
+fails when Playwright's list holds one that ours lacks)."""
+UNSEEN_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
+"""Work Chromium does for each browser context that no test looks at. Headless Chromium is
+the whole browser: each context opens a window, whose address bar keeps its popup page
+(chrome://omnibox-popup.top-chrome/; in Chromium 156 each of the first two features keeps
+one) ready in a renderer of its own, which works at every change of the address (40
+changes of the hash and 10 loads: 0.6 s of CPU there, 0.3 s in the page's renderer); and
+the browser keeps a spare renderer for the next context, which a new context cannot use.
+Without them 21 contexts cost 6.9 s of CPU instead of 11.8 s, and the six browser files
+78 s instead of 130 s (openspec/reference/building-and-testing.md)."""
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+                 "--disable-component-update", "--disable-sync",
+                 "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + UNSEEN_FEATURES)]
 WAIT_MS = 20_000
 """How long the page may take to show what a test waits for (a ceiling, not a pause)."""
 
@@ -46,14 +67,54 @@ def require_browser():
 
 
 def launched():
-    """A generator for a module-scoped fixture: one Chromium for the module."""
+    """A generator for a module-scoped fixture: one Chromium for the module, launched with
+    :data:`CHROMIUM_ARGS` in full (a failure when its command line shows a feature that
+    Playwright turns off and ours turns back on)."""
     sync_playwright = require_browser()
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
+            lost = features_turned_back_on(command_line_launched())
+            assert not lost, ("Playwright turns off %s as well: add it to "
+                              "dashboard_browser.PLAYWRIGHT_DISABLED_FEATURES" % ", ".join(lost))
             yield chromium
         finally:
             chromium.close()
+
+
+def command_line_launched() -> list:
+    """The arguments of the Chromium this process launched: the descendant of this process
+    (through Playwright's driver) that holds Playwright's ``--remote-debugging-pipe``, read
+    from /proc (Debian's chromium runs on Linux only)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path("/proc", entry, "stat").read_text() if entry.isdigit() else ""
+        except OSError:  # ended between listing and reading
+            continue
+        if stat:
+            parents[int(entry)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    for pid in parents:
+        ancestor = parents[pid]
+        while ancestor > 1 and ancestor != os.getpid():
+            ancestor = parents.get(ancestor, 0)
+        if ancestor != os.getpid():
+            continue
+        try:
+            args = Path("/proc", str(pid), "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "--remote-debugging-pipe" in args:
+            return args
+    raise AssertionError("no Chromium launched by this process (pid %d) in /proc" % os.getpid())
+
+
+def features_turned_back_on(args) -> list:
+    """The features an earlier ``--disable-features`` of ``args`` turns off and the last one
+    does not: Chromium honours the last one only, so these run after all."""
+    lists = [set(a.split("=", 1)[1].split(",")) for a in args
+             if a.startswith("--disable-features=")]
+    return sorted(set().union(*lists[:-1]) - lists[-1]) if lists else []
 
 
 # -- a store for the module ----------------------------------------------------------------
