@@ -103,13 +103,13 @@ def linted(tmp_path_factory) -> dict:
     return lint_all(sources, tmp_path_factory.mktemp("eslint"))
 
 
-def shown(messages: list) -> str:
+def as_text(messages: list) -> str:
     return "\n".join("%s:%s %s %s" % (m.get("line"), m.get("column"), m.get("ruleId"),
                                       m.get("message")) for m in messages)
 
 
 def test_read_10_13_the_dashboard_script_passes_eslint(linted):
-    assert linted["app.js"] == [], "line numbers are healthlog.py's:\n" + shown(linted["app.js"])
+    assert linted["app.js"] == [], "line numbers are healthlog.py's:\n" + as_text(linted["app.js"])
 
 
 def test_read_10_13_a_finding_names_the_line_of_healthlog_py(linted):
@@ -118,7 +118,7 @@ def test_read_10_13_a_finding_names_the_line_of_healthlog_py(linted):
     line = planted_line()[0]
     assert [(m["line"], m["ruleId"]) for m in linted["planted.js"]
             if "plantedUnused" in m["message"]] == [(line, "no-unused-vars")], (
-        shown(linted["planted.js"]))
+        as_text(linted["planted.js"]))
 
 
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
@@ -128,4 +128,4 @@ def test_read_10_13_the_config_catches_what_it_names(linted, name):
     messages = linted[name]
     assert any(m.get("severity") == 2 and (
         m.get("ruleId") == rule or (m.get("fatal") and m["message"].startswith(rule)))
-        for m in messages), shown(messages)
+        for m in messages), as_text(messages)
