@@ -276,6 +276,11 @@ LISTEN_BACKLOG = 128
 """Connections the kernel queues before they are accepted (Cheroot's default is 5:
 a burst of clients would wait for TCP's SYN retries, seconds each)."""
 
+ACCEPT_TICK_S = 0.2
+"""How long the HTTP server's accept loop waits before it looks up: stop() is noticed and
+idle connections are checked against their timeout at this pace.  Shorter stops sooner but
+wakes an idle appliance more often (0.05 s: 0.3 % of a core here, against 0.09 %)."""
+
 SERVE_ERROR_PAUSE_S = 0.1
 """Pause of the HTTP server's accept loop after an error in it (no file descriptor left
 for a new connection, say): the loop would otherwise retry at once, millions of times."""
@@ -14182,7 +14187,7 @@ class Service:
                               request_queue_size=LISTEN_BACKLOG, server_name="healthlog")
         server.gateway = gateway
         server.on_failure = self.failed.set  # serve then stops and exits 1
-        server.expiration_interval = 0.2  # how fast stop() is noticed by the accept loop
+        server.expiration_interval = ACCEPT_TICK_S
         server.max_request_header_size = HEADER_LIMIT
         server.max_request_body_size = 0  # the ingest route enforces its own limit
         try:
