@@ -470,6 +470,11 @@ TRICKY = ["plain", "", "a,b", 'say "hi"', '"', "line\nbreak", "cr\rhere", "\r\n"
 """Texts a raw CSV must write as the csv module does: commas, quotes and line breaks
 quoted (quotes doubled), formulas made harmless with a leading ``'``, any other text as it
 is."""
+QUOTED_ONLY = [["plain", "x" + character + "y", "Antons\u2019 Watch"]
+               for character in (",", '"', "\r", "\n")]
+"""Hours of texts none of which can start a formula, and one of which holds one character
+that makes the csv module quote it: written a column at a time, where the quoting alone
+decides, for each such character."""
 
 
 def test_read_18_3_raw_csv_is_what_the_csv_module_writes(start_service):
@@ -477,11 +482,12 @@ def test_read_18_3_raw_csv_is_what_the_csv_module_writes(start_service):
     csv module writes for the cells it holds, whatever the texts and numbers."""
     service = start_service(log_level="INFO")
     points = []
-    for minute, text in enumerate(TRICKY):
-        points.append({"date": "2024-10-27 02:%02d:00 +0100" % minute, "qty": [
-            -5, 0.1, 1e-07, 1e16, 2 ** 62, 123456.789, -0.0][minute % 7], "note": text,
-            "nested": {"a": [text, 1.5]} if minute % 3 else None, "flag": minute % 2 == 0,
-            "source": text})
+    for hour, texts in enumerate([TRICKY] + QUOTED_ONLY, 2):
+        for minute, text in enumerate(texts):
+            points.append({"date": "2024-10-27 %02d:%02d:00 +0100" % (hour, minute), "qty": [
+                -5, 0.1, 1e-07, 1e16, 2 ** 62, 123456.789, -0.0][minute % 7], "note": text,
+                "nested": {"a": [text, 1.5]} if minute % 3 else None,
+                "flag": minute % 2 == 0, "source": text})
     body = hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", points, "cou,nt")]))
     assert Client(*service.address).ingest(body, headers={"automation-aggregation":
                                                           "Minutes"})[0] == 200
@@ -497,7 +503,7 @@ def test_read_18_3_raw_csv_is_what_the_csv_module_writes(start_service):
         assert written.getvalue().encode() == reply.body, query
         notes = [row[rows[0].index("note")] for row in rows[1:]]
         assert [note.lstrip("'") if note.startswith("'") and note[1:] in TRICKY else note
-                for note in notes] == TRICKY
+                for note in notes] == TRICKY + sum(QUOTED_ONLY, [])
 
 
 NUMBERS = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
