@@ -7196,8 +7196,11 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
-_CSV_QUOTED = re.compile(r'[,"\r\n]')
-"""What makes the csv module quote a cell (its ``QUOTE_MINIMAL`` with ``\r\n`` lines)."""
+_CSV_QUOTING = ',"\r\n'
+"""The characters that make the csv module quote a cell (its ``QUOTE_MINIMAL`` with
+``\r\n`` lines)."""
+_CSV_QUOTED = re.compile("[%s]" % _CSV_QUOTING)
+"""A cell the csv module quotes: one that holds any of :data:`_CSV_QUOTING`."""
 
 
 def _csv_text(value: Any) -> str:
@@ -7357,7 +7360,7 @@ class _RawCsvLines:
     def columns(self, points: list) -> list:
         """The cells of the points' own keys, a column (a key) at a time: a column of
         numbers, or of texts none of which needs a quote or a ``'`` (a few searches of the
-        joined column: for what :data:`_CSV_QUOTED` finds, and :data:`_CSV_UNSAFE_NEXT`), is
+        joined column: for each of :data:`_CSV_QUOTING`, and :data:`_CSV_UNSAFE_NEXT`), is
         written as it is, in one C loop; any other column a cell at a time, as
         :meth:`values` writes it."""
         names = self.names
@@ -7377,8 +7380,8 @@ class _RawCsvLines:
                 continue
             if kinds == _CSV_TEXT:
                 joined = "\0" + "\0".join(column)
-                if not ("," in joined or '"' in joined or "\n" in joined or "\r" in joined
-                        or unsafe(joined)):
+                # a find per character of _CSV_QUOTING: 50 times faster than its regex here
+                if not (any(map(joined.__contains__, _CSV_QUOTING)) or unsafe(joined)):
                     out.append(column)
                     continue
             out.append(list(map(_csv_text, column)))
