@@ -1,6 +1,6 @@
-"""The browser the dashboard's tests drive: Debian's /usr/bin/chromium through Playwright,
-used as installed (Playwright never downloads a browser here), with flags for a closed
-network; and what the page's browser tests share: a store built once per module from bodies
+"""The browser the dashboard's tests drive: Debian's /usr/bin/chromium-headless-shell through
+Playwright, used as installed (Playwright never downloads a browser here), with flags for a
+closed network; and what the page's browser tests share: a store built once per module from bodies
 posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
 the check that nothing reaches past a phone's screen. Used by the page's browser tests:
 tests/test_dashboard.py, test_dashboard_logic.py, test_freshness_page.py,
@@ -20,30 +20,19 @@ import healthlog
 from conftest import TOKEN, db_rows, wait_for
 from read_helpers import Store
 
-CHROMIUM = Path("/usr/bin/chromium")
-PLAYWRIGHT_DISABLED_FEATURES = (
-    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
-    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding",
-    "ThirdPartyStoragePartitioning", "AvoidCorsURLLoaderRestartOnRedirect",
-    "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying", "AimEnabled",
-    "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion")
-"""The features Playwright (1.65) turns off with its own ``--disable-features``. Chromium
-honours only the last ``--disable-features`` of its command line, and ours comes after
-Playwright's: ours repeats these so that adding to it takes none away (:func:`launched`
-fails when Playwright's list holds one that ours lacks)."""
-UNSEEN_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
-"""Work Chromium does for each browser context that no test looks at. Headless Chromium is
-the whole browser: each context opens a window, whose address bar keeps its popup page
-(chrome://omnibox-popup.top-chrome/; in Chromium 156 each of the first two features keeps
-one) ready in a renderer of its own, which works at every change of the address (40
-changes of the hash and 10 loads: 0.6 s of CPU there, 0.3 s in the page's renderer); and
-the browser keeps a spare renderer for the next context, which a new context cannot use.
-Without them 21 contexts cost 6.9 s of CPU instead of 11.8 s, and the six browser files
-78 s instead of 130 s (openspec/reference/building-and-testing.md)."""
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + UNSEEN_FEATURES)]
+CHROMIUM = Path("/usr/bin/chromium-headless-shell")
+"""Debian's ``chromium-headless-shell``: the browser Playwright itself runs for a headless
+Chromium, built from the same sources as Debian's ``chromium`` (the same Blink and V8) with
+no window around the page. The whole ``chromium`` in headless mode opens a window for each
+browser context, whose address bar keeps its popup page ready in a renderer of its own, and
+keeps a spare renderer for the next context: for four contexts it started 20 processes (12
+with flags that turn both off), the shell 9; the six browser files took 57 s of CPU with
+it, flags and all, and 49 s with the shell, the same tests passing and the screenshots the
+same bytes (openspec/reference/building-and-testing.md)."""
+CHROMIUM_ARGS = ["--disable-gpu", "--disable-quic"]
+"""Added to Playwright's own flags (headless, no sandbox, no first run, no background
+networking, component update or sync): no GPU process, and no QUIC to try on a closed
+network."""
 WAIT_MS = 20_000
 """How long the page may take to show what a test waits for (a ceiling, not a pause)."""
 
@@ -58,7 +47,7 @@ def require_browser():
         sync_playwright = None
         problem = "the playwright package is not installed (pip install -e '.[test]')"
     if problem is None and not os.access(str(CHROMIUM), os.X_OK):
-        problem = "%s is missing (apt-get install chromium)" % CHROMIUM
+        problem = "%s is missing (apt-get install chromium-headless-shell)" % CHROMIUM
     if problem is not None:
         if os.environ.get("HEALTHLOG_REQUIRE_BROWSER") == "1":
             pytest.fail(problem + "; HEALTHLOG_REQUIRE_BROWSER=1 demands the browser test")
@@ -68,53 +57,14 @@ def require_browser():
 
 def launched():
     """A generator for a module-scoped fixture: one Chromium for the module, launched with
-    :data:`CHROMIUM_ARGS` in full (a failure when its command line shows a feature that
-    Playwright turns off and ours turns back on)."""
+    :data:`CHROMIUM_ARGS`."""
     sync_playwright = require_browser()
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            lost = features_turned_back_on(command_line_launched())
-            assert not lost, ("Playwright turns off %s as well: add it to "
-                              "dashboard_browser.PLAYWRIGHT_DISABLED_FEATURES" % ", ".join(lost))
             yield chromium
         finally:
             chromium.close()
-
-
-def command_line_launched() -> list:
-    """The arguments of the Chromium this process launched: the descendant of this process
-    (through Playwright's driver) that holds Playwright's ``--remote-debugging-pipe``, read
-    from /proc (Debian's chromium runs on Linux only)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        try:
-            stat = Path("/proc", entry, "stat").read_text() if entry.isdigit() else ""
-        except OSError:  # ended between listing and reading
-            continue
-        if stat:
-            parents[int(entry)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    for pid in parents:
-        ancestor = parents[pid]
-        while ancestor > 1 and ancestor != os.getpid():
-            ancestor = parents.get(ancestor, 0)
-        if ancestor != os.getpid():
-            continue
-        try:
-            args = Path("/proc", str(pid), "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if "--remote-debugging-pipe" in args:
-            return args
-    raise AssertionError("no Chromium launched by this process (pid %d) in /proc" % os.getpid())
-
-
-def features_turned_back_on(args) -> list:
-    """The features an earlier ``--disable-features`` of ``args`` turns off and the last one
-    does not: Chromium honours the last one only, so these run after all."""
-    lists = [set(a.split("=", 1)[1].split(",")) for a in args
-             if a.startswith("--disable-features=")]
-    return sorted(set().union(*lists[:-1]) - lists[-1]) if lists else []
 
 
 # -- a store for the module ----------------------------------------------------------------

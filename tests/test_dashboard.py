@@ -14,11 +14,12 @@ York's autumn DST change; eight nights of sleep in the four forms HAE has sent; 
 2 workouts; ECG recordings; events of every kind; a scale's morning weights in pounds, a
 tenth apart; and enough deliveries to page the journal.
 
-The browser is Debian's ``chromium`` (/usr/bin/chromium), used as installed: Playwright never
-downloads one here. Without it, or without the playwright package, the tests are skipped,
-unless HEALTHLOG_REQUIRE_BROWSER=1 (CI sets it), which makes that a failure. Screenshots of
-the metric view at 1280 px and 360 px are written to contrib/screenshots/ (tracked: the
-README shows them) and, with the other views', to tests/artifacts/ (ignored by git).
+The browser is Debian's ``chromium-headless-shell`` (tests/dashboard_browser.py), used as
+installed: Playwright never downloads one here. Without it, or without the playwright
+package, the tests are skipped, unless HEALTHLOG_REQUIRE_BROWSER=1 (CI sets it), which makes
+that a failure. Screenshots of the metric view at 1280 px and 360 px are written to
+contrib/screenshots/ (tracked: the README shows them) and, with the other views', to
+tests/artifacts/ (ignored by git).
 """
 
 import datetime as dt

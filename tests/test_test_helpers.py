@@ -6,9 +6,7 @@ reindex_helpers.py, load_helpers.py, mcp_helpers.py, dashboard_browser.py, hae_f
 workout_corpus.py); a test file never imports from another test file. These tests read the
 files' syntax trees and fail on a second definition of a top-level name, on an import from a
 test module, and on a ``healthlog.py`` run as a script where ``python -m healthlog`` (compiled
-once for the whole run, tests/conftest.py) would do; and the page tests' browser keeps off
-every Chromium feature Playwright turns off (dashboard_browser.CHROMIUM_ARGS adds to that
-list by repeating it).
+once for the whole run, tests/conftest.py) would do.
 """
 
 import ast
@@ -136,20 +134,3 @@ def test_healthlog_runs_as_a_module_compiled_once():
     compiled once (conftest.run_cli)."""
     found = sorted(path.name for path in suite_files() if script_runs(path))
     assert set(found) <= set(SCRIPT_RUNS), found
-
-
-def test_the_browsers_features_keep_playwrights_off():
-    """Chromium honours only the last ``--disable-features`` of its command line: the page
-    tests' browser (dashboard_browser.launched) fails to start when ours, last, would turn
-    back on a feature Playwright's own, earlier, turns off."""
-    from dashboard_browser import CHROMIUM_ARGS, UNSEEN_FEATURES, features_turned_back_on
-
-    playwright_first = ["--disable-features=PaintHolding,MediaRouter", "--headless"]
-    assert features_turned_back_on(playwright_first + CHROMIUM_ARGS) == []
-    assert features_turned_back_on(
-        ["--disable-features=PaintHolding,ANewOne,AnOther"] + CHROMIUM_ARGS) == [
-        "ANewOne", "AnOther"]
-    assert features_turned_back_on(CHROMIUM_ARGS) == []
-    assert features_turned_back_on(["--headless"]) == []
-    [ours] = [a for a in CHROMIUM_ARGS if a.startswith("--disable-features=")]
-    assert set(UNSEEN_FEATURES) <= set(ours.split("=", 1)[1].split(","))
