@@ -1,9 +1,9 @@
 """The browser the dashboard's tests drive: Debian's /usr/bin/chromium-headless-shell through
 Playwright, used as installed (Playwright never downloads a browser here), with flags for a
-closed network; and what the page's browser tests share: a store built once per module from bodies
-posted through /api/ingest, the watch on console errors and CSP violations, signing in, and
-the check that nothing reaches past a phone's screen. Used by the page's browser tests:
-tests/test_dashboard.py, test_dashboard_logic.py, test_freshness_page.py,
+closed network; and what the page's browser tests share: a store built once per module from
+bodies posted through /api/ingest, the watch on console errors and CSP violations, signing
+in, and the check that nothing reaches past a phone's screen. Used by the page's browser
+tests: tests/test_dashboard.py, test_dashboard_logic.py, test_freshness_page.py,
 test_sleep_nights.py, test_summary_page.py and test_workout_page.py."""
 
 import contextlib
