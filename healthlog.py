@@ -10544,12 +10544,26 @@ class Notifier:
     # -- the thread ------------------------------------------------------------
 
     def start(self) -> None:
+        """Judge the baseline now, before ``serve`` takes or folds a delivery, so that the
+        first delivery after a start is compared with the store as it was found (a baseline
+        judged later would take in what that delivery changed, and say nothing of it);
+        then, with a URL, start the thread.  A fault here leaves the baseline to the first
+        judgement that succeeds."""
+        try:
+            fresh: Optional[Freshness] = self.judge()
+        except Exception as exc:  # a database fault: the thread judges again
+            fresh = None
+            log_event(logging.WARNING, "freshness could not be read; tried again later",
+                      error=_error_name(exc))
         if not self.config.notify_url:
             return
         self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
         self.thread.start()
+        counts = {} if fresh is None else {
+            "late": sum(a.state == "late" for a in fresh.automations),
+            "stale": sum(m.state == "stale" for m in fresh.metrics)}
         log_event(logging.INFO, "notices on", host=urllib.parse.urlsplit(
-            self.config.notify_url).hostname, format=self.config.notify_format)
+            self.config.notify_url).hostname, format=self.config.notify_format, **counts)
 
     def stop(self, budget: float) -> bool:
         self._stop.set()
@@ -14163,10 +14177,10 @@ class Service:
             self.archive.clear_tmp()
             token, made = resolve_token(self.config)
             self.app.set_token(token)
+            self.notifier.start()  # its baseline: the store before a delivery is taken
             self._serve_thread = threading.Thread(target=self._serve, name="healthlog-http")
             self._serve_thread.start()
             self.worker.start()
-            self.notifier.start()
         except BaseException:
             if self.server is not None:
                 self.server.stop()

@@ -374,14 +374,14 @@ def start_service(make_config):
     """Start real Services (Cheroot on 127.0.0.1:0); all are stopped after the test.
 
     ``paused=True`` holds the fold thread (GatedWorker) until ``service.worker.gate``
-    is set.
+    is set; ``worker=`` gives another subclass of the real FoldWorker.
     """
     started = []
 
-    def start(paused: bool = False, **overrides) -> healthlog.Service:
+    def start(paused: bool = False, worker: type = None, **overrides) -> healthlog.Service:
         service = healthlog.Service(make_config(**overrides), announce=lambda token: None)
-        if paused:
-            service.worker = GatedWorker(service.config)
+        if paused or worker is not None:
+            service.worker = (worker or GatedWorker)(service.config)
         service.start()
         started.append(service)
         return service

@@ -121,6 +121,11 @@ class PushingPhone:
         wanted = answer["delivery_id"]
         wait_for(lambda: all(r["parse_status"] != "pending" for r in db_rows(self.data_dir)
                              if r["id"] <= wanted), what="delivery %d folded" % wanted)
+        # Judged once at the delivery's time, as serve's notifier judges between two real
+        # deliveries minutes apart: a notice is due on a change the notifier saw, and its
+        # thread (every 50 ms here) may not run between two deliveries a busy machine
+        # posts in a few milliseconds.
+        self.freshness()
         return wanted
 
     def get(self, path: str):
@@ -503,9 +508,6 @@ def late_once(phone: PushingPhone, late_after: float) -> float:
     times = [T0 + k * 5 * MIN for k in range(3)]
     for at in times:
         phone.post(MINUTES, {"step_count": points_every("step_count", at - 5 * MIN, at)}, at)
-    # Judged once as it is now, before the clock moves on: a notifier that first met the
-    # automation late would see no change (its thread may not have judged in between).
-    phone.freshness()
     when = times[-1] + threshold(median_gap(times), late_after) + 1
     assert phone.states(when)["Minutes"] == "late"
     return when
@@ -561,6 +563,68 @@ def test_fresh_3_3_a_json_notice_is_one_object_of_names_and_times(
         "title": "healthlog: 'Minutes' is late", "text": notice["text"],
         "action": notice["action"], "since": berlin_text(T0 + 10 * MIN)}
     assert "Manual Export" in notice["action"]
+    no_secrets(receiver)
+
+
+class BacklogFirstWorker(healthlog.FoldWorker):
+    """The real fold worker, whose ``start()`` returns only once its first pass has folded
+    what was waiting: the fastest a backlog can be folded after a start."""
+
+    def start(self) -> None:
+        super().start()
+        wait_for(lambda: all(r["parse_status"] != "pending"
+                             for r in db_rows(self._config.data_dir)), what="the backlog folded")
+
+
+def test_fresh_3_4_a_restart_repeats_no_notice_and_misses_none(start_service, data_dir,
+                                                                receivers, logs):
+    """'Days' is late and told so; a 'Minutes' delivery that stops heart rate is journaled
+    but not folded when serve stops. The next serve says nothing again of 'Days', and tells
+    of heart rate once its backlog is folded, even when that fold ends before a notifier
+    thread could first judge: the states judged at a start are the store as it was found."""
+    clock, receiver = Clock(T0), receivers("ok")
+    settings = dict(clock=clock, notify_url=receiver.url, late_after_s=HOUR,
+                    freshness_check_s=0.05, notify_timeout_s=0.5,
+                    notify_retry_s=(0.05, 0.1, 0.2))
+    service = start_service(paused=True, **settings)
+    service.worker.gate.set()
+    phone = PushingPhone(service, clock, data_dir)
+    day_times = [T0 + k * 20 * MIN for k in range(3)]
+    hr_times = [T0 + k * 15 * MIN for k in range(3)]
+    steps_times = [T0 + k * 15 * MIN for k in range(3, 5)]
+    for at in sorted(day_times + hr_times + steps_times):
+        if at in day_times:
+            phone.post(DAYS, {"step_count": points_every("step_count", at - MIN, at)}, at)
+        if at in hr_times:
+            phone.post(MINUTES, {"heart_rate": points_every("heart_rate", at - 15 * MIN, at)},
+                       at)
+        if at in steps_times:
+            phone.post(MINUTES, {"step_count": points_every("step_count", at - 15 * MIN, at,
+                                                            5 * MIN)}, at)
+    days_late = day_times[-1] + threshold(median_gap(day_times), HOUR) + MIN
+    hr_deadline = hr_times[-1] - MIN + threshold(60, HOUR)  # its newest point + 1 h
+    assert steps_times[-1] < hr_deadline < days_late
+    assert phone.states(days_late) == {"Days": "late", "Minutes": "on_time",
+                                       "heart_rate/minutes": "fresh",
+                                       "step_count/days": "fresh",
+                                       "step_count/minutes": "fresh"}
+    wait_for(receiver.notices, what="the late notice")
+    # A delivery past heart rate's deadline, without it, waits unfolded when serve stops.
+    service.worker.gate.clear()
+    status, answer = phone.client.ingest(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+        "step_count", points_every("step_count", days_late - 15 * MIN, days_late,
+                                   5 * MIN))])), headers=hf.headers_for(MINUTES))
+    assert status == 200 and answer["status"] == "pending"
+    assert service.stop()
+    started = len(logs.find("notices on", "INFO"))
+    again = PushingPhone(start_service(worker=BacklogFirstWorker, **settings), clock, data_dir)
+    baseline = logs.find("notices on", "INFO")[started:]
+    assert [(r["late"], r["stale"]) for r in baseline] == [("1", "0")]
+    assert again.states()["heart_rate/minutes"] == "stale"
+    notices = wait_for(lambda: receiver.notices() if len(receiver.notices()) >= 2 else None,
+                       what="the notice of heart rate")
+    assert [title for title, _ in notices] == ["healthlog: 'Days' is late",
+                                               "healthlog: Heart rate (minutes) has stopped"]
     no_secrets(receiver)
 
 
