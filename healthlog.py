@@ -10147,7 +10147,13 @@ def judge_freshness(senders: Mapping[str, _Sender], facts: list, now_s: float,
 class FreshnessSource:
     """Freshness for ``serve``: the facts kept in memory on a connection of its own, read
     again when the database changed (``PRAGMA data_version``: another connection
-    committed), and judged against the clock at each call.  Thread-safe."""
+    committed), and judged against the clock at each call.  Thread-safe.
+
+    While the archive's disk is not there (``serve`` waits for it), an import cannot be
+    told from an automation's delivery (its ``.meta.json`` is on that disk): the facts are
+    then read afresh at each judgement and kept by none, so that once the disk is mounted
+    they are read again, right, instead of an import counting as a delivery for as long as
+    ``serve`` runs."""
 
     def __init__(self, config: Config):
         self.config = config
@@ -10156,6 +10162,7 @@ class FreshnessSource:
         self._version: Optional[int] = None
         self._imports = ImportedDeliveries(config.data_dir)
         self._journal = JournalFacts()
+        self._senders: dict = {}
         self._newest: dict = {}
         self._facts: list = []
         self._pending: dict = {}
@@ -10172,16 +10179,20 @@ class FreshnessSource:
             conn = self._conn
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
+                absent = archive_absent(self.config.data_dir)
+                imports, journal = ((ImportedDeliveries(self.config.data_dir), JournalFacts())
+                                    if absent else (self._imports, self._journal))
                 conn.execute("BEGIN")  # one snapshot of the journal and the store
                 try:
-                    self._imports.update(conn)
-                    self._journal.update(conn, self._imports)
-                    self._pending = self._journal.pending(conn, self._imports)
-                    self._facts = metric_facts(conn, self._imports, self._newest)
+                    imports.update(conn)
+                    journal.update(conn, imports)
+                    self._pending = journal.pending(conn, imports)
+                    self._facts = metric_facts(conn, imports, self._newest)
                 finally:
                     conn.execute("COMMIT")
-                self._version = version
-            return judge_freshness(self._journal.senders, self._facts,
+                self._senders = journal.senders
+                self._version = None if absent else version
+            return judge_freshness(self._senders, self._facts,
                                    self.config.clock() if now_s is None else now_s,
                                    self.config.late_after_s, self._pending)
 

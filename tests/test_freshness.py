@@ -17,6 +17,7 @@ import datetime as dt
 import http.server
 import io
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -384,6 +385,41 @@ def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data
     assert after["automations"] == before["automations"]
     [metric] = after["metrics"]
     assert metric["newest_point"] == local_iso(PHONE.time(newest))
+
+
+def test_fresh_1_6_an_import_is_told_apart_once_a_late_disk_is_mounted(
+        start_service, data_dir, tmp_path):
+    """An import's ``.meta.json`` is on the archive's disk: while serve waits for that disk
+    the import looks like a delivery of the path it was imported under, and once the disk
+    is mounted freshness is again what it was before (not for as long as serve runs)."""
+    clock = Clock(T0)
+    phone = start(start_service, clock, data_dir, late_after_s=HOUR)
+    times = [T0 + k * 10 * MIN for k in range(3)]
+    for at in times:
+        phone.post(None, {"step_count": points_every("step_count", at - 2 * MIN, at)}, at,
+                   path="/api/ingest/nightly", headers=False)
+    export = tmp_path / "export.json"
+    export.write_bytes(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
+        "step_count", points_every("step_count", T0 - DAY, T0 - DAY + 1))])))
+    saved = times[-1] + 4 * MIN  # the export's file time: its place in the journal
+    os.utime(str(export), (saved, saved))
+    assert healthlog.run_import(phone.service.config, [str(export)], "Minutes", "nightly",
+                                out=io.StringIO()) == 0
+    phone.service.worker.wake()
+    wait_for(lambda: [r["parse_status"] for r in db_rows(data_dir)] == ["parsed"] * 4,
+             what="the import folded")
+    judged_at = times[-1] + 5 * MIN
+    before = phone.freshness(judged_at)
+    assert [(a["id"], a["last_delivery"]) for a in before["automations"]] == [
+        ("/api/ingest/nightly", utc_text(times[-1]))]
+    assert phone.service.stop()
+    archive, disk = data_dir / healthlog.ARCHIVE_DIR, tmp_path / "the-disk"
+    archive.rename(disk)  # the disk is not mounted when serve starts
+    again = PushingPhone(start_service(clock=clock, late_after_s=HOUR), clock, data_dir)
+    away = again.freshness()
+    assert [a["last_delivery"] for a in away["automations"]] == [utc_text(saved)]
+    disk.rename(archive)  # mounted
+    assert again.freshness() == before
 
 
 # ---------------------------------------------------------------------------------------
