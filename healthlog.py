@@ -10172,10 +10172,9 @@ class FreshnessSource:
         with self._lock:
             if self._closed:
                 raise HealthlogError("the service has stopped")
-            if self._conn is None:
+            if self._conn is None:  # it only reads: FULL, as every connection but the fold's
                 self._conn = connect(self.config.db_path,
-                                     busy_timeout_s=self.config.busy_timeout_s,
-                                     synchronous="NORMAL")
+                                     busy_timeout_s=self.config.busy_timeout_s)
             conn = self._conn
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
