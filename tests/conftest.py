@@ -361,12 +361,24 @@ class GatedWorker(healthlog.FoldWorker):
     def __init__(self, config):
         super().__init__(config)
         self.gate = threading.Event()
+        self.held = threading.Event()  # set while the fold thread waits at the gate
 
     def run_pass(self, folder):
         while not self.gate.wait(0.02):
+            self.held.set()
             if self._stop.is_set():
                 return 0
+        self.held.clear()
         return super().run_pass(folder)
+
+    def hold(self) -> None:
+        """Close the gate and return once the fold thread waits at it, so that a delivery
+        posted next stays pending: a pass that was already past the gate (a wake-up left
+        from the last deliveries) has ended first."""
+        self.gate.clear()
+        self.held.clear()
+        self.wake()
+        wait_for(self.held.is_set, what="the fold thread waiting at its gate")
 
 
 @pytest.fixture

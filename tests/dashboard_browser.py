@@ -79,7 +79,9 @@ def serving(data_dir: Path, deliveries, clock=None, **overrides):
     automation's headers, folded, every one parsed: a read_helpers Store (its ``corpus``
     None). ``clock`` also judges freshness; ``overrides``: more of its Config."""
     deliveries = list(deliveries)
-    values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=0.5,
+    # busy_timeout_s as serve's own: an ingest may wait for the fold's write of the last
+    # delivery, and a busy machine can hold that thread longer than half a second
+    values = dict(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN, busy_timeout_s=10.0,
                   http_timeout_s=5.0, stop_budget_s=5.0, log_level="DEBUG")
     if clock is not None:
         values["clock"] = clock

@@ -646,7 +646,8 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
     proc = subprocess.Popen([sys.executable, "-m", "healthlog", "mcp", "--data", str(data_dir)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=str(ROOT))
-    arrivals: list = []  # (monotonic time, the day's steps in the reply)
+    arrivals: list = []  # (monotonic time, the day's steps in the reply, the request's id)
+    sent: dict = {}  # request id -> monotonic time it was written
     stop = threading.Event()
 
     def read() -> None:
@@ -654,7 +655,7 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
             reply = json.loads(line)
             buckets = reply["result"]["structuredContent"]["buckets"]
             arrivals.append((time.monotonic(), [b["value"] for b in buckets
-                                                if b["date"] == day.isoformat()]))
+                                                if b["date"] == day.isoformat()], reply["id"]))
 
     def write() -> None:
         ask = {"name": "get_series", "arguments": {  # four days: buckets of days
@@ -663,6 +664,7 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
         for number in range(5000):
             if stop.is_set():
                 break
+            sent[number] = time.monotonic()
             proc.stdin.write(json.dumps(request(number, "tools/call", ask)).encode() + b"\n")
             proc.stdin.flush()
             while len(arrivals) < number - 3 and not stop.is_set():
@@ -682,7 +684,10 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
         wait_for(lambda: db_rows(data_dir)[-1]["parse_status"] == "parsed", timeout=60,
                  what="the delivery folded beside the reader")
         folded = time.monotonic()
-        wait_for(lambda: arrivals and arrivals[-1][0] > folded + 0.05, what="a reply after")
+        # a reply to a request written once the fold had committed (the server reads its
+        # requests in order: that one was read after the commit)
+        wait_for(lambda: any(sent[number] > folded for _, _, number in arrivals),
+                 what="a reply to a request written after the fold")
     finally:
         stop.set()
         writer.join(60)
@@ -690,9 +695,11 @@ def test_mcp_4_3_a_delivery_folds_while_stdio_reads(tmp_path, serve_process):
         assert proc.wait(60) == 0
     before = sum(p["qty"] for p in old)
     after = before + sum(p["qty"] for p in new if written_date(p["date"]) == day)
-    assert {tuple(values) for _, values in arrivals} <= {(before,), (after,)}
-    assert arrivals[0][1] == [before] and arrivals[-1][1] == [after]
-    during = [at for at, _ in arrivals if posted <= at <= folded]
+    assert {tuple(values) for _, values, _ in arrivals} <= {(before,), (after,)}
+    assert arrivals[0][1] == [before]
+    asked_after = [values for _, values, number in arrivals if sent[number] > folded]
+    assert asked_after and all(values == [after] for values in asked_after)
+    during = [at for at, _, _ in arrivals if posted <= at <= folded]
     assert during, "no reply while the delivery waited and folded"
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import hae_factory as hf
 import healthlog
-from conftest import TOKEN, LocalServer, db_rows, raw_request
+from conftest import TOKEN, LocalServer, db_rows, raw_request, wait_for
 
 STRANGER, PHONE, OTHER = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 WRONG = {"Authorization": "Bearer wrong-" + TOKEN}
@@ -135,6 +135,8 @@ def test_rely_7_11_a_stranger_behind_the_proxy_never_keeps_the_phone_out(
     stop, answers = threading.Event(), []
     threads = stranger_guesses(proxy, stop, answers)
     try:
+        # the guesses really under way beside the phone (as many answered as threads)
+        wait_for(lambda: len(answers) >= len(threads), what="the stranger's first answers")
         posts, sign_ins = phone_and_owner(proxy)
     finally:
         stop.set()

@@ -1011,7 +1011,7 @@ def test_read_6_2_counters_move_when_a_delivery_arrives_and_is_folded(start_serv
     assert client.ingest(first, headers=minutes)[0] == 200
     service.worker.gate.set()
     wait_for(lambda: pending(data_dir) == 0 and service.worker.state == "idle")
-    service.worker.gate.clear()
+    service.worker.hold()
     before = scrape(address)
     body = hf.dumps_hae({"data": {"metrics": [hf.metric("step_count", [
         {"date": hae(DAY0 + 3600 + 60 * k), "qty": k, "source": hf.CANARY_SOURCE}

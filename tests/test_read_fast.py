@@ -103,7 +103,7 @@ def folded(tmp_path_factory) -> tuple:
     its worker; the server is stopped again (each test starts its own on the store)."""
     data_dir = tmp_path_factory.mktemp("read-fast") / "data"
     config = healthlog.Config(data_dir=data_dir, host="127.0.0.1", port=0, token=TOKEN,
-                              busy_timeout_s=0.5, http_timeout_s=30.0, stop_budget_s=10.0,
+                              busy_timeout_s=10.0, http_timeout_s=30.0, stop_budget_s=10.0,
                               log_level="INFO")
     service = healthlog.Service(config, announce=lambda token: None)
     service.start()

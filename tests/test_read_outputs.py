@@ -53,7 +53,7 @@ def test_read_5_6_a_receive_time_is_written_in_one_form_everywhere(start_service
     wait_for(lambda: all(r["parse_status"] != "pending" for r in db_rows(data_dir)),
              what="every delivery folded")
     # one more, left pending: status names the oldest pending by its receive time
-    service.worker.gate.clear()
+    service.worker.hold()
     clock_at[0] = RECEIVED.timestamp() + 60  # …36:35.413920
     assert client.ingest(body, headers=hf.headers_for(SAFETY))[0] == 200
     later = _text(RECEIVED + dt.timedelta(seconds=60))

@@ -476,7 +476,9 @@ def test_rely_10_4_the_ingest_check_holds_twice_its_body_whatever_the_characters
 class FlakyWorker(healthlog.FoldWorker):
     """The real worker; its first ``failures`` passes raise (as a broken disk would)."""
 
-    restart_pauses_s = (0.5,)
+    # /healthz answers 503 only during these pauses: long enough that a busy machine's
+    # poll still lands in one (two of 0.5 s were once all the window there was)
+    restart_pauses_s = (2.0,)
 
     def __init__(self, config, failures: int, error: type = RuntimeError):
         super().__init__(config)
