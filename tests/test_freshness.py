@@ -363,26 +363,41 @@ def test_fresh_1_5_an_automation_that_writes_nothing_new_is_told_its_dates_on_th
     assert phone.get("/api/coverage")["today"] == "2026-12-05"
 
 
-def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data_dir,
-                                                             tmp_path):
-    clock = Clock(T0)
-    phone = start(start_service, clock, data_dir, late_after_s=HOUR)
+def nightly_deliveries(phone: PushingPhone) -> list:
+    """Three header-less deliveries of steps to /api/ingest/nightly, ten minutes apart from
+    T0; their times."""
     times = [T0 + k * 10 * MIN for k in range(3)]
     for at in times:
         phone.post(None, {"step_count": points_every("step_count", at - 2 * MIN, at)}, at,
                    path="/api/ingest/nightly", headers=False)
-    before = phone.freshness(times[-1] + 5 * MIN)
-    # A Manual Export of newer points, imported by hand with the same name, whose file is
-    # newer than every delivery: its points count, it is no delivery of "nightly".
-    export = tmp_path / "export.json"
-    newest = times[-1] + 3 * MIN
-    export.write_bytes(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
-        "step_count", points_every("step_count", newest - MIN, newest + 1))])))
+    return times
+
+
+def import_as_nightly(phone: PushingPhone, export, points: list, saved: float = None) -> None:
+    """``healthlog import --name nightly`` of a Manual Export of these steps (the file's
+    time ``saved`` when given: its place in the journal), waited for until folded."""
+    export.write_bytes(hf.dumps_hae(hf.envelope(metrics=[hf.metric("step_count", points)])))
+    if saved is not None:
+        os.utime(str(export), (saved, saved))
+    rows = len(db_rows(phone.data_dir)) + 1
     assert healthlog.run_import(phone.service.config, [str(export)], "Minutes", "nightly",
                                 out=io.StringIO()) == 0
     phone.service.worker.wake()
-    wait_for(lambda: all(r["parse_status"] == "parsed" for r in db_rows(data_dir))
-             and len(db_rows(data_dir)) == 4, what="the import folded")
+    wait_for(lambda: [r["parse_status"] for r in db_rows(phone.data_dir)] == ["parsed"] * rows,
+             what="the import folded")
+
+
+def test_fresh_1_4_imports_are_not_an_automations_deliveries(start_service, data_dir,
+                                                             tmp_path):
+    clock = Clock(T0)
+    phone = start(start_service, clock, data_dir, late_after_s=HOUR)
+    times = nightly_deliveries(phone)
+    before = phone.freshness(times[-1] + 5 * MIN)
+    # A Manual Export of newer points, imported by hand with the same name, whose file is
+    # newer than every delivery: its points count, it is no delivery of "nightly".
+    newest = times[-1] + 3 * MIN
+    import_as_nightly(phone, tmp_path / "export.json",
+                      points_every("step_count", newest - MIN, newest + 1))
     after = phone.freshness()
     assert after["automations"] == before["automations"]
     [metric] = after["metrics"]
@@ -396,20 +411,10 @@ def test_fresh_1_6_an_import_is_told_apart_once_a_late_disk_is_mounted(
     is mounted freshness is again what it was before (not for as long as serve runs)."""
     clock = Clock(T0)
     phone = start(start_service, clock, data_dir, late_after_s=HOUR)
-    times = [T0 + k * 10 * MIN for k in range(3)]
-    for at in times:
-        phone.post(None, {"step_count": points_every("step_count", at - 2 * MIN, at)}, at,
-                   path="/api/ingest/nightly", headers=False)
-    export = tmp_path / "export.json"
-    export.write_bytes(hf.dumps_hae(hf.envelope(metrics=[hf.metric(
-        "step_count", points_every("step_count", T0 - DAY, T0 - DAY + 1))])))
+    times = nightly_deliveries(phone)
     saved = times[-1] + 4 * MIN  # the export's file time: its place in the journal
-    os.utime(str(export), (saved, saved))
-    assert healthlog.run_import(phone.service.config, [str(export)], "Minutes", "nightly",
-                                out=io.StringIO()) == 0
-    phone.service.worker.wake()
-    wait_for(lambda: [r["parse_status"] for r in db_rows(data_dir)] == ["parsed"] * 4,
-             what="the import folded")
+    import_as_nightly(phone, tmp_path / "export.json",
+                      points_every("step_count", T0 - DAY, T0 - DAY + 1), saved)
     judged_at = times[-1] + 5 * MIN
     before = phone.freshness(judged_at)
     assert [(a["id"], a["last_delivery"]) for a in before["automations"]] == [
