@@ -10151,9 +10151,8 @@ class FreshnessSource:
 
     While the archive's disk is not there (``serve`` waits for it), an import cannot be
     told from an automation's delivery (its ``.meta.json`` is on that disk): the facts are
-    then read afresh at each judgement and kept by none, so that once the disk is mounted
-    they are read again, right, instead of an import counting as a delivery for as long as
-    ``serve`` runs."""
+    then read by readers kept by none, and read again once the disk is mounted, right,
+    instead of an import counting as a delivery for as long as ``serve`` runs."""
 
     def __init__(self, config: Config):
         self.config = config
@@ -10163,6 +10162,7 @@ class FreshnessSource:
         self._imports = ImportedDeliveries(config.data_dir)
         self._journal = JournalFacts()
         self._senders: dict = {}
+        self._absent = False  # the facts were read while the archive's disk was not there
         self._newest: dict = {}
         self._facts: list = []
         self._pending: dict = {}
@@ -10177,7 +10177,8 @@ class FreshnessSource:
                                      busy_timeout_s=self.config.busy_timeout_s)
             conn = self._conn
             version = conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != self._version:
+            if version != self._version or (self._absent
+                                            and not archive_absent(self.config.data_dir)):
                 absent = archive_absent(self.config.data_dir)
                 imports, journal = ((ImportedDeliveries(self.config.data_dir), JournalFacts())
                                     if absent else (self._imports, self._journal))
@@ -10190,7 +10191,7 @@ class FreshnessSource:
                 finally:
                     conn.execute("COMMIT")
                 self._senders = journal.senders
-                self._version = None if absent else version
+                self._version, self._absent = version, absent
             return judge_freshness(self._senders, self._facts,
                                    self.config.clock() if now_s is None else now_s,
                                    self.config.late_after_s, self._pending)
