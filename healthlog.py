@@ -10560,12 +10560,7 @@ class Notifier:
         judged later would take in what that delivery changed, and say nothing of it);
         then, with a URL, start the thread.  A fault here leaves the baseline to the first
         judgement that succeeds."""
-        try:
-            fresh: Optional[Freshness] = self.judge()
-        except Exception as exc:  # a database fault: the thread judges again
-            fresh = None
-            log_event(logging.WARNING, "freshness could not be read; tried again later",
-                      error=_error_name(exc))
+        fresh = self._judge_or_warn()
         if not self.config.notify_url:
             return
         self.thread = threading.Thread(target=self._run, name="healthlog-notify", daemon=True)
@@ -10584,19 +10579,25 @@ class Notifier:
             return not self.thread.is_alive()
         return True
 
+    def _judge_or_warn(self) -> Optional[Freshness]:
+        """:meth:`judge`; a database fault is a WARN (unless stopping) and None: judged
+        again at the next check."""
+        try:
+            return self.judge()
+        except Exception as exc:
+            if not self._stop.is_set():
+                log_event(logging.WARNING, "freshness could not be read; tried again later",
+                          error=_error_name(exc))
+            return None
+
     def _run(self) -> None:
         next_check = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.config.freshness_check_s
-                try:
-                    self.judge()
-                except Exception as exc:  # a database fault: judged again next time
-                    if self._stop.is_set():
-                        return
-                    log_event(logging.WARNING, "freshness could not be read; tried again"
-                              " later", error=_error_name(exc))
+                if self._judge_or_warn() is None and self._stop.is_set():
+                    return
             with self._lock:
                 head = self._queue[0] if self._queue else None
             if head is not None and head[2] <= time.monotonic():
